@@ -1,0 +1,3 @@
+from deploy.cli.main import entrypoint
+
+entrypoint()

@@ -1,0 +1,140 @@
+"""deployctl up / restart / down / plan / logs: the playbooks on a run's hosts."""
+
+from __future__ import annotations
+
+import click
+
+common_options = [
+    click.option("--run", "run_name", default=None, help="Run from the config (default: the only one)."),
+    click.option("--host", "host_names", multiple=True, help="Only these hosts of the run (repeatable)."),
+    click.option("--draft-tokens", type=click.IntRange(2, 64), default=None,
+                 help="--speculative-num-draft-tokens (topk 1: num-steps = T - 1). Default: the run's."),
+    click.option("--playbook", "playbook_name", default=None, help="Playbook name or YAML file to run instead."),
+    click.option("--dry-run", is_flag=True, help="Print every command in order; change nothing."),
+    click.option("--json", "as_json", is_flag=True, help="Print a JSON report document on stdout."),
+]
+
+
+def with_common(func):
+    for option in reversed(common_options):
+        func = option(func)
+    return func
+
+
+def _execute(globals_, command: str, default_playbook: str, run_name, host_names, draft_tokens, playbook_name,
+             dry_run: bool, as_json: bool, overrides: dict | None = None) -> int:
+    from deploy import render
+    from deploy.cli.common import select_run
+    from deploy.errors import UsageError
+    from deploy.orchestrator import exit_code, plan_playbook, run_playbook
+    from deploy.playbook import load_playbook
+
+    config = globals_.load()
+    run = select_run(config, run_name)
+    hosts = config.hosts_of(run)
+    if host_names:
+        unknown = [n for n in host_names if n not in {h.name for h in hosts}]
+        if unknown:
+            raise UsageError(f"--host {unknown[0]!r} is not a host of run {run.name!r} ({', '.join(h.name for h in hosts)})")
+        hosts = [h for h in hosts if h.name in host_names]
+    playbook = load_playbook(playbook_name or default_playbook)
+    for step, updates in (overrides or {}).items():
+        playbook = playbook.with_settings(step, **updates)
+    tokens = draft_tokens if draft_tokens is not None else run.draft_tokens
+    if dry_run:
+        plans = plan_playbook(playbook, run, hosts, tokens)
+        if as_json:
+            render.print_json(render.plan_document(command, run.name, plans))
+        else:
+            render.plan_text(command, plans, render.console())
+        return 0
+    reports = run_playbook(config, playbook, run, hosts, tokens, render.progress_printer())
+    if as_json:
+        render.print_json(render.report_document(command, run.name, reports))
+    else:
+        render.step_summary_tables(command, reports, render.console())
+    return int(exit_code(reports))
+
+
+@click.command("up")
+@with_common
+@click.pass_obj
+def up(globals_, **kw) -> int:
+    """Fix the drafter's keys, stop stale python3, free the GPUs, launch SGLang, wait until ready."""
+    return _execute(globals_, "up", "up", **kw)
+
+
+@click.command("restart")
+@with_common
+@click.pass_obj
+def restart(globals_, **kw) -> int:
+    """After a checkpoint change: re-fix if the drafter changed, then stop, free, launch, wait."""
+    return _execute(globals_, "restart", "restart", **kw)
+
+
+@click.command("down")
+@with_common
+@click.option("--free-gpus", is_flag=True, help="Also fuser -k the GPU device files and wait until free.")
+@click.pass_obj
+def down(globals_, free_gpus: bool, **kw) -> int:
+    """Stop the server deployctl launched (by its PID file first)."""
+    overrides = {"free-gpus": {"enabled": True}, "wait-gpus-free": {"enabled": True}} if free_gpus else {}
+    return _execute(globals_, "down", "down", overrides=overrides, **kw)
+
+
+@click.command("plan")
+@click.argument("playbook", default="up")
+@click.option("--run", "run_name", default=None, help="Run from the config (default: the only one).")
+@click.option("--host", "host_names", multiple=True, help="Only these hosts of the run (repeatable).")
+@click.option("--draft-tokens", type=click.IntRange(2, 64), default=None)
+@click.option("--json", "as_json", is_flag=True, help="The plan as a JSON document (launch argv as a list).")
+@click.pass_obj
+def plan(globals_, playbook: str, run_name, host_names, draft_tokens, as_json) -> int:
+    """Print, per host, every command PLAYBOOK (up, restart, down or a file) would run; change nothing."""
+    return _execute(globals_, "plan", playbook, run_name, host_names, draft_tokens, None, True, as_json)
+
+
+@click.command("logs")
+@click.option("--run", "run_name", default=None)
+@click.option("--host", "host_names", multiple=True)
+@click.option("-n", "--lines", type=click.IntRange(1, 100000), default=50, show_default=True)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (Ctrl-C to stop).")
+@click.pass_obj
+def logs(globals_, run_name, host_names, lines: int, follow: bool) -> int:
+    """Show the latest SGLang server log of the run's hosts."""
+    from deploy.cli.common import select_run
+    from deploy.fanout import for_each_host, worst_exit_code
+    from deploy.shell import quote_path
+    from deploy.steps.base import StatePaths
+    from deploy.transport import HostConnection
+
+    config = globals_.load()
+    run = select_run(config, run_name)
+    hosts = [h for h in config.hosts_of(run) if not host_names or h.name in host_names]
+
+    if follow:
+        if len(hosts) != 1:
+            from deploy.errors import UsageError
+
+            raise UsageError("--follow needs exactly one host (use --host NAME)")
+        host = hosts[0]
+        with HostConnection(host, config.ssh) as conn:
+            conn.stream(f"tail -n {lines} -F -- {quote_path(StatePaths(host.state_dir).latest_log)}")
+        return 0
+
+    def work(host):
+        with HostConnection(host, config.ssh) as conn:
+            return conn.check(f"tail -n {lines} -- {quote_path(StatePaths(host.state_dir).latest_log)}",
+                              what="reading the server log").stdout
+
+    outcomes = for_each_host(hosts, work, config.ssh.max_parallel)
+    for outcome in outcomes:
+        click.echo(f"==> {outcome.host.name}: {StatePaths(outcome.host.state_dir).latest_log} <==")
+        if outcome.error is not None:
+            click.echo(f"error: {outcome.error}", err=True)
+        else:
+            click.echo(outcome.value, nl=False)
+    return int(worst_exit_code(outcomes))
+
+
+COMMANDS = [up, restart, down, plan, logs]

@@ -1,0 +1,103 @@
+"""The deployctl command line: parse flags, load config, call the orchestrator, render.
+
+Heavy imports (fabric, paramiko, pydantic, rich) happen inside commands so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from deploy import __version__
+from deploy.errors import DeployError, ExitCode
+
+DEFAULT_CONFIG = "deployctl.yaml"
+
+
+@dataclass
+class Globals:
+    config_path: Path
+    accept_new_host_keys: bool
+
+    def load(self):
+        from deploy.config import load_config
+
+        config = load_config(self.config_path)
+        if self.accept_new_host_keys:
+            ssh = config.ssh.model_copy(update={"host_key_policy": "accept-new"})
+            config = config.model_copy(update={"ssh": ssh})
+        return config
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="deployctl")
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"Hosts and runs YAML. Default: $DEPLOYCTL_CONFIG, else ./{DEFAULT_CONFIG}.",
+)
+@click.option(
+    "--accept-new-host-keys",
+    is_flag=True,
+    help="Record the key of a host not yet in known_hosts (like OpenSSH accept-new). "
+    "A changed key is always refused.",
+)
+@click.pass_context
+def cli(ctx: click.Context, config_path: Path | None, accept_new_host_keys: bool) -> None:
+    """Deploy an EAGLE-3 drafter with SGLang on GPU hosts: key fix, GPU cleanup, launch, verify."""
+    if config_path is None:
+        config_path = Path(os.environ.get("DEPLOYCTL_CONFIG") or DEFAULT_CONFIG)
+    ctx.obj = Globals(config_path=config_path, accept_new_host_keys=accept_new_host_keys)
+
+
+def _register() -> None:
+    from deploy.cli import fix_keys, gpu_status, sandbox
+
+    cli.add_command(gpu_status.gpu_status)
+    cli.add_command(fix_keys.fix_keys)
+    cli.add_command(sandbox.sandbox)
+    try:
+        from deploy.cli import lifecycle
+    except ImportError:  # pragma: no cover - during bring-up only
+        return
+    for command in lifecycle.COMMANDS:
+        cli.add_command(command)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code; user errors never produce a traceback."""
+    try:
+        result = cli.main(args=argv, prog_name="deployctl", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return ExitCode.USAGE if isinstance(exc, click.UsageError) else exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return ExitCode.INTERRUPTED
+    except DeployError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return ExitCode.INTERRUPTED
+    return int(result or 0)
+
+
+def entrypoint() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entrypoint()

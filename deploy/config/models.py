@@ -1,0 +1,209 @@
+"""Pydantic models for hosts, runs and SSH settings.
+
+Every model forbids unknown keys: a typo such as ``draft_token: 16`` must be an error, never a
+silently ignored setting that deploys with the default.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+PositiveSeconds = Annotated[float, Field(gt=0, le=24 * 3600)]
+
+# Flags deployctl builds itself from the run's fields; passing them again in extra_args would
+# either conflict or be silently overridden by whichever argparse sees last.
+RESERVED_SGLANG_FLAGS = frozenset(
+    {
+        "--model-path",
+        "--speculative-algorithm",
+        "--speculative-draft-model-path",
+        "--speculative-num-steps",
+        "--speculative-eagle-topk",
+        "--speculative-num-draft-tokens",
+        "--tp-size",
+        "--tp",
+        "--host",
+        "--port",
+    }
+)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SSHSettings(Strict):
+    known_hosts: str = "~/.ssh/known_hosts"
+    #: ``reject``: unknown host keys are refused (OpenSSH StrictHostKeyChecking=yes).
+    #: ``accept-new``: an unknown key is accepted and recorded; a changed key is still refused.
+    host_key_policy: Literal["reject", "accept-new"] = "reject"
+    connect_timeout_s: PositiveSeconds = 10
+    command_timeout_s: PositiveSeconds = 120
+    connect_retries: Annotated[int, Field(ge=0, le=10)] = 3
+    max_parallel: Annotated[int, Field(ge=1, le=256)] = 8
+
+
+class Host(Strict):
+    name: Name
+    address: Annotated[str, Field(min_length=1, max_length=253)]
+    port: Annotated[int, Field(ge=1, le=65535)] = 22
+    user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")] = "root"
+    identity_file: str | None = None
+    gpus: Annotated[int, Field(ge=1, le=64)] = 8
+    gpu_devices: Annotated[str, Field(min_length=1)] = "/dev/nvidia*"
+    python: Annotated[str, Field(min_length=1)] = "python3"
+    #: Persistent directory for helpers, PID files and logs. ``~`` is resolved on the host.
+    #: Never under /tmp: the second seed lost its fix script there after a VM crash.
+    state_dir: str = "~/.deployctl"
+    groups: list[Name] = Field(default_factory=list)
+
+    @field_validator("address")
+    @classmethod
+    def _address_is_plain(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9.:_\[\]-]+", value):
+            raise ValueError("expected a hostname or IP address (letters, digits, '.', '-', ':')")
+        return value
+
+    @field_validator("state_dir")
+    @classmethod
+    def _state_dir_is_persistent(cls, value: str) -> str:
+        if not (value.startswith("/") or value == "~" or value.startswith("~/")):
+            raise ValueError("expected an absolute path or one under ~ (resolved on the host)")
+        normalized = "/" + "/".join(p for p in value.split("/") if p not in ("", "."))
+        if normalized in ("/tmp", "/var/tmp", "/dev/shm") or normalized.startswith(
+            ("/tmp/", "/dev/shm/", "/run/")
+        ):
+            raise ValueError(
+                "state_dir must survive a reboot: /tmp is wiped by a VM crash or restart "
+                "(it lost the fix script in a real incident); use a directory under ~ or /var/lib"
+            )
+        return value
+
+
+class Timeouts(Strict):
+    #: grace between SIGTERM and SIGKILL when stopping stale processes
+    stop_grace_s: PositiveSeconds = 30
+    #: nvidia-smi polling until every GPU is free
+    gpus_free_s: PositiveSeconds = 120
+    #: /health polling after launch: a 1T-parameter model loads for many minutes
+    ready_s: PositiveSeconds = 1800
+    fix_keys_s: PositiveSeconds = 600
+
+
+class Run(Strict):
+    name: Name
+    hosts: list[Name] = Field(default_factory=list)
+    group: Name | None = None
+    base_model: Annotated[str, Field(min_length=1)]
+    drafter: Annotated[str, Field(min_length=1)]
+    tp_size: Annotated[int, Field(ge=1, le=64)] = 8
+    #: address SGLang binds; null = the host's own address
+    serve_host: str | None = None
+    port: Annotated[int, Field(ge=1, le=65535)] = 30000
+    draft_tokens: Annotated[int, Field(ge=2, le=64)] = 16
+    eagle_topk: Annotated[int, Field(ge=1, le=16)] = 1
+    #: only with eagle_topk > 1; with topk 1 it is always draft_tokens - 1 (see speculative_plan)
+    speculative_num_steps: Annotated[int, Field(ge=1, le=63)] | None = None
+    speculative_algorithm: Literal["EAGLE3"] = "EAGLE3"
+    #: interpreter that has SGLang installed (a venv's python, say); helpers use the host's python
+    sglang_python: Annotated[str, Field(min_length=1)] = "python3"
+    #: verify the drafter for this SGLang loader generation; auto = ask the host's installed sglang
+    sglang_generation: Literal["auto", "legacy", "modern"] = "auto"
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(
+        default_factory=dict
+    )
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Run:
+        if bool(self.hosts) == bool(self.group):
+            raise ValueError("set exactly one of 'hosts' (a list of host names) or 'group'")
+        if self.eagle_topk > 1 and self.speculative_num_steps is None:
+            raise ValueError("eagle_topk > 1 needs speculative_num_steps (SGLang cannot derive it)")
+        if self.eagle_topk == 1 and self.speculative_num_steps not in (None, self.draft_tokens - 1):
+            raise ValueError(
+                "with eagle_topk 1 SGLang forces num_draft_tokens = num_steps + 1; "
+                f"speculative_num_steps must be draft_tokens - 1 = {self.draft_tokens - 1} or unset"
+            )
+        return self
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_reserved_flags(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            flag = arg.split("=", 1)[0]
+            if flag in RESERVED_SGLANG_FLAGS:
+                raise ValueError(
+                    f"{flag} is set by deployctl from the run's own fields; remove it from extra_args"
+                )
+        return args
+
+
+class Config(Strict):
+    ssh: SSHSettings = Field(default_factory=SSHSettings)
+    hosts: list[Host]
+    runs: list[Run] = Field(default_factory=list)
+
+    def reference_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Cross-references pydantic cannot see field by field: (location, message) pairs."""
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        seen: set[str] = set()
+        for i, host in enumerate(self.hosts):
+            if host.name in seen:
+                problems.append((("hosts", i, "name"), f"host name {host.name!r} is defined twice"))
+            seen.add(host.name)
+        groups = {g for h in self.hosts for g in h.groups}
+        run_names: set[str] = set()
+        for i, run in enumerate(self.runs):
+            if run.name in run_names:
+                problems.append((("runs", i, "name"), f"run name {run.name!r} is defined twice"))
+            run_names.add(run.name)
+            for j, name in enumerate(run.hosts):
+                if name not in seen:
+                    problems.append(
+                        (("runs", i, "hosts", j), f"unknown host {name!r}; expected one of {sorted(seen)}")
+                    )
+            if run.group and run.group not in groups:
+                problems.append(
+                    (("runs", i, "group"), f"no host is in group {run.group!r}; known groups: {sorted(groups)}")
+                )
+        return problems
+
+    def host(self, name: str) -> Host:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise KeyError(name)
+
+    def run(self, name: str | None) -> Run:
+        if name is None:
+            if len(self.runs) == 1:
+                return self.runs[0]
+            raise KeyError(None)
+        for run in self.runs:
+            if run.name == name:
+                return run
+        raise KeyError(name)
+
+    def hosts_of(self, run: Run) -> list[Host]:
+        if run.group:
+            return [h for h in self.hosts if run.group in h.groups]
+        return [self.host(n) for n in run.hosts]
+
+    def select_hosts(self, names: list[str] | None, group: str | None) -> list[Host]:
+        hosts = self.hosts
+        if group:
+            hosts = [h for h in hosts if group in h.groups]
+        if names:
+            known = {h.name for h in hosts}
+            hosts = [h for h in hosts if h.name in names]
+            missing = [n for n in names if n not in known]
+            if missing:
+                raise KeyError(missing[0])
+        return hosts

@@ -1,0 +1,80 @@
+"""Errors a user can cause, each with the documented exit code the CLI returns.
+
+The exit codes are part of the interface (cron jobs branch on them); see README "Exit codes".
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    #: ``--check``: a change is needed; or a command ran and at least one host failed a step.
+    FAILED = 1
+    #: bad command-line flags (click's own usage errors use 2 as well).
+    USAGE = 2
+    #: the YAML config (hosts, runs) or a playbook is invalid.
+    CONFIG = 3
+    #: a host could not be reached: DNS, refused, timeout, auth, unknown or changed host key.
+    CONNECTION = 4
+    #: a remote command printed something we do not recognise (never read as "fine").
+    REMOTE_OUTPUT = 5
+    #: the drafter checkpoint is not valid (not safetensors, truncated, holes, duplicate keys...).
+    CHECKPOINT = 6
+    #: a wait ran out of time (GPUs never freed, server never ready).
+    TIMEOUT = 7
+    #: verification failed: a tensor would be dropped by SGLang, or speculation accepts nothing.
+    VERIFY = 8
+    #: writing failed on the target filesystem (read-only, no space); nothing was changed.
+    IO = 10
+    INTERRUPTED = 130
+
+
+class DeployError(Exception):
+    """Base for every error that is the user's or the environment's, not a bug of ours."""
+
+    exit_code: ExitCode = ExitCode.FAILED
+
+    def __init__(self, message: str, *, exit_code: ExitCode | None = None):
+        super().__init__(message)
+        self.message = message
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(DeployError):
+    exit_code = ExitCode.CONFIG
+
+
+class UsageError(DeployError):
+    exit_code = ExitCode.USAGE
+
+
+class ConnectionFailed(DeployError):
+    exit_code = ExitCode.CONNECTION
+
+
+class HostKeyRejected(ConnectionFailed):
+    pass
+
+
+class RemoteOutputError(DeployError):
+    """A remote command's output did not have the shape we require. Quotes the offending line."""
+
+    exit_code = ExitCode.REMOTE_OUTPUT
+
+
+class RemoteCommandFailed(DeployError):
+    exit_code = ExitCode.FAILED
+
+
+class StepTimeout(DeployError):
+    exit_code = ExitCode.TIMEOUT
+
+
+class VerificationFailed(DeployError):
+    exit_code = ExitCode.VERIFY

@@ -1,0 +1,52 @@
+"""Run one function per host in a bounded thread pool; one host failing never hides the others."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from deploy.config.models import Host
+from deploy.errors import DeployError, ExitCode
+
+T = TypeVar("T")
+
+
+@dataclass
+class HostOutcome(Generic[T]):
+    host: Host
+    value: T | None = None
+    error: DeployError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def for_each_host(hosts: Sequence[Host], work: Callable[[Host], T], max_parallel: int) -> list[HostOutcome[T]]:
+    """Results in the order of ``hosts``. Unexpected exceptions become errors on that host only."""
+
+    def guarded(host: Host) -> HostOutcome[T]:
+        try:
+            return HostOutcome(host, value=work(host))
+        except DeployError as exc:
+            return HostOutcome(host, error=exc)
+        except Exception as exc:  # a bug on one host must not lose the other hosts' results
+            return HostOutcome(
+                host,
+                error=DeployError(f"internal error: {type(exc).__name__}: {exc}", exit_code=ExitCode.FAILED),
+            )
+
+    if not hosts:
+        return []
+    with ThreadPoolExecutor(max_workers=min(max_parallel, len(hosts)), thread_name_prefix="host") as pool:
+        return list(pool.map(guarded, hosts))
+
+
+def worst_exit_code(outcomes: Sequence[HostOutcome]) -> ExitCode:
+    """The exit code for a multi-host command: 0 if all succeeded, else the first failure's code."""
+    for outcome in outcomes:
+        if outcome.error is not None:
+            return ExitCode(outcome.error.exit_code)
+    return ExitCode.OK

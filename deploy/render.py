@@ -1,0 +1,138 @@
+"""Rendering for humans (rich) and scripts (JSON). Deciding happens elsewhere."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+from deploy.facts.gpus import GpuRow
+from deploy.fanout import HostOutcome
+
+
+def console(stream: TextIO | None = None) -> Console:
+    return Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
+
+
+def print_json(document: Any, stream: TextIO | None = None) -> None:
+    out = stream or sys.stdout
+    out.write(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n")
+    out.flush()
+
+
+def _holders_text(row: GpuRow) -> str:
+    if not row.holders:
+        return "-"
+    parts = []
+    for app in row.holders:
+        mem = f"{app.used_mib} MiB" if app.used_mib is not None else "? MiB"
+        parts.append(f"{app.pid} {app.process_name} ({mem})")
+    return "\n".join(parts)
+
+
+def gpu_status_tables(outcomes: Sequence[HostOutcome[list[GpuRow]]], out: Console) -> None:
+    for outcome in outcomes:
+        host = outcome.host
+        title = f"{host.name}  {host.user}@{host.address}:{host.port}"
+        if outcome.error is not None:
+            out.print(f"[bold]{title}[/bold]  [red]UNREACHABLE/ERROR[/red] (exit {int(outcome.error.exit_code)})")
+            out.print(f"  {outcome.error}", markup=False)
+            continue
+        rows = outcome.value or []
+        busy = sum(1 for r in rows if r.used_mib > 0)
+        table = Table(title=f"{title}  ({len(rows) - busy}/{len(rows)} free)", title_justify="left")
+        table.add_column("GPU", justify="right")
+        table.add_column("used / total MiB", justify="right")
+        table.add_column("util", justify="right")
+        table.add_column("held by (pid, process, memory)")
+        for row in rows:
+            style = "yellow" if row.used_mib > 0 else ""
+            util = f"{row.utilization_pct}%" if row.utilization_pct is not None else "n/a"
+            table.add_row(str(row.index), f"{row.used_mib} / {row.total_mib}", util, _holders_text(row), style=style)
+        out.print(table)
+
+
+def gpu_status_document(outcomes: Sequence[HostOutcome[list[GpuRow]]]) -> dict:
+    hosts = []
+    for outcome in outcomes:
+        entry: dict[str, Any] = {"host": outcome.host.name, "address": outcome.host.address, "ok": outcome.ok}
+        if outcome.error is not None:
+            entry["error"] = str(outcome.error)
+            entry["exit_code"] = int(outcome.error.exit_code)
+        else:
+            rows = outcome.value or []
+            entry["gpus"] = [r.to_dict() for r in rows]
+            entry["all_free"] = all(r.used_mib == 0 for r in rows)
+        hosts.append(entry)
+    return {"command": "gpu-status", "ok": all(o.ok for o in outcomes), "hosts": hosts}
+
+
+_STATUS_STYLE = {"ok": "green", "skipped": "cyan", "failed": "red", "not-run": "dim", "disabled": "dim"}
+
+
+def progress_printer(stream: TextIO | None = None):
+    """Progress lines for people and cron logs alike: `[host] step: message`, to stderr."""
+    import threading
+
+    lock = threading.Lock()
+    out = stream or sys.stderr
+
+    def show(host: str, step: str, message: str) -> None:
+        stamp = __import__("time").strftime("%H:%M:%S")
+        with lock:
+            out.write(f"{stamp} [{host}] {step}: {message}\n")
+            out.flush()
+
+    return show
+
+
+def step_summary_tables(command: str, reports, out: Console) -> None:
+    for report in reports:
+        host = report.host
+        verdict = "[green]OK[/green]" if report.ok else f"[red]FAILED (exit {int(report.error.exit_code)})[/red]"
+        table = Table(title=f"{command} on {host.name} ({host.address}): {verdict}", title_justify="left")
+        table.add_column("step")
+        table.add_column("result")
+        table.add_column("time", justify="right")
+        table.add_column("detail", overflow="fold")
+        for step in report.steps:
+            style = _STATUS_STYLE.get(step.status, "")
+            first_line = step.detail.splitlines()[0] if step.detail else ""
+            table.add_row(step.name, f"[{style}]{step.status}[/{style}]" if style else step.status,
+                          f"{step.duration_s:.1f}s", first_line[:300])
+        out.print(table)
+        if report.error is not None:
+            out.print(str(report.error), markup=False, style="red")
+
+
+def report_document(command: str, run_name: str, reports) -> dict:
+    return {"command": command, "run": run_name, "ok": all(r.ok for r in reports),
+            "hosts": [r.to_dict() for r in reports]}
+
+
+def plan_document(command: str, run_name: str, plans: dict) -> dict:
+    return {
+        "command": command,
+        "run": run_name,
+        "dry_run": True,
+        "hosts": [
+            {"host": host, "steps": [{"step": name, "commands": [c.to_dict() for c in commands]} for name, commands in steps]}
+            for host, steps in plans.items()
+        ],
+    }
+
+
+def plan_text(command: str, plans: dict, out: Console) -> None:
+    for host, steps in plans.items():
+        out.print(f"[bold]{command} on {host}[/bold] (dry run: nothing is changed)")
+        n = 0
+        for name, commands in steps:
+            out.print(f"  [cyan]{name}[/cyan]")
+            for planned in commands:
+                n += 1
+                out.print(f"    {n}. {planned.description}", markup=False)
+                out.print(f"       $ {planned.command}", markup=False, style="dim")

@@ -1,0 +1,123 @@
+"""fix-keys: run the key fix on the host's drafter (layers.0.* -> midlayer.*, config), verified.
+
+SGLang 0.5.6-0.5.11 drops a speculators checkpoint's decoder-layer tensors without a word; the
+drafter then runs randomly initialised and acceptance collapses to 1.00 (the first seed). The
+fixer runs on the host under its python3, from the persistent state dir, and answers in JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Literal
+
+from deploy.errors import DeployError, ExitCode, RemoteOutputError, VerificationFailed
+from deploy.shell import quote, quote_path
+from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+
+NAME = "fix-keys"
+FIXER = "fix_eagle3_keys.py"
+VERSION_RE = re.compile(r"^\d+\.\d+\.\d+([.+\w-]*)$")
+
+
+class Settings(StepSettings):
+    #: always: run the fixer (a no-op "already converted" when nothing changed);
+    #: changed: skip when the drafter's fingerprint matches the one recorded after the last fix.
+    when: Literal["always", "changed"] = "always"
+    #: which engine extracted the training hidden states (aux layer ids are off by one between them)
+    hidden_states_from: Literal["keep", "vllm", "sglang"] = "keep"
+
+
+def version_command(ctx: StepContext) -> str:
+    program = "import sys, sglang; sys.stdout.write(sglang.__version__)"
+    return f"{quote(ctx.run.sglang_python)} -c {quote(program)}"
+
+
+def fixer_command(ctx: StepContext, *flags: str) -> str:
+    parts = [quote(ctx.host.python), quote_path(ctx.paths.helper(FIXER))]
+    parts += [quote(f) for f in flags]
+    parts.append(quote_path(ctx.run.drafter))
+    return " ".join(parts)
+
+
+def convert_flags(ctx: StepContext, version: str | None) -> list[str]:
+    flags = ["--json", "--hidden-states-from", ctx.settings.hidden_states_from]
+    if ctx.run.sglang_generation != "auto":
+        flags += ["--sglang-generation", ctx.run.sglang_generation]
+    elif version:
+        flags += ["--sglang-version", version]
+    return flags
+
+
+def parse_version(result, source: str) -> str:
+    text = result.stdout.strip()
+    if result.exit_code != 0 or not VERSION_RE.match(text):
+        detail = (result.stderr.strip().splitlines() or [text or "(no output)"])[-1]
+        raise RemoteOutputError(f"{source}: cannot read the installed SGLang version: {detail}")
+    return text
+
+
+def parse_fixer_json(result, source: str) -> dict:
+    lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
+    try:
+        document = json.loads("\n".join(lines))
+    except ValueError:
+        tail = (result.stderr.strip() or result.stdout.strip())[-500:]
+        raise RemoteOutputError(
+            f"{source}: the key fixer did not print its JSON summary (exit {result.exit_code}): {tail}"
+        ) from None
+    if not isinstance(document, dict) or "status" not in document:
+        raise RemoteOutputError(f"{source}: the key fixer's JSON has no 'status': {str(document)[:200]}")
+    return document
+
+
+def plan(ctx: StepContext) -> list[PlannedCommand]:
+    commands = []
+    if ctx.settings.when == "changed":
+        commands.append(PlannedCommand("read the fingerprint recorded after the last fix", f"cat {quote_path(ctx.paths.fingerprint)}"))
+        commands.append(PlannedCommand("fingerprint the drafter (header bytes, sizes, mtimes)", fixer_command(ctx, "--fingerprint")))
+    if ctx.run.sglang_generation == "auto":
+        commands.append(PlannedCommand("read the installed SGLang version", version_command(ctx)))
+    commands.append(PlannedCommand("convert and verify the drafter", fixer_command(ctx, *convert_flags(ctx, "<version>"))))
+    commands.append(PlannedCommand("record the drafter fingerprint", f"printf '%s\\n' <fingerprint> > {quote_path(ctx.paths.fingerprint)}"))
+    return commands
+
+
+def run(ctx: StepContext) -> StepOutcome:
+    conn = ctx.require_conn()
+    source = ctx.host.name
+    timeout = ctx.timeout(ctx.run.timeouts.fix_keys_s)
+    if ctx.settings.when == "changed":
+        recorded = conn.run(f"cat {quote_path(ctx.paths.fingerprint)}").stdout.strip()
+        current = parse_fixer_json(conn.run(fixer_command(ctx, "--fingerprint"), timeout=timeout), source)
+        if current.get("status") == "error":
+            raise DeployError(f"{source}: {current.get('error')}", exit_code=ExitCode(current.get("code", 1)))
+        if recorded and recorded == current.get("fingerprint"):
+            return StepOutcome("skipped", "drafter unchanged since the last fix", {"fingerprint": recorded})
+    version = None
+    if ctx.run.sglang_generation == "auto":
+        version = parse_version(conn.run(version_command(ctx), timeout=60), source)
+    result = conn.run(fixer_command(ctx, *convert_flags(ctx, version)), timeout=timeout)
+    summary = parse_fixer_json(result, source)
+    if summary["status"] == "error":
+        code = summary.get("code", ExitCode.CHECKPOINT)
+        raise DeployError(f"{source}: key fix of {ctx.run.drafter}: {summary.get('error')}", exit_code=ExitCode(code))
+    verification = summary.get("verification") or {}
+    fingerprint = summary.get("fingerprint")
+    if not isinstance(fingerprint, str) or not re.fullmatch(r"[0-9a-f]{16,128}", fingerprint):
+        raise RemoteOutputError(f"{source}: the key fixer's summary has no valid fingerprint")
+    conn.check(
+        f"printf '%s\\n' {quote(fingerprint)} > {quote_path(ctx.paths.fingerprint)}.tmp && "
+        f"mv -f {quote_path(ctx.paths.fingerprint)}.tmp {quote_path(ctx.paths.fingerprint)}",
+        what="recording the drafter fingerprint",
+    )
+    renamed = len(summary.get("renames") or [])
+    data = {"status": summary["status"], "renamed": renamed, "sglang_version": version,
+            "verification": verification, "fingerprint": fingerprint}
+    if verification.get("ok") is False or result.exit_code == ExitCode.VERIFY:
+        gaps = (verification.get("dropped") or []) + (verification.get("missing") or []) + (verification.get("problems") or [])
+        raise VerificationFailed(f"{source}: SGLang would not load the drafter fully: {'; '.join(map(str, gaps))[:800]}")
+    if result.exit_code != 0:
+        raise RemoteOutputError(f"{source}: key fixer exited {result.exit_code} with status {summary['status']!r}")
+    detail = "already converted" if summary["status"] == "already_converted" else f"converted, {renamed} keys renamed"
+    return StepOutcome("ok", detail, data)

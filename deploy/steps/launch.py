@@ -1,0 +1,108 @@
+"""launch: start SGLang with the drafter, fully detached, PID and log in the state directory.
+
+``setsid nohup CMD > LOG 2>&1 < /dev/null &``: a background start over SSH hangs unless every
+stream is detached, and setsid makes the server a session leader, so ``stop-stale --scope pidfile``
+can stop its TP workers by session id. One log per launch; ``logs/latest.log`` points at the last.
+"""
+
+from __future__ import annotations
+
+import re
+
+from deploy.config.models import Host, Run
+from deploy.errors import RemoteOutputError
+from deploy.shell import path_join, quote, quote_path
+from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+
+NAME = "launch"
+
+
+class Settings(StepSettings):
+    pass
+
+
+def speculative_plan(run: Run, draft_tokens: int) -> tuple[int, int, int]:
+    """(num_steps, topk, num_draft_tokens) passed explicitly.
+
+    With topk 1 SGLang logs a warning and silently rewrites num_draft_tokens to num_steps + 1, so
+    "16 draft tokens" must be sent as num_steps 15 (sglang server_args, all versions in use).
+    """
+    if run.eagle_topk == 1:
+        return draft_tokens - 1, 1, draft_tokens
+    assert run.speculative_num_steps is not None
+    return run.speculative_num_steps, run.eagle_topk, draft_tokens
+
+
+def serve_address(run: Run, host: Host) -> str:
+    return run.serve_host or host.address
+
+
+def probe_address(run: Run, host: Host) -> str:
+    address = serve_address(run, host)
+    return "127.0.0.1" if address in ("0.0.0.0", "::") else address
+
+
+def sglang_argv(run: Run, host: Host, draft_tokens: int) -> list[str]:
+    steps, topk, tokens = speculative_plan(run, draft_tokens)
+    return [
+        run.sglang_python, "-m", "sglang.launch_server",
+        "--model-path", run.base_model,
+        "--speculative-algorithm", run.speculative_algorithm,
+        "--speculative-draft-model-path", run.drafter,
+        "--speculative-num-steps", str(steps),
+        "--speculative-eagle-topk", str(topk),
+        "--speculative-num-draft-tokens", str(tokens),
+        "--tp-size", str(run.tp_size),
+        "--host", serve_address(run, host),
+        "--port", str(run.port),
+        "--trust-remote-code",
+        *run.extra_args,
+    ]
+
+
+PATH_POSITIONS = ("--model-path", "--speculative-draft-model-path")
+
+
+def _quoted_argv(argv: list[str]) -> str:
+    words = []
+    for i, arg in enumerate(argv):
+        words.append(quote_path(arg) if i > 0 and argv[i - 1] in PATH_POSITIONS else quote(arg))
+    return " ".join(words)
+
+
+def log_path(ctx: StepContext) -> str:
+    return path_join(ctx.paths.logs, f"sglang-{ctx.launch_stamp}.log")
+
+
+def command(ctx: StepContext, argv: list[str]) -> str:
+    env = " ".join(f"{k}={quote(v)}" for k, v in sorted(ctx.run.env.items()))
+    log = quote_path(log_path(ctx))
+    pidfile = quote_path(ctx.paths.pidfile)
+    name = quote(log_path(ctx).rsplit("/", 1)[-1])
+    return (
+        f"mkdir -p -m 700 {quote_path(ctx.paths.logs)} && cd {quote_path(ctx.paths.root)} && "
+        f"ln -sfn {name} {quote_path(ctx.paths.latest_log)} && "
+        f"setsid nohup env {env + ' ' if env else ''}{_quoted_argv(argv)} > {log} 2>&1 < /dev/null & "
+        f"pid=$!; printf '%s\\n' \"$pid\" > {pidfile}.tmp && mv -f {pidfile}.tmp {pidfile} && echo \"$pid\""
+    )
+
+
+def plan(ctx: StepContext) -> list[PlannedCommand]:
+    argv = sglang_argv(ctx.run, ctx.host, ctx.draft_tokens)
+    return [PlannedCommand("launch SGLang detached (setsid nohup), PID file and log in the state dir",
+                           command(ctx, argv), argv=argv)]
+
+
+def run(ctx: StepContext) -> StepOutcome:
+    conn = ctx.require_conn()
+    argv = sglang_argv(ctx.run, ctx.host, ctx.draft_tokens)
+    result = conn.check(command(ctx, argv), timeout=ctx.timeout(60), what="launching SGLang")
+    text = result.stdout.strip()
+    if not re.fullmatch(r"\d+", text):
+        raise RemoteOutputError(f"{ctx.host.name}: launch printed {text[:200]!r}, expected the server PID")
+    pid = int(text)
+    ctx.memory.update(pid=pid, log=log_path(ctx))
+    steps, topk, tokens = speculative_plan(ctx.run, ctx.draft_tokens)
+    return StepOutcome("ok", f"pid {pid}, log {log_path(ctx)}",
+                       {"pid": pid, "log": log_path(ctx), "argv": argv,
+                        "num_steps": steps, "topk": topk, "draft_tokens": tokens})

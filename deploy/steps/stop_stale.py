@@ -1,0 +1,70 @@
+"""stop-stale: SIGTERM, a grace period, then SIGKILL for stale python3 processes.
+
+Scope ``user`` is the seeds' ``killall python3`` (every python3 process of the deploy user),
+which also catches SGLang's renamed TP workers that ``killall`` misses; ``pidfile`` stops only the
+server deployctl launched (and its session). The helper never kills itself or its parents.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from deploy.errors import RemoteOutputError
+from deploy.shell import quote, quote_path
+from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+
+NAME = "stop-stale"
+
+
+class Settings(StepSettings):
+    scope: Literal["user", "pidfile"] = "pidfile"
+    #: seconds between SIGTERM and SIGKILL; default: the run's timeouts.stop_grace_s
+    grace_s: float | None = None
+
+
+def grace(ctx: StepContext) -> float:
+    return ctx.settings.grace_s if ctx.settings.grace_s is not None else ctx.run.timeouts.stop_grace_s
+
+
+def command(ctx: StepContext) -> str:
+    parts = [quote(ctx.host.python), quote_path(ctx.paths.helper("host_ops.py")), "stop-processes",
+             "--scope", ctx.settings.scope, "--grace", f"{grace(ctx):g}"]
+    if ctx.settings.scope == "pidfile":
+        parts += ["--pidfile", quote_path(ctx.paths.pidfile)]
+    return " ".join(parts)
+
+
+def parse(output: str, source: str) -> dict:
+    try:
+        document = json.loads(output)
+        processes = document["processes"]
+        for proc in processes:
+            int(proc["pid"]), str(proc["cmdline"]), bool(proc["exited"])
+            if proc["signal"] not in ("TERM", "KILL"):
+                raise ValueError(proc["signal"])
+    except (ValueError, KeyError, TypeError):
+        raise RemoteOutputError(f"{source}: stop-processes printed unexpected output: {output[:300]!r}") from None
+    return document
+
+
+def plan(ctx: StepContext) -> list[PlannedCommand]:
+    return [PlannedCommand(f"stop stale python3 processes (scope {ctx.settings.scope})", command(ctx))]
+
+
+def run(ctx: StepContext) -> StepOutcome:
+    conn = ctx.require_conn()
+    result = conn.check(command(ctx), timeout=ctx.timeout(grace(ctx) + 60), what="stop-processes")
+    document = parse(result.stdout, ctx.host.name)
+    processes = document["processes"]
+    for proc in processes:
+        ctx.progress(f"SIG{proc['signal']} {proc['pid']} {proc['cmdline'][:120]}")
+    survivors = [p for p in processes if not p["exited"]]
+    if survivors:
+        listing = "; ".join(f"{p['pid']} {p['cmdline'][:80]} ({p.get('error', 'still alive')})" for p in survivors)
+        raise RemoteOutputError(f"{ctx.host.name}: processes survived SIGKILL: {listing}")
+    killed = sum(1 for p in processes if p["signal"] == "KILL")
+    detail = f"stopped {len(processes)} process(es)" + (f", {killed} needed SIGKILL" if killed else "")
+    if document.get("note") and not processes:
+        detail = document["note"]
+    return StepOutcome("ok", detail, {"processes": processes, "note": document.get("note")})

@@ -1,0 +1,111 @@
+"""wait-ready: poll /health until 200 while the server PID stays alive.
+
+SGLang answers /health with 503 until warmup is done, and a 1T-parameter model loads for many
+minutes, so the default timeout is the run's ``timeouts.ready_s`` (30 min). If the server dies
+(OOM, a bad flag, the port taken) the step fails at once and shows the last log lines.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from pydantic import Field
+
+from deploy.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
+from deploy.shell import quote, quote_path
+from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.launch import probe_address
+
+NAME = "wait-ready"
+TAIL_LINES = 50
+
+
+class Settings(StepSettings):
+    interval_s: float = Field(default=1.0, gt=0, le=60)
+    progress_every_s: float = Field(default=10.0, gt=0)
+
+
+class ServerDied(DeployError):
+    exit_code = ExitCode.FAILED
+
+
+def health_url(ctx: StepContext) -> str:
+    address = probe_address(ctx.run, ctx.host)
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{ctx.run.port}/health"
+
+
+def probe_command(ctx: StepContext, pid: int | str, log: str) -> str:
+    return " ".join([quote(ctx.host.python), quote_path(ctx.paths.helper("host_ops.py")), "probe",
+                     "--url", quote(health_url(ctx)), "--pid", str(pid), "--log", quote_path(log)])
+
+
+def tail_command(log: str, lines: int = TAIL_LINES) -> str:
+    return f"tail -n {lines} -- {quote_path(log)}"
+
+
+def parse_probe(output: str, source: str) -> dict:
+    try:
+        document = json.loads(output)
+        if not isinstance(document["alive"], bool):
+            raise TypeError
+        if document["status"] is not None and not isinstance(document["status"], int):
+            raise TypeError
+        str(document.get("last_log_line", ""))
+    except (ValueError, KeyError, TypeError):
+        raise RemoteOutputError(f"{source}: probe printed unexpected output: {output[:300]!r}") from None
+    return document
+
+
+def _pid_and_log(ctx: StepContext) -> tuple[int, str]:
+    if "pid" in ctx.memory:
+        return ctx.memory["pid"], ctx.memory["log"]
+    conn = ctx.require_conn()
+    text = conn.run(f"cat {quote_path(ctx.paths.pidfile)}").stdout.strip()
+    if not re.fullmatch(r"\d+", text):
+        raise RemoteOutputError(f"{ctx.host.name}: no server PID recorded in {ctx.paths.pidfile} (launch first)")
+    return int(text), ctx.paths.latest_log
+
+
+def plan(ctx: StepContext) -> list[PlannedCommand]:
+    timeout = ctx.timeout(ctx.run.timeouts.ready_s)
+    return [
+        PlannedCommand(f"poll {health_url(ctx)} every {ctx.settings.interval_s:g} s up to {timeout:g} s, PID alive",
+                       probe_command(ctx, "<pid>", ctx.paths.latest_log)),
+        PlannedCommand(f"on failure: show the last {TAIL_LINES} log lines", tail_command(ctx.paths.latest_log)),
+    ]
+
+
+def run(ctx: StepContext) -> StepOutcome:
+    conn = ctx.require_conn()
+    pid, log = _pid_and_log(ctx)
+    timeout = ctx.timeout(ctx.run.timeouts.ready_s)
+    started = time.monotonic()
+    last_progress = started
+    while True:
+        probe = parse_probe(conn.check(probe_command(ctx, pid, log), timeout=30, what="probe").stdout, ctx.host.name)
+        elapsed = time.monotonic() - started
+        if probe["status"] == 200 and probe["alive"]:
+            return StepOutcome("ok", f"healthy after {elapsed:.1f} s", {"elapsed_s": round(elapsed, 2), "url": health_url(ctx)})
+        if not probe["alive"]:
+            tail = conn.run(tail_command(log)).stdout.rstrip()
+            hint = ""
+            if re.search(r"address already in use", tail, re.I):
+                hint = f" (port {ctx.run.port} is already taken on the host)"
+            raise ServerDied(
+                f"{ctx.host.name}: SGLang (pid {pid}) exited during startup after {elapsed:.1f} s{hint}. "
+                f"Last {TAIL_LINES} lines of {log}:\n{tail}"
+            )
+        if elapsed >= timeout:
+            tail = conn.run(tail_command(log)).stdout.rstrip()
+            raise StepTimeout(
+                f"{ctx.host.name}: SGLang (pid {pid}) not healthy after {timeout:g} s "
+                f"(last /health: {probe['status'] or probe['error']}). Last {TAIL_LINES} lines of {log}:\n{tail}"
+            )
+        now = time.monotonic()
+        if now - last_progress >= ctx.settings.progress_every_s:
+            last_progress = now
+            ctx.progress(f"{elapsed:.0f} s, /health {probe['status'] or 'no answer'}: {probe.get('last_log_line', '')}")
+        time.sleep(min(ctx.settings.interval_s, max(0.0, timeout - elapsed)))

@@ -1,0 +1,117 @@
+"""The host-side helper against real local processes (scope pidfile only: scope user would stop
+every python3 of this user, pytest included; it is covered on the sandbox hosts)."""
+
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from deploy.remote import host_ops
+
+IGNORES_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+OBEYS_TERM = "import time; time.sleep(120)"
+
+
+def spawn_session(program, *extra):
+    """A server-like process group: leader + one child in its session, like SGLang's TP workers."""
+    leader = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {program!r}]); {program}",
+         "sglang.launch_server", *extra],
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        members = [p for p in host_ops.all_pids() if (host_ops._stat(p) or ("", 0, 0))[2] == leader.pid]
+        if len(members) >= 2:
+            return leader, members
+        time.sleep(0.02)
+    leader.kill()
+    raise AssertionError("session did not start")
+
+
+def run_helper(*args):
+    out = subprocess.run([sys.executable, host_ops.__file__, *args], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_pidfile_scope_stops_the_whole_session_with_sigkill_after_grace(tmp_path):
+    leader, members = spawn_session(IGNORES_TERM)
+    pidfile = tmp_path / "server.pid"
+    pidfile.write_text(f"{leader.pid}\n")
+    try:
+        doc = run_helper("stop-processes", "--scope", "pidfile", "--pidfile", str(pidfile), "--grace", "0.3")
+        stopped = {p["pid"]: p for p in doc["processes"]}
+        assert set(stopped) == set(members)
+        assert all(p["signal"] == "KILL" and p["exited"] for p in stopped.values())
+        assert "sglang.launch_server" in stopped[leader.pid]["cmdline"]
+        assert not pidfile.exists()
+    finally:
+        leader.wait(timeout=10)
+
+
+def test_sigterm_is_enough_for_a_process_that_obeys(tmp_path):
+    leader, members = spawn_session(OBEYS_TERM)
+    pidfile = tmp_path / "server.pid"
+    pidfile.write_text(str(leader.pid))
+    doc = run_helper("stop-processes", "--scope", "pidfile", "--pidfile", str(pidfile), "--grace", "20")
+    assert {p["signal"] for p in doc["processes"]} == {"TERM"}
+    assert all(p["exited"] for p in doc["processes"])
+    leader.wait(timeout=10)
+
+
+def test_reused_pid_is_never_killed(tmp_path):
+    bystander = subprocess.Popen([sys.executable, "-c", OBEYS_TERM])
+    try:
+        pidfile = tmp_path / "server.pid"
+        pidfile.write_text(str(bystander.pid))
+        doc = run_helper("stop-processes", "--scope", "pidfile", "--pidfile", str(pidfile), "--grace", "1")
+        assert doc["processes"] == [] and "PID reused" in doc["note"]
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+@pytest.mark.parametrize("content, note", [(None, "no PID file"), ("garbage", "not a PID"), ("999999999", "not running")])
+def test_pidfile_problems_are_notes_not_kills(tmp_path, content, note):
+    pidfile = tmp_path / "server.pid"
+    if content is not None:
+        pidfile.write_text(content)
+    doc = run_helper("stop-processes", "--scope", "pidfile", "--pidfile", str(pidfile), "--grace", "1")
+    assert doc["processes"] == [] and note in doc["note"]
+
+
+def test_own_ancestry_is_protected():
+    assert os.getpid() in host_ops.own_ancestry()
+    assert os.getppid() in host_ops.own_ancestry()
+
+
+def test_probe_reports_status_alive_and_last_log_line(tmp_path):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(503)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    log = tmp_path / "sglang.log"
+    log.write_text("Load weight begin\nLoading safetensors checkpoint shards:  20% Completed\rLoading safetensors checkpoint shards:  40% Completed\r")
+    try:
+        doc = run_helper("probe", "--url", f"http://127.0.0.1:{server.server_port}/health", "--pid", str(os.getpid()), "--log", str(log))
+        assert doc == {"pid": os.getpid(), "alive": True, "status": 503, "error": None,
+                       "last_log_line": "Loading safetensors checkpoint shards:  40% Completed"}
+    finally:
+        server.shutdown()
+    doc = run_helper("probe", "--url", "http://127.0.0.1:9/health", "--pid", "999999999")
+    assert doc["alive"] is False and doc["status"] is None and doc["error"]

@@ -1,0 +1,150 @@
+"""Pure parts of the steps and playbooks: command builders, parsers, validation. No SSH."""
+
+import json
+import shlex
+
+import pytest
+
+from deploy.config.models import Host, Run
+from deploy.errors import ConfigError, RemoteOutputError
+from deploy.orchestrator import plan_playbook
+from deploy.playbook import load_playbook
+from deploy.steps import REGISTRY, ensure_helper, free_gpus, launch, stop_stale, wait_gpus_free, wait_ready
+from deploy.steps.base import StepContext
+
+HOST = Host(name="kimi-a", address="10.1.230.174", state_dir="/var/lib/deploy ctl")
+RUN = Run(name="r", hosts=["kimi-a"], base_model="/data/models/Kimi K2.5", drafter="~/drafters/it's",
+          extra_args=["--mem-fraction-static", "0.85"], env={"NCCL_DEBUG": "WARN x"})
+
+
+def ctx_for(module, run=RUN, host=HOST, **settings):
+    return StepContext(host=host, run=run, settings=module.Settings(step=module.NAME, **settings), conn=None,
+                       draft_tokens=run.draft_tokens, launch_stamp="20261129T000000Z")
+
+
+@pytest.mark.parametrize("name", ["up", "restart", "down"])
+def test_builtin_playbooks_load(name):
+    playbook = load_playbook(name)
+    assert playbook.steps and all(s.name in REGISTRY for s in playbook.steps)
+
+
+def test_up_playbook_order_matches_the_seed_procedure():
+    assert [s.name for s in load_playbook("up").steps] == [
+        "ensure-helper", "fix-keys", "stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready"]
+
+
+def test_unknown_step_and_setting_name_file_and_line(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: mine\nsteps:\n  - step: ensure-helper\n  - step: free-gpu\n  - step: wait-gpus-free\n    treshold_mib: 5\n")
+    with pytest.raises(ConfigError) as err:
+        load_playbook(str(path))
+    text = str(err.value)
+    assert f"{path}:4" in text and "unknown step 'free-gpu'" in text
+    assert f"{path}:6" in text and "treshold_mib" in text and "unknown key" in text
+
+
+def test_bad_setting_value(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: mine\nsteps:\n  - step: stop-stale\n    scope: everyone\n")
+    with pytest.raises(ConfigError, match=r"mine.yaml:4.*scope"):
+        load_playbook(str(path))
+
+
+@pytest.mark.parametrize("tokens, expected", [(16, (15, 1, 16)), (10, (9, 1, 10)), (5, (4, 1, 5)), (2, (1, 1, 2))])
+def test_topk1_sets_num_steps_explicitly(tokens, expected):
+    assert launch.speculative_plan(RUN, tokens) == expected
+
+
+def test_topk_above_one_uses_configured_steps():
+    run = RUN.model_copy(update={"eagle_topk": 8, "speculative_num_steps": 5})
+    assert launch.speculative_plan(run, 32) == (5, 8, 32)
+
+
+def test_sglang_argv_is_the_documented_command():
+    argv = launch.sglang_argv(RUN, HOST, 16)
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+    pairs = dict(zip(argv[3::2], argv[4::2]))
+    assert pairs["--speculative-algorithm"] == "EAGLE3"
+    assert pairs["--speculative-num-steps"] == "15" and pairs["--speculative-num-draft-tokens"] == "16"
+    assert pairs["--host"] == "10.1.230.174" and pairs["--port"] == "30000" and pairs["--tp-size"] == "8"
+    assert "--trust-remote-code" in argv and argv[-2:] == ["--mem-fraction-static", "0.85"]
+
+
+def test_launch_command_is_detached_and_quoted():
+    ctx = ctx_for(launch)
+    [planned] = launch.plan(ctx)
+    cmd = planned.command
+    assert "setsid nohup env NCCL_DEBUG='WARN x' python3 -m sglang.launch_server" in cmd
+    assert "< /dev/null &" in cmd and "2>&1" in cmd
+    assert "~/'drafters/it'\"'\"'s'" in cmd  # tilde expands, the rest is one literal word
+    assert "'/data/models/Kimi K2.5'" in cmd
+    assert "'/var/lib/deploy ctl/server.pid'" in cmd
+    assert planned.argv == launch.sglang_argv(RUN, HOST, 16)
+    shlex.split(cmd.replace("~/", "/home/u/"))  # well-formed shell words
+
+
+def test_plan_covers_every_step_in_order():
+    plans = plan_playbook(load_playbook("up"), RUN, [HOST], 16)
+    assert [name for name, _ in plans["kimi-a"]] == [s.name for s in load_playbook("up").steps]
+    commands = [c.command for _, cmds in plans["kimi-a"] for c in cmds]
+    assert not any("killall" in c for c in commands)
+    assert any("fuser -k" in c for c in commands)
+
+
+def test_disabled_steps_are_not_planned():
+    plans = plan_playbook(load_playbook("down"), RUN, [HOST], 16)
+    assert [name for name, _ in plans["kimi-a"]] == ["ensure-helper", "stop-stale"]
+
+
+def test_sha256_parser():
+    ok = f"{'a' * 64}  /s/helpers/host_ops.py\nmissing /s/helpers/fix_eagle3_keys.py\n"
+    assert ensure_helper.parse_digests(ok, ["host_ops.py", "fix_eagle3_keys.py"], "h") == {
+        "host_ops.py": "a" * 64, "fix_eagle3_keys.py": None}
+    for bad in ("sha256sum: x: Permission denied\n", f"{'a' * 63}  /s/helpers/host_ops.py\n", ""):
+        with pytest.raises(RemoteOutputError):
+            ensure_helper.parse_digests(bad, ["host_ops.py", "fix_eagle3_keys.py"], "h")
+
+
+@pytest.mark.parametrize("stdout, pids", [("", []), (" 88882 88882 88883", [88882, 88883]), ("  4321m  12c", [12, 4321])])
+def test_fuser_pid_parser(stdout, pids):
+    assert free_gpus.parse_pids(stdout, "h") == pids
+
+
+def test_fuser_unexpected_output_is_an_error():
+    with pytest.raises(RemoteOutputError):
+        free_gpus.parse_pids("/dev/nvidia0: 123", "h")
+
+
+def test_free_gpus_command_quotes_directory_and_keeps_glob():
+    host = HOST.model_copy(update={"gpu_devices": "/home/dsb x/dev/nvidia*"})
+    assert free_gpus.command(ctx_for(free_gpus, host=host)).startswith("set -- '/home/dsb x/dev/nvidia'*;")
+
+
+def test_stop_stale_command_and_parser():
+    ctx = ctx_for(stop_stale, scope="pidfile", grace_s=3)
+    assert stop_stale.command(ctx).endswith("--scope pidfile --grace 3 --pidfile '/var/lib/deploy ctl/server.pid'")
+    doc = {"processes": [{"pid": 5, "cmdline": "python3 x", "signal": "KILL", "exited": True}], "note": None}
+    assert stop_stale.parse(json.dumps(doc), "h")["processes"][0]["pid"] == 5
+    for bad in ("", "{}", '{"processes": [{"pid": 1}]}', '{"processes": [{"pid": 1, "cmdline": "", "signal": "HUP", "exited": true}]}'):
+        with pytest.raises(RemoteOutputError):
+            stop_stale.parse(bad, "h")
+
+
+def test_probe_parser_is_strict():
+    assert wait_ready.parse_probe('{"alive": true, "status": 503, "error": null}', "h")["status"] == 503
+    for bad in ("", "ok", '{"alive": "yes", "status": 200}', '{"alive": true, "status": "200"}'):
+        with pytest.raises(RemoteOutputError):
+            wait_ready.parse_probe(bad, "h")
+
+
+def test_health_url_probes_loopback_for_wildcard_bind():
+    run = RUN.model_copy(update={"serve_host": "0.0.0.0"})
+    assert wait_ready.health_url(ctx_for(wait_ready, run=run)) == "http://127.0.0.1:30000/health"
+    assert wait_ready.health_url(ctx_for(wait_ready)) == "http://10.1.230.174:30000/health"
+
+
+def test_describe_busy_names_holders():
+    from deploy.facts.gpus import ComputeApp, GpuRow
+
+    row = GpuRow(3, "GPU-1", 120000, 143771, 0, (ComputeApp("GPU-1", 88882, 120000, "python3"),))
+    assert wait_gpus_free.describe_busy([row]) == "GPU 3: 120000 MiB held by pid 88882 python3"
