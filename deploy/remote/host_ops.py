@@ -9,6 +9,7 @@ Commands:
   stop-processes  SIGTERM, wait up to a grace period, SIGKILL: every python3 process of this user
                   (the seeds' ``killall python3``) or only the server recorded in a PID file.
   probe           Is the server PID alive, what does GET /health answer, what is the last log line.
+  accept-check    Greedy /generate requests; the measured speculative accept length.
 """
 
 from __future__ import annotations
@@ -206,6 +207,60 @@ def cmd_probe(args) -> dict:
     return result
 
 
+PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+    "Explain in three sentences why the sky is blue.",
+    "List the first ten prime numbers, separated by commas.",
+    "Translate to French: The server is up and the drafter accepts tokens.",
+)
+
+
+def _post_json(url: str, payload: dict, timeout: float) -> dict:
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as resp:
+        return json.loads(resp.read().decode("utf-8"))
+
+
+def cmd_accept(args) -> dict:
+    """Greedy generations; accept length = completion tokens / verify steps (SGLang meta_info).
+
+    1.00 means no draft token was ever accepted: the drafter's weights were dropped by the
+    loader, or fc was bypassed (single hidden state). Both happened in real deployments.
+    """
+    samples = []
+    for i in range(args.requests):
+        payload = {"text": PROMPTS[i % len(PROMPTS)],
+                   "sampling_params": {"max_new_tokens": args.max_new_tokens, "temperature": 0}}
+        try:
+            reply = _post_json(args.base + "/generate", payload, args.timeout)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            return {"ok": False, "error": "POST /generate failed: %s" % (getattr(exc, "reason", exc),), "samples": samples}
+        meta = reply.get("meta_info") if isinstance(reply, dict) else None
+        if not isinstance(meta, dict):
+            return {"ok": False, "error": "/generate reply has no meta_info: %r" % (str(reply)[:200],), "samples": samples}
+        tokens, verify = meta.get("completion_tokens"), meta.get("spec_verify_ct")
+        if not isinstance(tokens, int) or not isinstance(verify, int) or verify <= 0:
+            return {"ok": False, "error": "meta_info lacks completion_tokens/spec_verify_ct (is speculative decoding on?): %r"
+                    % (str(meta)[:200],), "samples": samples}
+        samples.append({"completion_tokens": tokens, "spec_verify_ct": verify})
+    total_tokens = sum(s["completion_tokens"] for s in samples)
+    total_verify = sum(s["spec_verify_ct"] for s in samples)
+    server_avg = None
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            with urllib.request.urlopen(args.base + path, timeout=args.timeout) as resp:
+                info = json.loads(resp.read().decode("utf-8"))
+            states = info.get("internal_states") or [{}]
+            server_avg = states[0].get("avg_spec_accept_length")
+            break
+        except (urllib.error.URLError, OSError, ValueError, AttributeError, IndexError):
+            continue
+    return {"ok": True, "accept_length": total_tokens / total_verify, "completion_tokens": total_tokens,
+            "spec_verify_ct": total_verify, "server_avg_spec_accept_length": server_avg, "samples": samples}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="host_ops.py")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -219,8 +274,15 @@ def main(argv=None) -> int:
     probe.add_argument("--pid", type=int, required=True)
     probe.add_argument("--log", default="")
     probe.add_argument("--timeout", type=float, default=5.0)
+    accept = sub.add_parser("accept-check")
+    accept.add_argument("--base", required=True, help="http://HOST:PORT of the server")
+    accept.add_argument("--requests", type=int, default=4)
+    accept.add_argument("--max-new-tokens", type=int, default=256)
+    accept.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
-    if args.command == "stop-processes":
+    if args.command == "accept-check":
+        document = cmd_accept(args)
+    elif args.command == "stop-processes":
         if args.scope == "pidfile" and not args.pidfile:
             parser.error("--scope pidfile needs --pidfile")
         document = cmd_stop(args)

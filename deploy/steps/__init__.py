@@ -1,8 +1,17 @@
 """Playbook steps, one module each, in the order the up playbook runs them."""
 
-from deploy.steps import ensure_helper, fix_keys, free_gpus, launch, stop_stale, wait_gpus_free, wait_ready
+from deploy.steps import (
+    ensure_helper,
+    fix_keys,
+    free_gpus,
+    launch,
+    stop_stale,
+    verify_acceptance,
+    wait_gpus_free,
+    wait_ready,
+)
 
 REGISTRY = {
     module.NAME: module
-    for module in (ensure_helper, fix_keys, stop_stale, free_gpus, wait_gpus_free, launch, wait_ready)
+    for module in (ensure_helper, fix_keys, stop_stale, free_gpus, wait_gpus_free, launch, wait_ready, verify_acceptance)
 }

@@ -30,7 +30,8 @@ def test_builtin_playbooks_load(name):
 
 def test_up_playbook_order_matches_the_seed_procedure():
     assert [s.name for s in load_playbook("up").steps] == [
-        "ensure-helper", "fix-keys", "stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready"]
+        "ensure-helper", "fix-keys", "stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready",
+        "verify-acceptance"]
 
 
 def test_unknown_step_and_setting_name_file_and_line(tmp_path):

@@ -1,0 +1,72 @@
+"""verify-acceptance: prove that speculation actually accepts draft tokens.
+
+A server can be "healthy" while its drafter is useless: SGLang 0.5.6-0.5.11 silently drops a
+speculators checkpoint's decoder weights, and a target that sends one hidden state bypasses fc;
+both give ``accept len: 1.00`` (no draft token ever accepted). This step sends greedy requests and
+fails when the measured accept length is under the threshold.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import Field
+
+from deploy.errors import RemoteOutputError, VerificationFailed
+from deploy.shell import quote, quote_path
+from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.launch import probe_address
+
+NAME = "verify-acceptance"
+
+
+class Settings(StepSettings):
+    #: 1.0 means nothing accepted; a trained EAGLE-3 drafter typically gives 2.5-3.5
+    min_accept_length: float = Field(default=1.5, ge=1.0)
+    requests: int = Field(default=4, ge=1, le=64)
+    max_new_tokens: int = Field(default=256, ge=8, le=8192)
+
+
+def base_url(ctx: StepContext) -> str:
+    address = probe_address(ctx.run, ctx.host)
+    return f"http://{'[' + address + ']' if ':' in address else address}:{ctx.run.port}"
+
+
+def command(ctx: StepContext) -> str:
+    s = ctx.settings
+    return " ".join([quote(ctx.host.python), quote_path(ctx.paths.helper("host_ops.py")), "accept-check",
+                     "--base", quote(base_url(ctx)), "--requests", str(s.requests),
+                     "--max-new-tokens", str(s.max_new_tokens)])
+
+
+def parse(output: str, source: str) -> dict:
+    try:
+        document = json.loads(output)
+        if not isinstance(document["ok"], bool):
+            raise TypeError
+        if document["ok"] and not isinstance(document["accept_length"], (int, float)):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise RemoteOutputError(f"{source}: accept-check printed unexpected output: {output[:300]!r}") from None
+    return document
+
+
+def plan(ctx: StepContext) -> list[PlannedCommand]:
+    return [PlannedCommand(f"{ctx.settings.requests} greedy /generate requests; fail if accept length "
+                           f"< {ctx.settings.min_accept_length:g}", command(ctx))]
+
+
+def run(ctx: StepContext) -> StepOutcome:
+    conn = ctx.require_conn()
+    document = parse(conn.check(command(ctx), timeout=ctx.timeout(900), what="accept-check").stdout, ctx.host.name)
+    if not document["ok"]:
+        raise VerificationFailed(f"{ctx.host.name}: could not measure acceptance: {document.get('error')}")
+    length = float(document["accept_length"])
+    data = {k: document.get(k) for k in ("accept_length", "completion_tokens", "spec_verify_ct", "server_avg_spec_accept_length")}
+    if length < ctx.settings.min_accept_length:
+        hint = (" — no draft token was accepted: the drafter's weights were likely dropped by the loader "
+                "(layers.0.* vs midlayer.*) or the aux hidden states are not captured") if length < 1.05 else ""
+        raise VerificationFailed(
+            f"{ctx.host.name}: accept length {length:.2f} < {ctx.settings.min_accept_length:g}{hint}"
+        )
+    return StepOutcome("ok", f"accept length {length:.2f} over {document['completion_tokens']} tokens", data)

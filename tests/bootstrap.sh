@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install everything deployctl's tests and sandbox need on a fresh Debian/Ubuntu machine:
+# OpenSSH sshd + fuser (system packages) and a virtualenv in .venv with deployctl and test deps.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+missing=()
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)
+command -v fuser >/dev/null 2>&1 || missing+=(psmisc)
+command -v useradd >/dev/null 2>&1 || missing+=(passwd)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "bootstrap: installing ${missing[*]}" >&2
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'

@@ -1,0 +1,64 @@
+"""The CLI: documented exit codes, no tracebacks for user errors, a fast --help."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy.cli.main import main
+from deploy.errors import ExitCode
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = str(REPO / "configs" / "kimi-k25-eagle3.yaml")
+
+
+def test_help_does_not_import_ssh_libraries():
+    code = "import sys; from deploy.cli.main import main; main(['--help']); print(sorted(m for m in ('fabric', 'paramiko', 'pydantic') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.stdout.strip().endswith("[]"), out.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, code, fragment",
+    [
+        (["-c", "/nonexistent.yaml", "gpu-status"], ExitCode.CONFIG, "/nonexistent.yaml: file not found"),
+        (["gpu-status", "--bogus"], ExitCode.USAGE, "No such option"),
+        (["-c", EXAMPLE, "gpu-status", "--host", "nope"], ExitCode.USAGE, "--host 'nope'"),
+        (["-c", EXAMPLE, "up", "--run", "nope", "--dry-run"], ExitCode.USAGE, "--run 'nope'"),
+        (["-c", EXAMPLE, "up", "--draft-tokens", "1", "--dry-run"], ExitCode.USAGE, "--draft-tokens"),
+        (["-c", EXAMPLE, "plan", "no-such-playbook"], ExitCode.CONFIG, "playbook 'no-such-playbook' not found"),
+        (["nonsense-verb"], ExitCode.USAGE, "No such command"),
+    ],
+)
+def test_user_errors_exit_with_documented_codes_and_no_traceback(capsys, argv, code, fragment):
+    assert main(argv) == code
+    captured = capsys.readouterr()
+    assert fragment in captured.err
+    assert "Traceback" not in captured.err + captured.out
+
+
+def test_bad_config_line_reaches_the_user(tmp_path, capsys):
+    path = tmp_path / "deployctl.yaml"
+    path.write_text("hosts:\n  - name: a\n    adress: 1.2.3.4\n")
+    assert main(["-c", str(path), "gpu-status"]) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert f"{path}:3" in err and "adress" in err and "address" in err
+
+
+def test_plan_json_carries_launch_argv_and_changes_nothing(capsys):
+    assert main(["-c", EXAMPLE, "plan", "--json", "--draft-tokens", "10"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    [host] = doc["hosts"]
+    launch = next(s for s in host["steps"] if s["step"] == "launch")
+    argv = launch["commands"][0]["argv"]
+    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "10"
+    assert argv[argv.index("--speculative-num-steps") + 1] == "9"
+    assert doc["dry_run"] is True
+
+
+def test_config_from_environment(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DEPLOYCTL_CONFIG", EXAMPLE)
+    assert main(["plan", "down"]) == 0
+    assert "stop stale python3 processes (scope pidfile)" in capsys.readouterr().out
