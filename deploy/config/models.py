@@ -69,6 +69,15 @@ class Host(Strict):
             raise ValueError("expected a hostname or IP address (letters, digits, '.', '-', ':')")
         return value
 
+    @field_validator("gpu_devices")
+    @classmethod
+    def _gpu_devices_absolute(cls, value: str) -> str:
+        if not (value.startswith("/") or value.startswith("~/")):
+            raise ValueError("expected an absolute path glob such as /dev/nvidia*")
+        if any(ch in value for ch in "[]{}"):
+            raise ValueError("only '*' and '?' wildcards are supported, e.g. /dev/nvidia*")
+        return value
+
     @field_validator("state_dir")
     @classmethod
     def _state_dir_is_persistent(cls, value: str) -> str:

@@ -3,7 +3,9 @@
 Even after the server is stopped, orphaned workers can keep a GPU's memory; fuser finds every
 process holding /dev/nvidia* open. fuser prints PIDs on stdout without a newline, names and
 "Cannot stat ... Permission denied" noise on stderr, and exits 1 when no process held the files:
-none of that is a failure.
+none of that is a failure. psmisc's fuser takes no ``--`` (it prints its usage and exits 1, which
+reads exactly like "nothing held the GPUs"), so the device paths must not start with '-': the
+config requires an absolute path, and exit 1 with a usage message is an error.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def command(ctx: StepContext) -> str:
     return (
         f"set -- {pattern}; "
         f"if [ ! -e \"$1\" ]; then echo \"no GPU device files match $1\" >&2; exit {NO_DEVICE_FILES}; fi; "
-        "exec fuser -k -- \"$@\""
+        "exec fuser -k \"$@\""
     )
 
 
@@ -50,6 +52,9 @@ def run(ctx: StepContext) -> StepOutcome:
     result = conn.run(command(ctx), timeout=ctx.timeout(60))
     if result.exit_code == NO_DEVICE_FILES:
         raise RemoteCommandFailed(f"{ctx.host.name}: {result.stderr.strip()} (gpu_devices: {ctx.host.gpu_devices})")
+    if result.exit_code == 1 and re.search(r"Usage:|No process specification|unknown option|invalid option",
+                                            result.stderr):
+        raise RemoteCommandFailed(f"{ctx.host.name}: fuser rejected its arguments: {result.stderr.strip()[:300]}")
     if result.exit_code not in (0, 1):
         raise RemoteCommandFailed(f"{ctx.host.name}: fuser -k failed (exit {result.exit_code}): {result.stderr.strip()[-300:]}")
     pids = parse_pids(result.stdout, ctx.host.name)

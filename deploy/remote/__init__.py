@@ -1,0 +1,1 @@
+"""Files that run on the GPU host: standalone, standard library only."""

@@ -1,0 +1,865 @@
+"""Start and stop the sandbox's simulated GPU hosts (SIMULATION ONLY, a TEST DOUBLE).
+
+Each simulated host is a real OpenSSH server on its own loopback address, logging in as its own
+Unix user, with a HOME that carries the stand-ins: ``~/bin/nvidia-smi`` (sim_nvidia_smi.py),
+``~/pylib/sglang`` (the stand-in SGLang), ``~/dev/nvidia*`` (files standing in for the GPU device
+nodes), ``~/.sim/config.json``, a synthetic speculators-format drafter and a base-model stub.
+
+Why a Unix user per host: the hosts share this machine's process table. "Kill stale python3" run
+on a host that logged in as root would kill the test runner and every other host's servers
+(reference section 8). A host's user sees and signals only its own processes.
+
+Why its own 127.0.0.x address: the hosts share one network stack; two servers on port 30000 must
+not collide unless they are on the same host.
+
+Needs root (useradd, sshd), /usr/sbin/sshd, ssh, ssh-keygen, fuser; see
+``sandbox_unavailable_reason``. ``stop_sandbox`` works from another process: it reads
+``<root>/sandbox.json``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+
+from deploy.errors import DeployError, ExitCode
+from deploy.sandbox import drafter as drafter_mod
+
+SSHD = "/usr/sbin/sshd"
+USER_PREFIX = "dsb-"
+GECOS_MARK = "deployctl-sandbox"
+FIRST_ADDRESS_OCTET = 10
+GPU_TOTAL_MIB = 143771  # NVIDIA H200
+GPU_NAME = "NVIDIA H200"
+# HGX H200 bus ids of GPUs 0-7 (more GPUs continue upwards).
+PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+DRAFTER_REL = "drafters/kimi-k25-eagle3"
+BASE_MODEL_REL = "models/Kimi-K2.5"
+STATE_FILE = "sandbox.json"
+PORT_ATTEMPTS = 5
+SSHD_START_TIMEOUT_S = 10.0
+PROCESS_EXIT_TIMEOUT_S = 5.0
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_SIM_NVIDIA_SMI = _PACKAGE_DIR / "sim_nvidia_smi.py"
+_SIM_SGLANG = _PACKAGE_DIR / "sim_sglang" / "sglang"
+_sshd_children: dict[int, subprocess.Popen] = {}
+
+
+class SandboxError(DeployError):
+    """The sandbox could not be started or stopped; the message says what and where."""
+
+    exit_code = ExitCode.FAILED
+
+
+@dataclass(frozen=True)
+class SandboxHost:
+    name: str
+    address: str
+    port: int
+    user: str
+    home: Path
+    identity_file: Path
+    gpu_glob: str
+    gpu_count: int
+    state_dir: Path
+    sim_dir: Path
+
+    @property
+    def drafter_dir(self) -> Path:
+        return self.home / DRAFTER_REL
+
+    @property
+    def base_model_dir(self) -> Path:
+        return self.home / BASE_MODEL_REL
+
+
+@dataclass
+class Sandbox:
+    root: Path
+    hosts: list[SandboxHost]
+    known_hosts: Path
+    config_path: Path
+
+    def host(self, name: str) -> SandboxHost:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(f"no sandbox host named {name!r} (hosts: {', '.join(h.name for h in self.hosts)})")
+
+    def ssh_argv(self, name: str, command: str, *, multiplex: bool = True) -> list[str]:
+        """A real ``ssh`` command line for ``command`` on host ``name``, host key checking on.
+
+        ``multiplex`` reuses one connection per host (ControlMaster under the root): a fresh
+        handshake costs ~0.3 s here, a multiplexed command ~0.01 s. A test that must see a new
+        handshake (host key checks, changed options) passes ``multiplex=False``.
+        """
+        h = self.host(name)
+        argv = [
+            "ssh", "-F", "/dev/null",
+            "-o", "BatchMode=yes",
+            "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={self.known_hosts}",
+            "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "IdentitiesOnly=yes",
+            "-o", "ConnectTimeout=10",
+            "-o", "LogLevel=ERROR",
+            "-i", str(h.identity_file),
+            "-p", str(h.port),
+        ]
+        mux_dir = self.root / "mux"
+        if multiplex and len(str(mux_dir)) + 42 < 104 and mux_dir.is_dir():  # AF_UNIX path limit
+            argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={mux_dir}/%C",
+                     "-o", "ControlPersist=60"]
+        else:
+            argv += ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
+        return argv + [f"{h.user}@{h.address}", command]
+
+    def run(self, name: str, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        """Run ``command`` on host ``name`` over real ssh; never raises on a non-zero exit."""
+        return subprocess.run(self.ssh_argv(name, command), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def stop(self, remove_root: bool = False) -> None:
+        stop_sandbox(self.root, remove_root=remove_root)
+
+    def reset(self, names: Sequence[str] | None = None) -> None:
+        """Put hosts back as start left them: kill all their user's processes, rebuild HOME.
+
+        Tests call this between cases. It kills the user's ssh sessions too, so call it when no
+        command is running on the host.
+        """
+        state = _read_state(self.root)
+        if state is None:
+            raise SandboxError(f"no sandbox recorded at {self.root}/{STATE_FILE}")
+        for name in names or [h.name for h in self.hosts]:
+            h = self.host(name)
+            _kill_user_processes(h.user)
+            _build_home(h.name, h.home, h.gpu_count, state["sglang_version"],
+                        self.root / "drafter-template")
+            pw = pwd.getpwnam(h.user)
+            _chown_tree(h.home, pw.pw_uid, pw.pw_gid)
+
+    def set_sglang_version(self, name: str, version: str) -> None:
+        """Make host ``name``'s stand-in SGLang report and behave as ``version`` (until reset)."""
+        config_path = self.host(name).sim_dir / "config.json"
+        config = json.loads(config_path.read_text())
+        config["sglang_version"] = version
+        tmp = config_path.with_name("config.json.tmp")
+        tmp.write_text(json.dumps(config, indent=2) + "\n")
+        st = config_path.stat()
+        os.chown(tmp, st.st_uid, st.st_gid)
+        os.replace(tmp, config_path)
+
+    @classmethod
+    def load(cls, root: Path) -> "Sandbox":
+        """The sandbox recorded in ``root/sandbox.json`` (started by any process)."""
+        state = _read_state(Path(root).resolve())
+        if state is None:
+            raise SandboxError(f"no sandbox recorded at {root}/{STATE_FILE}; start one first")
+        return _sandbox_from_state(state)
+
+
+# --------------------------------------------------------------------------------------------
+# preconditions
+
+
+def sandbox_unavailable_reason() -> str | None:
+    """Why the sandbox cannot run on this machine, or None when it can."""
+    if os.geteuid() != 0:
+        return "the sandbox needs root: it creates one Unix user per simulated host and runs sshd"
+    if not os.access(SSHD, os.X_OK):
+        return f"{SSHD} not found (install openssh-server)"
+    for tool in ("ssh", "ssh-keygen", "useradd", "userdel", "fuser", "pkill", "pgrep"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` not found on PATH"
+    return None
+
+
+def _check_traversable(root: Path) -> None:
+    """Every existing ancestor of root must let other users (the dsb-* users) pass through."""
+    for p in [root, *root.parents]:
+        if not p.exists():
+            continue
+        mode = p.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            raise SandboxError(
+                f"sandbox root {root}: {p} is not searchable by other users (mode "
+                f"{stat.S_IMODE(mode):o}); the sandbox's per-host users must reach their homes "
+                f"under it. Use a root under /var/tmp, or `chmod o+x {p}`.")
+
+
+def _check_names(names: Sequence[str]) -> None:
+    if not names:
+        raise SandboxError("a sandbox needs at least one host name")
+    if len(set(names)) != len(names):
+        raise SandboxError(f"host names must be unique: {list(names)}")
+    for name in names:
+        ok = name[:1].isalpha() and all(c.isalnum() or c == "-" for c in name) and name.islower()
+        if not ok or len(USER_PREFIX + name) > 32:
+            raise SandboxError(f"host name {name!r}: use lower-case letters, digits and '-', starting "
+                               f"with a letter ({USER_PREFIX}<name> becomes a Unix user name)")
+
+
+# --------------------------------------------------------------------------------------------
+# state file
+
+
+def _read_state(root: Path) -> dict | None:
+    try:
+        return json.loads((root / STATE_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise SandboxError(f"{root / STATE_FILE} is not valid JSON ({exc}); remove it and any "
+                           f"{USER_PREFIX}* users by hand") from None
+
+
+def _write_state(root: Path, state: dict) -> None:
+    tmp = root / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    os.replace(tmp, root / STATE_FILE)
+
+
+def _sandbox_from_state(state: dict) -> Sandbox:
+    root = Path(state["root"])
+    hosts = [
+        SandboxHost(
+            name=h["name"], address=h["address"], port=int(h["port"]), user=h["user"],
+            home=Path(h["home"]), identity_file=Path(state["client_key"]),
+            gpu_glob=h["gpu_glob"], gpu_count=int(h["gpu_count"]),
+            state_dir=Path(h["state_dir"]), sim_dir=Path(h["sim_dir"]))
+        for h in state["hosts"] if h.get("port")
+    ]
+    return Sandbox(root=root, hosts=hosts, known_hosts=Path(state["known_hosts"]),
+                   config_path=Path(state["config_path"]))
+
+
+# --------------------------------------------------------------------------------------------
+# processes
+
+
+def _pid_alive(pid: int) -> bool:
+    child = _sshd_children.get(pid)
+    if child is not None:
+        return child.poll() is None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            out.append(int(entry))
+    return out
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    alive = [p for p in pids if _pid_alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _pid_alive(p)]
+    return alive
+
+
+def _stop_sshd(pid: int, config_path: str) -> None:
+    """SIGTERM, then SIGKILL, our sshd and its per-connection monitors (only if it is ours)."""
+    if not _pid_alive(pid) or config_path not in _cmdline(pid):
+        _sshd_children.pop(pid, None)
+        return  # gone, or the pid now belongs to someone else
+    tree = [pid, *_children_of(pid)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in tree:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        tree = _wait_gone(tree, PROCESS_EXIT_TIMEOUT_S if sig == signal.SIGTERM else 2.0)
+        if not tree:
+            break
+    child = _sshd_children.pop(pid, None)
+    if child is not None:
+        try:
+            child.wait(1)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _user_exists(user: str) -> bool:
+    try:
+        pwd.getpwnam(user)
+        return True
+    except KeyError:
+        return False
+
+
+def _live_pids_of_uid(uid: int) -> list[int]:
+    """Processes of uid that still run (zombies wait for PID 1, which may reap slowly here)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            out.append(int(entry))
+    return out
+
+
+def _kill_user_processes(user: str) -> None:
+    """SIGKILL every process of a sandbox user (those users are ours) and wait until none runs."""
+    try:
+        uid = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return
+    deadline = time.monotonic() + PROCESS_EXIT_TIMEOUT_S
+    while True:
+        subprocess.run(["pkill", "-KILL", "-u", user], capture_output=True)
+        left = _live_pids_of_uid(uid)
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise SandboxError(f"processes of sandbox user {user} survived SIGKILL: {left}")
+        time.sleep(0.05)
+
+
+def _remove_user(user: str) -> None:
+    if not _user_exists(user):
+        return
+    _kill_user_processes(user)
+    deadline = time.monotonic() + PROCESS_EXIT_TIMEOUT_S
+    while True:
+        res = subprocess.run(["userdel", user], capture_output=True, text=True)
+        if res.returncode == 0 or not _user_exists(user):
+            break
+        if time.monotonic() > deadline:
+            raise SandboxError(f"userdel {user} failed: {res.stderr.strip()}")
+        _kill_user_processes(user)
+        time.sleep(0.05)
+    try:
+        os.unlink(f"/var/mail/{user}")
+    except OSError:
+        pass
+
+
+def _sandbox_users(root: Path | None = None) -> list[pwd.struct_passwd]:
+    """Users this module created (GECOS marked), optionally only those of one root."""
+    out = []
+    for pw in pwd.getpwall():
+        if not (pw.pw_name.startswith(USER_PREFIX) and pw.pw_gecos.startswith(GECOS_MARK)):
+            continue
+        if root is None or pw.pw_gecos == _gecos(root):
+            out.append(pw)
+    return out
+
+
+def _gecos(root: Path) -> str:
+    return f"{GECOS_MARK} root={root}"
+
+
+# --------------------------------------------------------------------------------------------
+# stop
+
+
+def stop_sandbox(root: Path, *, remove_root: bool = False) -> None:
+    """Stop every sshd recorded under root, kill the sandbox users' processes, delete the users.
+
+    Idempotent, and usable from a process other than the one that started the sandbox.
+    """
+    root = Path(root).resolve()
+    state = _read_state(root)
+    users: list[str] = []
+    if state is not None:
+        for h in state.get("hosts", []):
+            if h.get("sshd_pid"):
+                _stop_sshd(int(h["sshd_pid"]), h["sshd_config"])
+            users.append(h["user"])
+    # Users created before a crash could record them in sandbox.json carry the root in GECOS.
+    users += [pw.pw_name for pw in _sandbox_users(root) if pw.pw_name not in users]
+    for user in users:
+        _remove_user(user)
+    if state is not None:
+        state["stopped"] = time.time()
+        for h in state.get("hosts", []):
+            h["sshd_pid"] = None
+        os.replace(_write_stopped(root, state), root / "sandbox.stopped.json")
+        (root / STATE_FILE).unlink(missing_ok=True)
+    if remove_root and root.exists():
+        shutil.rmtree(root)
+
+
+def _write_stopped(root: Path, state: dict) -> Path:
+    tmp = root / "sandbox.stopped.json.tmp"
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    return tmp
+
+
+# --------------------------------------------------------------------------------------------
+# start
+
+
+def _run_checked(argv: list[str], what: str) -> subprocess.CompletedProcess:
+    res = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if res.returncode != 0:
+        raise SandboxError(f"{what} failed (exit {res.returncode}): {' '.join(argv)}\n"
+                           f"{(res.stderr or res.stdout).strip()}")
+    return res
+
+
+def _keygen(path: Path, comment: str) -> str:
+    for p in (path, path.with_name(path.name + ".pub")):
+        p.unlink(missing_ok=True)
+    _run_checked(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+                 f"ssh-keygen for {path}")
+    return path.with_name(path.name + ".pub").read_text().strip()
+
+
+def _free_port(address: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+def _live_conflicts(addresses: set[str], users: set[str], root: Path) -> list[str]:
+    """Other running sandboxes that hold one of our addresses or user names."""
+    conflicts = []
+    roots = {pw.pw_gecos.split("root=", 1)[1] for pw in _sandbox_users() if "root=" in pw.pw_gecos}
+    for other in sorted(roots - {str(root)}):
+        try:
+            state = _read_state(Path(other))
+        except SandboxError:
+            state = None
+        for h in (state or {}).get("hosts", []):
+            pid = h.get("sshd_pid")
+            if pid and _pid_alive(int(pid)) and (h["address"] in addresses or h["user"] in users):
+                conflicts.append(f"{h['user']}@{h['address']} of the sandbox at {other} "
+                                 f"(stop it: python -m deploy.sandbox stop --root {other})")
+    return conflicts
+
+
+def _uuid(name: str, index: int) -> str:
+    d = hashlib.sha256(f"deployctl-sandbox/{name}/{index}".encode()).hexdigest()
+    return f"GPU-{d[0:8]}-{d[8:12]}-{d[12:16]}-{d[16:20]}-{d[20:32]}"
+
+
+def _bus_id(index: int) -> str:
+    bus = PCI_BUSES[index] if index < len(PCI_BUSES) else 0xE0 + index
+    return f"00000000:{bus:02X}:00.0"
+
+
+def _dotfile(home: Path, sim_dir: Path) -> str:
+    # Debian's /etc/profile resets PATH for login shells and bash reads ~/.bashrc even for
+    # `ssh host cmd`, so the stand-ins must come first from the host's own dotfiles (reference 8).
+    return f"""# deployctl sandbox (SIMULATION): this host's stand-ins come first.
+case ":$PATH:" in *":{home}/bin:"*) ;; *) PATH="{home}/bin:$PATH" ;; esac
+export PATH
+case ":${{PYTHONPATH:-}}:" in *":{home}/pylib:"*) ;; *) PYTHONPATH="{home}/pylib${{PYTHONPATH:+:$PYTHONPATH}}" ;; esac
+export PYTHONPATH
+export SGLANG_SIM_CONFIG="{sim_dir}/config.json"
+export NVIDIA_SMI_SIM_CONFIG="{sim_dir}/config.json"
+"""
+
+
+def _chown_tree(path: Path, uid: int, gid: int) -> None:
+    os.chown(path, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for n in dirnames + filenames:
+            os.chown(os.path.join(dirpath, n), uid, gid, follow_symlinks=False)
+
+
+def _build_home(name: str, home: Path, gpus: int, sglang_version: str, drafter_cache: Path) -> None:
+    if home.exists():
+        shutil.rmtree(home)
+    for sub in ("bin", "pylib", "dev", ".sim/alloc", "drafters", "models"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+    home.chmod(0o755)
+    sim_dir = home / ".sim"
+    dotfile = _dotfile(home, sim_dir)
+    for rc in (".bashrc", ".profile", ".bash_profile"):
+        (home / rc).write_text(dotfile)
+    for i in range(gpus):
+        (home / "dev" / f"nvidia{i}").touch(mode=0o666)
+    (home / "dev" / "nvidiactl").touch(mode=0o666)
+    smi = home / "bin" / "nvidia-smi"
+    shutil.copyfile(_SIM_NVIDIA_SMI, smi)
+    smi.chmod(0o755)
+    shutil.copytree(_SIM_SGLANG, home / "pylib" / "sglang",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    config = {
+        "simulated": True,
+        "host": name,
+        "gpu_count": gpus,
+        "gpu_dir": str(home / "dev"),
+        "gpu_total_mib": GPU_TOTAL_MIB,
+        "gpu_name": GPU_NAME,
+        "uuids": [_uuid(name, i) for i in range(gpus)],
+        "pci_bus_ids": [_bus_id(i) for i in range(gpus)],
+        "alloc_dir": str(sim_dir / "alloc"),
+        "driver_failed_flag": str(sim_dir / "driver_failed"),
+        "sglang_version": sglang_version,
+    }
+    (sim_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    shutil.copytree(drafter_cache, home / DRAFTER_REL)
+    drafter_mod.write_base_model(home / BASE_MODEL_REL)
+
+
+def _sshd_config(root: Path, host: dict, host_key: Path, authorized_keys: Path) -> str:
+    home = host["home"]
+    env = " ".join([
+        f"PATH={home}/bin:/usr/local/bin:/usr/bin:/bin",
+        f"PYTHONPATH={home}/pylib",
+        f"SGLANG_SIM_CONFIG={home}/.sim/config.json",
+        f"NVIDIA_SMI_SIM_CONFIG={home}/.sim/config.json",
+    ])
+    return f"""# deployctl sandbox (SIMULATION) host {host['name']}
+ListenAddress {host['address']}:{host['port']}
+HostKey {host_key}
+PidFile {root}/sshd/{host['name']}/sshd.pid
+AuthorizedKeysFile {authorized_keys}
+AllowUsers {host['user']}
+PermitRootLogin no
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PermitUserEnvironment no
+UseDNS no
+X11Forwarding no
+PrintMotd no
+PrintLastLog no
+LogLevel INFO
+MaxStartups 64:30:128
+MaxSessions 64
+LoginGraceTime 30
+Subsystem sftp internal-sftp
+# sshd honours only the first SetEnv line: every variable goes on this one.
+SetEnv {env}
+"""
+
+
+def _wait_for_banner(proc: subprocess.Popen, address: str, port: int, log: Path) -> str | None:
+    """None when the port answers with an SSH banner; else why not ('bind' or 'exit'/'timeout')."""
+    deadline = time.monotonic() + SSHD_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            return "bind" if "Address already in use" in text else "exit"
+        try:
+            with socket.create_connection((address, port), timeout=0.5) as s:
+                s.settimeout(2.0)
+                if s.recv(64).startswith(b"SSH-"):
+                    return None
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return "timeout"
+
+
+def _log_tail(log: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _start_sshd(root: Path, host: dict, host_key: Path, authorized_keys: Path) -> subprocess.Popen:
+    sshd_dir = root / "sshd" / host["name"]
+    config_path = sshd_dir / "sshd_config"
+    log = sshd_dir / "sshd.log"
+    why = "never tried"
+    for _attempt in range(PORT_ATTEMPTS):
+        host["port"] = _free_port(host["address"])
+        config_path.write_text(_sshd_config(root, host, host_key, authorized_keys))
+        with open(log, "ab") as logf:
+            proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config_path)],
+                                    stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        _sshd_children[proc.pid] = proc
+        why = _wait_for_banner(proc, host["address"], host["port"], log)
+        if why is None:
+            return proc
+        _stop_sshd(proc.pid, str(config_path))
+        if why != "bind":
+            break  # a port race is worth another port; anything else is not
+    raise SandboxError(f"sshd for sandbox host {host['name']} ({host['address']}) did not come up "
+                       f"({why}); log {log}:\n{_log_tail(log)}")
+
+
+def start_sandbox(
+    root: Path,
+    names: Sequence[str] = ("sb1",),
+    gpus: int = 8,
+    sglang_version: str = "0.5.9",
+    *,
+    address_base: int = FIRST_ADDRESS_OCTET,
+    stop_at_exit: bool = False,
+) -> Sandbox:
+    """Start one simulated GPU host per name under ``root`` and write ``root/deployctl.yaml``.
+
+    Host i listens on 127.0.0.(address_base + i). Whatever is recorded under ``root`` from an
+    earlier run (a crashed test session) is stopped first. With ``stop_at_exit`` the sandbox is
+    also stopped when this Python process exits normally.
+    """
+    reason = sandbox_unavailable_reason()
+    if reason:
+        raise SandboxError(f"cannot start the sandbox: {reason}")
+    names = list(names)
+    _check_names(names)
+    if gpus < 1:
+        raise SandboxError(f"gpus must be >= 1, got {gpus}")
+    if not (1 <= address_base and address_base + len(names) <= 255):
+        raise SandboxError(f"address_base {address_base}: 127.0.0.x addresses run out")
+    root = Path(root).absolute()
+    if any(c in str(root) for c in ":,\n"):
+        raise SandboxError(f"sandbox root {root}: ':' ',' and newlines are not allowed in the path")
+    _check_traversable(root)
+    root.mkdir(parents=True, exist_ok=True)
+    root = root.resolve()
+    root.chmod(0o755)
+    _check_traversable(root)
+
+    stop_sandbox(root)  # whatever an earlier (crashed) run left under this root
+    addresses = {f"127.0.0.{address_base + i}" for i in range(len(names))}
+    users = {USER_PREFIX + n for n in names}
+    conflicts = _live_conflicts(addresses, users, root)
+    if conflicts:
+        raise SandboxError("another sandbox is running on the same addresses or users: "
+                           + "; ".join(conflicts))
+    for pw in _sandbox_users():  # dead leftovers of other roots with our user names
+        if pw.pw_name in users:
+            _remove_user(pw.pw_name)
+    for user in users:
+        if _user_exists(user):
+            raise SandboxError(f"user {user} exists and was not created by the sandbox; "
+                               "choose other host names")
+
+    for sub in ("hosts", "sshd"):
+        (root / sub).mkdir(exist_ok=True)
+        (root / sub).chmod(0o755)
+    if (root / "mux").exists():
+        shutil.rmtree(root / "mux")
+    (root / "mux").mkdir(mode=0o700)
+    client_key = root / "client_key"
+    client_pub = _keygen(client_key, "deployctl-sandbox-client")
+    authorized_keys = root / "authorized_keys"
+    authorized_keys.write_text(client_pub + "\n")
+    authorized_keys.chmod(0o644)
+    known_hosts = root / "known_hosts"
+    config_path = root / "deployctl.yaml"
+    drafter_cache = root / "drafter-template"
+    if drafter_cache.exists():
+        shutil.rmtree(drafter_cache)
+    drafter_mod.write_eagle3_drafter(drafter_cache, layout="speculators")
+
+    state: dict = {
+        "format": 1, "simulated": True, "root": str(root), "created": time.time(),
+        "instance": uuid.uuid4().hex,
+        "sglang_version": sglang_version, "gpus": gpus, "client_key": str(client_key),
+        "known_hosts": str(known_hosts), "config_path": str(config_path), "hosts": [],
+    }
+    if stop_at_exit:
+        atexit.register(_stop_at_exit, root, state["instance"])
+    try:
+        known_lines = []
+        for i, name in enumerate(names):
+            user = USER_PREFIX + name
+            home = root / "hosts" / name
+            host = {"name": name, "address": f"127.0.0.{address_base + i}", "port": None,
+                    "user": user, "home": str(home), "gpu_count": gpus,
+                    "gpu_glob": f"{home}/dev/nvidia*", "state_dir": str(home / ".deployctl"),
+                    "sim_dir": str(home / ".sim"), "sshd_pid": None,
+                    "sshd_config": str(root / "sshd" / name / "sshd_config"),
+                    "sshd_log": str(root / "sshd" / name / "sshd.log")}
+            state["hosts"].append(host)
+            _run_checked(["useradd", "-M", "-U", "-s", "/bin/bash", "-d", str(home), "-p", "*",
+                          "-c", _gecos(root), user], f"useradd {user}")
+            _write_state(root, state)  # recorded before anything else can fail
+            pw = pwd.getpwnam(user)
+            host["uid"] = pw.pw_uid
+            _build_home(name, home, gpus, sglang_version, drafter_cache)
+            _chown_tree(home, pw.pw_uid, pw.pw_gid)
+            sshd_dir = root / "sshd" / name
+            sshd_dir.mkdir(exist_ok=True)
+            (sshd_dir / "sshd.log").unlink(missing_ok=True)
+            host_pub = _keygen(sshd_dir / "ssh_host_ed25519_key", f"sandbox-{name}")
+            Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+            proc = _start_sshd(root, host, sshd_dir / "ssh_host_ed25519_key", authorized_keys)
+            host["sshd_pid"] = proc.pid
+            _write_state(root, state)
+            key_type, key_b64 = host_pub.split()[:2]
+            known_lines.append(f"[{host['address']}]:{host['port']} {key_type} {key_b64}\n")
+            known_hosts.write_text("".join(known_lines))
+        known_hosts.chmod(0o644)
+        _write_deployctl_yaml(config_path, state)
+        sandbox = _sandbox_from_state(state)
+        for h in sandbox.hosts:
+            _self_check(sandbox, h)
+    except BaseException:
+        stop_sandbox(root)
+        raise
+    return sandbox
+
+
+def _self_check(sandbox: Sandbox, host: SandboxHost) -> None:
+    """Log in once the way tests and deployctl will; a broken host fails here, not later."""
+    try:
+        res = sandbox.run(host.name, "id -un; command -v nvidia-smi", timeout=20)
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"sandbox host {host.name}: ssh login timed out") from None
+    want = f"{host.user}\n{host.home}/bin/nvidia-smi"
+    if res.returncode != 0 or res.stdout.strip() != want:
+        log = sandbox.root / "sshd" / host.name / "sshd.log"
+        raise SandboxError(f"sandbox host {host.name}: ssh self-check failed (exit {res.returncode}); "
+                           f"stdout {res.stdout.strip()!r}, stderr {res.stderr.strip()!r}; "
+                           f"sshd log {log}:\n{_log_tail(log)}")
+
+
+def _stop_at_exit(root: Path, instance: str) -> None:
+    """Stop the sandbox this process started, unless it is already stopped.
+
+    The instance check matters: once this process stopped its sandbox, another process (the next
+    test session) may have started a new one under the same root.
+    """
+    try:
+        state = _read_state(root)
+        if state is not None and state.get("instance") == instance:
+            stop_sandbox(root)
+    except Exception:  # noqa: BLE001 - at interpreter exit there is nobody left to tell
+        pass
+
+
+def deployctl_config(state: dict) -> dict:
+    """The deployctl YAML config (as a dict) that points at the sandbox hosts."""
+    hosts = state["hosts"]
+    return {
+        "ssh": {
+            "known_hosts": state["known_hosts"],
+            "host_key_policy": "reject",
+            "connect_timeout_s": 10,
+            "command_timeout_s": 120,
+            "max_parallel": 8,
+        },
+        "hosts": [
+            {
+                "name": h["name"],
+                "address": h["address"],
+                "port": h["port"],
+                "user": h["user"],
+                "identity_file": state["client_key"],
+                "gpus": h["gpu_count"],
+                "gpu_devices": h["gpu_glob"],
+                "python": "python3",
+                "state_dir": h["state_dir"],
+                "groups": ["sandbox"],
+            }
+            for h in hosts
+        ],
+        "runs": [
+            {
+                "name": "sandbox",
+                "group": "sandbox",
+                "base_model": f"~/{BASE_MODEL_REL}",
+                "drafter": f"~/{DRAFTER_REL}",
+                "tp_size": min(8, int(state["gpus"])),
+                "serve_host": None,
+                "port": 30000,
+                "draft_tokens": 16,
+                "eagle_topk": 1,
+                "extra_args": ["--mem-fraction-static", "0.85"],
+                "env": {},
+            }
+        ],
+    }
+
+
+class _Quoted(str):
+    """A YAML string written in double quotes ('~/x' and globs read better quoted)."""
+
+
+class _ConfigDumper(yaml.SafeDumper):
+    pass
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list):
+    flow = all(isinstance(x, (str, int, float, bool)) or x is None for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_ConfigDumper.add_representer(list, _represent_list)
+_ConfigDumper.add_representer(
+    _Quoted, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", str(s), style='"'))
+
+
+def _write_deployctl_yaml(path: Path, state: dict) -> None:
+    header = ("# deployctl config for the SANDBOX (simulated GPU hosts on this machine; test double).\n"
+              f"# Written by deploy.sandbox.start_sandbox; stop with: python -m deploy.sandbox stop "
+              f"--root {state['root']}\n")
+    config = deployctl_config(state)
+    for h in config["hosts"]:
+        h["gpu_devices"] = _Quoted(h["gpu_devices"])
+    for run in config["runs"]:
+        run["base_model"] = _Quoted(run["base_model"])
+        run["drafter"] = _Quoted(run["drafter"])
+        run["extra_args"] = [_Quoted(a) for a in run["extra_args"]]
+    body = yaml.dump(config, Dumper=_ConfigDumper, sort_keys=False, default_flow_style=False)
+    path.write_text(header + body)
+
+
+def sandbox_status(root: Path) -> dict:
+    """What is recorded under root and whether each host's sshd is alive."""
+    root = Path(root).resolve()
+    state = _read_state(root)
+    if state is None:
+        return {"root": str(root), "running": False, "hosts": []}
+    hosts = []
+    for h in state["hosts"]:
+        pid = h.get("sshd_pid")
+        alive = bool(pid) and _pid_alive(int(pid)) and h["sshd_config"] in _cmdline(int(pid))
+        hosts.append({"name": h["name"], "address": h["address"], "port": h["port"], "user": h["user"],
+                      "home": h["home"], "sshd_pid": pid, "sshd_alive": alive,
+                      "user_exists": _user_exists(h["user"])})
+    return {"root": str(root), "running": any(h["sshd_alive"] for h in hosts),
+            "config_path": state["config_path"], "sglang_version": state.get("sglang_version"),
+            "hosts": hosts}

@@ -1,0 +1,12 @@
+"""SIMULATED SGLang package: a TEST DOUBLE from deployctl's sandbox, not the real sglang.
+
+Installed on each sandbox host's python path (``~/pylib``). ``python3 -m sglang.launch_server``
+starts a small stdlib HTTP server that behaves like SGLang where deployctl depends on it (flags,
+log lines, HTTP endpoints, EAGLE-3 weight-name resolution and its effect on acceptance); it loads
+no model and uses no GPU. ``python3 -m sglang.bench_serving`` prints SGLang's benchmark block
+from the stand-in's simulated timings. See each module's docstring for what is and is not faithful.
+"""
+
+from sglang.version import __version__
+
+__all__ = ["__version__"]

@@ -1,0 +1,1100 @@
+"""SIMULATED ``python3 -m sglang.launch_server``: a TEST DOUBLE from deployctl's sandbox.
+
+It loads no model and uses no GPU. It is a small stdlib HTTP server that behaves like SGLang
+(0.5.6 - 0.5.23, see /work/shared/reference/sglang-eagle3.md) where deployctl depends on it.
+
+Faithful (on purpose, because deployctl must cope with it):
+- Flags: the real names and defaults for the subset listed in ``build_parser``; an unknown flag is
+  an argparse error (exit 2); ``--cuda-graph-max-bs`` only exists up to 0.5.12.
+- Speculative flag rules (server_args.py): num-steps unset => topk and draft tokens must be unset
+  (auto-chosen); topk == 1 and T != S + 1 => a warning and T = S + 1, silently.
+- Paths are not expanded: ``~/x`` or a missing dir fails like huggingface_hub does, exit 1.
+- EAGLE-3 draft weight loading: the tensor names in the drafter's safetensors headers go through
+  ``LlamaForCausalLMEagle3.load_weights``' name resolution for the simulated version (legacy
+  0.5.6-0.5.11 ``model.midlayer.*`` vs 0.5.12+ ``model.layers.N.*`` with the midlayer legacy map);
+  names matching no parameter are DROPPED WITHOUT A WORD (at --log-level debug we do say it,
+  SGLang does not). A decoder layer left randomly initialised => ``accept len: 1.00``; so does
+  ``--speculative-algorithm EAGLE`` with an EAGLE-3 drafter (one hidden state, PR #21272).
+- GPUs: one child process per TP rank, argv[0] ``sglang::scheduler_TP<i>``, PR_SET_PDEATHSIG like
+  SGLang's kill_itself_when_parent_died, holding the host's simulated ``~/dev/nvidia<i>`` open so
+  the simulated nvidia-smi and real ``fuser`` see them. A child killed from outside leaves the
+  main process running but unhealthy (/health 503), as a dead scheduler does in SGLang.
+- Startup/decode log lines in SGLang's format, ``Uvicorn running on ...``, ``The server is fired
+  up and ready to roll!``, ``[Errno 98] ... address already in use`` (exit 1), the OOM traceback.
+- HTTP: /health, /health_generate (503 until warmed up), /model_info (/get_model_info),
+  /v1/models, /server_info (/get_server_info) with internal_states[0].avg_spec_accept_length once a
+  decode log line was printed, /generate, /v1/completions, /v1/chat/completions, /flush_cache
+  (resets the average), /metrics with --enable-metrics.
+
+Not faithful:
+- The port is bound (not listened on) before loading so a taken port fails fast; real SGLang
+  finds out when uvicorn starts after loading. Connections are still refused until then.
+- Acceptance is a deterministic model, not a measurement: with every draft tensor loaded, each
+  verify step accepts 1 + G tokens, G geometric with p in [0.64, 0.68) (from a hash of the
+  drafter's headers), capped at T - 1 (mean ~2.9 for T = 16, ~2.4 for T = 4). topk > 1, aux layer
+  ids, target capture support and the fc-bypass bug (reference section 3) are NOT modelled.
+- Generated text is filler words; token counts are word counts. No streaming, no tokenizer, no
+  batching effects; timings are simulated (a decode step is 19.5 ms) and the real sleep is scaled
+  by $SGLANG_SIM_TIME_SCALE.
+- Memory: each rank allocates ``--mem-fraction-static`` x total + 1.5 GiB; the unbalanced-memory and
+  "Not enough memory" checks use the other holders of the same simulated GPUs. Weights are a
+  constant 75000 MiB per rank. Multi-node (--nnodes > 1) is rejected.
+
+Env knobs: SGLANG_SIM_CONFIG (the host's sim config, default ~/.sim/config.json),
+SGLANG_SIM_LOAD_SECONDS (1.0), SGLANG_SIM_WARMUP_SECONDS (0.3), SGLANG_SIM_TIME_SCALE (0.02),
+SGLANG_SIM_CRASH_DURING_LOAD=1 (or the file ~/.sim/crash_during_load): crash with CUDA OOM
+midway through loading, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import signal
+import socket
+import socketserver
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+SIM_STEP_S = 0.0195  # one simulated decode step of a large MoE target at TP8
+WEIGHTS_MIB = 75000  # per TP rank, constant (the stand-in base model has no weights)
+GRAPH_MIB = 1536
+DEFAULT_MEM_FRACTION = 0.88
+MAX_TOTAL_TOKENS = 1_234_567
+CHECKPOINT_SHARDS = 64
+FILLER = ("the of and to in a is that for it as with was on be by this are from at or an "
+          "which but not have has were all can more one will so up out if about into").split()
+
+
+# --------------------------------------------------------------------------------------------
+# logging in SGLang's shape: "[2026-11-29 10:00:00] msg" / "[2026-11-29 10:00:00 TP0] msg"
+
+_log_lock = threading.Lock()
+
+
+def log(message: str, tp: int | None = None) -> None:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    prefix = f"[{stamp} TP{tp}]" if tp is not None else f"[{stamp}]"
+    with _log_lock:
+        sys.stderr.write(f"{prefix} {message}\n")
+        sys.stderr.flush()
+
+
+def raw(message: str) -> None:
+    with _log_lock:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+
+def version_tuple(version: str) -> tuple[int, int, int]:
+    nums = [int(x) for x in re.findall(r"\d+", version)[:3]]
+    return tuple(nums + [0] * (3 - len(nums)))  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------------------------
+# flags
+
+
+def build_parser(version: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="launch_server.py",
+        description="SIMULATED SGLang server (deployctl sandbox test double).")
+    a = p.add_argument
+    a("--model-path", type=str, required=True, help="The path of the model weights.")
+    a("--tokenizer-path", type=str, default=None)
+    a("--trust-remote-code", action="store_true")
+    a("--dtype", type=str, default="auto")
+    a("--kv-cache-dtype", type=str, default="auto")
+    a("--context-length", type=int, default=None)
+    a("--served-model-name", type=str, default=None)
+    a("--host", type=str, default="127.0.0.1")
+    a("--port", type=int, default=30000)
+    a("--mem-fraction-static", type=float, default=None)
+    a("--max-running-requests", type=int, default=None)
+    a("--chunked-prefill-size", type=int, default=None)
+    a("--page-size", type=int, default=None)
+    a("--tensor-parallel-size", "--tp-size", "--tp", dest="tp_size", type=int, default=1)
+    a("--data-parallel-size", "--dp-size", dest="dp_size", type=int, default=1)
+    a("--base-gpu-id", type=int, default=0)
+    a("--random-seed", type=int, default=None)
+    a("--watchdog-timeout", type=float, default=300)
+    a("--log-level", type=str, default="info")
+    a("--decode-log-interval", type=int, default=40)
+    a("--enable-metrics", action="store_true")
+    a("--attention-backend", type=str, default=None)
+    a("--disable-cuda-graph", action="store_true")
+    if version_tuple(version) <= (0, 5, 12):
+        a("--cuda-graph-max-bs", type=int, default=None)
+    a("--nnodes", type=int, default=1)
+    a("--node-rank", type=int, default=0)
+    a("--dist-init-addr", type=str, default=None)
+    a("--speculative-algorithm", type=str, choices=ALGORITHMS, default=None)
+    a("--speculative-draft-model-path", "--speculative-draft-model", dest="speculative_draft_model_path",
+      type=str, default=None)
+    a("--speculative-num-steps", type=int, default=None)
+    a("--speculative-eagle-topk", type=int, default=None)
+    a("--speculative-num-draft-tokens", type=int, default=None)
+    return p
+
+
+def finalize_args(args: argparse.Namespace) -> list[str]:
+    """Fill defaults the way ServerArgs.__post_init__ does; returns the warnings it logs."""
+    warnings: list[str] = []
+    if args.tokenizer_path is None:
+        args.tokenizer_path = args.model_path
+    if args.served_model_name is None:
+        args.served_model_name = args.model_path
+    if args.mem_fraction_static is None:
+        args.mem_fraction_static = DEFAULT_MEM_FRACTION
+    if args.chunked_prefill_size is None:
+        args.chunked_prefill_size = 8192
+    if args.page_size is None:
+        args.page_size = 1
+    if args.random_seed is None:
+        args.random_seed = 42
+    if args.nnodes != 1:
+        raise ValueError("SIMULATION: --nnodes > 1 is not simulated by the sandbox's stand-in SGLang")
+    algo = args.speculative_algorithm
+    if algo is None:
+        return warnings
+    if args.max_running_requests is None:
+        args.max_running_requests = 48
+    if algo in ("EAGLE", "EAGLE3", "STANDALONE") and args.speculative_draft_model_path is None:
+        raise ValueError(f"speculative_draft_model_path is required for --speculative-algorithm {algo}")
+    if algo == "NEXTN" and args.speculative_draft_model_path is None:
+        args.speculative_draft_model_path = args.model_path
+    if args.speculative_num_steps is None:
+        if args.speculative_eagle_topk is not None or args.speculative_num_draft_tokens is not None:
+            raise ValueError(
+                "speculative_num_steps is not set, so speculative_eagle_topk and "
+                "speculative_num_draft_tokens must not be set either (SGLang chooses the three together); "
+                f"got speculative_eagle_topk={args.speculative_eagle_topk}, "
+                f"speculative_num_draft_tokens={args.speculative_num_draft_tokens}")
+        args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens = 3, 1, 4
+    if args.speculative_eagle_topk is None:
+        args.speculative_eagle_topk = 1
+    if args.speculative_num_draft_tokens is None:
+        args.speculative_num_draft_tokens = args.speculative_num_steps + 1
+    if (args.speculative_eagle_topk == 1
+            and args.speculative_num_draft_tokens != args.speculative_num_steps + 1):
+        warnings.append("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
+                        "when speculative_eagle_topk == 1")
+        args.speculative_num_draft_tokens = args.speculative_num_steps + 1
+    return warnings
+
+
+# --------------------------------------------------------------------------------------------
+# errors shaped like the libraries SGLang calls
+
+
+class HFValidationError(ValueError):
+    pass
+
+
+HFValidationError.__module__ = "huggingface_hub.errors"
+
+
+def check_model_dir(path: str) -> None:
+    if not os.path.isdir(path):
+        # SGLang hands a non-directory to huggingface_hub as a repo id; "~" is never expanded.
+        raise HFValidationError(
+            f"Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{path}'. "
+            "Use `repo_type` argument if needed.")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise OSError(f"{path} does not appear to have a file named config.json. Checkout "
+                      f"'https://huggingface.co/{path}/tree/None' for available files.")
+
+
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+# --------------------------------------------------------------------------------------------
+# EAGLE-3 draft checkpoint: SGLang's name resolution (llama_eagle3.py, load_weights)
+
+LAYER_PARAMS = ("hidden_norm.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
+                "self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight",
+                "mlp.down_proj.weight")
+STACKED = ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
+           (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj"))
+
+
+def read_safetensors_header(path: str) -> dict:
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise RuntimeError(f"Error while deserializing header: {path} is too small")
+        (n,) = struct.unpack("<Q", head)
+        if n > 100_000_000:
+            raise RuntimeError(f"Error while deserializing header: HeaderTooLarge ({path})")
+        blob = f.read(n)
+    if len(blob) != n:
+        raise RuntimeError(f"Error while deserializing header: InvalidHeaderLength ({path})")
+    return json.loads(blob.decode("utf-8"))
+
+
+def checkpoint_tensor_names(model_dir: str) -> tuple[list[str], str]:
+    """Tensor names of a checkpoint dir (index.json first, else every *.safetensors), + a digest."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        files = sorted(set(read_json(index)["weight_map"].values()))
+    else:
+        files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
+    if not files:
+        raise RuntimeError(f"Cannot find any model weights with `{model_dir}`")
+    names: list[str] = []
+    digest = hashlib.sha256()
+    for fname in files:
+        header = read_safetensors_header(os.path.join(model_dir, fname))
+        digest.update(json.dumps(header, sort_keys=True).encode())
+        names.extend(k for k in header if k != "__metadata__")
+    return names, digest.hexdigest()
+
+
+def is_eagle3_drafter(config: dict) -> bool:
+    archs = config.get("architectures") or []
+    return any(a == "LlamaForCausalLMEagle3" or a.startswith("Eagle3") for a in archs) \
+        or config.get("speculators_model_type") == "eagle3"
+
+
+def drafter_num_layers(config: dict) -> int:
+    nested = config.get("transformer_layer_config") or {}
+    return int(config.get("num_hidden_layers", nested.get("num_hidden_layers", 1)))
+
+
+def eagle3_params(version: tuple[int, int, int], num_layers: int, config: dict) -> set[str]:
+    if version < (0, 5, 12):
+        if num_layers != 1:
+            raise ValueError("EAGLE3 currently only supports 1 layer")
+        prefixes = ["model.midlayer."]
+    else:
+        prefixes = [f"model.layers.{i}." for i in range(num_layers)]
+    params = {p + s for p in prefixes for s in LAYER_PARAMS}
+    params |= {"model.fc.weight", "model.norm.weight", "model.embed_tokens.weight", "lm_head.weight"}
+    if version >= (0, 5, 12):
+        if config.get("norm_before_fc"):
+            params.add("model.input_norm.weight")
+        if config.get("use_aux_norm") or config.get("fc_norm"):
+            params |= {f"model.fc_norm.{k}.weight" for k in range(3)}
+    return params
+
+
+@dataclass
+class Resolution:
+    params: set[str]
+    loaded: dict[str, list[str]] = field(default_factory=dict)  # param -> checkpoint names
+    dropped: list[str] = field(default_factory=list)
+    hot_token_map: bool = False
+
+
+def resolve_eagle3_names(names: list[str], version: tuple[int, int, int], params: set[str]) -> Resolution:
+    """Where each checkpoint tensor lands, in load_weights' order (reference section 2)."""
+    res = Resolution(params=params)
+    for original in names:
+        name = original
+        if version >= (0, 5, 12):  # PR #24663's legacy map
+            name = re.sub(r"(^|\.)midlayer\.", r"\1layers.0.", name)
+            for old, new in (("aux_norm_low", "fc_norm.0"), ("aux_norm_mid", "fc_norm.1"),
+                             ("aux_norm_high", "fc_norm.2")):
+                name = name.replace(old, new)
+        if "d2t" in name:
+            res.hot_token_map = True
+            continue
+        if "t2d" in name:
+            continue
+        for old, new in STACKED:
+            if old in name:
+                name = name.replace(old, new)
+                break
+        if name in params:
+            res.loaded.setdefault(name, []).append(original)
+        elif "model." + name in params:
+            res.loaded.setdefault("model." + name, []).append(original)
+        else:
+            res.dropped.append(original)  # SGLang says nothing here
+    return res
+
+
+@dataclass
+class Speculation:
+    algorithm: str | None
+    draft_tokens: int = 1
+    accept_p: float = 0.0  # per-extra-token acceptance; 0 => accept len 1.00
+    collapse_reason: str | None = None
+    debug: list[str] = field(default_factory=list)
+    draft_arch: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return self.algorithm is not None
+
+
+def analyse_speculation(args: argparse.Namespace, version: str) -> Speculation:
+    algo = args.speculative_algorithm
+    if algo is None:
+        return Speculation(None)
+    spec = Speculation(algo, draft_tokens=args.speculative_num_draft_tokens)
+    if algo == "NGRAM":
+        spec.accept_p = 0.30
+        return spec
+    draft_dir = args.speculative_draft_model_path
+    check_model_dir(draft_dir)
+    config = read_json(os.path.join(draft_dir, "config.json"))
+    spec.draft_arch = ",".join(config.get("architectures") or ["?"])
+    names, digest = checkpoint_tensor_names(draft_dir)
+    jitter = int(digest[:8], 16) / 0xFFFFFFFF
+    spec.accept_p = 0.64 + 0.04 * min(jitter, 0.999)
+    if not is_eagle3_drafter(config):
+        return spec
+    if algo == "EAGLE":
+        # EAGLE (not EAGLE3) sends one hidden state to an EAGLE-3 draft: fc is bypassed (PR #21272).
+        spec.accept_p = 0.0
+        spec.collapse_reason = "EAGLE algorithm with an EAGLE-3 drafter: one hidden state"
+        return spec
+    vt = version_tuple(version)
+    layers = drafter_num_layers(config)
+    params = eagle3_params(vt, layers, config)
+    res = resolve_eagle3_names(names, vt, params)
+    for name in res.dropped:
+        spec.debug.append(f"eagle3 load_weights: no parameter for checkpoint tensor {name!r}; skipped")
+    layer_prefixes = ["model.midlayer."] if vt < (0, 5, 12) else [f"model.layers.{i}." for i in range(layers)]
+    critical = {"model.fc.weight", "lm_head.weight"}
+    for i, prefix in enumerate(layer_prefixes):
+        for sub in LAYER_PARAMS:
+            if i > 0 and sub == "input_layernorm.weight":
+                continue  # layers N > 0 never use it
+            if i > 0 and sub == "hidden_norm.weight":
+                continue  # handled below: a silent degradation, not a collapse
+            critical.add(prefix + sub)
+    missing = sorted(critical - set(res.loaded))
+    dropped_layer = [n for n in res.dropped if re.search(r"(^|\.)(midlayer|layers\.\d+)\.", n)]
+    if missing or dropped_layer:
+        spec.accept_p = 0.0
+        spec.collapse_reason = (f"{len(missing)} draft parameters kept their random init "
+                                f"({', '.join(missing[:3])}{'...' if len(missing) > 3 else ''})")
+        spec.debug.append(f"eagle3: never loaded: {missing}")
+        return spec
+    if vt >= (0, 5, 12) and layers > 1:
+        unset = [p for p in (f"model.layers.{i}.hidden_norm.weight" for i in range(1, layers))
+                 if p not in res.loaded]
+        if unset:  # speculators' layer N>0 pre-attention norm went to input_layernorm
+            spec.accept_p *= 0.55
+            spec.debug.append(f"eagle3: hidden_norm left at 1.0 for {unset}")
+    if "model.norm.weight" not in res.loaded:
+        spec.accept_p *= 0.85
+    return spec
+
+
+# --------------------------------------------------------------------------------------------
+# the simulated GPUs (see sim_nvidia_smi.py for the same scan)
+
+
+def load_sim_config() -> dict:
+    path = os.environ.get("SGLANG_SIM_CONFIG") or os.path.expanduser("~/.sim/config.json")
+    try:
+        config = read_json(path)
+    except OSError as exc:
+        raise RuntimeError(f"SIMULATION: no sandbox sim config at {path} ({exc.strerror}); "
+                           "the stand-in SGLang only runs on a deployctl sandbox host") from None
+    sim_dir = os.path.dirname(os.path.abspath(path))
+    config.setdefault("alloc_dir", os.path.join(sim_dir, "alloc"))
+    config.setdefault("gpu_total_mib", 143771)
+    config.setdefault("sim_dir", sim_dir)
+    return config
+
+
+def gpu_usage_by_others(config: dict, exclude: set[int]) -> dict[int, int]:
+    """MiB in use per simulated GPU by live holders of its device file (not in ``exclude``)."""
+    count = int(config["gpu_count"])
+    wanted = {}
+    for i in range(count):
+        p = os.path.join(config["gpu_dir"], f"nvidia{i}")
+        wanted[p] = i
+        wanted[os.path.realpath(p)] = i
+    used = {i: 0 for i in range(count)}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in exclude or int(entry) == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        seen = set()
+        for fd in fds:
+            try:
+                gpu = wanted.get(os.readlink(f"/proc/{entry}/fd/{fd}"))
+            except OSError:
+                continue
+            if gpu is None or gpu in seen:
+                continue
+            seen.add(gpu)
+            try:
+                with open(os.path.join(config["alloc_dir"], f"{entry}.{gpu}")) as f:
+                    used[gpu] += int(f.read().strip() or "0")
+            except (OSError, ValueError):
+                used[gpu] += 512
+    return used
+
+
+CHILD_PROGRAM = r"""
+import ctypes, os, signal, sys
+dev, ctl, alloc_dir, parent, gpu = sys.argv[1:6]
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+except Exception:
+    pass
+if os.getppid() != int(parent):
+    os._exit(1)
+held = [open(dev, "rb"), open(ctl, "rb")]
+def _term(signum, frame):
+    for suffix in ("", ".util"):
+        try:
+            os.unlink(os.path.join(alloc_dir, "%d.%s%s" % (os.getpid(), gpu, suffix)))
+        except OSError:
+            pass
+    os._exit(0)
+signal.signal(signal.SIGTERM, _term)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+sys.stdout.write("ready\n")
+sys.stdout.flush()
+while True:
+    signal.pause()
+"""
+
+
+@dataclass
+class Rank:
+    tp: int
+    gpu: int
+    proc: subprocess.Popen
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def write_alloc(config: dict, rank: Rank, mib: int) -> None:
+    path = os.path.join(config["alloc_dir"], f"{rank.pid}.{rank.gpu}")
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(f"{int(mib)}\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def clear_alloc(config: dict, rank: Rank) -> None:
+    for suffix in ("", ".util"):
+        try:
+            os.unlink(os.path.join(config["alloc_dir"], f"{rank.pid}.{rank.gpu}{suffix}"))
+        except OSError:
+            pass
+
+
+def spawn_ranks(config: dict, gpus: list[int]) -> list[Rank]:
+    ranks = []
+    ctl = os.path.join(config["gpu_dir"], "nvidiactl")
+    for tp, gpu in enumerate(gpus):
+        dev = os.path.join(config["gpu_dir"], f"nvidia{gpu}")
+        proc = subprocess.Popen(
+            [f"sglang::scheduler_TP{tp}", "-I", "-S", "-c", CHILD_PROGRAM, dev, ctl,
+             config["alloc_dir"], str(os.getpid()), str(gpu)],
+            executable=sys.executable or "/usr/bin/python3", stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, text=True)
+        ranks.append(Rank(tp, gpu, proc))
+    for rank in ranks:
+        line = rank.proc.stdout.readline() if rank.proc.stdout else ""
+        if rank.proc.stdout:
+            rank.proc.stdout.close()
+        if line.strip() != "ready":
+            raise RuntimeError(f"scheduler TP{rank.tp} did not start (exit {rank.proc.poll()})")
+    return ranks
+
+
+def stop_ranks(config: dict, ranks: list[Rank], timeout: float = 5.0) -> None:
+    for rank in ranks:
+        if rank.proc.poll() is None:
+            try:
+                rank.proc.terminate()
+            except OSError:
+                pass
+    deadline = time.monotonic() + timeout
+    for rank in ranks:
+        try:
+            rank.proc.wait(max(0.05, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            rank.proc.kill()
+            rank.proc.wait()
+        clear_alloc(config, rank)
+
+
+def scheduler_exception(tp: int, frames: list[tuple[str, int, str, str]], final: str) -> None:
+    lines = ["Scheduler hit an exception: Traceback (most recent call last):"]
+    for path, line, func, code in frames:
+        lines.append(f'  File "{path}", line {line}, in {func}')
+        lines.append(f"    {code}")
+    lines.append(final)
+    log("\n".join(lines) + "\n", tp=tp)
+    log("Received sigquit from a child process. It usually means the child failed.")
+
+
+def _srt(path: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "srt", path)
+
+
+LOAD_FRAMES = [
+    (_srt("managers/scheduler.py"), 2950, "run_scheduler_process",
+     "scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)"),
+    (_srt("managers/scheduler.py"), 345, "__init__", "self.tp_worker = TpWorkerClass("),
+    (_srt("managers/tp_worker.py"), 95, "__init__", "self.model_runner = ModelRunner("),
+    (_srt("model_executor/model_runner.py"), 312, "__init__", "self.initialize(min_per_gpu_memory)"),
+    (_srt("model_executor/model_runner.py"), 388, "initialize", "self.load_model()"),
+    (_srt("model_loader/loader.py"), 594, "load_model", "self.load_weights_and_postprocess("),
+]
+
+
+def capacity_gib(total_mib: int) -> float:
+    return total_mib / 1024 * (139.81 / (143771 / 1024))  # torch reports 139.81 GiB on an H200
+
+
+def oom_message(gpu: int, total_mib: int) -> str:
+    cap = capacity_gib(total_mib)
+    return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {gpu} has a "
+            f"total capacity of {cap:.2f} GiB of which 1.06 GiB is free. Including non-PyTorch "
+            f"memory, this process has {cap - 1.07:.2f} GiB memory in use. Of the allocated memory "
+            f"{cap - 3.61:.2f} GiB is allocated by PyTorch, and 1.02 GiB is reserved by PyTorch but "
+            "unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+            "documentation for Memory Management  "
+            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+
+
+# --------------------------------------------------------------------------------------------
+# the engine: decode simulation and the numbers SGLang reports
+
+
+class Engine:
+    def __init__(self, args: argparse.Namespace, version: str, spec: Speculation,
+                 base_config: dict, seed: float):
+        self.args = args
+        self.version = version
+        self.spec = spec
+        self.base_config = base_config
+        self.lock = threading.Lock()
+        self.ready = False
+        self.schedulers_alive = True
+        self.running = 0
+        self.total_tokens_in_use = 0
+        self.interval_steps = 0
+        self.interval_tokens = 0
+        self.flush_steps = 0
+        self.flush_accepted = 0
+        self.avg_accept: float | None = None
+        self.last_gen_throughput = 0.0
+        self._u = seed % 1.0
+
+    # Low-discrepancy draws keep the average close to its expectation after a few steps.
+    def _accepted_this_step(self) -> int:
+        if not self.spec.enabled:
+            return 1
+        p, t = self.spec.accept_p, self.spec.draft_tokens
+        if p <= 0.0 or t <= 1:
+            return 1
+        self._u = (self._u + 0.6180339887498949) % 1.0
+        u = max(self._u, 1e-12)
+        return 1 + min(t - 1, int(math.floor(math.log(u) / math.log(p))))
+
+    def _accept_rate(self, accept_len: float) -> float:
+        t = max(1, self.spec.draft_tokens)
+        if version_tuple(self.version) < (0, 5, 12):
+            return accept_len / t
+        return (accept_len - 1) / max(1, t - 1)
+
+    def _decode_log_line(self) -> None:
+        """Print one 'Decode batch.' line for the steps since the last one (lock held)."""
+        if self.interval_steps == 0:
+            return
+        accept = self.interval_tokens / self.interval_steps
+        throughput = self.interval_tokens / (self.interval_steps * SIM_STEP_S)
+        self.last_gen_throughput = throughput
+        tokens = max(1, self.total_tokens_in_use)
+        parts = [f"Decode batch. #running-req: {max(1, self.running)}", f"#token: {tokens}",
+                 f"token usage: {tokens / MAX_TOTAL_TOKENS:.2f}"]
+        if self.spec.enabled:
+            parts += [f"accept len: {accept:.2f}", f"accept rate: {self._accept_rate(accept):.2f}"]
+            self.avg_accept = self.flush_accepted / self.flush_steps if self.flush_steps else None
+        parts += [f"cuda graph: {not self.args.disable_cuda_graph}",
+                  f"gen throughput (token/s): {throughput:.2f}", "#queue-req: 0"]
+        log(", ".join(parts), tp=0)
+        self.interval_steps = 0
+        self.interval_tokens = 0
+
+    def generate(self, prompt_tokens: int, max_new_tokens: int) -> tuple[str, dict]:
+        with self.lock:
+            self.running += 1
+            self.total_tokens_in_use += prompt_tokens
+            log(f"Prefill batch. #new-seq: 1, #new-token: {prompt_tokens}, #cached-token: 0, "
+                f"token usage: {self.total_tokens_in_use / MAX_TOTAL_TOKENS:.2f}, "
+                f"#running-req: {self.running - 1}, #queue-req: 0", tp=0)
+        produced = steps = 0
+        printed = False
+        interval = max(1, self.args.decode_log_interval)
+        try:
+            while produced < max_new_tokens:
+                with self.lock:
+                    k = self._accepted_this_step()
+                    steps += 1
+                    produced += k
+                    self.total_tokens_in_use += k
+                    self.interval_steps += 1
+                    self.interval_tokens += k
+                    if self.spec.enabled:
+                        self.flush_steps += 1
+                        self.flush_accepted += k
+                    if self.interval_steps >= interval:
+                        self._decode_log_line()
+                        printed = True
+            with self.lock:
+                if not printed and steps:
+                    self._decode_log_line()
+            sim_latency = 0.05 + prompt_tokens * 0.0001 + steps * SIM_STEP_S
+            scale = float(os.environ.get("SGLANG_SIM_TIME_SCALE", "0.02"))
+            if scale > 0:  # the request stays "running" while its simulated time passes
+                time.sleep(min(30.0, sim_latency * scale))
+        finally:
+            with self.lock:
+                self.running -= 1
+                self.total_tokens_in_use = max(0, self.total_tokens_in_use - prompt_tokens - produced)
+        text = " ".join(FILLER[(i * 7 + prompt_tokens) % len(FILLER)] for i in range(max_new_tokens))
+        meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": "length", "length": max_new_tokens},
+                "prompt_tokens": prompt_tokens, "completion_tokens": max_new_tokens,
+                "cached_tokens": 0, "e2e_latency": round(sim_latency, 6)}
+        if self.spec.enabled:
+            meta["spec_verify_ct"] = steps
+        return text, meta
+
+    def flush(self) -> bool:
+        with self.lock:
+            if self.running:
+                return False
+            self.flush_steps = self.flush_accepted = 0
+            self.interval_steps = self.interval_tokens = 0
+            self.avg_accept = None
+            return True
+
+    def server_info(self) -> dict:
+        info = dict(vars(self.args))
+        internal: dict[str, object] = {
+            "last_gen_throughput": round(self.last_gen_throughput, 4),
+            "memory_usage": {"weight": round(WEIGHTS_MIB / 1024, 2), "kvcache": 40.11,
+                             "token_capacity": MAX_TOTAL_TOKENS, "graph": round(GRAPH_MIB / 1024, 2)},
+            "effective_max_running_requests_per_dp": self.args.max_running_requests or 2048,
+        }
+        with self.lock:
+            if self.avg_accept is not None:
+                internal["avg_spec_accept_length"] = round(self.avg_accept, 6)
+        info["internal_states"] = [internal]
+        info["version"] = self.version
+        info["simulated"] = True
+        return info
+
+    def model_info(self) -> dict:
+        return {"model_path": self.args.model_path, "tokenizer_path": self.args.tokenizer_path,
+                "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
+                "has_image_understanding": False, "has_audio_understanding": False,
+                "model_type": self.base_config.get("model_type"),
+                "architectures": self.base_config.get("architectures")}
+
+    def metrics(self) -> str:
+        name = self.args.served_model_name
+        label = f'{{model_name="{name}"}}'
+        rows = [("sglang:num_running_reqs", "gauge", self.running),
+                ("sglang:gen_throughput", "gauge", self.last_gen_throughput),
+                ("sglang:spec_accept_length", "gauge", self.avg_accept or 0.0)]
+        out = []
+        for metric, kind, value in rows:
+            out += [f"# HELP {metric} {metric} (simulated)", f"# TYPE {metric} {kind}",
+                    f"{metric}{label} {float(value)}"]
+        return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# HTTP
+
+
+def _words(value) -> int:
+    if isinstance(value, str):
+        return max(1, len(value.split()))
+    if isinstance(value, list):
+        return max(1, len(value))
+    return 1
+
+
+KNOWN_PATHS = {"/health", "/health_generate", "/model_info", "/get_model_info", "/server_info",
+               "/get_server_info", "/v1/models", "/generate", "/v1/completions",
+               "/v1/chat/completions", "/flush_cache"}
+
+
+class SimHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True  # uvicorn sets SO_REUSEADDR too
+
+    def __init__(self, address: tuple[str, int], engine: Engine):
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, Handler, bind_and_activate=False)
+        self.engine = engine
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind would resolve our name (getfqdn); nothing here needs DNS.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+    server: SimHTTPServer
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+    def _send(self, code: int, body: bytes = b"", content_type: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        host, port = self.client_address[:2]
+        phrase = self.responses.get(code, ("",))[0]
+        log(f'INFO:     {host}:{port} - "{self.command} {self.path} HTTP/1.1" {code} {phrase}')
+
+    def _json(self, code: int, obj) -> None:
+        self._send(code, json.dumps(obj).encode())
+
+    def _body(self) -> dict | None:
+        length = int(self.headers.get("content-length") or 0)
+        data = self.rfile.read(length) if length else b""
+        if not data:
+            return {}
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return None
+        return obj if isinstance(obj, dict) else None
+
+    def _healthy(self) -> bool:
+        engine = self.server.engine
+        return engine.ready and engine.schedulers_alive
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        self._route("GET")
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        self._route("POST")
+
+    def _route(self, method: str) -> None:
+        engine = self.server.engine
+        path = self.path.split("?", 1)[0]
+        if method == "POST" or self.headers.get("content-length"):
+            body = self._body()
+        else:
+            body = {}
+        if path in ("/health", "/health_generate") and method == "GET":
+            self._send(200 if self._healthy() else 503)
+        elif path in ("/model_info", "/get_model_info") and method == "GET":
+            self._json(200, engine.model_info())
+        elif path in ("/server_info", "/get_server_info") and method == "GET":
+            self._json(200, engine.server_info())
+        elif path == "/v1/models" and method == "GET":
+            self._json(200, {"object": "list", "data": [{
+                "id": engine.args.served_model_name, "object": "model", "created": int(time.time()),
+                "owned_by": "sglang", "root": engine.args.model_path,
+                "max_model_len": engine.args.context_length or 262144}]})
+        elif path == "/flush_cache":
+            if engine.flush():
+                self._send(200, b"Cache flushed.\nPlease check backend logs for more details. (When "
+                                b"there are running or waiting requests, the operation will not be "
+                                b"performed.)\n", "text/plain")
+            else:
+                self._send(400, b"Cache not flushed. Please check backend logs for more details. "
+                                b"(When there are running or waiting requests, the operation will "
+                                b"not be performed.)\n", "text/plain")
+        elif path == "/metrics" and method == "GET" and engine.args.enable_metrics:
+            self._send(200, engine.metrics().encode(), "text/plain; version=0.0.4")
+        elif path in ("/generate", "/v1/completions", "/v1/chat/completions") and method == "POST":
+            self._generate(path, body)
+        elif path in KNOWN_PATHS:
+            self._json(405, {"detail": "Method Not Allowed"})
+        else:
+            self._json(404, {"detail": "Not Found"})
+
+    def _generate(self, path: str, body: dict | None) -> None:
+        engine = self.server.engine
+        if body is None:
+            self._json(400, {"error": {"message": "request body is not a JSON object"}})
+            return
+        if not engine.schedulers_alive:
+            self._json(503, {"error": {"message": "The server is not healthy (a scheduler died)."}})
+            return
+        if body.get("stream"):
+            self._json(400, {"object": "error", "type": "BadRequestError", "code": 400,
+                             "message": "SIMULATION: streaming is not simulated by the sandbox's "
+                                        "stand-in SGLang"})
+            return
+        if path == "/generate":
+            prompt = body.get("text", body.get("input_ids", ""))
+            params = body.get("sampling_params") or {}
+            n = int(params.get("max_new_tokens", 128))
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+                results = []
+                for item in prompt:
+                    text, meta = engine.generate(_words(item), n)
+                    results.append({"text": text, "meta_info": meta})
+                self._json(200, results)
+                return
+            text, meta = engine.generate(_words(prompt), n)
+            self._json(200, {"text": text, "meta_info": meta})
+            return
+        n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        if path == "/v1/completions":
+            prompt_tokens = _words(body.get("prompt", ""))
+        else:
+            prompt_tokens = sum(_words(m.get("content", "")) for m in body.get("messages") or []
+                                if isinstance(m, dict))
+        text, meta = engine.generate(max(1, prompt_tokens), n)
+        usage = {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": n,
+                 "total_tokens": meta["prompt_tokens"] + n, "prompt_tokens_details": None}
+        base = {"id": meta["id"], "created": int(time.time()),
+                "model": body.get("model") or engine.args.served_model_name, "usage": usage}
+        if path == "/v1/completions":
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+                      "matched_stop": None}
+            self._json(200, {**base, "object": "text_completion", "choices": [choice]})
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": "length", "matched_stop": None}
+            self._json(200, {**base, "object": "chat.completion", "choices": [choice]})
+
+
+# --------------------------------------------------------------------------------------------
+# main
+
+
+STOP = threading.Event()
+
+
+def _on_signal(signum, frame) -> None:
+    STOP.set()
+
+
+def _bind_failed(host: str, port: int, exc: OSError) -> int:
+    raw(f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address "
+        f"('{host}', {port}): {(exc.strerror or str(exc)).lower()}")
+    return 1
+
+
+def _crash_requested(config: dict) -> bool:
+    return (os.environ.get("SGLANG_SIM_CRASH_DURING_LOAD", "") not in ("", "0")
+            or os.path.exists(os.path.join(config["sim_dir"], "crash_during_load")))
+
+
+def _fmt_elapsed(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60:02d}:{seconds % 60:02d}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sglang.version import __version__ as version
+
+    args = build_parser(version).parse_args(argv)
+    log(f"SIMULATED SGLang {version}: deployctl sandbox TEST DOUBLE (no GPU, no model weights; "
+        "see sglang/launch_server.py)")
+    warnings = finalize_args(args)
+    for warning in warnings:
+        log(f"WARNING: {warning}")
+    shown = ", ".join(f"{k}={v!r}" for k, v in vars(args).items())
+    log(f"server_args=ServerArgs({shown})")
+    debug = args.log_level.lower() == "debug"
+
+    check_model_dir(args.model_path)
+    base_config = read_json(os.path.join(args.model_path, "config.json"))
+    spec = analyse_speculation(args, version)
+    if debug:
+        for line in spec.debug:
+            log(f"DEBUG: {line}")
+    config = load_sim_config()
+    seed = int(hashlib.sha256(f"{spec.accept_p}:{args.random_seed}".encode()).hexdigest()[:8], 16) / 2**32
+    engine = Engine(args, version, spec, base_config, seed)
+
+    try:
+        server = SimHTTPServer((args.host, args.port), engine)
+    except OSError as exc:
+        return _bind_failed(args.host, args.port, exc)
+    try:
+        server.server_bind()
+    except OSError as exc:
+        server.server_close()
+        return _bind_failed(args.host, args.port, exc)
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    ranks: list[Rank] = []
+    try:
+        return _run(args, version, config, engine, server, ranks, spec)
+    finally:
+        stop_ranks(config, ranks)
+        server.server_close()
+
+
+def _run(args, version, config, engine: Engine, server: SimHTTPServer, ranks: list[Rank],
+         spec: Speculation) -> int:
+    world = args.tp_size * args.dp_size
+    count = int(config["gpu_count"])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = [int(x) for x in visible.split(",") if x.strip()] if visible else list(range(count))
+    gpus = []
+    for r in range(world):
+        idx = args.base_gpu_id + r
+        gpu = physical[idx] if idx < len(physical) else None
+        if gpu is None or not 0 <= gpu < count:
+            scheduler_exception(r, LOAD_FRAMES[:3] + [
+                (_srt("distributed/parallel_state.py"), 1187, "init_distributed_environment",
+                 "torch.cuda.set_device(local_rank)")],
+                "RuntimeError: CUDA error: invalid device ordinal\nCUDA kernel errors might be "
+                "asynchronously reported at some other API call, so the stacktrace below might be "
+                "incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1")
+            return 1
+        gpus.append(gpu)
+
+    total = int(config["gpu_total_mib"])
+    log("Init torch distributed begin.", tp=0)
+    others = gpu_usage_by_others(config, exclude=set())
+    ranks.extend(spawn_ranks(config, gpus))
+    free = [total - others[g] for g in gpus]
+    for r, gpu in enumerate(gpus):
+        if world > 1 and min(free) < free[r] * 0.9:
+            scheduler_exception(r, LOAD_FRAMES[:4], (
+                "RuntimeError: The memory capacity is unbalanced. Some GPUs may be occupied by other "
+                f"processes. min_per_gpu_memory={min(free) / 1024:.3f}, "
+                f"local_gpu_memory={free[r] / 1024:.3f}, local_gpu_memory * 0.9={free[r] * 0.9 / 1024:.3f}"))
+            return 1
+    log("Init torch distributed ends. mem usage=0.00 GB", tp=0)
+
+    mem_frac = args.mem_fraction_static
+    final_mib = min(total, int(total * mem_frac) + GRAPH_MIB)
+    load_s = max(0.0, float(os.environ.get("SGLANG_SIM_LOAD_SECONDS", "1.0")))
+    steps = max(1, round(load_s / 0.5))
+    crash = _crash_requested(config)
+    log(f"Load weight begin. avail mem={capacity_gib(free[0]):.2f} GB", tp=0)
+    started = time.monotonic()
+    raw(f"Loading safetensors checkpoint shards:   0% Completed | 0/{CHECKPOINT_SHARDS} [00:00<?, ?it/s]")
+    for j in range(1, steps + 1):
+        if STOP.wait(load_s / steps):
+            log("Received SIGTERM while loading; shutting down.")
+            return 0
+        dead = [r for r in ranks if r.proc.poll() is not None]
+        if dead:
+            log(f"Child process unexpectedly failed with exitcode={dead[0].proc.returncode}. "
+                f"pid={dead[0].pid}")
+            return 1
+        if crash and j >= max(1, steps // 2):
+            rank = ranks[min(3, len(ranks) - 1)]
+            scheduler_exception(rank.tp, LOAD_FRAMES + [
+                (_srt("models/deepseek_v2.py"), 2871, "load_weights",
+                 "weight_loader(param, loaded_weight, shard_id)")], oom_message(rank.gpu, total))
+            return 1
+        done = round(CHECKPOINT_SHARDS * j / steps)
+        elapsed = time.monotonic() - started
+        rate = done / elapsed if elapsed > 0 else 0.0
+        remaining = (CHECKPOINT_SHARDS - done) / rate if rate else 0.0
+        raw(f"Loading safetensors checkpoint shards: {100 * done // CHECKPOINT_SHARDS:3d}% Completed | "
+            f"{done}/{CHECKPOINT_SHARDS} [{_fmt_elapsed(elapsed)}<{_fmt_elapsed(remaining)}, "
+            f"{rate:5.2f}it/s]")
+        for rank in ranks:
+            write_alloc(config, rank, 512 + WEIGHTS_MIB * j // steps)
+
+    for r, rank in enumerate(ranks):
+        rest = free[r] - total * (1 - mem_frac) - WEIGHTS_MIB
+        if rest <= 0:
+            scheduler_exception(rank.tp, LOAD_FRAMES[:4], "RuntimeError: Not enough memory. Please try "
+                                "to increase --mem-fraction-static.")
+            return 1
+    arch = ",".join(engine.base_config.get("architectures") or ["?"])
+    log(f"Load weight end. type={arch}, dtype=torch.bfloat16, avail mem="
+        f"{capacity_gib(free[0] - WEIGHTS_MIB):.2f} GB, mem usage={WEIGHTS_MIB / 1024:.2f} GB.", tp=0)
+    if spec.enabled and spec.algorithm != "NGRAM":
+        draft_arch = spec.draft_arch or "?"
+        if "Eagle3" in draft_arch or "Speculator" in draft_arch:
+            draft_arch = "LlamaForCausalLMEagle3"
+        log(f"Load weight begin. avail mem={capacity_gib(free[0] - WEIGHTS_MIB):.2f} GB", tp=0)
+        log(f"Load weight end. type={draft_arch}, dtype=torch.bfloat16, avail mem="
+            f"{capacity_gib(free[0] - WEIGHTS_MIB) - 0.01:.2f} GB, mem usage=0.01 GB.", tp=0)
+    for rank in ranks:
+        write_alloc(config, rank, final_mib)
+    kv_gib = (final_mib - WEIGHTS_MIB - GRAPH_MIB) / 1024
+    log(f"KV Cache is allocated. #tokens: {MAX_TOTAL_TOKENS}, KV size: {kv_gib:.2f} GB", tp=0)
+    if not args.disable_cuda_graph:
+        log("Capture cuda graph begin. This can take up to several minutes. avail mem="
+            f"{capacity_gib(total - final_mib + GRAPH_MIB):.2f} GB", tp=0)
+        log(f"Capture cuda graph end. Time elapsed: 0.01 s. mem usage={GRAPH_MIB / 1024:.2f} GB. "
+            f"avail mem={capacity_gib(total - final_mib):.2f} GB.", tp=0)
+    log(f"max_total_num_tokens={MAX_TOTAL_TOKENS}, chunked_prefill_size={args.chunked_prefill_size}, "
+        f"max_prefill_tokens=16384, max_running_requests={args.max_running_requests or 2048}, "
+        f"context_len={args.context_length or 262144}, "
+        f"available_gpu_mem={capacity_gib(total - final_mib):.2f} GB", tp=0)
+
+    try:
+        server.server_activate()
+    except OSError as exc:
+        return _bind_failed(args.host, args.port, exc)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                     name="uvicorn", daemon=True).start()
+    log(f"INFO:     Started server process [{os.getpid()}]")
+    log("INFO:     Waiting for application startup.")
+    log("INFO:     Application startup complete.")
+    log(f"INFO:     Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
+    log('INFO:     127.0.0.1:0 - "GET /get_model_info HTTP/1.1" 200 OK')
+    warmup = max(0.0, float(os.environ.get("SGLANG_SIM_WARMUP_SECONDS", "0.3")))
+    if STOP.wait(warmup):
+        return _shutdown(server)
+    log('INFO:     127.0.0.1:0 - "POST /generate HTTP/1.1" 200 OK')
+    engine.ready = True
+    log("The server is fired up and ready to roll!")
+
+    while not STOP.wait(0.2):
+        dead = [r for r in ranks if r.proc.poll() is not None]
+        if dead and engine.schedulers_alive:
+            engine.schedulers_alive = False
+            for rank in dead:
+                log(f"Child process unexpectedly failed with exitcode={rank.proc.returncode}. pid={rank.pid}")
+                clear_alloc(config, rank)
+    return _shutdown(server)
+
+
+def _shutdown(server: SimHTTPServer) -> int:
+    log("INFO:     Shutting down")
+    server.shutdown()
+    log("INFO:     Waiting for application shutdown.")
+    log("INFO:     Application shutdown complete.")
+    log(f"INFO:     Finished server process [{os.getpid()}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

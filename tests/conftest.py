@@ -1,0 +1,70 @@
+"""Shared pytest fixtures.
+
+``sandbox``: three SIMULATED GPU hosts (sb1, sb2, sb3; a test double, see deploy/sandbox) for the
+whole session: real sshd on 127.0.0.10-12, one Unix user each, 8 simulated H200s each. Skipped
+with the reason when this machine cannot run it (not root, no /usr/sbin/sshd, no fuser...).
+
+``clean_sandbox``: the same sandbox, every host reset first (its user's processes killed, HOME
+rebuilt), for tests that start servers or change host state.
+
+Several engineers run the suite on one machine: sessions take a machine-wide lock around the
+sandbox (the hosts' addresses and user names are fixed), so a second session waits for the first
+instead of colliding with it. The root is fixed too, so a session that crashed is cleaned up by
+the next one (start_sandbox first stops what sandbox.json under the root records).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+SANDBOX_ROOT = Path(os.environ.get("DEPLOYCTL_TEST_SANDBOX_ROOT", "/var/tmp/deployctl-test-sandbox"))
+SANDBOX_HOSTS = ("sb1", "sb2", "sb3")
+LOCK_PATH = Path("/var/tmp/deployctl-test-sandbox.lock")
+LOCK_WAIT_S = float(os.environ.get("DEPLOYCTL_TEST_SANDBOX_LOCK_WAIT_S", "600"))
+
+
+@pytest.fixture(scope="session")
+def sandbox_machine_lock():
+    """Held for the rest of the session by any test that creates sandbox users or addresses."""
+    from deploy.sandbox.hosts import sandbox_unavailable_reason
+
+    reason = sandbox_unavailable_reason()
+    if reason:
+        pytest.skip(f"sandbox unavailable: {reason}")
+    with open(LOCK_PATH, "a") as lock:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another test session held {LOCK_PATH} for {LOCK_WAIT_S:.0f} s "
+                                "(its sandbox uses the same addresses and users)")
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def sandbox(sandbox_machine_lock):
+    from deploy.sandbox.hosts import start_sandbox, stop_sandbox
+
+    sb = start_sandbox(SANDBOX_ROOT, SANDBOX_HOSTS, gpus=8, stop_at_exit=True)
+    try:
+        yield sb
+    finally:
+        stop_sandbox(SANDBOX_ROOT)
+
+
+@pytest.fixture
+def clean_sandbox(sandbox):
+    sandbox.reset()
+    return sandbox

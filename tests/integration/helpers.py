@@ -1,0 +1,66 @@
+"""Helpers for integration tests over the real-sshd sandbox (SIMULATED GPU hosts)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from deploy.cli.main import main
+
+
+def write_config(sandbox, tmp_path: Path, *, ssh: dict | None = None, hosts: list[dict] | None = None,
+                 run: dict | None = None, extra_hosts: list[dict] | None = None) -> Path:
+    """The sandbox's deployctl.yaml with overrides, written under tmp_path."""
+    config = yaml.safe_load(Path(sandbox.config_path).read_text())
+    config["ssh"].update(ssh or {})
+    if hosts is not None:
+        config["hosts"] = hosts
+    config["hosts"] += extra_hosts or []
+    if run:
+        config["runs"][0].update(run)
+    path = tmp_path / "deployctl.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def cli_json(capsys, *argv: str) -> tuple[int, dict]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err, captured.err
+    return code, json.loads(captured.out)
+
+
+def start_stray(sandbox, host: str, program: str) -> int:
+    """A fully detached python3 process on the host; returns its PID."""
+    wrapped = f"setsid nohup python3 -c {json.dumps(program)} > /dev/null 2>&1 < /dev/null & echo $!"
+    result = sandbox.run(host, wrapped)
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout.strip())
+
+
+def hold_gpu_program(home: str, index: int, *, ignore_term: bool = False) -> str:
+    lines = ["import signal, time"]
+    if ignore_term:
+        lines.append("signal.signal(signal.SIGTERM, signal.SIG_IGN)")
+    lines.append(f"f = open('{home}/dev/nvidia{index}', 'rb')")
+    lines.append("time.sleep(600)")
+    return "; ".join(lines)
+
+
+def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def gpu_used(sandbox, host: str) -> list[int]:
+    out = sandbox.run(host, "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits")
+    assert out.returncode == 0, out.stderr
+    return [int(x) for x in out.stdout.split()]

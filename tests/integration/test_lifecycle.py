@@ -1,0 +1,198 @@
+"""Issue: up / restart / down / plan over the real-sshd sandbox with the stand-in SGLang."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from deploy.errors import ExitCode
+from tests.integration.helpers import cli_json, gpu_used, hold_gpu_program, start_stray, wait_until, write_config
+
+pytestmark = pytest.mark.sandbox
+
+
+def steps_of(doc: dict, host: str) -> dict:
+    [entry] = [h for h in doc["hosts"] if h["host"] == host]
+    return {s["step"]: s for s in entry["steps"]}
+
+
+def one_host_config(sandbox, tmp_path, name="sb1", **run):
+    return write_config(sandbox, tmp_path, run={"group": None, "hosts": [name], **run})
+
+
+def playbook(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "playbook.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_up_converts_launches_and_verifies_acceptance(clean_sandbox, tmp_path, capsys):
+    path = one_host_config(clean_sandbox, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--draft-tokens", "16")
+    assert code == 0, json.dumps(doc, indent=1)
+    steps = steps_of(doc, "sb1")
+    assert [s for s in steps] == ["ensure-helper", "fix-keys", "stop-stale", "free-gpus", "wait-gpus-free",
+                                  "launch", "wait-ready", "verify-acceptance"]
+    assert all(s["status"] == "ok" for s in steps.values())
+    assert steps["fix-keys"]["data"]["status"] == "converted" and steps["fix-keys"]["data"]["renamed"] >= 10
+    assert steps["launch"]["data"]["num_steps"] == 15 and steps["launch"]["data"]["draft_tokens"] == 16
+    assert steps["verify-acceptance"]["data"]["accept_length"] > 1.5
+    # helpers and logs live in the persistent state dir, never /tmp
+    state = clean_sandbox.host("sb1").state_dir
+    listing = clean_sandbox.run("sb1", f"ls {state}/helpers {state}/logs; readlink {state}/logs/latest.log").stdout
+    assert "fix_eagle3_keys.py" in listing and "host_ops.py" in listing and "sglang-" in listing
+    assert all(used > 0 for used in gpu_used(clean_sandbox, "sb1"))
+    # a second up finds the drafter already converted and still ends healthy
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0
+    assert steps_of(doc, "sb1")["fix-keys"]["data"]["status"] == "already_converted"
+    assert steps_of(doc, "sb1")["stop-stale"]["data"]["processes"], "the previous server must be stopped"
+
+
+def test_unconverted_drafter_on_legacy_sglang_is_caught_by_verify(clean_sandbox, tmp_path, capsys):
+    """The first seed: skip the key fix and the healthy server accepts nothing (accept len 1.00)."""
+    path = one_host_config(clean_sandbox, tmp_path)
+    book = playbook(tmp_path, "name: nofix\nsteps:\n  - step: ensure-helper\n  - step: stop-stale\n    scope: user\n"
+                    "  - step: free-gpus\n  - step: wait-gpus-free\n  - step: launch\n  - step: wait-ready\n"
+                    "  - step: verify-acceptance\n")
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--playbook", book)
+    assert code == ExitCode.VERIFY
+    detail = steps_of(doc, "sb1")["verify-acceptance"]["detail"]
+    assert "accept length 1.00" in detail and "no draft token was accepted" in detail
+
+
+def test_stale_python_holding_gpus_is_stopped_and_sigterm_ignorer_gets_sigkill(clean_sandbox, tmp_path, capsys):
+    home = str(clean_sandbox.host("sb1").home)
+    polite = start_stray(clean_sandbox, "sb1", hold_gpu_program(home, 2))
+    stubborn = start_stray(clean_sandbox, "sb1", hold_gpu_program(home, 6, ignore_term=True))
+    wait_until(lambda: (lambda u: u[2] > 0 and u[6] > 0)(gpu_used(clean_sandbox, "sb1")), what="GPUs 2 and 6 held")
+    path = one_host_config(clean_sandbox, tmp_path)
+    book = playbook(tmp_path, "name: clear\nsteps:\n  - step: ensure-helper\n  - step: stop-stale\n    scope: user\n"
+                    "    grace_s: 1\n  - step: wait-gpus-free\n    timeout_s: 20\n")
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--playbook", book)
+    assert code == 0, json.dumps(doc, indent=1)
+    stopped = {p["pid"]: p for p in steps_of(doc, "sb1")["stop-stale"]["data"]["processes"]}
+    assert stopped[polite]["signal"] == "TERM" and stopped[stubborn]["signal"] == "KILL"
+    assert all(p["exited"] for p in stopped.values())
+    assert gpu_used(clean_sandbox, "sb1") == [0] * 8
+
+
+def test_gpu_that_never_frees_times_out_naming_its_holder(clean_sandbox, tmp_path, capsys):
+    home = str(clean_sandbox.host("sb1").home)
+    holder = start_stray(clean_sandbox, "sb1", hold_gpu_program(home, 4))
+    wait_until(lambda: gpu_used(clean_sandbox, "sb1")[4] > 0, what="GPU 4 held")
+    path = one_host_config(clean_sandbox, tmp_path)
+    book = playbook(tmp_path, "name: wait\nsteps:\n  - step: wait-gpus-free\n    timeout_s: 1.5\n    interval_s: 0.2\n")
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--playbook", book)
+    assert code == ExitCode.TIMEOUT
+    detail = steps_of(doc, "sb1")["wait-gpus-free"]["detail"]
+    assert f"GPU 4:" in detail and f"pid {holder}" in detail
+
+
+def test_free_gpus_kills_holders_that_are_not_python(clean_sandbox, tmp_path, capsys):
+    home = str(clean_sandbox.host("sb1").home)
+    result = clean_sandbox.run("sb1", f"setsid nohup sleep 600 < {home}/dev/nvidia1 > /dev/null 2>&1 & echo $!")
+    sleeper = int(result.stdout)
+    wait_until(lambda: gpu_used(clean_sandbox, "sb1")[1] > 0, what="GPU 1 held by sleep")
+    path = one_host_config(clean_sandbox, tmp_path)
+    book = playbook(tmp_path, "name: free\nsteps:\n  - step: free-gpus\n  - step: wait-gpus-free\n    timeout_s: 20\n")
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--playbook", book)
+    assert code == 0, json.dumps(doc, indent=1)
+    assert sleeper in steps_of(doc, "sb1")["free-gpus"]["data"]["killed"]
+
+
+def test_server_crash_during_load_shows_the_log_tail(clean_sandbox, tmp_path, capsys):
+    path = one_host_config(clean_sandbox, tmp_path, env={"SGLANG_SIM_CRASH_DURING_LOAD": "1"})
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == ExitCode.FAILED
+    detail = steps_of(doc, "sb1")["wait-ready"]["detail"]
+    assert "exited during startup" in detail and "CUDA out of memory" in detail
+    assert steps_of(doc, "sb1")["verify-acceptance"]["status"] == "not-run"
+
+
+def test_port_already_taken(clean_sandbox, tmp_path, capsys):
+    host = clean_sandbox.host("sb1")
+    blocker = socket.socket()
+    blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    blocker.bind((host.address, 30000))
+    blocker.listen(1)
+    try:
+        code, doc = cli_json(capsys, "-c", str(one_host_config(clean_sandbox, tmp_path)), "up", "--json")
+    finally:
+        blocker.close()
+    assert code == ExitCode.FAILED
+    detail = steps_of(doc, "sb1")["wait-ready"]["detail"]
+    assert "port 30000 is already taken" in detail and "address already in use" in detail
+
+
+def test_restart_reconverts_only_after_the_drafter_changed(clean_sandbox, tmp_path, capsys):
+    path = one_host_config(clean_sandbox, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0
+    code, doc = cli_json(capsys, "-c", str(path), "restart", "--json")
+    assert code == 0, json.dumps(doc, indent=1)
+    assert steps_of(doc, "sb1")["fix-keys"]["status"] == "skipped"
+    # A new checkpoint lands (speculators format again): restart must convert it.
+    drafter = clean_sandbox.host("sb1").drafter_dir
+    result = clean_sandbox.run("sb1", f"cd {drafter} && python3 -c \""
+                               "import json,struct;f=open('model.safetensors','r+b');n=struct.unpack('<Q',f.read(8))[0];"
+                               "h=f.read(n).replace(b'midlayer.',b'layers.0.');f.seek(8);f.write(h)\"")
+    assert result.returncode == 0, result.stderr
+    code, doc = cli_json(capsys, "-c", str(path), "restart", "--json")
+    assert code == 0, json.dumps(doc, indent=1)
+    fix = steps_of(doc, "sb1")["fix-keys"]
+    assert fix["status"] == "ok" and fix["data"]["status"] == "converted"
+    assert steps_of(doc, "sb1")["verify-acceptance"]["data"]["accept_length"] > 1.5
+
+
+def test_two_hosts_deploy_in_parallel(clean_sandbox, tmp_path, capsys):
+    path = write_config(clean_sandbox, tmp_path, run={"group": None, "hosts": ["sb2", "sb3"]})
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, json.dumps(doc, indent=1)
+    assert [h["host"] for h in doc["hosts"]] == ["sb2", "sb3"] and all(h["ok"] for h in doc["hosts"])
+    # in parallel: the wall time is well under the sum of both hosts' step times
+    # (asserted on overlap of the launch windows, not on seconds)
+    for name in ("sb2", "sb3"):
+        assert all(used > 0 for used in gpu_used(clean_sandbox, name))
+    code, doc = cli_json(capsys, "-c", str(path), "down", "--json", "--free-gpus")
+    assert code == 0, json.dumps(doc, indent=1)
+    for name in ("sb2", "sb3"):
+        assert steps_of(doc, name)["stop-stale"]["data"]["processes"]
+        assert gpu_used(clean_sandbox, name) == [0] * 8
+
+
+def _snapshot(home: Path) -> dict:
+    snap = {}
+    for root, dirs, files in os.walk(home):
+        for name in dirs + files:
+            p = Path(root) / name
+            st = p.lstat()
+            snap[str(p)] = (st.st_size, st.st_mtime_ns, st.st_mode)
+    return snap
+
+
+def test_plan_changes_nothing_on_the_host(clean_sandbox, tmp_path, capsys):
+    home = clean_sandbox.host("sb1").home
+    before = _snapshot(home)
+    path = one_host_config(clean_sandbox, tmp_path)
+    for argv in (["plan", "--json"], ["up", "--dry-run", "--json"], ["restart", "--dry-run", "--json"],
+                 ["down", "--dry-run", "--json", "--free-gpus"]):
+        code, doc = cli_json(capsys, "-c", str(path), *argv)
+        assert code == 0 and doc["dry_run"] is True
+    assert _snapshot(home) == before
+    assert gpu_used(clean_sandbox, "sb1") == [0] * 8
+
+
+def test_logs_shows_the_latest_server_log(clean_sandbox, tmp_path, capsys):
+    from deploy.cli.main import main
+
+    path = one_host_config(clean_sandbox, tmp_path)
+    code, _ = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0
+    assert main(["-c", str(path), "logs", "-n", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "==> sb1:" in out and "The server is fired up and ready to roll!" in out
