@@ -16,6 +16,10 @@ from deploy.errors import DeployError, ExitCode
 from deploy.sandbox.hosts import sandbox_status, start_sandbox, stop_sandbox
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / ".sandbox"
+# The demo's hosts (demo1.. on 127.0.0.20..) never collide with the test suite's (sb1.. on
+# 127.0.0.10..), so a running demo does not stop the tests from starting their own sandbox.
+DEMO_PREFIX = "demo"
+DEMO_ADDRESS_BASE = 20
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True)
     start = sub.add_parser("start", help="start the simulated hosts and write deployctl.yaml")
     start.add_argument("--root", type=Path, default=DEFAULT_ROOT)
-    start.add_argument("--hosts", type=int, default=1, help="number of hosts: sb1..sbN (default 1)")
+    start.add_argument("--hosts", type=int, default=1, help="number of hosts: demo1..demoN (default 1)")
     start.add_argument("--gpus", type=int, default=8, help="simulated GPUs per host (default 8)")
     start.add_argument("--sglang-version", default="0.5.9",
                        help="version the stand-in SGLang reports and behaves as (default 0.5.9)")
@@ -37,19 +41,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = build_parser()
+    if prog:
+        parser.prog = prog
+    args = parser.parse_args(argv)
     try:
         if args.verb == "start":
             if not 1 <= args.hosts <= 32:
                 raise DeployError(f"--hosts must be between 1 and 32, got {args.hosts}",
                                   exit_code=ExitCode.USAGE)
-            names = [f"sb{i + 1}" for i in range(args.hosts)]
-            sandbox = start_sandbox(args.root, names, gpus=args.gpus, sglang_version=args.sglang_version)
+            names = [f"{DEMO_PREFIX}{i + 1}" for i in range(args.hosts)]
+            sandbox = start_sandbox(args.root, names, gpus=args.gpus, sglang_version=args.sglang_version,
+                                    address_base=DEMO_ADDRESS_BASE)
             for h in sandbox.hosts:
                 print(f"{h.name}: {h.user}@{h.address}:{h.port}  home {h.home}  ({h.gpu_count} simulated GPUs)")
             print(f"config: {sandbox.config_path}")
-            print(f"try:    ssh -F /dev/null -o UserKnownHostsFile={sandbox.known_hosts} "
+            print(f"next:   deployctl -c {sandbox.config_path} up")
+            print(f"ssh:    ssh -F /dev/null -o UserKnownHostsFile={sandbox.known_hosts} "
                   f"-i {sandbox.hosts[0].identity_file} -p {sandbox.hosts[0].port} "
                   f"{sandbox.hosts[0].user}@{sandbox.hosts[0].address} nvidia-smi")
         elif args.verb == "stop":
