@@ -791,7 +791,9 @@ def deployctl_config(state: dict) -> dict:
                 "gpus": h["gpu_count"],
                 "gpu_devices": h["gpu_glob"],
                 "python": "python3",
-                "state_dir": h["state_dir"],
+                # the default form, resolved on the host: a sandbox root under /tmp (a clone
+                # there) must not trip the "never /tmp" guard meant for real hosts
+                "state_dir": "~/.deployctl",
                 "groups": ["sandbox"],
             }
             for h in hosts
