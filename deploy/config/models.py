@@ -118,7 +118,7 @@ class Run(Strict):
     eagle_topk: Annotated[int, Field(ge=1, le=16)] = 1
     #: only with eagle_topk > 1; with topk 1 it is always draft_tokens - 1 (see speculative_plan)
     speculative_num_steps: Annotated[int, Field(ge=1, le=63)] | None = None
-    speculative_algorithm: Literal["EAGLE3"] = "EAGLE3"
+    speculative_algorithm: str = "EAGLE3"
     #: interpreter that has SGLang installed (a venv's python, say); helpers use the host's python
     sglang_python: Annotated[str, Field(min_length=1)] = "python3"
     #: verify the drafter for this SGLang loader generation; auto = ask the host's installed sglang
@@ -141,6 +141,18 @@ class Run(Strict):
                 f"speculative_num_steps must be draft_tokens - 1 = {self.draft_tokens - 1} or unset"
             )
         return self
+
+    @field_validator("speculative_algorithm")
+    @classmethod
+    def _eagle3_only(cls, value: str) -> str:
+        if value == "EAGLE":
+            raise ValueError(
+                "EAGLE with an EAGLE-3 drafter feeds it one hidden state instead of three: accept "
+                "length is exactly 1.0 (sglang PR #21272); use EAGLE3"
+            )
+        if value != "EAGLE3":
+            raise ValueError(f"expected EAGLE3 (deployctl deploys EAGLE-3 drafters), got {value!r}")
+        return value
 
     @field_validator("extra_args")
     @classmethod

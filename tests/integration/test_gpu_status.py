@@ -165,3 +165,13 @@ def test_remote_command_timeout_kills_the_remote_process(clean_sandbox, tmp_path
             conn.run("exec python3 -c 'import time; time.sleep(300)' deployctl-timeout-probe", timeout=1)
         wait_until(lambda: "deployctl-timeout-probe" not in conn.run("ps -eo args").stdout, timeout=15,
                    what="the timed-out remote process to be gone")
+
+
+def test_reconnects_between_commands_after_a_dropped_connection(clean_sandbox, tmp_path):
+    host, ssh = _host(clean_sandbox, tmp_path)
+    with HostConnection(host, ssh) as conn:
+        first = conn.run("echo $PPID").stdout.strip()
+        # kill this session's sshd process: the connection drops under us
+        conn.run("kill -9 $(ps -o ppid= -p $PPID)")
+        wait_until(lambda: not conn._conn.client.get_transport().is_active(), timeout=10, what="the drop")
+        assert conn.run("echo $PPID").stdout.strip() != first

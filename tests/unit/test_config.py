@@ -119,3 +119,17 @@ def test_missing_file(tmp_path):
 
 def test_hostile_address_is_refused(tmp_path):
     expect_error(tmp_path, VALID.replace("10.1.230.174", "'a; rm -rf /'"), "hostname or IP")
+
+
+def test_eagle_algorithm_with_eagle3_drafter_is_refused(tmp_path):
+    expect_error(tmp_path, VALID + "    speculative_algorithm: EAGLE\n", "accept length is exactly 1.0", "use EAGLE3")
+
+
+def test_topk_rules(tmp_path):
+    expect_error(tmp_path, VALID + "    eagle_topk: 4\n", "needs speculative_num_steps")
+    expect_error(tmp_path, VALID + "    speculative_num_steps: 5\n", "must be draft_tokens - 1 = 15")
+
+
+def test_relative_gpu_glob_is_refused(tmp_path):
+    expect_error(tmp_path, VALID.replace("    groups: [kimi]\n", "    groups: [kimi]\n    gpu_devices: dev/nvidia*\n"),
+                 "absolute path glob")
