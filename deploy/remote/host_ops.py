@@ -97,10 +97,12 @@ def own_ancestry() -> set:
     return pids
 
 
-def select_user_python(protected: set) -> list:
+def select_user_python(protected: set, exclude=()) -> list:
     uid = os.getuid()
     return sorted(
-        pid for pid in all_pids() if pid not in protected and _uid(pid) == uid and is_python3(pid)
+        pid for pid in all_pids()
+        if pid not in protected and _uid(pid) == uid and is_python3(pid)
+        and not any(pattern in cmdline(pid) for pattern in exclude)
     )
 
 
@@ -167,7 +169,7 @@ def cmd_stop(args) -> dict:
     protected = own_ancestry()
     note = None
     if args.scope == "user":
-        pids = select_user_python(protected)
+        pids = select_user_python(protected, args.exclude)
     else:
         pids, note = select_server(args.pidfile, protected, args.expect)
     stopped = stop_processes(pids, args.grace)
@@ -269,6 +271,8 @@ def main(argv=None) -> int:
     stop.add_argument("--pidfile", default="")
     stop.add_argument("--expect", default="sglang", help="substring the PID file's process must have")
     stop.add_argument("--grace", type=float, default=30.0)
+    stop.add_argument("--exclude", action="append", default=[],
+                      help="scope user: leave processes whose command line contains this")
     probe = sub.add_parser("probe")
     probe.add_argument("--url", required=True)
     probe.add_argument("--pid", type=int, required=True)

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Literal
 
-from deploy.errors import DeployError, ExitCode, RemoteOutputError, VerificationFailed
+from deploy.errors import DeployError, ExitCode, RemoteCommandFailed, RemoteOutputError, VerificationFailed
 from deploy.shell import quote, quote_path
 from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
 
@@ -49,8 +49,13 @@ def convert_flags(ctx: StepContext, version: str | None) -> list[str]:
     return flags
 
 
-def parse_version(result, source: str) -> str:
+def parse_version(result, source: str, python: str = "python3") -> str:
     text = result.stdout.strip()
+    if "No module named 'sglang'" in result.stderr:
+        raise RemoteCommandFailed(
+            f"{source}: SGLang is not installed for {python!r}; set the run's sglang_python to the "
+            "interpreter that has it (a venv's bin/python, say)"
+        )
     if result.exit_code != 0 or not VERSION_RE.match(text):
         detail = (result.stderr.strip().splitlines() or [text or "(no output)"])[-1]
         raise RemoteOutputError(f"{source}: cannot read the installed SGLang version: {detail}")
@@ -96,7 +101,7 @@ def run(ctx: StepContext) -> StepOutcome:
             return StepOutcome("skipped", "drafter unchanged since the last fix", {"fingerprint": recorded})
     version = None
     if ctx.run.sglang_generation == "auto":
-        version = parse_version(conn.run(version_command(ctx), timeout=60), source)
+        version = parse_version(conn.run(version_command(ctx), timeout=60), source, ctx.run.sglang_python)
     result = conn.run(fixer_command(ctx, *convert_flags(ctx, version)), timeout=timeout)
     summary = parse_fixer_json(result, source)
     if summary["status"] == "error":

@@ -3,11 +3,17 @@
 ``setsid nohup CMD > LOG 2>&1 < /dev/null &``: a background start over SSH hangs unless every
 stream is detached, and setsid makes the server a session leader, so ``stop-stale --scope pidfile``
 can stop its TP workers by session id. One log per launch; ``logs/latest.log`` points at the last.
+
+The run's environment (often HF_TOKEN and the like) never appears on a command line, in the plan
+or in a report: it is uploaded by SFTP as a 0600 file in the state dir and sourced by the launch.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+from pathlib import Path
 
 from deploy.config.models import Host, Run
 from deploy.errors import RemoteOutputError
@@ -70,32 +76,60 @@ def _quoted_argv(argv: list[str]) -> str:
     return " ".join(words)
 
 
+def env_path(ctx: StepContext) -> str:
+    return path_join(ctx.paths.root, "launch.env")
+
+
+def env_file_text(env: dict[str, str]) -> str:
+    return "".join(f"{name}={quote(value)}\n" for name, value in sorted(env.items()))
+
+
 def log_path(ctx: StepContext) -> str:
     return path_join(ctx.paths.logs, f"sglang-{ctx.launch_stamp}.log")
 
 
 def command(ctx: StepContext, argv: list[str]) -> str:
-    env = " ".join(f"{k}={quote(v)}" for k, v in sorted(ctx.run.env.items()))
+    env = f"set -a && . {quote_path(env_path(ctx))} && set +a && " if ctx.run.env else ""
     log = quote_path(log_path(ctx))
     pidfile = quote_path(ctx.paths.pidfile)
     name = quote(log_path(ctx).rsplit("/", 1)[-1])
     return (
         f"mkdir -p -m 700 {quote_path(ctx.paths.logs)} && cd {quote_path(ctx.paths.root)} && "
         f"ln -sfn {name} {quote_path(ctx.paths.latest_log)} && "
-        f"setsid nohup env {env + ' ' if env else ''}{_quoted_argv(argv)} > {log} 2>&1 < /dev/null & "
+        f"{env}setsid nohup {_quoted_argv(argv)} > {log} 2>&1 < /dev/null & "
         f"pid=$!; printf '%s\\n' \"$pid\" > {pidfile}.tmp && mv -f {pidfile}.tmp {pidfile} && echo \"$pid\""
     )
 
 
 def plan(ctx: StepContext) -> list[PlannedCommand]:
     argv = sglang_argv(ctx.run, ctx.host, ctx.draft_tokens)
-    return [PlannedCommand("launch SGLang detached (setsid nohup), PID file and log in the state dir",
+    planned = []
+    if ctx.run.env:
+        names = ", ".join(sorted(ctx.run.env))
+        planned.append(PlannedCommand(f"upload the run's environment ({names}; values not shown) as a 0600 file",
+                                      f"sftp put <env> -> {env_path(ctx)}"))
+    return planned + [PlannedCommand("launch SGLang detached (setsid nohup), PID file and log in the state dir",
                            command(ctx, argv), argv=argv)]
+
+
+def upload_env(ctx: StepContext) -> None:
+    conn = ctx.require_conn()
+    conn.check(f"mkdir -p -m 700 {quote_path(ctx.paths.root)}", what="creating the state directory")
+    fd, local = tempfile.mkstemp(prefix="deployctl-env-")
+    try:
+        os.fchmod(fd, 0o600)  # SFTP put keeps the local mode
+        with os.fdopen(fd, "w") as handle:
+            handle.write(env_file_text(ctx.run.env))
+        conn.put(Path(local), conn.resolve(env_path(ctx)))
+    finally:
+        os.unlink(local)
 
 
 def run(ctx: StepContext) -> StepOutcome:
     conn = ctx.require_conn()
     argv = sglang_argv(ctx.run, ctx.host, ctx.draft_tokens)
+    if ctx.run.env:
+        upload_env(ctx)
     result = conn.check(command(ctx, argv), timeout=ctx.timeout(60), what="launching SGLang")
     text = result.stdout.strip()
     if not re.fullmatch(r"\d+", text):

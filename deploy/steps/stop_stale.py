@@ -21,6 +21,9 @@ class Settings(StepSettings):
     scope: Literal["user", "pidfile"] = "pidfile"
     #: seconds between SIGTERM and SIGKILL; default: the run's timeouts.stop_grace_s
     grace_s: float | None = None
+    #: scope user: processes whose command line contains one of these are left alone. As root,
+    #: "every python3" also means the distribution's own daemons (Debian/Ubuntu ship these two).
+    exclude: list[str] = ["networkd-dispatcher", "unattended-upgrade"]
 
 
 def grace(ctx: StepContext) -> float:
@@ -32,6 +35,9 @@ def command(ctx: StepContext) -> str:
              "--scope", ctx.settings.scope, "--grace", f"{grace(ctx):g}"]
     if ctx.settings.scope == "pidfile":
         parts += ["--pidfile", quote_path(ctx.paths.pidfile)]
+    else:
+        for pattern in ctx.settings.exclude:
+            parts += ["--exclude", quote(pattern)]
     return " ".join(parts)
 
 

@@ -27,10 +27,16 @@ def write_config(sandbox, tmp_path: Path, *, ssh: dict | None = None, hosts: lis
 
 
 def cli_json(capsys, *argv: str) -> tuple[int, dict]:
+    code, doc, _ = cli_json_err(capsys, *argv)
+    return code, doc
+
+
+def cli_json_err(capsys, *argv: str) -> tuple[int, dict, str]:
+    """Exit code, the JSON document on stdout, and the progress lines on stderr."""
     code = main(list(argv))
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err, captured.err
-    return code, json.loads(captured.out)
+    return code, json.loads(captured.out), captured.err
 
 
 def start_stray(sandbox, host: str, program: str) -> int:

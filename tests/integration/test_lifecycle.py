@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from deploy.errors import ExitCode
-from tests.integration.helpers import cli_json, gpu_used, hold_gpu_program, start_stray, wait_until, write_config
+from tests.integration.helpers import cli_json, cli_json_err, gpu_used, hold_gpu_program, start_stray, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
 
@@ -112,6 +112,23 @@ def test_server_crash_during_load_shows_the_log_tail(clean_sandbox, tmp_path, ca
     detail = steps_of(doc, "sb1")["wait-ready"]["detail"]
     assert "exited during startup" in detail and "CUDA out of memory" in detail
     assert steps_of(doc, "sb1")["verify-acceptance"]["status"] == "not-run"
+    # the run's environment reached the server through a private file, not the command line
+    state = clean_sandbox.host("sb1").state_dir
+    assert clean_sandbox.run("sb1", f"stat -c %a {state}/launch.env").stdout.strip() == "600"
+    assert "SGLANG_SIM_CRASH_DURING_LOAD" not in json.dumps(steps_of(doc, "sb1")["launch"])
+
+
+def test_user_scope_leaves_excluded_daemons_alone(clean_sandbox, tmp_path, capsys):
+    victim = start_stray(clean_sandbox, "sb1", "import time; time.sleep(600)")
+    wrapped = f"setsid nohup python3 -c 'import time; time.sleep(600)' /usr/bin/unattended-upgrade > /dev/null 2>&1 < /dev/null & echo $!"
+    named = int(clean_sandbox.run("sb1", wrapped).stdout)
+    path = one_host_config(clean_sandbox, tmp_path)
+    book = playbook(tmp_path, "name: s\nsteps:\n  - step: ensure-helper\n  - step: stop-stale\n    scope: user\n")
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--playbook", book)
+    assert code == 0
+    stopped = {p["pid"] for p in steps_of(doc, "sb1")["stop-stale"]["data"]["processes"]}
+    assert victim in stopped and named not in stopped
+    assert clean_sandbox.run("sb1", f"kill -0 {named}").returncode == 0
 
 
 def test_port_already_taken(clean_sandbox, tmp_path, capsys):
@@ -150,12 +167,20 @@ def test_restart_reconverts_only_after_the_drafter_changed(clean_sandbox, tmp_pa
 
 
 def test_two_hosts_deploy_in_parallel(clean_sandbox, tmp_path, capsys):
-    path = write_config(clean_sandbox, tmp_path, run={"group": None, "hosts": ["sb2", "sb3"]})
-    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    path = write_config(clean_sandbox, tmp_path, run={"group": None, "hosts": ["sb2", "sb3"],
+                                                      "env": {"SGLANG_SIM_LOAD_SECONDS": "2"}})
+    code, doc, progress = cli_json_err(capsys, "-c", str(path), "up", "--json")
     assert code == 0, json.dumps(doc, indent=1)
     assert [h["host"] for h in doc["hosts"]] == ["sb2", "sb3"] and all(h["ok"] for h in doc["hosts"])
-    # in parallel: the wall time is well under the sum of both hosts' step times
-    # (asserted on overlap of the launch windows, not on seconds)
+    # In parallel: each host starts waiting for its server before the other's is ready
+    # (asserted on the order of progress events, not on seconds).
+    lines = progress.splitlines()
+
+    def first(event: str) -> int:
+        return next(i for i, line in enumerate(lines) if event in line)
+
+    for a, b in (("sb2", "sb3"), ("sb3", "sb2")):
+        assert first(f"[{a}] wait-ready: start") < first(f"[{b}] wait-ready: ok"), progress
     for name in ("sb2", "sb3"):
         assert all(used > 0 for used in gpu_used(clean_sandbox, name))
     code, doc = cli_json(capsys, "-c", str(path), "down", "--json", "--free-gpus")

@@ -14,7 +14,7 @@ from deploy.steps.base import StepContext
 
 HOST = Host(name="kimi-a", address="10.1.230.174", state_dir="/var/lib/deploy ctl")
 RUN = Run(name="r", hosts=["kimi-a"], base_model="/data/models/Kimi K2.5", drafter="~/drafters/it's",
-          extra_args=["--mem-fraction-static", "0.85"], env={"NCCL_DEBUG": "WARN x"})
+          extra_args=["--mem-fraction-static", "0.85"], env={"NCCL_DEBUG": "WARN x", "HF_TOKEN": "hf_s3cr3t"})
 
 
 def ctx_for(module, run=RUN, host=HOST, **settings):
@@ -73,15 +73,33 @@ def test_sglang_argv_is_the_documented_command():
 
 def test_launch_command_is_detached_and_quoted():
     ctx = ctx_for(launch)
-    [planned] = launch.plan(ctx)
+    env_upload, planned = launch.plan(ctx)
     cmd = planned.command
-    assert "setsid nohup env NCCL_DEBUG='WARN x' python3 -m sglang.launch_server" in cmd
+    assert "HF_TOKEN, NCCL_DEBUG" in env_upload.description
+    assert "hf_s3cr3t" not in env_upload.command + env_upload.description + cmd  # secrets stay off the plan
+    assert "set -a && . '/var/lib/deploy ctl/launch.env' && set +a && setsid nohup python3 -m sglang.launch_server" in cmd
     assert "< /dev/null &" in cmd and "2>&1" in cmd
     assert "~/'drafters/it'\"'\"'s'" in cmd  # tilde expands, the rest is one literal word
     assert "'/data/models/Kimi K2.5'" in cmd
     assert "'/var/lib/deploy ctl/server.pid'" in cmd
     assert planned.argv == launch.sglang_argv(RUN, HOST, 16)
     shlex.split(cmd.replace("~/", "/home/u/"))  # well-formed shell words
+
+
+def test_env_file_round_trips_through_sh(tmp_path):
+    import subprocess
+
+    env = {"HF_TOKEN": "hf_s3cr3t", "ODD": "a b'c\"$(id)"}
+    path = tmp_path / "launch.env"
+    path.write_text(launch.env_file_text(env))
+    out = subprocess.run(["sh", "-c", f"set -a; . '{path}'; set +a; env"], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert "HF_TOKEN=hf_s3cr3t\n" in out.stdout and "ODD=a b'c\"$(id)\n" in out.stdout
+
+
+def test_stop_stale_user_scope_excludes_distribution_daemons():
+    cmd = stop_stale.command(ctx_for(stop_stale, scope="user"))
+    assert "--exclude networkd-dispatcher --exclude unattended-upgrade" in cmd
 
 
 def test_plan_covers_every_step_in_order():
