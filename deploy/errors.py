@@ -78,3 +78,9 @@ class StepTimeout(DeployError):
 
 class VerificationFailed(DeployError):
     exit_code = ExitCode.VERIFY
+
+
+class Interrupted(DeployError):
+    """Ctrl-C (or SIGTERM from cron's supervisor): steps stop at their next poll."""
+
+    exit_code = ExitCode.INTERRUPTED

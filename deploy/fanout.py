@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -24,8 +25,13 @@ class HostOutcome(Generic[T]):
         return self.error is None
 
 
-def for_each_host(hosts: Sequence[Host], work: Callable[[Host], T], max_parallel: int) -> list[HostOutcome[T]]:
-    """Results in the order of ``hosts``. Unexpected exceptions become errors on that host only."""
+def for_each_host(hosts: Sequence[Host], work: Callable[[Host], T], max_parallel: int,
+                  cancel: threading.Event | None = None) -> list[HostOutcome[T]]:
+    """Results in the order of ``hosts``. Unexpected exceptions become errors on that host only.
+
+    On Ctrl-C, ``cancel`` is set so the hosts' steps stop at their next poll (every remote command
+    is bounded by its own timeout), then KeyboardInterrupt propagates.
+    """
 
     def guarded(host: Host) -> HostOutcome[T]:
         try:
@@ -40,8 +46,17 @@ def for_each_host(hosts: Sequence[Host], work: Callable[[Host], T], max_parallel
 
     if not hosts:
         return []
-    with ThreadPoolExecutor(max_workers=min(max_parallel, len(hosts)), thread_name_prefix="host") as pool:
-        return list(pool.map(guarded, hosts))
+    pool = ThreadPoolExecutor(max_workers=min(max_parallel, len(hosts)), thread_name_prefix="host")
+    futures = [pool.submit(guarded, host) for host in hosts]
+    try:
+        return [future.result() for future in futures]
+    except KeyboardInterrupt:
+        if cancel is not None:
+            cancel.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=False)
 
 
 def worst_exit_code(outcomes: Sequence[HostOutcome]) -> ExitCode:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,9 +57,11 @@ def launch_stamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def _context(host: Host, run: Run, settings, conn, draft_tokens: int, stamp: str, progress, memory) -> StepContext:
+def _context(host: Host, run: Run, settings, conn, draft_tokens: int, stamp: str, progress, memory,
+             cancelled: threading.Event | None = None) -> StepContext:
     return StepContext(host=host, run=run, settings=settings, conn=conn, draft_tokens=draft_tokens,
-                       launch_stamp=stamp, progress=progress, memory=memory)
+                       launch_stamp=stamp, progress=progress, memory=memory,
+                       cancelled=cancelled or threading.Event())
 
 
 def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host], draft_tokens: int) -> dict[str, list[tuple[str, list[PlannedCommand]]]]:
@@ -78,7 +81,7 @@ def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host], draft_tok
 
 
 def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, draft_tokens: int, stamp: str,
-                 progress: Progress) -> HostReport:
+                 progress: Progress, cancelled: threading.Event) -> HostReport:
     report = HostReport(host)
     memory: dict[str, Any] = {}
     try:
@@ -91,7 +94,7 @@ def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, draft
     with conn:
         failed = False
         for step in playbook.steps:
-            if failed:
+            if failed or cancelled.is_set():
                 report.steps.append(StepRecord(step.name, "not-run"))
                 continue
             if not step.settings.enabled:
@@ -102,14 +105,14 @@ def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, draft
             for attempt in range(1, step.settings.retries + 2):
                 record.attempts = attempt
                 ctx = _context(host, run, step.settings, conn, draft_tokens, stamp,
-                               lambda m, s=step.name: progress(host.name, s, m), memory)
+                               lambda m, s=step.name: progress(host.name, s, m), memory, cancelled)
                 progress(host.name, step.name, "start" if attempt == 1 else f"retry {attempt - 1}")
                 try:
                     outcome = step.module.run(ctx)
                 except DeployError as exc:
                     record.detail = str(exc)
                     record.exit_code = int(exc.exit_code)
-                    if attempt <= step.settings.retries:
+                    if attempt <= step.settings.retries and not cancelled.is_set():
                         progress(host.name, step.name, f"failed, retrying: {str(exc).splitlines()[0][:200]}")
                         continue
                     if report.error is None:
@@ -128,8 +131,10 @@ def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, draft
 def run_playbook(config: Config, playbook: Playbook, run: Run, hosts: Sequence[Host], draft_tokens: int,
                  progress: Progress) -> list[HostReport]:
     stamp = launch_stamp()
+    cancelled = threading.Event()
     outcomes = for_each_host(
-        hosts, lambda h: _run_on_host(config, playbook, run, h, draft_tokens, stamp, progress), config.ssh.max_parallel
+        hosts, lambda h: _run_on_host(config, playbook, run, h, draft_tokens, stamp, progress, cancelled),
+        config.ssh.max_parallel, cancel=cancelled,
     )
     reports = []
     for outcome in outcomes:

@@ -7,6 +7,7 @@ functions: ``plan(ctx) -> list[PlannedCommand]`` (pure: what it would run) and
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -14,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploy.config.models import Host, Run
+from deploy.errors import Interrupted
 from deploy.shell import path_join
 from deploy.transport import Transport
 
@@ -95,6 +97,13 @@ class StepContext:
     progress: Callable[[str], None] = lambda message: None
     #: values one step hands to a later one on the same host (e.g. the launched PID)
     memory: dict[str, Any] = field(default_factory=dict)
+    #: set on Ctrl-C: polling steps stop at their next poll
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def pause(self, seconds: float) -> None:
+        """Wait between polls; returns early and raises Interrupted when the command is cancelled."""
+        if self.cancelled.wait(max(0.0, seconds)) or self.cancelled.is_set():
+            raise Interrupted(f"{self.host.name}: interrupted")
 
     @property
     def paths(self) -> StatePaths:

@@ -59,4 +59,4 @@ def run(ctx: StepContext) -> StepOutcome:
             raise StepTimeout(f"{ctx.host.name}: GPUs still in use after {timeout:g} s: {describe_busy(busy)}")
         if polls == 1 or polls % 10 == 0:
             ctx.progress(f"{len(busy)} GPU(s) busy after {elapsed:.1f} s: {describe_busy(busy)[:160]}")
-        time.sleep(min(ctx.settings.interval_s, max(0.0, timeout - elapsed)))
+        ctx.pause(min(ctx.settings.interval_s, max(0.0, timeout - elapsed)))

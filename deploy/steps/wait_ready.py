@@ -108,4 +108,4 @@ def run(ctx: StepContext) -> StepOutcome:
         if now - last_progress >= ctx.settings.progress_every_s:
             last_progress = now
             ctx.progress(f"{elapsed:.0f} s, /health {probe['status'] or 'no answer'}: {probe.get('last_log_line', '')}")
-        time.sleep(min(ctx.settings.interval_s, max(0.0, timeout - elapsed)))
+        ctx.pause(min(ctx.settings.interval_s, max(0.0, timeout - elapsed)))

@@ -167,3 +167,49 @@ def test_describe_busy_names_holders():
 
     row = GpuRow(3, "GPU-1", 120000, 143771, 0, (ComputeApp("GPU-1", 88882, 120000, "python3"),))
     assert wait_gpus_free.describe_busy([row]) == "GPU 3: 120000 MiB held by pid 88882 python3"
+
+
+class BusyHost:
+    """A transport whose nvidia-smi always shows GPU 0 busy (no SSH: the step's logic only)."""
+
+    host = HOST
+
+    def __init__(self):
+        self.calls = 0
+
+    def run(self, command, *, timeout=None):
+        from deploy.facts import gpus
+        from deploy.transport import CommandResult
+
+        self.calls += 1
+        if command == gpus.GPU_QUERY_COMMAND:
+            out = "\n".join(f"{i}, GPU-{i:04d}, {500 if i == 0 else 0}, 143771, 0" for i in range(8))
+        else:
+            out = "GPU-0000, 4242, 500, python3\n"
+        return CommandResult(command, 0, out, "", 0.0)
+
+
+def test_cancel_stops_a_polling_step_promptly():
+    import threading
+    import time
+
+    from deploy.errors import Interrupted
+
+    ctx = ctx_for(wait_gpus_free, interval_s=30)
+    ctx.conn = BusyHost()
+    timer = threading.Timer(0.2, ctx.cancelled.set)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(Interrupted):
+        wait_gpus_free.run(ctx)
+    assert time.monotonic() - started < 10  # not the 30 s poll interval
+    assert ctx.conn.calls == 2  # one poll: GPU query + holders
+
+
+def test_wait_gpus_free_times_out_naming_holder_without_ssh():
+    from deploy.errors import StepTimeout
+
+    ctx = ctx_for(wait_gpus_free, interval_s=0.01, timeout_s=0.05)
+    ctx.conn = BusyHost()
+    with pytest.raises(StepTimeout, match="GPU 0: 500 MiB held by pid 4242 python3"):
+        wait_gpus_free.run(ctx)
