@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from deploy.config.loader import _compose, _locate, format_validation_error
+from deploy.config.loader import compose_yaml, locate_node, format_validation_error
 from deploy.errors import ConfigError
 from deploy.steps import REGISTRY
 from deploy.steps.base import StepSettings
@@ -75,7 +75,7 @@ def find_playbook(name_or_path: str) -> Path:
 
 def load_playbook(name_or_path: str) -> Playbook:
     path = find_playbook(name_or_path)
-    root, data = _compose(path)
+    root, data = compose_yaml(path)
     try:
         document = _PlaybookFile.model_validate(data)
     except ValidationError as exc:
@@ -85,7 +85,7 @@ def load_playbook(name_or_path: str) -> Playbook:
     for i, entry in enumerate(document.steps):
         name = entry.get("step")
         if name not in REGISTRY:
-            node = _locate(root, ("steps", i, "step"))
+            node = locate_node(root, ("steps", i, "step"))
             line = f":{node.start_mark.line + 1}" if node is not None else ""
             problems.append(
                 f"  {path}{line}: steps[{i}].step: unknown step {name!r}; expected one of {', '.join(REGISTRY)}"
@@ -94,7 +94,7 @@ def load_playbook(name_or_path: str) -> Playbook:
         try:
             settings = REGISTRY[name].Settings.model_validate(entry)
         except ValidationError as exc:
-            text = format_validation_error(path, exc, _locate(root, ("steps", i)), entry)
+            text = format_validation_error(path, exc, locate_node(root, ("steps", i)), entry)
             problems.extend(
                 line.replace(": ", f": steps[{i}] ({name}).", 1) if line.startswith("  ") else line
                 for line in text.splitlines()[1:]

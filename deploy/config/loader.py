@@ -34,7 +34,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _locate(node: yaml.Node | None, loc: tuple[Any, ...]) -> yaml.Node | None:
+def locate_node(node: yaml.Node | None, loc: tuple[Any, ...]) -> yaml.Node | None:
     """The deepest YAML node along a pydantic error location, for its line number."""
     for part in loc:
         if isinstance(node, yaml.MappingNode):
@@ -55,12 +55,12 @@ def _locate(node: yaml.Node | None, loc: tuple[Any, ...]) -> yaml.Node | None:
 
 def _key_line(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
     """Line of an unknown key itself (pydantic's loc ends with the offending key)."""
-    parent = _locate(node, loc[:-1])
+    parent = locate_node(node, loc[:-1])
     if isinstance(parent, yaml.MappingNode):
         for key_node, _ in parent.value:
             if key_node.value == loc[-1]:
                 return key_node.start_mark.line + 1
-    target = _locate(node, loc)
+    target = locate_node(node, loc)
     return target.start_mark.line + 1 if target is not None else None
 
 
@@ -92,7 +92,7 @@ def format_validation_error(path: Path, err: ValidationError, root: yaml.Node | 
             line = _key_line(root, loc)
             msg = "unknown key (not a setting deployctl knows; check the spelling)"
         else:
-            target = _locate(root, loc)
+            target = locate_node(root, loc)
             line = target.start_mark.line + 1 if target is not None else None
             msg = item["msg"].removeprefix("Value error, ")
             if item["type"] == "missing":
@@ -104,11 +104,11 @@ def format_validation_error(path: Path, err: ValidationError, root: yaml.Node | 
 
 def parse_yaml(path: Path, model: type[BaseModel]) -> BaseModel:
     """Parse ``path`` as YAML and validate it into ``model``; every failure is a ConfigError."""
-    root, data = _compose(path)
+    root, data = compose_yaml(path)
     return _validate(path, model, root, data)
 
 
-def _compose(path: Path) -> tuple[yaml.Node | None, Any]:
+def compose_yaml(path: Path) -> tuple[yaml.Node | None, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -137,14 +137,14 @@ def _validate(path: Path, model: type[BaseModel], root: yaml.Node | None, data: 
 
 def load_config(path: str | Path) -> Config:
     path = Path(path)
-    text_root, data = _compose(path)
+    text_root, data = compose_yaml(path)
     config = _validate(path, Config, text_root, data)
     assert isinstance(config, Config)
     problems = config.reference_problems()
     if problems:
         lines = [f"{path}: invalid configuration ({len(problems)} problem(s))"]
         for loc, msg in problems:
-            node = _locate(text_root, loc)
+            node = locate_node(text_root, loc)
             where = f"{path}:{node.start_mark.line + 1}" if node is not None else str(path)
             lines.append(f"  {where}: {_field_path(loc, data)}: {msg}")
         raise ConfigError("\n".join(lines))
