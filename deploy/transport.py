@@ -54,8 +54,12 @@ class Transport(Protocol):
     def run(self, command: str, *, timeout: float | None = None) -> CommandResult: ...
 
     def stream(self, command: str) -> int:
-        """Run a long-lived command (``tail -F``) printing its output as it comes; Ctrl-C ends it."""
-        result = self._live().run(command, hide=False, warn=True, in_stream=False, pty=False)
+        """Run a long-lived command (``tail -F``) printing its output as it comes; Ctrl-C ends it.
+
+        A pty, so fabric's Ctrl-C handling (it writes ``\x03`` to the channel) reaches the remote
+        command as SIGINT; without one the remote tail never hears it and the call never returns.
+        """
+        result = self._live().run(command, hide=False, warn=True, in_stream=False, pty=True)
         return result.exited
 
     def put(self, local: Path, remote: str) -> None: ...
@@ -279,8 +283,12 @@ class HostConnection:
         return result
 
     def stream(self, command: str) -> int:
-        """Run a long-lived command (``tail -F``) printing its output as it comes; Ctrl-C ends it."""
-        result = self._live().run(command, hide=False, warn=True, in_stream=False, pty=False)
+        """Run a long-lived command (``tail -F``) printing its output as it comes; Ctrl-C ends it.
+
+        A pty, so fabric's Ctrl-C handling (it writes ``\x03`` to the channel) reaches the remote
+        command as SIGINT; without one the remote tail never hears it and the call never returns.
+        """
+        result = self._live().run(command, hide=False, warn=True, in_stream=False, pty=True)
         return result.exited
 
     def put(self, local: Path, remote: str) -> None:

@@ -221,3 +221,37 @@ def test_logs_shows_the_latest_server_log(clean_sandbox, tmp_path, capsys):
     assert main(["-c", str(path), "logs", "-n", "200"]) == 0
     out = capsys.readouterr().out
     assert "==> sb1:" in out and "The server is fired up and ready to roll!" in out
+
+
+def test_logs_follow_streams_and_stops_on_ctrl_c(clean_sandbox, tmp_path, capsys):
+    import signal
+    import subprocess
+    import sys
+
+    path = one_host_config(clean_sandbox, tmp_path)
+    code, _ = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0
+    import select
+
+    proc = subprocess.Popen([sys.executable, "-m", "deploy", "-c", str(path), "logs", "-f", "-n", "5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+
+    def readline(timeout: float = 20.0) -> str:
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        assert ready, "deployctl logs -f printed nothing"
+        return proc.stdout.readline()
+
+    try:
+        first = readline()
+        assert first.startswith("[20"), first
+        # a new request appends to the log while we follow it
+        clean_sandbox.run("sb1", "python3 -c \"import urllib.request as u; u.urlopen(u.Request("
+                          f"'http://{clean_sandbox.host('sb1').address}:30000/generate', data=b'{{\\\"text\\\": \\\"hi\\\"}}',"
+                          " headers={'Content-Type': 'application/json'}), timeout=30).read()\"")
+        wait_until(lambda: "POST /generate" in readline(), timeout=20, interval=0, what="the new log line")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) in (0, 130)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
