@@ -231,15 +231,19 @@ def test_logs_follow_streams_and_stops_on_ctrl_c(clean_sandbox, tmp_path, capsys
     path = one_host_config(clean_sandbox, tmp_path)
     code, _ = cli_json(capsys, "-c", str(path), "up", "--json")
     assert code == 0
-    import select
+    import queue
+    import threading
 
     proc = subprocess.Popen([sys.executable, "-m", "deploy", "-c", str(path), "logs", "-f", "-n", "5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
 
     def readline(timeout: float = 20.0) -> str:
-        ready, _, _ = select.select([proc.stdout], [], [], timeout)
-        assert ready, "deployctl logs -f printed nothing"
-        return proc.stdout.readline()
+        try:
+            return lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError("deployctl logs -f printed nothing new") from None
 
     try:
         first = readline()
