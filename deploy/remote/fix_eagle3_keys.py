@@ -612,17 +612,24 @@ class _Checkpoint(object):
         self.weights = [_WeightsFile(self.dir, n) for n in names]
 
 
-def _read_index(path: str) -> Tuple[bytes, Dict[str, Any]]:
+def _read_json_object(path: str) -> Tuple[bytes, Dict[str, Any]]:
     try:
         with open(path, "rb") as handle:
             raw = handle.read()
     except OSError as exc:
         raise FixError(EXIT_CHECKPOINT, "cannot read %s: %s" % (path, exc.strerror or exc))
     try:
-        index = json.loads(raw.decode("utf-8"))
+        document = json.loads(raw.decode("utf-8"))
     except ValueError as exc:
         raise FixError(EXIT_CHECKPOINT, "%s is not valid JSON (%s)" % (path, exc))
-    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict) or not all(
+    if not isinstance(document, dict):
+        raise FixError(EXIT_CHECKPOINT, "%s is not a JSON object" % path)
+    return raw, document
+
+
+def _read_index(path: str) -> Tuple[bytes, Dict[str, Any]]:
+    raw, index = _read_json_object(path)
+    if not isinstance(index.get("weight_map"), dict) or not all(
             isinstance(v, str) for v in index["weight_map"].values()):
         raise FixError(EXIT_CHECKPOINT, "%s has no weight_map object mapping tensor names to "
                        "file names" % path)
@@ -632,18 +639,7 @@ def _read_index(path: str) -> Tuple[bytes, Dict[str, Any]]:
 def _read_config(path: str) -> Tuple[Optional[bytes], Optional[Dict[str, Any]]]:
     if not os.path.isfile(path):
         return None, None
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except OSError as exc:
-        raise FixError(EXIT_CHECKPOINT, "cannot read %s: %s" % (path, exc.strerror or exc))
-    try:
-        config = json.loads(raw.decode("utf-8"))
-    except ValueError as exc:
-        raise FixError(EXIT_CHECKPOINT, "%s is not valid JSON (%s)" % (path, exc))
-    if not isinstance(config, dict):
-        raise FixError(EXIT_CHECKPOINT, "%s is not a JSON object" % path)
-    return raw, config
+    return _read_json_object(path)
 
 
 def _dump_json(obj: Any) -> bytes:
