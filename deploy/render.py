@@ -136,3 +136,37 @@ def plan_text(command: str, plans: dict, out: Console) -> None:
                 n += 1
                 out.print(f"    {n}. {planned.description}", markup=False)
                 out.print(f"       $ {planned.command}", markup=False, style="dim")
+
+
+def _bench_rows(rounds):
+    for tokens, reports in rounds:
+        for report in reports:
+            step = next((s for s in report.steps if s.name == "benchmark"), None)
+            data = step.data if step is not None and step.status == "ok" else {}
+            yield {"host": report.host.name, "draft_tokens": tokens, "ok": report.ok and bool(data),
+                   "accept_length": data.get("accept_length"), "output_tok_s": data.get("output_tok_s"),
+                   "mean_itl_ms": data.get("mean_itl_ms"), "duration_s": data.get("duration_s"),
+                   "error": str(report.error) if report.error is not None else None}
+
+
+def bench_document(run_name: str, rounds) -> dict:
+    return {"command": "bench", "run": run_name,
+            "ok": all(r.ok for _, reports in rounds for r in reports),
+            "results": list(_bench_rows(rounds)),
+            "rounds": [{"draft_tokens": t, "hosts": [r.to_dict() for r in reports]} for t, reports in rounds]}
+
+
+def bench_table(rounds, out: Console) -> None:
+    table = Table(title="bench: sglang.bench_serving per host and draft-token count", title_justify="left")
+    for name, justify in (("host", "left"), ("draft tokens", "right"), ("accept length", "right"),
+                          ("output tok/s", "right"), ("mean ITL ms", "right"), ("result", "left")):
+        table.add_column(name, justify=justify)
+
+    def fmt(value, spec):
+        return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+    for row in _bench_rows(rounds):
+        result = "[green]ok[/green]" if row["ok"] else f"[red]{(row['error'] or 'failed').splitlines()[0][:80]}[/red]"
+        table.add_row(row["host"], str(row["draft_tokens"]), fmt(row["accept_length"], ".2f"),
+                      fmt(row["output_tok_s"], ".1f"), fmt(row["mean_itl_ms"], ".2f"), result)
+    out.print(table)

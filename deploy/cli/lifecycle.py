@@ -21,15 +21,10 @@ def with_common(func):
     return func
 
 
-def _execute(globals_, command: str, default_playbook: str, run_name, host_names, draft_tokens, playbook_name,
-             dry_run: bool, as_json: bool, overrides: dict | None = None) -> int:
-    from deploy import render
+def _run_and_hosts(config, run_name, host_names):
     from deploy.cli.common import select_run
     from deploy.errors import UsageError
-    from deploy.orchestrator import exit_code, plan_playbook, run_playbook
-    from deploy.playbook import load_playbook
 
-    config = globals_.load()
     run = select_run(config, run_name)
     hosts = config.hosts_of(run)
     if host_names:
@@ -37,6 +32,17 @@ def _execute(globals_, command: str, default_playbook: str, run_name, host_names
         if unknown:
             raise UsageError(f"--host {unknown[0]!r} is not a host of run {run.name!r} ({', '.join(h.name for h in hosts)})")
         hosts = [h for h in hosts if h.name in host_names]
+    return run, hosts
+
+
+def _execute(globals_, command: str, default_playbook: str, run_name, host_names, draft_tokens, playbook_name,
+             dry_run: bool, as_json: bool, overrides: dict | None = None) -> int:
+    from deploy import render
+    from deploy.orchestrator import exit_code, plan_playbook, run_playbook
+    from deploy.playbook import load_playbook
+
+    config = globals_.load()
+    run, hosts = _run_and_hosts(config, run_name, host_names)
     playbook = load_playbook(playbook_name or default_playbook)
     for step, updates in (overrides or {}).items():
         playbook = playbook.with_settings(step, **updates)
@@ -137,4 +143,54 @@ def logs(globals_, run_name, host_names, lines: int, follow: bool) -> int:
     return int(worst_exit_code(outcomes))
 
 
-COMMANDS = [up, restart, down, plan, logs]
+@click.command("bench")
+@click.option("--run", "run_name", default=None, help="Run from the config (default: the only one).")
+@click.option("--host", "host_names", multiple=True, help="Only these hosts of the run (repeatable).")
+@click.option("--draft-tokens", "draft_tokens", type=click.IntRange(2, 64), multiple=True,
+              help="Deploy and benchmark with T draft tokens; repeat for a sweep (16, 10, 5). Default: the run's.")
+@click.option("--num-prompts", type=click.IntRange(1, 100000), default=None)
+@click.option("--max-concurrency", type=click.IntRange(1, 4096), default=None)
+@click.option("--input-len", type=click.IntRange(1, 1_000_000), default=None)
+@click.option("--output-len", type=click.IntRange(1, 1_000_000), default=None)
+@click.option("--playbook", "playbook_name", default="bench", show_default=True)
+@click.option("--dry-run", is_flag=True, help="Print every command in order; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report document on stdout.")
+@click.pass_obj
+def bench(globals_, run_name, host_names, draft_tokens, num_prompts, max_concurrency, input_len, output_len,
+          playbook_name, dry_run, as_json) -> int:
+    """Redeploy with each --draft-tokens value, verify acceptance, run sglang.bench_serving; compare."""
+    from deploy import render
+    from deploy.orchestrator import exit_code, plan_playbook, run_playbook
+    from deploy.playbook import load_playbook
+
+    config = globals_.load()
+    run, hosts = _run_and_hosts(config, run_name, host_names)
+    playbook = load_playbook(playbook_name)
+    updates = {k: v for k, v in (("num_prompts", num_prompts), ("max_concurrency", max_concurrency),
+                                 ("input_len", input_len), ("output_len", output_len)) if v is not None}
+    if updates:
+        playbook = playbook.with_settings("benchmark", **updates)
+    sweep = list(draft_tokens) or [run.draft_tokens]
+    if dry_run:
+        documents = [render.plan_document("bench", run.name, plan_playbook(playbook, run, hosts, t)) | {"draft_tokens": t}
+                     for t in sweep]
+        if as_json:
+            render.print_json({"command": "bench", "run": run.name, "dry_run": True, "sweep": documents})
+        else:
+            for t in sweep:
+                render.plan_text(f"bench (draft tokens {t})", plan_playbook(playbook, run, hosts, t), render.console())
+        return 0
+    progress = render.progress_printer()
+    rounds = []
+    for t in sweep:
+        progress("*", "bench", f"draft tokens {t}")
+        rounds.append((t, run_playbook(config, playbook, run, hosts, t, progress)))
+    if as_json:
+        render.print_json(render.bench_document(run.name, rounds))
+    else:
+        render.bench_table(rounds, render.console())
+    codes = [exit_code(reports) for _, reports in rounds]
+    return int(next((c for c in codes if c != 0), 0))
+
+
+COMMANDS = [up, restart, down, plan, logs, bench]

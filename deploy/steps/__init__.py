@@ -1,6 +1,7 @@
 """Playbook steps, one module each, in the order the up playbook runs them."""
 
 from deploy.steps import (
+    benchmark,
     ensure_helper,
     fix_keys,
     free_gpus,
@@ -13,5 +14,6 @@ from deploy.steps import (
 
 REGISTRY = {
     module.NAME: module
-    for module in (ensure_helper, fix_keys, stop_stale, free_gpus, wait_gpus_free, launch, wait_ready, verify_acceptance)
+    for module in (ensure_helper, fix_keys, stop_stale, free_gpus, wait_gpus_free, launch, wait_ready, verify_acceptance,
+                   benchmark)
 }

@@ -10,17 +10,39 @@ import hashlib
 import re
 from pathlib import Path
 
-from deploy.errors import RemoteOutputError
-from deploy.shell import quote_path
+from deploy.errors import RemoteCommandFailed, RemoteOutputError
+from deploy.shell import quote, quote_path
 from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
 
 NAME = "ensure-helper"
 HELPERS_DIR = Path(__file__).resolve().parents[1] / "remote"
 HELPER_FILES = ("host_ops.py", "fix_eagle3_keys.py")
+MIN_PYTHON = (3, 8)
 
 
 class Settings(StepSettings):
     pass
+
+
+def python_version_command(ctx: StepContext) -> str:
+    return f"{quote(ctx.host.python)} -c " + quote('import sys; sys.stdout.write("%d.%d" % sys.version_info[:2])')
+
+
+def check_python_version(result, ctx: StepContext) -> tuple[int, int]:
+    text = result.stdout.strip()
+    if result.exit_code != 0:
+        detail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RemoteCommandFailed(f"{ctx.host.name}: cannot run the host's python {ctx.host.python!r}: {detail}")
+    match = re.fullmatch(r"(\d+)\.(\d+)", text)
+    if not match:
+        raise RemoteOutputError(f"{ctx.host.name}: {ctx.host.python} printed {text[:80]!r} for its version")
+    version = (int(match.group(1)), int(match.group(2)))
+    if version < MIN_PYTHON:
+        raise RemoteCommandFailed(
+            f"{ctx.host.name}: {ctx.host.python} is Python {text}; the host-side helpers need "
+            f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]}+ (set hosts[].python to a newer interpreter)"
+        )
+    return version
 
 
 def local_digests() -> dict[str, str]:
@@ -53,6 +75,7 @@ def parse_digests(output: str, expected_files: list[str], source: str) -> dict[s
 
 def plan(ctx: StepContext) -> list[PlannedCommand]:
     return [
+        PlannedCommand(f"check the host's python is {MIN_PYTHON[0]}.{MIN_PYTHON[1]}+", python_version_command(ctx)),
         PlannedCommand("create the persistent helper directory", f"mkdir -p -m 700 {quote_path(ctx.paths.helpers)}"),
         PlannedCommand("compare helper sha256 with the local copies", digest_command(ctx)),
         PlannedCommand(
@@ -64,6 +87,7 @@ def plan(ctx: StepContext) -> list[PlannedCommand]:
 
 def run(ctx: StepContext) -> StepOutcome:
     conn = ctx.require_conn()
+    check_python_version(conn.run(python_version_command(ctx)), ctx)
     conn.check(f"mkdir -p -m 700 {quote_path(ctx.paths.helpers)}", what="creating the state directory")
     wanted = local_digests()
     remote = parse_digests(conn.check(digest_command(ctx), what="sha256sum").stdout, list(HELPER_FILES), ctx.host.name)

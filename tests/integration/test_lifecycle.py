@@ -259,3 +259,24 @@ def test_logs_follow_streams_and_stops_on_ctrl_c(clean_sandbox, tmp_path, capsys
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_bench_sweep_redeploys_per_draft_token_count(clean_sandbox, tmp_path, capsys):
+    """The seed's request: "Deploy and benchmark, first for 16 deep, then 10/5"."""
+    path = one_host_config(clean_sandbox, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "bench", "--json", "--draft-tokens", "16", "--draft-tokens", "5",
+                         "--num-prompts", "4", "--output-len", "64", "--input-len", "32")
+    assert code == 0, json.dumps(doc, indent=1)
+    results = {r["draft_tokens"]: r for r in doc["results"]}
+    assert sorted(results) == [5, 16] and all(r["ok"] for r in results.values())
+    assert all(r["accept_length"] > 1.5 and r["output_tok_s"] > 0 for r in results.values())
+    assert results[16]["accept_length"] != results[5]["accept_length"]
+    # each round launched SGLang with its own draft-token count
+    for round_ in doc["rounds"]:
+        [host] = round_["hosts"]
+        launch = next(s for s in host["steps"] if s["step"] == "launch")
+        assert launch["data"]["draft_tokens"] == round_["draft_tokens"]
+        assert launch["data"]["num_steps"] == round_["draft_tokens"] - 1
+    state = clean_sandbox.host("sb1").state_dir
+    files = clean_sandbox.run("sb1", f"ls {state}/bench").stdout.split()
+    assert any(f.endswith("-t16.jsonl") for f in files) and any(f.endswith("-t5.jsonl") for f in files)

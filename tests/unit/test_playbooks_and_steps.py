@@ -213,3 +213,20 @@ def test_wait_gpus_free_times_out_naming_holder_without_ssh():
     ctx.conn = BusyHost()
     with pytest.raises(StepTimeout, match="GPU 0: 500 MiB held by pid 4242 python3"):
         wait_gpus_free.run(ctx)
+
+
+@pytest.mark.parametrize(
+    "exit_code, stdout, stderr, fragment",
+    [
+        (0, "3.6", "", "need 3.8+"),
+        (127, "", "sh: 1: python3: not found", "cannot run the host's python"),
+        (0, "Python 3.11.7", "", "for its version"),
+    ],
+)
+def test_host_python_version_check(exit_code, stdout, stderr, fragment):
+    from deploy.errors import DeployError
+    from deploy.transport import CommandResult
+
+    with pytest.raises(DeployError, match=fragment):
+        ensure_helper.check_python_version(CommandResult("x", exit_code, stdout, stderr, 0.0), ctx_for(ensure_helper))
+    assert ensure_helper.check_python_version(CommandResult("x", 0, "3.8", "", 0.0), ctx_for(ensure_helper)) == (3, 8)

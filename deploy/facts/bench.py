@@ -1,0 +1,85 @@
+"""``python3 -m sglang.bench_serving`` result block: strict parser.
+
+The block is ``==== Serving Benchmark Result ====`` followed by ``Label:   value`` rows and dashed
+section rules, closed by a row of ``=``. Missing required rows, unparseable numbers or a missing
+block are errors quoting what was seen; the numbers are never guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from deploy.errors import RemoteOutputError
+
+_ROW = re.compile(r"^(?P<label>[A-Za-z][^:]*?):\s+(?P<value>\S.*?)\s*$")
+_START = re.compile(r"^=+\s*Serving Benchmark Result\s*=+$")
+
+REQUIRED = {
+    "Successful requests": "successful_requests",
+    "Benchmark duration (s)": "duration_s",
+    "Total generated tokens": "output_tokens",
+    "Output token throughput (tok/s)": "output_tok_s",
+}
+OPTIONAL = {
+    "Request throughput (req/s)": "request_per_s",
+    "Mean E2E Latency (ms)": "mean_e2e_ms",
+    "Mean TTFT (ms)": "mean_ttft_ms",
+    "Mean ITL (ms)": "mean_itl_ms",
+    "Accept length": "accept_length",
+}
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    successful_requests: int
+    duration_s: float
+    output_tokens: int
+    output_tok_s: float
+    accept_length: float | None = None
+    request_per_s: float | None = None
+    mean_e2e_ms: float | None = None
+    mean_ttft_ms: float | None = None
+    mean_itl_ms: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _number(label: str, value: str, line: str, source: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise RemoteOutputError(f"{source}: bench_serving {label!r} is {value!r}, not a number, in line {line!r}") from None
+
+
+def parse_bench_result(output: str, *, source: str = "bench_serving") -> BenchResult:
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if _START.match(line.strip())), None)
+    if start is None:
+        tail = " | ".join(line.strip() for line in lines[-3:] if line.strip())
+        raise RemoteOutputError(f"{source}: no 'Serving Benchmark Result' block in bench_serving output (ends: {tail[:300]!r})")
+    fields: dict[str, float] = {}
+    for line in lines[start + 1:]:
+        text = line.strip()
+        if re.fullmatch(r"=+", text):
+            break
+        if not text or re.fullmatch(r"-{3,}[^:]*-{3,}", text):  # section rule, e.g. ---Time to First Token---
+            continue
+        match = _ROW.match(text)
+        if not match:
+            raise RemoteOutputError(f"{source}: unexpected line in the bench_serving result block: {text!r}")
+        label = match.group("label")
+        key = REQUIRED.get(label) or OPTIONAL.get(label)
+        if key is not None:
+            fields[key] = _number(label, match.group("value"), text, source)
+    else:
+        raise RemoteOutputError(f"{source}: the bench_serving result block is not closed (output cut short?)")
+    missing = [label for label, key in REQUIRED.items() if key not in fields]
+    if missing:
+        raise RemoteOutputError(f"{source}: bench_serving result lacks {', '.join(missing)}")
+    for key in ("successful_requests", "output_tokens"):
+        if fields[key] != int(fields[key]):
+            raise RemoteOutputError(f"{source}: bench_serving {key} is {fields[key]}, expected a whole number")
+        fields[key] = int(fields[key])
+    return BenchResult(**fields)
