@@ -108,15 +108,13 @@ def plan(globals_, playbook: str, run_name, host_names, draft_tokens, as_json) -
 @click.pass_obj
 def logs(globals_, run_name, host_names, lines: int, follow: bool) -> int:
     """Show the latest SGLang server log of the run's hosts."""
-    from deploy.cli.common import select_run
     from deploy.fanout import for_each_host, worst_exit_code
     from deploy.shell import quote_path
     from deploy.steps.base import StatePaths
     from deploy.transport import HostConnection
 
     config = globals_.load()
-    run = select_run(config, run_name)
-    hosts = [h for h in config.hosts_of(run) if not host_names or h.name in host_names]
+    _, hosts = _run_and_hosts(config, run_name, host_names)
 
     if follow:
         if len(hosts) != 1:

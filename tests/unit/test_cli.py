@@ -64,3 +64,8 @@ def test_config_from_environment(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DEPLOYCTL_CONFIG", EXAMPLE)
     assert main(["plan", "down"]) == 0
     assert "stop stale python3 processes (scope pidfile)" in capsys.readouterr().out
+
+
+def test_logs_refuses_a_host_outside_the_run(capsys):
+    assert main(["-c", EXAMPLE, "logs", "--host", "nope"]) == ExitCode.USAGE
+    assert "--host 'nope' is not a host of run" in capsys.readouterr().err
