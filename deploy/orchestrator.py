@@ -14,7 +14,7 @@ from deploy.errors import DeployError, ExitCode
 from deploy.fanout import for_each_host
 from deploy.playbook import Playbook
 from deploy.steps.base import PlannedCommand, StepContext
-from deploy.transport import HostConnection
+from deploy.transport import HostConnection, JumpConnections
 
 Progress = Callable[[str, str, str], None]  # (host, step, message)
 
@@ -81,11 +81,11 @@ def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host], draft_tok
 
 
 def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, draft_tokens: int, stamp: str,
-                 progress: Progress, cancelled: threading.Event) -> HostReport:
+                 progress: Progress, cancelled: threading.Event, jumps: JumpConnections) -> HostReport:
     report = HostReport(host)
     memory: dict[str, Any] = {}
     try:
-        conn = HostConnection(host, config.ssh)
+        conn = HostConnection(host, config.ssh, jumps)
         conn.connect()
     except DeployError as exc:
         report.error = exc
@@ -132,10 +132,11 @@ def run_playbook(config: Config, playbook: Playbook, run: Run, hosts: Sequence[H
                  progress: Progress) -> list[HostReport]:
     stamp = launch_stamp()
     cancelled = threading.Event()
-    outcomes = for_each_host(
-        hosts, lambda h: _run_on_host(config, playbook, run, h, draft_tokens, stamp, progress, cancelled),
-        config.ssh.max_parallel, cancel=cancelled,
-    )
+    with JumpConnections() as jumps:  # one connection per jump host, shared by its targets
+        outcomes = for_each_host(
+            hosts, lambda h: _run_on_host(config, playbook, run, h, draft_tokens, stamp, progress, cancelled, jumps),
+            config.ssh.max_parallel, cancel=cancelled,
+        )
     reports = []
     for outcome in outcomes:
         if outcome.value is not None:

@@ -56,10 +56,12 @@ def gpu_status_tables(outcomes: Sequence[HostOutcome[list[GpuRow]]], out: Consol
         out.print(table)
 
 
-def gpu_status_document(outcomes: Sequence[HostOutcome[list[GpuRow]]]) -> dict:
+def gpu_status_document(outcomes: Sequence[HostOutcome[list[GpuRow]]], endpoints: dict | None = None) -> dict:
     hosts = []
     for outcome in outcomes:
         entry: dict[str, Any] = {"host": outcome.host.name, "address": outcome.host.address, "ok": outcome.ok}
+        if endpoints is not None:
+            entry["ssh"] = endpoints[outcome.host.name]
         if outcome.error is not None:
             entry["error"] = str(outcome.error)
             entry["exit_code"] = int(outcome.error.exit_code)
@@ -114,21 +116,45 @@ def report_document(command: str, run_name: str, reports) -> dict:
             "hosts": [r.to_dict() for r in reports]}
 
 
-def plan_document(command: str, run_name: str, plans: dict) -> dict:
+def plan_document(command: str, run_name: str, plans: dict, endpoints: dict | None = None) -> dict:
     return {
         "command": command,
         "run": run_name,
         "dry_run": True,
         "hosts": [
-            {"host": host, "steps": [{"step": name, "commands": [c.to_dict() for c in commands]} for name, commands in steps]}
+            {"host": host, **({"ssh": endpoints[host]} if endpoints is not None else {}),
+             "steps": [{"step": name, "commands": [c.to_dict() for c in commands]} for name, commands in steps]}
             for host, steps in plans.items()
         ],
     }
 
 
-def plan_text(command: str, plans: dict, out: Console) -> None:
+def endpoint_lines(endpoint: dict) -> list[str]:
+    """`deployctl plan`'s view of how a host is reached: each effective value and its source."""
+    if "error" in endpoint:
+        return [f"ssh: ERROR (exit {endpoint['exit_code']}): {endpoint['error']}"]
+
+    def one(ep: dict) -> str:
+        parts = []
+        for key in ("hostname", "user", "port", "identity_files", "host_key_policy", "known_hosts",
+                    "connect_timeout_s"):
+            value = ep[key]["value"]
+            if isinstance(value, list):
+                value = ",".join(value) or "(agent / default keys)"
+            parts.append(f"{key}={value} [{ep[key]['source']}]")
+        return " ".join(parts)
+
+    lines = [f"ssh: {one(endpoint)}"]
+    for jump in endpoint["jumps"]:
+        lines.append(f"  via jump host {jump['alias']}: {one(jump)}")
+    return lines
+
+
+def plan_text(command: str, plans: dict, out: Console, endpoints: dict | None = None) -> None:
     for host, steps in plans.items():
         out.print(f"[bold]{command} on {host}[/bold] (dry run: nothing is changed)")
+        for line in endpoint_lines(endpoints[host]) if endpoints is not None else []:
+            out.print(f"  {line}", markup=False, style="dim")
         n = 0
         for name, commands in steps:
             out.print(f"  [cyan]{name}[/cyan]")

@@ -11,22 +11,37 @@ Everything else builds command strings and parses their output; it hands command
 * Timeouts. ``Connection.run(timeout=...)`` raises ``CommandTimedOut`` but with ``pty=False`` the
   remote process keeps running. Every command is therefore also wrapped in coreutils ``timeout``
   on the host, so a timed-out command does not linger there.
+* ssh_config and jump hosts. The user's ``~/.ssh/config`` is resolved by deploy/ssh_config.py
+  (paramiko's parser, YAML values first); each hop of a ProxyJump chain is its own fabric
+  ``Connection`` used as the next one's ``gateway``, with its own keys and its own host key check.
+  Jump connections are shared by all targets of a run (:class:`JumpConnections`).
 * Retries. tenacity retries *connecting* (refused, timed out, banner errors), never a command:
   a command may have side effects (killing processes, launching a server).
 """
 
 from __future__ import annotations
 
+import getpass
 import os
 import shlex
 import socket
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from deploy.config.models import Host, SSHSettings
-from deploy.errors import ConnectionFailed, HostKeyRejected, RemoteCommandFailed, StepTimeout
+from deploy.errors import DeployError, ConnectionFailed, HostKeyRejected, RemoteCommandFailed, StepTimeout
+from deploy.ssh_config import (
+    Endpoint,
+    SSHConfigSource,
+    expand_path,
+    load_ssh_config,
+    resolve_endpoint,
+    ssh_config_path,
+)
 
 if TYPE_CHECKING:  # fabric/paramiko are imported lazily: `deployctl --help` must stay fast.
     import fabric
@@ -77,8 +92,37 @@ def _host_label(host: Host) -> str:
     return f"{host.name} ({host.user}@{host.address}:{host.port})"
 
 
+_config_cache: dict[tuple, SSHConfigSource] = {}
+_config_lock = threading.Lock()
+
+
+def cached_ssh_config(ssh: SSHSettings) -> SSHConfigSource:
+    """The ssh_config of these settings, parsed once per file version (hosts share it)."""
+    path = ssh_config_path(ssh)
+    try:
+        stat = os.stat(path) if path else None
+    except OSError:
+        stat = None
+    key = (path, stat.st_mtime_ns if stat else None, stat.st_size if stat else None)
+    with _config_lock:
+        if key not in _config_cache:
+            _config_cache[key] = load_ssh_config(ssh)
+        return _config_cache[key]
+
+
+def describe_endpoints(hosts, ssh: SSHSettings) -> dict[str, dict]:
+    """Per host name: the effective SSH settings and their sources, or the error resolving them."""
+    out: dict[str, dict] = {}
+    for host in hosts:
+        try:
+            out[host.name] = resolve_endpoint(host, ssh, cached_ssh_config(ssh)).to_dict()
+        except DeployError as exc:
+            out[host.name] = {"error": str(exc), "exit_code": int(exc.exit_code)}
+    return out
+
+
 def known_hosts_name(host: Host) -> str:
-    """The name OpenSSH and paramiko use in known_hosts for this host."""
+    """The name OpenSSH and paramiko use in known_hosts for this host (YAML address and port)."""
     return host.address if host.port == 22 else f"[{host.address}]:{host.port}"
 
 
@@ -111,108 +155,329 @@ def _make_policies():
     return RejectUnknownHost, AcceptNewHost
 
 
-class HostConnection:
-    """One SSH connection to one host, reused by every step of a command."""
+# -- one hop: host key policy, keys, the fabric Connection ----------------------------------------
 
-    def __init__(self, host: Host, ssh: SSHSettings):
+
+def apply_host_key_policy(client: paramiko.SSHClient, hop: Endpoint) -> None:
+    """Load the hop's known_hosts files and install the hop's policy for unknown keys.
+
+    A changed key never reaches a policy: paramiko raises BadHostKeyException first. Jump hosts go
+    through here exactly like targets (their own UserKnownHostsFile / StrictHostKeyChecking).
+    """
+    files = [expand_path(f) for f in hop.known_hosts.value]
+    present = [f for f in files if f.exists()]
+    for known in present:
+        try:
+            client.load_host_keys(str(known))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConnectionFailed(f"cannot read known_hosts file {known}: {exc}") from None
+    if not present and hop.host_key_policy.value == "reject":
+        raise HostKeyRejected(
+            f"known_hosts file {', '.join(map(str, files))} does not exist; host keys cannot be "
+            "verified (set ssh.known_hosts, or use accept-new once)"
+        )
+    reject, accept_new = _make_policies()
+    if hop.host_key_policy.value == "accept-new":
+        client.set_missing_host_key_policy(accept_new(files[0]))
+    else:
+        client.set_missing_host_key_policy(reject())
+
+
+_passphrases: dict[str, str] = {}
+_passphrase_lock = threading.Lock()
+
+
+def _public_blob(key_file: Path) -> bytes | None:
+    """The public key of a private key file, from the ``.pub`` beside it (None when absent)."""
+    import base64
+    import binascii
+
+    try:
+        fields = key_file.with_name(key_file.name + ".pub").read_text().split()
+        return base64.b64decode(fields[1], validate=True) if len(fields) >= 2 else None
+    except (OSError, UnicodeDecodeError, binascii.Error):
+        return None
+
+
+def _agent_keys() -> list:
+    """Keys of the ssh-agent at $SSH_AUTH_SOCK (none when no agent runs)."""
+    import paramiko
+
+    if not os.environ.get("SSH_AUTH_SOCK"):
+        return []
+    agent = paramiko.Agent()
+    try:
+        return list(agent.get_keys())
+    finally:
+        agent.close()
+
+
+def auth_kwargs(hop: Endpoint, label: str) -> dict:
+    """paramiko connect() keyword arguments for the hop's identities and ssh-agent.
+
+    No identity file (YAML or ssh_config): the agent's keys, then ~/.ssh/id_* (as OpenSSH).
+    With identity files: those files; agent keys too unless IdentitiesOnly. A passphrase-protected
+    file is used through the agent when the agent holds it, asked for on a terminal, and otherwise
+    refused with a clear error: a cron job must never hang on a prompt nobody sees.
+    """
+    import paramiko
+
+    files = [expand_path(f) for f in hop.identity_files.value]
+    if not files:
+        return {"allow_agent": True, "look_for_keys": True}
+    existing = [f for f in files if f.is_file()]
+    if not existing and hop.identity_files.source == "yaml":
+        raise ConnectionFailed(f"{label}: identity_file {files[0]} does not exist")
+    if not existing:
+        # OpenSSH skips IdentityFile entries that do not exist; so do we.
+        return {"allow_agent": True, "look_for_keys": not hop.identities_only.value}
+    kwargs: dict = {"look_for_keys": False, "allow_agent": not hop.identities_only.value}
+    usable: list[str] = []
+    agent_keys = None
+    for key_file in existing:
+        try:
+            paramiko.PKey.from_path(key_file)
+            usable.append(str(key_file))
+            continue
+        except paramiko.PasswordRequiredException:
+            pass
+        except (paramiko.SSHException, ValueError, OSError) as exc:
+            raise ConnectionFailed(f"{label}: identity file {key_file} is not a private key "
+                                   f"deployctl can read: {exc}") from None
+        if agent_keys is None:
+            agent_keys = _agent_keys()
+        blob = _public_blob(key_file)
+        in_agent = [k for k in agent_keys if blob is not None and k.asbytes() == blob]
+        if in_agent:
+            kwargs["pkey"] = in_agent[0]
+            continue
+        if sys.stdin is not None and sys.stdin.isatty():
+            with _passphrase_lock:
+                if str(key_file) not in _passphrases:
+                    _passphrases[str(key_file)] = getpass.getpass(f"Passphrase for {key_file}: ")
+            kwargs["passphrase"] = _passphrases[str(key_file)]
+            usable.append(str(key_file))
+            continue
+        if agent_keys and blob is None and not hop.identities_only.value:
+            continue  # no .pub to compare with: let the agent's keys try
+        raise ConnectionFailed(
+            f"{label}: identity file {key_file} is protected by a passphrase and stdin is not a "
+            "terminal, so deployctl does not ask for it; load it into ssh-agent "
+            f"(`ssh-add {key_file}`, with SSH_AUTH_SOCK set for deployctl) or use a key without "
+            "a passphrase"
+        )
+    if usable:
+        kwargs["key_filename"] = usable
+    elif "pkey" not in kwargs:
+        kwargs["allow_agent"] = True  # only the agent's keys are left to try
+    return kwargs
+
+
+_hop_class = None
+
+
+def _hop_connection_class():
+    """fabric.Connection whose gateway channel honours the connect timeout.
+
+    fabric 3.2's ``open_gateway`` opens the direct-tcpip channel without a timeout, and paramiko's
+    default is an hour: a target the jump host cannot reach would hang the run.
+    """
+    global _hop_class
+    if _hop_class is None:
+        import fabric
+
+        class HopConnection(fabric.Connection):
+            def open_gateway(self):
+                self.gateway.open()
+                return self.gateway.transport.open_channel(
+                    kind="direct-tcpip", dest_addr=(self.host, int(self.port)), src_addr=("", 0),
+                    timeout=self.connect_timeout,
+                )
+
+        _hop_class = HopConnection
+    return _hop_class
+
+
+def build_hop_connection(hop: Endpoint, gateway: fabric.Connection | None, label: str) -> fabric.Connection:
+    """An unopened fabric Connection for one hop, through ``gateway`` (the previous hop) if any."""
+    import fabric
+
+    timeout = hop.connect_timeout_s.value
+    connect_kwargs: dict = {
+        "banner_timeout": timeout,
+        "auth_timeout": timeout,
+        "channel_timeout": timeout,
+        **auth_kwargs(hop, label),
+    }
+    # fabric's own ssh_config loading stays off: deployctl resolved the settings itself
+    # (deploy/ssh_config.py) and fabric would apply ProxyJump without any host key check.
+    config = fabric.Config(overrides={"load_ssh_configs": False})
+    conn = _hop_connection_class()(
+        hop.hostname.value, user=hop.user.value, port=hop.port.value, config=config,
+        connect_timeout=timeout, connect_kwargs=connect_kwargs, gateway=gateway,
+    )
+    apply_host_key_policy(conn.client, hop)
+    return conn
+
+
+def _transient(exc: BaseException) -> bool:
+    import paramiko
+
+    if isinstance(exc, (HostKeyRejected, ConnectionFailed, paramiko.BadHostKeyException,
+                        paramiko.AuthenticationException)):
+        return False
+    return isinstance(
+        exc,
+        (socket.timeout, TimeoutError, ConnectionError, EOFError,
+         paramiko.ssh_exception.NoValidConnectionsError, paramiko.SSHException),
+    )
+
+
+def open_hop(hop: Endpoint, gateway: fabric.Connection | None, retries: int, label: str) -> fabric.Connection:
+    """Connect one hop (retrying refused/timed-out connects); errors are DeployErrors naming ``label``."""
+    import paramiko
+    from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+    @retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(retries + 1),
+           wait=wait_exponential(multiplier=0.5, max=5), reraise=True)
+    def attempt() -> fabric.Connection:
+        conn = build_hop_connection(hop, gateway, label)
+        try:
+            conn.open()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    try:
+        return attempt()
+    except ConnectionFailed as exc:
+        text = str(exc)
+        if text.startswith(label):
+            raise
+        raise type(exc)(f"{label}: {text}") from None
+    except paramiko.PasswordRequiredException as exc:
+        raise ConnectionFailed(f"{label}: authentication failed: {exc} (load the key into ssh-agent)") from None
+    except paramiko.BadHostKeyException as exc:
+        raise HostKeyRejected(
+            f"{label}: REMOTE HOST KEY CHANGED: got {exc.key.get_name()} {exc.key.fingerprint}, "
+            f"known_hosts has {exc.expected_key.fingerprint}. Refusing to connect (possible "
+            "man-in-the-middle, or the host was reinstalled: remove the old key to proceed)"
+        ) from None
+    except paramiko.AuthenticationException as exc:
+        raise ConnectionFailed(f"{label}: authentication failed: {exc}") from None
+    except socket.gaierror as exc:
+        raise ConnectionFailed(f"{label}: cannot resolve address: {exc}") from None
+    except paramiko.ChannelException as exc:
+        raise ConnectionFailed(f"{label}: the jump host could not open a channel to it: {exc}") from None
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        raise ConnectionFailed(f"{label}: cannot connect: {exc or type(exc).__name__}") from None
+
+
+def _hop_label(hop: Endpoint) -> str:
+    return f"{hop.role} {hop.alias} ({hop.user.value}@{hop.hostname.value}:{hop.port.value})"
+
+
+class JumpConnections:
+    """Jump-host connections shared by all targets of one run: one per distinct hop chain.
+
+    Targets behind the same bastion each get a direct-tcpip channel on the ONE connection to it
+    (paramiko's Transport multiplexes channels and is thread-safe), so 8 hosts behind a bastion
+    cost the bastion one login, not 8. A jump host that failed is not retried by the next target
+    of the same run: every target gets the same error.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hop_locks: dict[tuple, threading.Lock] = {}
+        self._conns: dict[tuple, fabric.Connection] = {}
+        self._failures: dict[tuple, ConnectionFailed] = {}
+        self._order: list[tuple] = []
+
+    def gateway_for(self, endpoint: Endpoint, retries: int) -> fabric.Connection | None:
+        """The open connection to the last jump hop before ``endpoint`` (None: direct)."""
+        return self._open(endpoint.jumps[-1], retries) if endpoint.jumps else None
+
+    def _open(self, hop: Endpoint, retries: int) -> fabric.Connection:
+        key = hop.chain_key()
+        with self._lock:
+            lock = self._hop_locks.setdefault(key, threading.Lock())
+        with lock:
+            if key in self._failures:
+                raise self._failures[key]
+            conn = self._conns.get(key)
+            if conn is not None and conn.is_connected:
+                return conn
+            if conn is not None:
+                conn.close()  # dropped: reconnect, between commands only
+            gateway = self._open(hop.jumps[-1], retries) if hop.jumps else None
+            try:
+                conn = open_hop(hop, gateway, retries, _hop_label(hop))
+            except ConnectionFailed as exc:
+                self._failures[key] = exc
+                raise
+            self._conns[key] = conn
+            if key not in self._order:
+                self._order.append(key)
+            return conn
+
+    def close(self) -> None:
+        with self._lock:
+            for key in reversed(self._order):  # innermost hops first
+                self._conns.pop(key).close()
+            self._order.clear()
+
+    def __enter__(self) -> JumpConnections:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class HostConnection:
+    """One SSH connection to one host, reused by every step of a command.
+
+    ``jumps`` is the run's shared :class:`JumpConnections`; without one the connection keeps its
+    own (closed with it).
+    """
+
+    def __init__(self, host: Host, ssh: SSHSettings, jumps: JumpConnections | None = None,
+                 ssh_config: SSHConfigSource | None = None):
         self.host = host
         self.ssh = ssh
         self._conn: fabric.Connection | None = None
         self._home: str | None = None
+        self._own_jumps = jumps is None
+        self._jumps = jumps if jumps is not None else JumpConnections()
+        self._ssh_config = ssh_config
+        self._endpoint: Endpoint | None = None
 
     # -- connecting -------------------------------------------------------------------------
-    def _new_connection(self) -> fabric.Connection:
-        import fabric
+    @property
+    def endpoint(self) -> Endpoint:
+        """The effective SSH settings of this host (YAML over ssh_config over defaults)."""
+        if self._endpoint is None:
+            source = self._ssh_config or cached_ssh_config(self.ssh)
+            self._endpoint = resolve_endpoint(self.host, self.ssh, source)
+        return self._endpoint
 
-        known_hosts = Path(os.path.expanduser(self.ssh.known_hosts))
-        config = fabric.Config(overrides={"load_ssh_configs": False})
-        connect_kwargs: dict = {
-            "banner_timeout": self.ssh.connect_timeout_s,
-            "auth_timeout": self.ssh.connect_timeout_s,
-            "channel_timeout": self.ssh.connect_timeout_s,
-        }
-        if self.host.identity_file:
-            key = Path(os.path.expanduser(self.host.identity_file))
-            if not key.is_file():
-                raise ConnectionFailed(f"{_host_label(self.host)}: identity_file {key} does not exist")
-            connect_kwargs["key_filename"] = str(key)
-            connect_kwargs["look_for_keys"] = False
-        conn = fabric.Connection(
-            self.host.address,
-            user=self.host.user,
-            port=self.host.port,
-            config=config,
-            connect_timeout=self.ssh.connect_timeout_s,
-            connect_kwargs=connect_kwargs,
-        )
-        reject, accept_new = _make_policies()
-        client = conn.client
-        if known_hosts.exists():
-            try:
-                client.load_host_keys(str(known_hosts))
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ConnectionFailed(f"cannot read known_hosts file {known_hosts}: {exc}") from None
-        elif self.ssh.host_key_policy == "reject":
-            raise HostKeyRejected(
-                f"{_host_label(self.host)}: known_hosts file {known_hosts} does not exist; "
-                "host keys cannot be verified (set ssh.known_hosts, or use accept-new once)"
-            )
-        if self.ssh.host_key_policy == "accept-new":
-            client.set_missing_host_key_policy(accept_new(known_hosts))
-        else:
-            client.set_missing_host_key_policy(reject())
-        return conn
+    @property
+    def label(self) -> str:
+        try:
+            ep = self.endpoint
+        except DeployError:
+            return _host_label(self.host)
+        via = f" via {', '.join(j.alias for j in ep.jumps)}" if ep.jumps else ""
+        return f"{self.host.name} ({ep.user.value}@{ep.hostname.value}:{ep.port.value}{via})"
 
     def connect(self) -> None:
-        import paramiko
-        from tenacity import (
-            retry,
-            retry_if_exception,
-            stop_after_attempt,
-            wait_exponential,
-        )
-
-        def transient(exc: BaseException) -> bool:
-            if isinstance(exc, (HostKeyRejected, paramiko.BadHostKeyException, paramiko.AuthenticationException)):
-                return False
-            return isinstance(
-                exc,
-                (socket.timeout, TimeoutError, ConnectionError, EOFError,
-                 paramiko.ssh_exception.NoValidConnectionsError, paramiko.SSHException),
-            )
-
-        @retry(
-            retry=retry_if_exception(transient),
-            stop=stop_after_attempt(self.ssh.connect_retries + 1),
-            wait=wait_exponential(multiplier=0.5, max=5),
-            reraise=True,
-        )
-        def attempt() -> fabric.Connection:
-            conn = self._new_connection()
-            try:
-                conn.open()
-            except BaseException:
-                conn.close()
-                raise
-            return conn
-
-        label = _host_label(self.host)
+        endpoint = self.endpoint
+        label = self.label
         try:
-            self._conn = attempt()
-        except HostKeyRejected as exc:
-            raise HostKeyRejected(f"{label}: {exc}") from None
-        except paramiko.BadHostKeyException as exc:
-            raise HostKeyRejected(
-                f"{label}: REMOTE HOST KEY CHANGED: got {exc.key.get_name()} {exc.key.fingerprint}, "
-                f"known_hosts has {exc.expected_key.fingerprint}. Refusing to connect (possible "
-                "man-in-the-middle, or the host was reinstalled: remove the old key to proceed)"
-            ) from None
-        except paramiko.AuthenticationException as exc:
-            raise ConnectionFailed(f"{label}: authentication failed: {exc}") from None
-        except socket.gaierror as exc:
-            raise ConnectionFailed(f"{label}: cannot resolve address: {exc}") from None
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise ConnectionFailed(f"{label}: cannot connect: {exc or type(exc).__name__}") from None
+            gateway = self._jumps.gateway_for(endpoint, self.ssh.connect_retries)
+        except ConnectionFailed as exc:
+            raise type(exc)(f"{self.host.name}: {exc}") from None
+        self._conn = open_hop(endpoint, gateway, self.ssh.connect_retries, label)
 
     def _live(self) -> fabric.Connection:
         transport = self._conn.client.get_transport() if self._conn else None
@@ -228,6 +493,8 @@ class HostConnection:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if self._own_jumps:
+            self._jumps.close()
 
     def __enter__(self) -> HostConnection:
         return self
@@ -252,18 +519,18 @@ class HostConnection:
             )
         except CommandTimedOut:
             raise StepTimeout(
-                f"{_host_label(self.host)}: command did not finish within {timeout:.0f} s: {command[:200]}"
+                f"{self.label}: command did not finish within {timeout:.0f} s: {command[:200]}"
             ) from None
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise ConnectionFailed(
-                f"{_host_label(self.host)}: connection lost while running a command ({exc}); "
+                f"{self.label}: connection lost while running a command ({exc}); "
                 "it was not retried because it may have had side effects"
             ) from None
         exit_code = result.exited
         duration = time.monotonic() - started
         if exit_code == 124 and duration >= timeout - 1:
             raise StepTimeout(
-                f"{_host_label(self.host)}: command did not finish within {timeout:.0f} s: {command[:200]}"
+                f"{self.label}: command did not finish within {timeout:.0f} s: {command[:200]}"
             )
         return CommandResult(
             command=command,
@@ -278,7 +545,7 @@ class HostConnection:
         if not result.ok:
             detail = (result.stderr.strip() or result.stdout.strip())[-800:]
             raise RemoteCommandFailed(
-                f"{_host_label(self.host)}: {what} failed with exit code {result.exit_code}: {detail}"
+                f"{self.label}: {what} failed with exit code {result.exit_code}: {detail}"
             )
         return result
 
@@ -302,7 +569,7 @@ class HostConnection:
             conn.put(str(local), remote=remote)
         except (OSError, paramiko.SSHException) as exc:
             raise RemoteCommandFailed(
-                f"{_host_label(self.host)}: SFTP upload of {local} to {remote} failed: {exc}"
+                f"{self.label}: SFTP upload of {local} to {remote} failed: {exc}"
             ) from None
 
     @property
@@ -314,7 +581,7 @@ class HostConnection:
                 from deploy.errors import RemoteOutputError
 
                 raise RemoteOutputError(
-                    f"{_host_label(self.host)}: $HOME is {home!r}; expected an absolute path"
+                    f"{self.label}: $HOME is {home!r}; expected an absolute path"
                 )
             self._home = home.rstrip("/") or "/"
         return self._home

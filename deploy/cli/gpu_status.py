@@ -16,18 +16,19 @@ def gpu_status(globals_, host_names: tuple[str, ...], group: str | None, as_json
     from deploy.cli.common import select_hosts
     from deploy.facts.gpus import read_gpus
     from deploy.fanout import for_each_host, worst_exit_code
-    from deploy.transport import HostConnection
+    from deploy.transport import HostConnection, JumpConnections, describe_endpoints
 
     config = globals_.load()
     hosts = select_hosts(config, list(host_names), group)
 
     def work(host):
-        with HostConnection(host, config.ssh) as conn:
+        with HostConnection(host, config.ssh, jumps) as conn:
             return read_gpus(conn, host.gpus)
 
-    outcomes = for_each_host(hosts, work, config.ssh.max_parallel)
+    with JumpConnections() as jumps:
+        outcomes = for_each_host(hosts, work, config.ssh.max_parallel)
     if as_json:
-        render.print_json(render.gpu_status_document(outcomes))
+        render.print_json(render.gpu_status_document(outcomes, describe_endpoints(hosts, config.ssh)))
     else:
         render.gpu_status_tables(outcomes, render.console())
     return int(worst_exit_code(outcomes))

@@ -48,11 +48,14 @@ def _execute(globals_, command: str, default_playbook: str, run_name, host_names
         playbook = playbook.with_settings(step, **updates)
     tokens = draft_tokens if draft_tokens is not None else run.draft_tokens
     if dry_run:
+        from deploy.transport import describe_endpoints
+
         plans = plan_playbook(playbook, run, hosts, tokens)
+        endpoints = describe_endpoints(hosts, config.ssh)
         if as_json:
-            render.print_json(render.plan_document(command, run.name, plans))
+            render.print_json(render.plan_document(command, run.name, plans, endpoints))
         else:
-            render.plan_text(command, plans, render.console())
+            render.plan_text(command, plans, render.console(), endpoints)
         return 0
     reports = run_playbook(config, playbook, run, hosts, tokens, render.progress_printer())
     if as_json:
@@ -111,7 +114,7 @@ def logs(globals_, run_name, host_names, lines: int, follow: bool) -> int:
     from deploy.fanout import for_each_host, worst_exit_code
     from deploy.shell import quote_path
     from deploy.steps.base import StatePaths
-    from deploy.transport import HostConnection
+    from deploy.transport import HostConnection, JumpConnections
 
     config = globals_.load()
     _, hosts = _run_and_hosts(config, run_name, host_names)
@@ -127,11 +130,12 @@ def logs(globals_, run_name, host_names, lines: int, follow: bool) -> int:
         return 0
 
     def work(host):
-        with HostConnection(host, config.ssh) as conn:
+        with HostConnection(host, config.ssh, jumps) as conn:
             return conn.check(f"tail -n {lines} -- {quote_path(StatePaths(host.state_dir).latest_log)}",
                               what="reading the server log").stdout
 
-    outcomes = for_each_host(hosts, work, config.ssh.max_parallel)
+    with JumpConnections() as jumps:
+        outcomes = for_each_host(hosts, work, config.ssh.max_parallel)
     for outcome in outcomes:
         click.echo(f"==> {outcome.host.name}: {StatePaths(outcome.host.state_dir).latest_log} <==")
         if outcome.error is not None:

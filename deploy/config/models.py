@@ -38,6 +38,10 @@ class Strict(BaseModel):
 
 
 class SSHSettings(Strict):
+    #: OpenSSH client config to honour (Host aliases, HostName, User, Port, IdentityFile,
+    #: ProxyJump...). Unset: ~/.ssh/config when it exists; ``none``: ignore ssh_config.
+    #: Values set in this YAML win over ssh_config (see deploy/ssh_config.py).
+    config_file: Annotated[str, Field(min_length=1)] | None = None
     known_hosts: str = "~/.ssh/known_hosts"
     #: ``reject``: unknown host keys are refused (OpenSSH StrictHostKeyChecking=yes).
     #: ``accept-new``: an unknown key is accepted and recorded; a changed key is still refused.
@@ -50,6 +54,7 @@ class SSHSettings(Strict):
 
 class Host(Strict):
     name: Name
+    #: an IP, a DNS name, or a Host alias of the user's ssh_config
     address: Annotated[str, Field(min_length=1, max_length=253)]
     port: Annotated[int, Field(ge=1, le=65535)] = 22
     user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")] = "root"

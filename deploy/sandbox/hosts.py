@@ -775,6 +775,9 @@ def deployctl_config(state: dict) -> dict:
     hosts = state["hosts"]
     return {
         "ssh": {
+            # the sandbox describes its hosts completely; the machine's ~/.ssh/config must not
+            # redirect them (tests of ssh_config handling set their own file)
+            "config_file": "none",
             "known_hosts": state["known_hosts"],
             "host_key_policy": "reject",
             "connect_timeout_s": 10,
