@@ -64,11 +64,25 @@ def _context(host: Host, run: Run, settings, conn, draft_tokens: int, stamp: str
                        cancelled=cancelled or threading.Event())
 
 
-def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host], draft_tokens: int) -> dict[str, list[tuple[str, list[PlannedCommand]]]]:
-    """Every command each host would run, in order; touches nothing."""
+def network_host(host: Host, address: str) -> Host:
+    """The host as its steps see it: ``address`` is where it is on the network.
+
+    The YAML address may be an ssh_config alias (``gpu-a``) that only ssh understands; SGLang's
+    default bind address (a run without serve_host) must be the HostName it resolves to.
+    """
+    return host if address == host.address else host.model_copy(update={"address": address})
+
+
+def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host], draft_tokens: int,
+                  addresses: dict[str, str] | None = None) -> dict[str, list[tuple[str, list[PlannedCommand]]]]:
+    """Every command each host would run, in order; touches nothing.
+
+    ``addresses``: host name -> network address (the ssh_config HostName), where known.
+    """
     stamp = launch_stamp()
     plans: dict[str, list[tuple[str, list[PlannedCommand]]]] = {}
     for host in hosts:
+        host = network_host(host, (addresses or {}).get(host.name, host.address))
         memory: dict[str, Any] = {}
         steps = []
         for step in playbook.steps:
@@ -91,6 +105,7 @@ def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, draft
         report.error = exc
         report.steps = [StepRecord(s.name, "not-run") for s in playbook.steps]
         return report
+    host = network_host(host, conn.endpoint.hostname.value)
     with conn:
         failed = False
         for step in playbook.steps:

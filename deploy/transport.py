@@ -200,16 +200,17 @@ def _public_blob(key_file: Path) -> bytes | None:
 
 
 def _agent_keys() -> list:
-    """Keys of the ssh-agent at $SSH_AUTH_SOCK (none when no agent runs)."""
+    """Keys of the ssh-agent at $SSH_AUTH_SOCK (none when no agent runs).
+
+    The agent connection stays open (closed when the keys are garbage-collected): an AgentKey
+    signs through it during authentication. One connection per call, never shared between
+    threads: the agent protocol has no request ids, concurrent signatures would interleave.
+    """
     import paramiko
 
     if not os.environ.get("SSH_AUTH_SOCK"):
         return []
-    agent = paramiko.Agent()
-    try:
-        return list(agent.get_keys())
-    finally:
-        agent.close()
+    return list(paramiko.Agent().get_keys())
 
 
 def auth_kwargs(hop: Endpoint, label: str) -> dict:
@@ -239,7 +240,9 @@ def auth_kwargs(hop: Endpoint, label: str) -> dict:
             paramiko.PKey.from_path(key_file)
             usable.append(str(key_file))
             continue
-        except paramiko.PasswordRequiredException:
+        except (paramiko.PasswordRequiredException, TypeError):
+            # an encrypted PEM key raises the former; an encrypted OpenSSH-format key the latter
+            # (cryptography's "Key is password-protected, but password was not provided").
             pass
         except (paramiko.SSHException, ValueError, OSError) as exc:
             raise ConnectionFailed(f"{label}: identity file {key_file} is not a private key "

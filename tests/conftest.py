@@ -64,6 +64,29 @@ def sandbox(sandbox_machine_lock):
         stop_sandbox(SANDBOX_ROOT)
 
 
+JUMP_SANDBOX_ROOT = Path(os.environ.get("DEPLOYCTL_TEST_JUMP_SANDBOX_ROOT", "/var/tmp/deployctl-test-sandbox-jump"))
+#: a bastion and two GPU hosts behind it, on 127.0.0.30-32 (sb1-3 use .10-12, the demo .20+)
+JUMP_SANDBOX_HOSTS = ("jump", "jt1", "jt2")
+JUMP_ADDRESS_BASE = 30
+
+
+@pytest.fixture(scope="session")
+def jump_sandbox(sandbox_machine_lock):
+    """A jump host and two targets behind it, 2 simulated GPUs each.
+
+    sshd runs at LogLevel DEBUG: OpenSSH 9.2 at VERBOSE does not log forwarded direct-tcpip
+    channels; DEBUG logs one ``server_request_direct_tcpip`` line per channel, which tests count.
+    """
+    from deploy.sandbox.hosts import start_sandbox, stop_sandbox
+
+    sb = start_sandbox(JUMP_SANDBOX_ROOT, JUMP_SANDBOX_HOSTS, gpus=2, address_base=JUMP_ADDRESS_BASE,
+                       stop_at_exit=True, log_level="DEBUG")
+    try:
+        yield sb
+    finally:
+        stop_sandbox(JUMP_SANDBOX_ROOT)
+
+
 @pytest.fixture
 def clean_sandbox(sandbox):
     sandbox.reset()

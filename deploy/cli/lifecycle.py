@@ -50,8 +50,9 @@ def _execute(globals_, command: str, default_playbook: str, run_name, host_names
     if dry_run:
         from deploy.transport import describe_endpoints
 
-        plans = plan_playbook(playbook, run, hosts, tokens)
         endpoints = describe_endpoints(hosts, config.ssh)
+        addresses = {n: e["hostname"]["value"] for n, e in endpoints.items() if "hostname" in e}
+        plans = plan_playbook(playbook, run, hosts, tokens, addresses)
         if as_json:
             render.print_json(render.plan_document(command, run.name, plans, endpoints))
         else:

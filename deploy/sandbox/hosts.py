@@ -130,6 +130,10 @@ class Sandbox:
             argv += ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
         return argv + [f"{h.user}@{h.address}", command]
 
+    def sshd_log(self, name: str) -> Path:
+        """Host ``name``'s sshd log (sshd -e: everything it logs at the sandbox's LogLevel)."""
+        return self.root / "sshd" / self.host(name).name / "sshd.log"
+
     def run(self, name: str, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """Run ``command`` on host ``name`` over real ssh; never raises on a non-zero exit."""
         return subprocess.run(self.ssh_argv(name, command), stdin=subprocess.DEVNULL,
@@ -569,7 +573,7 @@ UseDNS no
 X11Forwarding no
 PrintMotd no
 PrintLastLog no
-LogLevel INFO
+LogLevel {host.get('log_level', 'INFO')}
 MaxStartups 64:30:128
 MaxSessions 64
 LoginGraceTime 30
@@ -635,13 +639,17 @@ def start_sandbox(
     *,
     address_base: int = FIRST_ADDRESS_OCTET,
     stop_at_exit: bool = False,
+    log_level: str = "INFO",
 ) -> Sandbox:
     """Start one simulated GPU host per name under ``root`` and write ``root/deployctl.yaml``.
 
     Host i listens on 127.0.0.(address_base + i). Whatever is recorded under ``root`` from an
     earlier run (a crashed test session) is stopped first. With ``stop_at_exit`` the sandbox is
-    also stopped when this Python process exits normally.
+    also stopped when this Python process exits normally. ``log_level`` is sshd's LogLevel
+    (VERBOSE logs each forwarded direct-tcpip channel, which the jump-host tests count).
     """
+    if log_level not in ("INFO", "VERBOSE", "DEBUG", "DEBUG1", "DEBUG2", "DEBUG3"):
+        raise SandboxError(f"log_level {log_level!r}: expected INFO, VERBOSE or DEBUG[1-3]")
     reason = sandbox_unavailable_reason()
     if reason:
         raise SandboxError(f"cannot start the sandbox: {reason}")
@@ -711,7 +719,7 @@ def start_sandbox(
                     "gpu_glob": f"{home}/dev/nvidia*", "state_dir": str(home / ".deployctl"),
                     "sim_dir": str(home / ".sim"), "sshd_pid": None,
                     "sshd_config": str(root / "sshd" / name / "sshd_config"),
-                    "sshd_log": str(root / "sshd" / name / "sshd.log")}
+                    "sshd_log": str(root / "sshd" / name / "sshd.log"), "log_level": log_level}
             state["hosts"].append(host)
             _run_checked(["useradd", "-M", "-U", "-s", "/bin/bash", "-d", str(home), "-p", "*",
                           "-c", _gecos(root), user], f"useradd {user}")
