@@ -251,7 +251,7 @@ def _jump_chain(proxyjump: str | None, ssh: SSHSettings, source: SSHConfigSource
     for spec in proxyjump.split(","):
         spec = spec.strip()
         user, name, port = _split_jump(spec, source, alias)
-        if name in seen or len(seen) >= MAX_JUMP_HOPS:
+        if name in seen or len(seen) + len(hops) >= MAX_JUMP_HOPS:
             raise ConfigError(f"{_where(source, alias, 'ProxyJump')}: jump chain "
                               f"{' -> '.join((*seen, name))} loops or is longer than {MAX_JUMP_HOPS} hops")
         hop = _resolve_jump(user, name, port, ssh, source, (*seen, name), outermost=not hops)
@@ -298,7 +298,8 @@ def _resolve_jump(user: str | None, name: str, port: int | None, ssh: SSHSetting
     jumps = _jump_chain(options.get("proxyjump"), ssh, source, name, seen) if outermost else ()
     return Endpoint(
         alias=name, role="jump host",
-        hostname=Setting(options["hostname"], "ssh_config" if options["hostname"] != name else "default"),
+        # the hop's name itself came from a ProxyJump line: ssh_config either way
+        hostname=Setting(options["hostname"], "ssh_config"),
         user=user_s, port=port_s,
         identity_files=Setting(files, "ssh_config" if files else "default"),
         jumps=jumps, **common,
