@@ -34,10 +34,18 @@ def _holders_text(row: GpuRow) -> str:
     return "\n".join(parts)
 
 
-def gpu_status_tables(outcomes: Sequence[HostOutcome[list[GpuRow]]], out: Console) -> None:
+def _reached_as(host, endpoint: dict | None) -> str:
+    if endpoint is None or "hostname" not in endpoint:
+        return f"{host.user}@{host.address}:{host.port}"
+    via = "".join(f" via {j['alias']}" for j in endpoint["jumps"][-1:])
+    return f"{endpoint['user']['value']}@{endpoint['hostname']['value']}:{endpoint['port']['value']}{via}"
+
+
+def gpu_status_tables(outcomes: Sequence[HostOutcome[list[GpuRow]]], out: Console,
+                      endpoints: dict | None = None) -> None:
     for outcome in outcomes:
         host = outcome.host
-        title = f"{host.name}  {host.user}@{host.address}:{host.port}"
+        title = f"{host.name}  {_reached_as(host, (endpoints or {}).get(host.name))}"
         if outcome.error is not None:
             out.print(f"[bold]{title}[/bold]  [red]UNREACHABLE/ERROR[/red] (exit {int(outcome.error.exit_code)})")
             out.print(f"  {outcome.error}", markup=False)

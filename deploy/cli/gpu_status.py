@@ -27,8 +27,9 @@ def gpu_status(globals_, host_names: tuple[str, ...], group: str | None, as_json
 
     with JumpConnections() as jumps:
         outcomes = for_each_host(hosts, work, config.ssh.max_parallel)
+    endpoints = describe_endpoints(hosts, config.ssh)
     if as_json:
-        render.print_json(render.gpu_status_document(outcomes, describe_endpoints(hosts, config.ssh)))
+        render.print_json(render.gpu_status_document(outcomes, endpoints))
     else:
-        render.gpu_status_tables(outcomes, render.console())
+        render.gpu_status_tables(outcomes, render.console(), endpoints)
     return int(worst_exit_code(outcomes))

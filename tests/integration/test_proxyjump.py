@@ -377,3 +377,13 @@ def test_direct_connection_failure_behind_bastion_is_exit_4(jump_sb, tmp_path, c
     assert by["jt1"]["ok"] and not by["jt2"]["ok"]
     assert by["jt2"]["error"].startswith("jt2 (dsb-jt2@127.0.0.32:9 via bastion)")
 
+
+
+def test_human_gpu_status_names_the_resolved_address_and_bastion(jump_sb, tmp_path, capsys, no_agent):
+    from deploy.cli.main import main
+
+    path = write_configs(jump_sb, tmp_path, ssh_config_text(jump_sb))
+    assert main(["-c", str(path), "gpu-status", "--host", "jt2"]) == 0
+    out = capsys.readouterr().out
+    b = jump_sb.host("jt2")
+    assert f"jt2  {b.user}@{b.address}:{b.port} via bastion" in out and "2/2 free" in out
