@@ -387,3 +387,56 @@ def test_human_gpu_status_names_the_resolved_address_and_bastion(jump_sb, tmp_pa
     out = capsys.readouterr().out
     b = jump_sb.host("jt2")
     assert f"jt2  {b.user}@{b.address}:{b.port} via bastion" in out and "2/2 free" in out
+
+
+def test_changed_jump_host_key_is_refused_naming_the_jump_host(jump_sb, tmp_path, capsys, no_agent):
+    other = _keygen(tmp_path / "other_host_key")
+    jump = jump_sb.host("jump")
+    forged_line = f"[{jump.address}]:{jump.port} " + " ".join(other.with_name(other.name + ".pub").read_text().split()[:2])
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(ln + "\n" for ln in jump_sb.known_hosts.read_text().splitlines()
+                             if not ln.startswith(f"[{jump.address}]:")) + forged_line + "\n")
+    before = known.read_text()
+    text = ssh_config_text(jump_sb).replace(f"UserKnownHostsFile {jump_sb.known_hosts}\n  StrictHostKeyChecking yes",
+                                            f"UserKnownHostsFile {known}\n  StrictHostKeyChecking accept-new")
+    path = write_configs(jump_sb, tmp_path, text)
+    code, doc = cli_json(capsys, "-c", str(path), "gpu-status", "--json")
+    assert code == ExitCode.CONNECTION
+    for entry in doc["hosts"]:
+        assert "jump host bastion" in entry["error"] and "REMOTE HOST KEY CHANGED" in entry["error"]
+    assert known.read_text() == before
+
+
+def test_accept_new_on_the_jump_host_records_its_key_in_its_own_known_hosts(jump_sb, tmp_path, capsys, no_agent):
+    jump_known = tmp_path / "bastion_known_hosts"  # does not exist yet
+    text = ssh_config_text(jump_sb).replace(f"UserKnownHostsFile {jump_sb.known_hosts}\n  StrictHostKeyChecking yes",
+                                            f"UserKnownHostsFile {jump_known}\n  StrictHostKeyChecking accept-new")
+    path = write_configs(jump_sb, tmp_path, text)
+    code, doc = cli_json(capsys, "-c", str(path), "gpu-status", "--json")
+    assert code == 0, doc
+    jump = jump_sb.host("jump")
+    [line] = jump_known.read_text().splitlines()
+    expected = next(ln for ln in jump_sb.known_hosts.read_text().splitlines() if ln.startswith(f"[{jump.address}]:"))
+    assert line.split()[:3] == expected.split()[:3]
+    # the recorded key is then checked strictly
+    strict = text.replace("StrictHostKeyChecking accept-new", "StrictHostKeyChecking yes")
+    code, doc = cli_json(capsys, "-c", str(write_configs(jump_sb, tmp_path, strict)), "gpu-status", "--json")
+    assert code == 0, doc
+
+
+def test_two_hops_each_hop_forwards_one_channel(jump_sb, tmp_path, capsys, no_agent):
+    """gpu-b behind `ProxyJump bastion,gpu-a`: bastion forwards to jt1, jt1 forwards to jt2."""
+    a, b = jump_sb.host("jt1"), jump_sb.host("jt2")
+    text = ssh_config_text(jump_sb).replace(
+        f"Host gpu-b\n  HostName {b.address}",
+        f"Host gpu-b\n  ProxyJump bastion,gpu-a\n  HostName {b.address}")
+    path = write_configs(jump_sb, tmp_path, text)
+    before = marks(jump_sb)
+    code, doc = cli_json(capsys, "-c", str(path), "gpu-status", "--json", "--host", "jt2")
+    assert code == 0, doc
+    assert [j["alias"] for j in doc["hosts"][0]["ssh"]["jumps"]] == ["bastion", "gpu-a"]
+    assert DIRECT_TCPIP.findall(log_since(jump_sb, "jump", before["jump"])) == [(a.address, str(a.port))]
+    jt1_log = log_since(jump_sb, "jt1", before["jt1"])
+    assert DIRECT_TCPIP.findall(jt1_log) == [(b.address, str(b.port))]
+    assert "Accepted publickey for dsb-jt1" in jt1_log
+    assert "Accepted publickey for dsb-jt2" in log_since(jump_sb, "jt2", before["jt2"])
