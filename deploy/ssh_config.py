@@ -16,7 +16,10 @@ ssh_config wins over deployctl's default. "Set in the YAML" means the key is pre
 from __future__ import annotations
 
 import getpass
+import glob
 import os
+import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
@@ -116,6 +119,39 @@ def ssh_config_path(ssh: SSHSettings) -> str | None:
     return default if os.path.isfile(default) else None
 
 
+#: ``Include`` nesting deeper than this is a loop (OpenSSH's own limit is 16).
+MAX_INCLUDE_DEPTH = 16
+_INCLUDE = re.compile(r"^\s*include(?:\s*=\s*|\s+)(.+?)\s*$", re.IGNORECASE)
+
+
+def inline_includes(text: str, origin: str, depth: int = 0) -> str:
+    """``Include`` lines replaced by the files they name, in place, as OpenSSH reads them.
+
+    paramiko 3-5 keeps ``Include`` as an ordinary option and never opens the file: hosts described
+    in ``~/.ssh/config.d/*`` would silently not exist. Relative names are under ~/.ssh, globs are
+    expanded in sorted order (OpenSSH's glob(3)), a glob matching nothing is fine (as in OpenSSH).
+    """
+    if depth > MAX_INCLUDE_DEPTH:
+        raise ConfigError(f"{origin}: Include nested more than {MAX_INCLUDE_DEPTH} deep (a loop?)")
+    out: list[str] = []
+    for line in text.splitlines():
+        match = _INCLUDE.match(line)
+        if not match:
+            out.append(line)
+            continue
+        for pattern in shlex.split(match.group(1)):
+            pattern = os.path.expanduser(pattern)
+            if not os.path.isabs(pattern):
+                pattern = os.path.join(os.path.expanduser("~/.ssh"), pattern)
+            for included in sorted(glob.glob(pattern)):
+                try:
+                    body = Path(included).read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError) as exc:
+                    raise ConfigError(f"{origin}: Include {included}: cannot read: {exc}") from None
+                out.append(inline_includes(body, included, depth + 1))
+    return "\n".join(out) + "\n"
+
+
 def load_ssh_config(ssh: SSHSettings) -> SSHConfigSource:
     """Read the ssh_config named by the settings (paramiko parses it). Errors name the file."""
     import paramiko
@@ -124,11 +160,14 @@ def load_ssh_config(ssh: SSHSettings) -> SSHConfigSource:
     if path is None:
         return SSHConfigSource(paramiko.SSHConfig(), None)
     try:
-        return SSHConfigSource(paramiko.SSHConfig.from_path(path), path)
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"ssh.config_file: {path} does not exist (use `none` to ignore ssh_config)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"ssh.config_file: cannot read {path}: {exc}") from None
+    text = inline_includes(text, path)
+    try:
+        return SSHConfigSource(paramiko.SSHConfig.from_text(text), path)
     except Exception as exc:  # paramiko raises ConfigParseError / ValueError on bad lines
         raise ConfigError(f"{path}: ssh_config not understood: {exc}") from None
 
@@ -181,8 +220,31 @@ def _host_key_policy(ssh: SSHSettings, options: dict, source: SSHConfigSource, a
                       "expected yes, ask, accept-new or no")
 
 
+def _refuse_unsupported(options: dict, source: SSHConfigSource, alias: str) -> None:
+    """ssh_config options that change where or how OpenSSH connects and deployctl cannot honour.
+
+    Ignoring them would connect somewhere else than ``ssh`` does (ProxyCommand: directly instead
+    of through the command), check the wrong known_hosts name (HostKeyAlias) or use another agent
+    (IdentityAgent): refused with the way out instead.
+    """
+    command = options.get("proxycommand")
+    if command is not None and command.lower() != "none":
+        raise ConfigError(f"{_where(source, alias, 'ProxyCommand')}: not supported by deployctl "
+                          "(it would connect directly instead); use ProxyJump")
+    if "hostkeyalias" in options:
+        raise ConfigError(f"{_where(source, alias, 'HostKeyAlias')}: not supported by deployctl "
+                          "(host keys are checked under the HostName); remove it for this host")
+    agent = options.get("identityagent")
+    if agent is not None and agent not in ("SSH_AUTH_SOCK", "$SSH_AUTH_SOCK"):
+        wanted = os.path.expanduser(agent)
+        if agent.lower() != "none" and wanted != os.environ.get("SSH_AUTH_SOCK"):
+            raise ConfigError(f"{_where(source, alias, 'IdentityAgent')} is {agent!r}: deployctl "
+                              f"uses the agent at $SSH_AUTH_SOCK; run it with SSH_AUTH_SOCK={wanted}")
+
+
 def _common(ssh: SSHSettings, options: dict, source: SSHConfigSource, alias: str) -> dict[str, Setting]:
     """Settings a target and a jump host resolve the same way: timeouts, known_hosts, policy."""
+    _refuse_unsupported(options, source, alias)
     if "connect_timeout_s" in ssh.model_fields_set or "connecttimeout" not in options:
         timeout = Setting(float(ssh.connect_timeout_s),
                           "yaml" if "connect_timeout_s" in ssh.model_fields_set else "default")

@@ -307,3 +307,50 @@ def test_no_default_file_means_no_ssh_config(tmp_path, monkeypatch):
 def test_explicit_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match=r"ssh.config_file: .*nope does not exist \(use `none`"):
         load_ssh_config(SSHSettings(config_file=str(tmp_path / "nope")))
+
+
+# -- Include (paramiko keeps it as an option and never opens the file) ------------------------
+
+
+def test_include_is_inlined_relative_to_dot_ssh_with_globs(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    ssh_dir = tmp_path / ".ssh"
+    (ssh_dir / "config.d").mkdir(parents=True)
+    (ssh_dir / "config.d" / "10-gpu").write_text("Host gpu-a\n  HostName 10.9.9.9\n  User fromd\n")
+    (ssh_dir / "config.d" / "20-nested").write_text(f"Include {tmp_path}/abs.conf\n")
+    (tmp_path / "abs.conf").write_text("Host gpu-b\n  Port 2022\n")
+    (ssh_dir / "config").write_text("Include config.d/*\nInclude nothing-matches-*\nHost *\n  User fallback\n")
+    src = load_ssh_config(SSHSettings())
+    a = resolve_endpoint(host(), SSHSettings(), src)
+    assert (a.hostname.value, a.user.value) == ("10.9.9.9", "fromd")
+    b = resolve_endpoint(Host(name="b", address="gpu-b"), SSHSettings(), src)
+    assert (b.port.value, b.user.value) == (2022, "fallback")
+
+
+def test_include_loop_is_a_config_error(tmp_path):
+    loop = tmp_path / "loop.conf"
+    loop.write_text(f"Include {loop}\n")
+    with pytest.raises(ConfigError, match="Include nested more than 16 deep"):
+        load_ssh_config(SSHSettings(config_file=str(loop)))
+
+
+# -- options deployctl cannot honour are refused, never ignored -------------------------------
+
+@pytest.mark.parametrize("line, keyword", [
+    ("ProxyCommand ssh -W %h:%p bastion", "ProxyCommand"),
+    ("HostKeyAlias other", "HostKeyAlias"),
+    ("IdentityAgent ~/.1password/agent.sock", "IdentityAgent"),
+])
+@pytest.mark.parametrize("where", ["target", "jump"])
+def test_unsupported_options_are_refused(line, keyword, where, monkeypatch):
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    text = (f"Host gpu-a\n  {line}\n" if where == "target"
+            else f"Host gpu-a\n  ProxyJump bastion\nHost bastion\n  {line}\n")
+    with pytest.raises(ConfigError, match=rf"Host {'gpu-a' if where == 'target' else 'bastion'}: {keyword}"):
+        resolve_endpoint(host(), SSHSettings(), source(text))
+
+
+def test_proxycommand_none_and_identity_agent_matching_the_environment_are_fine(monkeypatch, tmp_path):
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "agent.sock"))
+    text = f"Host gpu-a\n  ProxyCommand none\n  IdentityAgent {tmp_path}/agent.sock\n"
+    assert resolve_endpoint(host(), SSHSettings(), source(text)).jumps == ()
