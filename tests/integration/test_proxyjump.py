@@ -440,3 +440,18 @@ def test_two_hops_each_hop_forwards_one_channel(jump_sb, tmp_path, capsys, no_ag
     assert DIRECT_TCPIP.findall(jt1_log) == [(b.address, str(b.port))]
     assert "Accepted publickey for dsb-jt1" in jt1_log
     assert "Accepted publickey for dsb-jt2" in log_since(jump_sb, "jt2", before["jt2"])
+
+
+def test_many_hosts_in_parallel_share_one_bastion_connection(jump_sb, tmp_path, capsys, no_agent):
+    """Six host entries (alternating the two targets) connect concurrently over one bastion login."""
+    path = write_configs(jump_sb, tmp_path, ssh_config_text(jump_sb))
+    doc = yaml.safe_load(path.read_text())
+    doc["hosts"] = [dict(doc["hosts"][i % 2], name=f"g{i}") for i in range(6)]
+    doc["ssh"]["max_parallel"] = 6
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    before = marks(jump_sb)
+    code, out = cli_json(capsys, "-c", str(path), "gpu-status", "--json")
+    assert code == 0, out
+    jump_log = log_since(jump_sb, "jump", before["jump"])
+    assert jump_log.count("Accepted publickey for dsb-jump") == 1
+    assert len(DIRECT_TCPIP.findall(jump_log)) == 6
