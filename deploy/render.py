@@ -170,3 +170,20 @@ def bench_table(rounds, out: Console) -> None:
         table.add_row(row["host"], str(row["draft_tokens"]), fmt(row["accept_length"], ".2f"),
                       fmt(row["output_tok_s"], ".1f"), fmt(row["mean_itl_ms"], ".2f"), result)
     out.print(table)
+
+
+def doctor_document(results) -> dict:
+    """``results``: [(host name, [check dicts])]; the shape `deployctl doctor --json` promises."""
+    return {"hosts": [{"host": name, "ok": all(c["status"] != "fail" for c in checks), "checks": checks}
+                      for name, checks in results]}
+
+
+def doctor_tables(results, out: Console) -> None:
+    style = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+    for name, checks in results:
+        table = Table(title=name, title_justify="left")
+        for column in ("check", "status", "reason", "fix"):
+            table.add_column(column)
+        for c in checks:
+            table.add_row(c["name"], f"[{style[c['status']]}]{c['status']}[/]", c["reason"], c["fix"])
+        out.print(table)

@@ -79,6 +79,8 @@ class Host(Strict):
     #: Persistent directory for helpers, PID files and logs. ``~`` is resolved on the host.
     #: Never under /tmp: the second seed lost its fix script there after a VM crash.
     state_dir: str = "~/.deployctl"
+    #: doctor fails when the state or logs directory has less free space than this
+    min_free_mib: Annotated[int, Field(ge=0)] = 1024
     groups: list[Name] = Field(default_factory=list)
 
     @field_validator("address")

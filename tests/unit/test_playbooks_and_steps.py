@@ -30,8 +30,14 @@ def test_builtin_playbooks_load(name):
 
 def test_up_playbook_order_matches_the_seed_procedure():
     assert [s.name for s in load_playbook("up").steps] == [
-        "ensure-helper", "fix-keys", "stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready",
+        "doctor", "ensure-helper", "fix-keys", "stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready",
         "verify-acceptance"]
+
+
+@pytest.mark.parametrize("name", ["up", "restart", "bench"])
+def test_doctor_runs_before_anything_is_stopped(name):
+    steps = [s.name for s in load_playbook(name).steps]
+    assert steps[0] == "doctor" and steps.index("doctor") < steps.index("stop-stale")
 
 
 def test_unknown_step_and_setting_name_file_and_line(tmp_path):
