@@ -35,7 +35,7 @@ def test_up_converts_launches_and_verifies_acceptance(clean_sandbox, tmp_path, c
     code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--draft-tokens", "16")
     assert code == 0, json.dumps(doc, indent=1)
     steps = steps_of(doc, "sb1")
-    assert [s for s in steps] == ["ensure-helper", "fix-keys", "stop-stale", "free-gpus", "wait-gpus-free",
+    assert [s for s in steps] == ["doctor", "ensure-helper", "fix-keys", "stop-stale", "free-gpus", "wait-gpus-free",
                                   "launch", "wait-ready", "verify-acceptance"]
     assert all(s["status"] == "ok" for s in steps.values())
     assert steps["fix-keys"]["data"]["status"] == "converted" and steps["fix-keys"]["data"]["renamed"] >= 10

@@ -226,7 +226,7 @@ def test_hosts_answer_ssh_as_their_own_user_with_the_stand_ins(clean_sandbox):
                                   'python3 -c "import sglang; print(sglang.__file__, sglang.__version__)"')
         assert res.returncode == 0, res.stderr
         assert res.stdout.split("\n")[:3] == [
-            h.user, f"{h.home}/bin/nvidia-smi", f"{h.home}/pylib/sglang/__init__.py 0.5.9"]
+            h.user, f"{h.home}/bin/nvidia-smi", f"{h.home}/pylib/sglang/__init__.py 0.5.11"]
         assert gpu_used(sandbox, h.name) == [0] * 8
         assert compute_apps(sandbox, h.name) == []
         assert h.gpu_glob == f"{h.home}/dev/nvidia*" and h.gpu_count == 8
