@@ -25,7 +25,7 @@ def doctor(globals_, run_name, host_names, as_json: bool) -> int:
 
     def work(host):
         with HostConnection(host, config.ssh) as conn:
-            return diagnose(conn, host, run, run.draft_tokens, fix_keys_will_run=False)
+            return diagnose(conn, host, run, run.draft_tokens, fix_keys_will_run=False)[0]
 
     results, code = [], ExitCode.OK
     for outcome in for_each_host(hosts, work, config.ssh.max_parallel):

@@ -38,8 +38,9 @@ def diagnose(conn, ctx_host, run, draft_tokens: int, *, fix_keys_will_run: bool)
     from deploy.facts.doctor import read_doctor_facts
 
     facts, sglang, why = read_doctor_facts(conn, ctx_host, run)
-    return run_checks(DoctorInput(ctx_host, run, draft_tokens, facts, sglang, fix_keys_will_run=fix_keys_will_run,
-                                  sglang_error=why))
+    checks = run_checks(DoctorInput(ctx_host, run, draft_tokens, facts, sglang, fix_keys_will_run=fix_keys_will_run,
+                                    sglang_error=why))
+    return checks, (sglang.version if sglang else None)
 
 
 def failure_text(host: str, checks) -> str:
@@ -58,8 +59,10 @@ def failure_text(host: str, checks) -> str:
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    checks = diagnose(ctx.require_conn(), ctx.host, ctx.run, ctx.draft_tokens,
-                      fix_keys_will_run=ctx.settings.fix_keys_will_run)
+    checks, version = diagnose(ctx.require_conn(), ctx.host, ctx.run, ctx.draft_tokens,
+                               fix_keys_will_run=ctx.settings.fix_keys_will_run)
+    if version:
+        ctx.memory["sglang_version"] = version  # fix-keys reuses it: one remote command less
     from deploy.doctor.checks import failed
 
     documents = [c.to_dict() for c in checks]

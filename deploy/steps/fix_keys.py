@@ -103,7 +103,9 @@ def run(ctx: StepContext) -> StepOutcome:
             return StepOutcome("skipped", "drafter unchanged since the last fix", {"fingerprint": recorded})
     version = None
     if ctx.run.sglang_generation == "auto":
-        version = parse_version(conn.run(version_command(ctx), timeout=60), source, ctx.run.sglang_python)
+        # the doctor step already read it from the same package metadata in this run
+        version = ctx.memory.get("sglang_version") or \
+            parse_version(conn.run(version_command(ctx), timeout=60), source, ctx.run.sglang_python)
     result = conn.run(fixer_command(ctx, *convert_flags(ctx, version)), timeout=timeout)
     summary = parse_fixer_json(result, source)
     if summary["status"] == "error":

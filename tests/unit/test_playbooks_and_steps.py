@@ -236,3 +236,24 @@ def test_host_python_version_check(exit_code, stdout, stderr, fragment):
     with pytest.raises(DeployError, match=fragment):
         ensure_helper.check_python_version(CommandResult("x", exit_code, stdout, stderr, 0.0), ctx_for(ensure_helper))
     assert ensure_helper.check_python_version(CommandResult("x", 0, "3.8", "", 0.0), ctx_for(ensure_helper)) == (3, 8)
+
+
+def test_fix_keys_reads_the_sglang_version_from_metadata_not_by_importing():
+    from deploy.steps import fix_keys
+
+    command = fix_keys.version_command(ctx_for(fix_keys))
+    program = shlex.split(command)[2]
+    assert "importlib.metadata" in program and "import sys, sglang" not in program
+    compile(program, "<version>", "exec")
+
+
+def test_doctor_plan_lists_two_commands_and_sends_the_helper_inline():
+    from deploy.steps import doctor
+
+    planned = doctor.plan(ctx_for(doctor))
+    assert len(planned) == 2
+    assert planned[0].command.startswith("python3 -c ") and " host " in planned[0].command
+    assert "'/data/models/Kimi K2.5'" not in planned[0].command  # the spec is one quoted JSON word
+    words = shlex.split(planned[0].command)
+    spec = json.loads(words[-1])
+    assert spec["base_model"] == "/data/models/Kimi K2.5" and spec["drafter"] == "~/drafters/it's"
