@@ -138,7 +138,12 @@ def test_port_already_taken(clean_sandbox, tmp_path, capsys):
     blocker.bind((host.address, 30000))
     blocker.listen(1)
     try:
-        code, doc = cli_json(capsys, "-c", str(one_host_config(clean_sandbox, tmp_path)), "up", "--json")
+        path = one_host_config(clean_sandbox, tmp_path)
+        # the doctor sees the listener (another user's: no pid visible) before anything is stopped
+        code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+        assert code == ExitCode.VERIFY
+        assert "serve-port: port 30000 is held by another process" in steps_of(doc, "sb1")["doctor"]["detail"]
+        code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--ignore-doctor")
     finally:
         blocker.close()
     assert code == ExitCode.FAILED
