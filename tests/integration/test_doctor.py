@@ -188,3 +188,25 @@ def test_ignore_doctor_runs_on_and_verify_still_catches_it(clean_sandbox, tmp_pa
     assert "accept length 1.00" in detail
     causes = detail.split("most likely first:")[1].strip().splitlines()
     assert causes[0].strip().startswith("1. the target does not capture") and "FAILED" in causes[0]
+
+
+def test_two_layer_drafter_on_old_sglang_is_refused_before_the_drafter_is_touched(clean_sandbox, tmp_path, capsys):
+    from deploy.sandbox.drafter import write_eagle3_drafter
+
+    sandbox = clean_sandbox
+    host = sandbox.host("sb1")
+    drafter = host.home / "drafters" / "two-layers"
+    write_eagle3_drafter(drafter, num_layers=2)
+    st = host.home.stat()
+    for dirpath, _, filenames in os.walk(drafter):
+        os.chown(dirpath, st.st_uid, st.st_gid)
+        for name in filenames:
+            os.chown(os.path.join(dirpath, name), st.st_uid, st.st_gid)
+    before = tree_digest(drafter)
+    path = write_config(sandbox, tmp_path, run={"group": None, "hosts": ["sb1"], "drafter": "~/drafters/two-layers"})
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == ExitCode.VERIFY
+    detail = steps_of(doc, "sb1")["doctor"]["detail"]
+    assert detail.splitlines()[1].strip().startswith("drafter-layers: EAGLE3 currently only supports 1 layer"), detail
+    assert steps_of(doc, "sb1")["fix-keys"]["status"] == "not-run"
+    assert tree_digest(drafter) == before
