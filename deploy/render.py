@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from deploy.facts.gpus import GpuRow
 from deploy.fanout import HostOutcome
@@ -185,5 +186,6 @@ def doctor_tables(results, out: Console) -> None:
         for column in ("check", "status", "reason", "fix"):
             table.add_column(column)
         for c in checks:
-            table.add_row(c["name"], f"[{style[c['status']]}]{c['status']}[/]", c["reason"], c["fix"])
+            # reasons quote host output and paths: plain Text, never rich markup
+            table.add_row(c["name"], Text(c["status"], style=style[c["status"]]), Text(c["reason"]), Text(c["fix"]))
         out.print(table)

@@ -361,3 +361,19 @@ def test_unexpected_helper_output_is_an_error(stdout, exit_code):
         parse_host_facts(CommandResult("c", exit_code, stdout, "boom", 0.0), "kimi-a")
     with pytest.raises(RemoteOutputError):
         parse_sglang_facts(CommandResult("c", exit_code, stdout, "boom", 0.0), "kimi-a")
+
+
+def test_helper_is_python38_standard_library_only_and_never_imports_sglang():
+    import ast
+
+    tree = ast.parse(HELPER.read_text(), feature_version=(3, 8))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module.split(".")[0])
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+            assert node.value.id not in ("list", "dict", "tuple", "set", "type"), node.value.id
+    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    assert not imported & {"sglang", "torch", "deploy"}
