@@ -202,7 +202,8 @@ def check_drafter_weights(d: DoctorInput) -> Check:
                      f"{_version_text(d)}'s {fixer.SGLANG_ARCH} and every parameter gets one")
     problems = verification["problems"] or [f"dropped: {verification['dropped']}, missing: {verification['missing']}"]
     first = problems[0]
-    if any(fixer_text in p for p in problems for fixer_text in ("only supports 1 layer",)):
+    if any("only supports 1 layer" in p for p in problems):
+        # the fixer words it as a sentence; the limit itself must lead the reason
         first = f"{ONE_LAYER_LIMIT} ({_version_text(d)}); " + first
     return Check("drafter-weights", "fail", "\n".join([first] + problems[1:6]),
                  "see the first line; `deployctl fix-keys PATH --sglang-version V` lists every gap locally")

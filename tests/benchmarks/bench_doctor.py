@@ -20,6 +20,7 @@ import statistics
 import sys
 import threading
 import time
+import yaml
 from collections import Counter
 from pathlib import Path
 
@@ -68,12 +69,12 @@ def main_bench() -> int:
         sandbox = start_sandbox(SANDBOX_ROOT, NAMES[:max(args.hosts)], gpus=8, stop_at_exit=True)
         try:
             counts, seconds = counting_transport()
-            base = json.loads(json.dumps(__import__("yaml").safe_load(Path(sandbox.config_path).read_text())))
+            base = json.loads(json.dumps(yaml.safe_load(Path(sandbox.config_path).read_text())))
             rows = []
             for n in args.hosts:
                 config = dict(base, runs=[dict(base["runs"][0], group=None, hosts=list(NAMES[:n]))])
                 path = SANDBOX_ROOT / f"bench-doctor-{n}.yaml"
-                path.write_text(__import__("yaml").safe_dump(config))
+                path.write_text(yaml.safe_dump(config))
                 walls = []
                 for _ in range(args.repeat):
                     counts.clear()

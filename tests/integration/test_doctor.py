@@ -12,7 +12,9 @@ import os
 import urllib.request
 
 import pytest
+import yaml
 
+from deploy.cli.main import main
 from deploy.errors import ExitCode
 from tests.integration.helpers import cli_json, cli_json_err, start_stray, wait_until, write_config
 
@@ -107,11 +109,11 @@ def test_failing_doctor_keeps_the_running_server(clean_sandbox, tmp_path, capsys
         ("target-capture", {}, kimi_on_059, "KimiK25ForConditionalGeneration"),
     ]
     for check, overrides, toggle, fragment in cases:
-        config = json.loads(json.dumps(__import__("yaml").safe_load(base.read_text())))
+        config = yaml.safe_load(base.read_text())
         config["runs"][0].update(overrides.get("run", {}))
         config["hosts"][0].update(overrides.get("host", {}))
         path = tmp_path / f"{check}.yaml"
-        path.write_text(__import__("yaml").safe_dump(config))
+        path.write_text(yaml.safe_dump(config))
         if toggle:
             toggle(True)
         try:
@@ -131,7 +133,7 @@ def test_failing_doctor_keeps_the_running_server(clean_sandbox, tmp_path, capsys
     # EAGLE through an argparse prefix in extra_args: refused at config load, nothing contacted
     path = write_config(sandbox, tmp_path, run={"group": None, "hosts": ["sb1"],
                                                 "extra_args": ["--speculative-algo=EAGLE"]})
-    code = __import__("deploy.cli.main", fromlist=["main"]).main(["-c", str(path), "up", "--json"])
+    code = main(["-c", str(path), "up", "--json"])
     err = capsys.readouterr().err
     assert code == ExitCode.CONFIG and "--speculative-algorithm" in err
     assert alive(pid) and health(host.address, 30000) == 200
@@ -170,7 +172,7 @@ def test_doctor_verb_exit_codes(clean_sandbox, tmp_path, capsys):
     # a fresh host: doctor writes nothing, not even its helper
     assert not sandbox.host("sb2").state_dir.exists()
     unreachable = write_config(sandbox, tmp_path, run={"group": None, "hosts": ["sb1"]},
-                               hosts=[{**__import__("yaml").safe_load(path.read_text())["hosts"][0], "port": 1}])
+                               hosts=[{**yaml.safe_load(path.read_text())["hosts"][0], "port": 1}])
     code, doc = cli_json(capsys, "-c", str(unreachable), "doctor", "--json")
     assert code == ExitCode.CONNECTION and doc["hosts"][0]["ok"] is False
 
