@@ -94,6 +94,8 @@ def _simulated(d: DoctorInput):
     SGLang; None when the version or the headers are unknown; the fixer's refusal as text."""
     files = _drafter_files(d)
     version = d.sglang.version if d.sglang and d.sglang.version else None
+    if d.run.sglang_generation != "auto":
+        version = d.run.sglang_generation  # the fix-keys step verifies against the same choice
     if files is None or version is None:
         return None
     try:
