@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from deploy.facts.gpus import GpuRow
 from deploy.fanout import HostOutcome
@@ -204,3 +205,21 @@ def bench_table(rounds, out: Console) -> None:
         table.add_row(row["host"], str(row["draft_tokens"]), fmt(row["accept_length"], ".2f"),
                       fmt(row["output_tok_s"], ".1f"), fmt(row["mean_itl_ms"], ".2f"), result)
     out.print(table)
+
+
+def doctor_document(results) -> dict:
+    """``results``: [(host name, [check dicts])]; the shape `deployctl doctor --json` promises."""
+    return {"hosts": [{"host": name, "ok": all(c["status"] != "fail" for c in checks), "checks": checks}
+                      for name, checks in results]}
+
+
+def doctor_tables(results, out: Console) -> None:
+    style = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+    for name, checks in results:
+        table = Table(title=name, title_justify="left")
+        for column in ("check", "status", "reason", "fix"):
+            table.add_column(column)
+        for c in checks:
+            # reasons quote host output and paths: plain Text, never rich markup
+            table.add_row(c["name"], Text(c["status"], style=style[c["status"]]), Text(c["reason"]), Text(c["fix"]))
+        out.print(table)

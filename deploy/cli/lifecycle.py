@@ -35,6 +35,19 @@ def _run_and_hosts(config, run_name, host_names):
     return run, hosts
 
 
+ignore_doctor_option = click.option(
+    "--ignore-doctor", is_flag=True,
+    help="Run on past failing doctor checks (they are still printed).")
+
+
+def _doctor_override(ignore_doctor: bool) -> dict:
+    if ignore_doctor:
+        click.echo("--ignore-doctor: a failing doctor check will not stop this run; the running server may be "
+                   "stopped for a deploy the doctor expects to fail", err=True)
+        return {"doctor": {"ignore": True}}
+    return {}
+
+
 def _execute(globals_, command: str, default_playbook: str, run_name, host_names, draft_tokens, playbook_name,
              dry_run: bool, as_json: bool, overrides: dict | None = None) -> int:
     from deploy import render
@@ -68,18 +81,20 @@ def _execute(globals_, command: str, default_playbook: str, run_name, host_names
 
 @click.command("up")
 @with_common
+@ignore_doctor_option
 @click.pass_obj
-def up(globals_, **kw) -> int:
-    """Fix the drafter's keys, stop stale python3, free the GPUs, launch SGLang, wait until ready."""
-    return _execute(globals_, "up", "up", **kw)
+def up(globals_, ignore_doctor: bool, **kw) -> int:
+    """Doctor, fix the drafter's keys, stop stale python3, free the GPUs, launch SGLang, wait until ready."""
+    return _execute(globals_, "up", "up", overrides=_doctor_override(ignore_doctor), **kw)
 
 
 @click.command("restart")
 @with_common
+@ignore_doctor_option
 @click.pass_obj
-def restart(globals_, **kw) -> int:
-    """After a checkpoint change: re-fix if the drafter changed, then stop, free, launch, wait."""
-    return _execute(globals_, "restart", "restart", **kw)
+def restart(globals_, ignore_doctor: bool, **kw) -> int:
+    """After a checkpoint change: doctor, re-fix if the drafter changed, then stop, free, launch, wait."""
+    return _execute(globals_, "restart", "restart", overrides=_doctor_override(ignore_doctor), **kw)
 
 
 @click.command("down")
@@ -158,9 +173,10 @@ def logs(globals_, run_name, host_names, lines: int, follow: bool) -> int:
 @click.option("--playbook", "playbook_name", default="bench", show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print every command in order; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report document on stdout.")
+@ignore_doctor_option
 @click.pass_obj
 def bench(globals_, run_name, host_names, draft_tokens, num_prompts, max_concurrency, input_len, output_len,
-          playbook_name, dry_run, as_json) -> int:
+          playbook_name, dry_run, as_json, ignore_doctor) -> int:
     """Redeploy with each --draft-tokens value, verify acceptance, run sglang.bench_serving; compare."""
     from deploy import render
     from deploy.orchestrator import exit_code, plan_playbook, run_playbook
@@ -173,6 +189,8 @@ def bench(globals_, run_name, host_names, draft_tokens, num_prompts, max_concurr
                                  ("input_len", input_len), ("output_len", output_len)) if v is not None}
     if updates:
         playbook = playbook.with_settings("benchmark", **updates)
+    for step, settings in _doctor_override(ignore_doctor).items():
+        playbook = playbook.with_settings(step, **settings)
     sweep = list(draft_tokens) or [run.draft_tokens]
     if dry_run:
         documents = [render.plan_document("bench", run.name, plan_playbook(playbook, run, hosts, t)) | {"draft_tokens": t}

@@ -15,22 +15,41 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 PositiveSeconds = Annotated[float, Field(gt=0, le=24 * 3600)]
 
-# Flags deployctl builds itself from the run's fields; passing them again in extra_args would
-# either conflict or be silently overridden by whichever argparse sees last.
-RESERVED_SGLANG_FLAGS = frozenset(
-    {
-        "--model-path",
-        "--speculative-algorithm",
-        "--speculative-draft-model-path",
-        "--speculative-num-steps",
-        "--speculative-eagle-topk",
-        "--speculative-num-draft-tokens",
-        "--tp-size",
-        "--tp",
-        "--host",
-        "--port",
-    }
-)
+# Options deployctl builds itself from the run's fields, each with the aliases SGLang's
+# server_args.py registers for it. SGLang parses with argparse's default allow_abbrev=True, so an
+# unambiguous prefix (``--speculative-algo=EAGLE``) or an alias (``--tensor-parallel-size``) sets
+# the same option; passed in extra_args it would silently override the run's own value, since
+# argparse keeps whichever occurrence comes last.
+SGLANG_OPTION_ALIASES: dict[str, tuple[str, ...]] = {
+    "--model-path": ("--model-path", "--model"),
+    "--speculative-algorithm": ("--speculative-algorithm",),
+    "--speculative-draft-model-path": ("--speculative-draft-model-path", "--speculative-draft-model"),
+    "--speculative-num-steps": ("--speculative-num-steps",),
+    "--speculative-eagle-topk": ("--speculative-eagle-topk",),
+    "--speculative-num-draft-tokens": ("--speculative-num-draft-tokens",),
+    "--tp-size": ("--tp-size", "--tensor-parallel-size", "--tp"),
+    "--host": ("--host",),
+    "--port": ("--port",),
+}
+RESERVED_SGLANG_FLAGS = frozenset(a for names in SGLANG_OPTION_ALIASES.values() for a in names)
+
+
+def reserved_option_for(arg: str) -> str | None:
+    """The deployctl-set option ``arg`` would set when argparse reads it, or None.
+
+    argparse accepts ``--opt=value`` and, with allow_abbrev, any prefix of a long option that
+    matches one option only; a prefix of several is an "ambiguous option" error at launch, which
+    we refuse here as well rather than find out after stopping the running server.
+    """
+    if not arg.startswith("--") or arg == "--":
+        return None
+    flag = arg.split("=", 1)[0]
+    for option, aliases in SGLANG_OPTION_ALIASES.items():
+        if flag in aliases:
+            return option
+    hits = sorted({option for option, aliases in SGLANG_OPTION_ALIASES.items()
+                   if any(a.startswith(flag) for a in aliases)})
+    return " or ".join(hits) if hits else None
 
 
 class Strict(BaseModel):
@@ -65,6 +84,8 @@ class Host(Strict):
     #: Persistent directory for helpers, PID files and logs. ``~`` is resolved on the host.
     #: Never under /tmp: the second seed lost its fix script there after a VM crash.
     state_dir: str = "~/.deployctl"
+    #: doctor fails when the state or logs directory has less free space than this
+    min_free_mib: Annotated[int, Field(ge=0)] = 1024
     groups: list[Name] = Field(default_factory=list)
 
     @field_validator("address")
@@ -163,10 +184,13 @@ class Run(Strict):
     @classmethod
     def _no_reserved_flags(cls, args: list[str]) -> list[str]:
         for arg in args:
-            flag = arg.split("=", 1)[0]
-            if flag in RESERVED_SGLANG_FLAGS:
+            option = reserved_option_for(arg)
+            if option is not None:
+                flag = arg.split("=", 1)[0]
+                how = "is" if flag == option else f"would be read by SGLang's argparse as {option} (alias or prefix), which is"
                 raise ValueError(
-                    f"{flag} is set by deployctl from the run's own fields; remove it from extra_args"
+                    f"{flag} {how} set by deployctl from the run's own fields; remove it from extra_args "
+                    "(set the run's field instead)"
                 )
         return args
 

@@ -1098,6 +1098,25 @@ def _merged_shapes(headers: List[Header]) -> Dict[str, List[int]]:
     return shapes
 
 
+def simulate_fixed(files: Dict[str, Dict[str, List[int]]], config: Optional[Dict[str, Any]],
+                   generation: str, hidden_states_from: str = "keep"
+                   ) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]], Dict[str, List[int]]]:
+    """What SGLang would load once this fixer ran with its default renames: no file is touched.
+
+    ``files`` maps each safetensors file to its tensor shapes (as read from the headers on the
+    host). Returns (verification, the config as the fixer would write it, the final shapes).
+    deployctl doctor judges a drafter with this before anything on the host is changed.
+    """
+    generation = _resolve_generation(generation)
+    headers = [Header(name, name, 0, b"", dict((k, {"shape": v}) for k, v in tensors.items()), 0)
+               for name, tensors in sorted(files.items())]
+    mapping, _, _ = _plan_renames(headers, list(DEFAULT_RENAMES), False)
+    shapes = dict((mapping.get(k, k), v) for k, v in _merged_shapes(headers).items())
+    if config is not None and _config_kind(config) == "speculators":
+        config, _, _ = _convert_config(config, hidden_states_from, shapes, CONFIG_NAME)
+    return _simulate_load(shapes, config, generation), config, shapes
+
+
 def verify(path: str, generation: str = "legacy") -> Dict[str, Any]:
     """What SGLang of ``generation`` (legacy, modern or a version) would load from the drafter."""
     generation = _resolve_generation(generation)

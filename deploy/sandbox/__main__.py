@@ -30,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--root", type=Path, default=DEFAULT_ROOT)
     start.add_argument("--hosts", type=int, default=1, help="number of hosts: demo1..demoN (default 1)")
     start.add_argument("--gpus", type=int, default=8, help="simulated GPUs per host (default 8)")
-    start.add_argument("--sglang-version", default="0.5.9",
-                       help="version the stand-in SGLang reports and behaves as (default 0.5.9)")
+    start.add_argument("--sglang-version", default="0.5.11",
+                       help="version the stand-in SGLang reports and behaves as (default 0.5.11: the sandbox base model is Kimi-K2.5, which captures aux hidden states from 0.5.10 on)")
     stop = sub.add_parser("stop", help="stop the hosts and delete their users")
     stop.add_argument("--root", type=Path, default=DEFAULT_ROOT)
     stop.add_argument("--purge", action="store_true", help="also delete the root directory")

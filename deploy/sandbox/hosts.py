@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -58,6 +59,9 @@ PROCESS_EXIT_TIMEOUT_S = 5.0
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SIM_NVIDIA_SMI = _PACKAGE_DIR / "sim_nvidia_smi.py"
 _SIM_SGLANG = _PACKAGE_DIR / "sim_sglang" / "sglang"
+_MODEL_SOURCES = _PACKAGE_DIR / "model_sources"
+#: kimi_k25 gains set_eagle3_layers_to_capture in SGLang 0.5.10 (PR #19689)
+_KIMI_HOOK_SINCE = (0, 5, 10)
 _sshd_children: dict[int, subprocess.Popen] = {}
 
 
@@ -160,7 +164,9 @@ class Sandbox:
             _chown_tree(h.home, pw.pw_uid, pw.pw_gid)
 
     def set_sglang_version(self, name: str, version: str) -> None:
-        """Make host ``name``'s stand-in SGLang report and behave as ``version`` (until reset)."""
+        """Make host ``name``'s stand-in SGLang report and behave as ``version`` (until reset):
+        its config, its package metadata and its version-dependent model sources."""
+        _install_sglang_version(self.host(name).home, version)
         config_path = self.host(name).sim_dir / "config.json"
         config = json.loads(config_path.read_text())
         config["sglang_version"] = version
@@ -530,6 +536,7 @@ def _build_home(name: str, home: Path, gpus: int, sglang_version: str, drafter_c
     smi.chmod(0o755)
     shutil.copytree(_SIM_SGLANG, home / "pylib" / "sglang",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    _install_sglang_version(home, sglang_version)
     config = {
         "simulated": True,
         "host": name,
@@ -546,6 +553,26 @@ def _build_home(name: str, home: Path, gpus: int, sglang_version: str, drafter_c
     (sim_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     shutil.copytree(drafter_cache, home / DRAFTER_REL)
     drafter_mod.write_base_model(home / BASE_MODEL_REL)
+
+
+def _install_sglang_version(home: Path, version: str) -> None:
+    """Package metadata (``importlib.metadata.version("sglang")`` reads it) and the model sources
+    whose EAGLE-3 capture hook depends on the version, as a pip install of that version has them."""
+    pylib = home / "pylib"
+    for old in pylib.glob("sglang-*.dist-info"):
+        shutil.rmtree(old)
+    info = pylib / f"sglang-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n"
+        "Summary: SIMULATED SGLang stand-in (deployctl sandbox TEST DOUBLE)\n")
+    (info / "top_level.txt").write_text("sglang\n")
+    numbers = tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+    source = "kimi_k25.py" if numbers >= _KIMI_HOOK_SINCE else "kimi_k25.before-0.5.10.py"
+    shutil.copyfile(_MODEL_SOURCES / source, pylib / "sglang" / "srt" / "models" / "kimi_k25.py")
+    if home.exists():
+        st = home.stat()
+        _chown_tree(pylib, st.st_uid, st.st_gid)
 
 
 def _sshd_config(root: Path, host: dict, host_key: Path, authorized_keys: Path) -> str:
@@ -635,7 +662,7 @@ def start_sandbox(
     root: Path,
     names: Sequence[str] = ("sb1",),
     gpus: int = 8,
-    sglang_version: str = "0.5.9",
+    sglang_version: str = "0.5.11",
     *,
     address_base: int = FIRST_ADDRESS_OCTET,
     stop_at_exit: bool = False,

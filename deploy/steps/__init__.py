@@ -2,6 +2,7 @@
 
 from deploy.steps import (
     benchmark,
+    doctor,
     ensure_helper,
     fix_keys,
     free_gpus,
@@ -14,6 +15,6 @@ from deploy.steps import (
 
 REGISTRY = {
     module.NAME: module
-    for module in (ensure_helper, fix_keys, stop_stale, free_gpus, wait_gpus_free, launch, wait_ready, verify_acceptance,
+    for module in (doctor, ensure_helper, fix_keys, stop_stale, free_gpus, wait_gpus_free, launch, wait_ready, verify_acceptance,
                    benchmark)
 }

@@ -12,6 +12,7 @@ import json
 
 from pydantic import Field
 
+from deploy.doctor.suspects import likely_causes
 from deploy.errors import RemoteOutputError, VerificationFailed
 from deploy.shell import quote, quote_path
 from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
@@ -64,8 +65,13 @@ def run(ctx: StepContext) -> StepOutcome:
     length = float(document["accept_length"])
     data = {k: document.get(k) for k in ("accept_length", "completion_tokens", "spec_verify_ct", "server_avg_spec_accept_length")}
     if length < ctx.settings.min_accept_length:
-        hint = (" — no draft token was accepted: the drafter's weights were likely dropped by the loader "
-                "(layers.0.* vs midlayer.*) or the aux hidden states are not captured") if length < 1.05 else ""
+        hint = ""
+        if length < 1.05:
+            # Ordered by the doctor's facts for this host: a Kimi-K2.5 target on SGLang 0.5.9 never
+            # captures the aux states, yet "keys dropped" used to be blamed first whatever the facts.
+            causes = likely_causes(ctx.memory.get("doctor_checks"))
+            hint = " — no draft token was accepted; likely causes, most likely first:\n" + "\n".join(
+                f"  {i}. {cause}" for i, cause in enumerate(causes, 1))
         raise VerificationFailed(
             f"{ctx.host.name}: accept length {length:.2f} < {ctx.settings.min_accept_length:g}{hint}"
         )

@@ -35,7 +35,7 @@ def test_up_converts_launches_and_verifies_acceptance(clean_sandbox, tmp_path, c
     code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--draft-tokens", "16")
     assert code == 0, json.dumps(doc, indent=1)
     steps = steps_of(doc, "sb1")
-    assert [s for s in steps] == ["ensure-helper", "fix-keys", "stop-stale", "free-gpus", "wait-gpus-free",
+    assert [s for s in steps] == ["doctor", "ensure-helper", "fix-keys", "stop-stale", "free-gpus", "wait-gpus-free",
                                   "launch", "wait-ready", "verify-acceptance"]
     assert all(s["status"] == "ok" for s in steps.values())
     assert steps["fix-keys"]["data"]["status"] == "converted" and steps["fix-keys"]["data"]["renamed"] >= 10
@@ -138,7 +138,12 @@ def test_port_already_taken(clean_sandbox, tmp_path, capsys):
     blocker.bind((host.address, 30000))
     blocker.listen(1)
     try:
-        code, doc = cli_json(capsys, "-c", str(one_host_config(clean_sandbox, tmp_path)), "up", "--json")
+        path = one_host_config(clean_sandbox, tmp_path)
+        # the doctor sees the listener (another user's: no pid visible) before anything is stopped
+        code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+        assert code == ExitCode.VERIFY
+        assert "serve-port: port 30000 is held by another process" in steps_of(doc, "sb1")["doctor"]["detail"]
+        code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--ignore-doctor")
     finally:
         blocker.close()
     assert code == ExitCode.FAILED

@@ -38,7 +38,7 @@ def test_upload_hash_check_reupload_after_wipe_and_convert(clean_sandbox, tmp_pa
     assert not str(state).startswith("/tmp")
     fix = steps["fix-keys"]["data"]
     assert fix["status"] == "converted" and fix["verification"]["ok"] is True
-    assert fix["sglang_version"] == "0.5.9"  # read from the host's installed SGLang
+    assert fix["sglang_version"] == "0.5.11"  # read from the host's installed SGLang
     header = clean_sandbox.run("sb1", "python3 -c \"import json,struct;f=open('drafters/kimi-k25-eagle3/model.safetensors','rb');"
                                "n=struct.unpack('<Q',f.read(8))[0];print(json.dumps(sorted(json.loads(f.read(n)))))\"")
     keys = json.loads(header.stdout)

@@ -168,6 +168,21 @@ def test_loader_name_resolution_follows_sglang_versions():
         ls.eagle3_params(legacy, 2, {})
 
 
+def test_stand_in_collapses_without_capture_and_with_the_cuda_graph_bug():
+    ls = load_launch_module()
+    # read from the stand-in's own model sources: Phi3 inherits the hook from LlamaForCausalLM
+    assert ls.target_capture({"architectures": ["Phi3ForCausalLM"]}, (0, 5, 9)) is None
+    with pytest.raises(ValueError, match="not supported"):
+        ls.target_capture({"architectures": ["NoSuchForCausalLM"]}, (0, 5, 9))
+    kimi = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {"num_hidden_layers": 61}}
+    custom = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 57]}}
+    default = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}}
+    assert "PR #22836" in ls.cuda_graph_capture_bug(custom, kimi, (0, 5, 10), False)
+    assert ls.cuda_graph_capture_bug(custom, kimi, (0, 5, 10), True) is None
+    assert ls.cuda_graph_capture_bug(custom, kimi, (0, 5, 11), False) is None
+    assert ls.cuda_graph_capture_bug(default, kimi, (0, 5, 9), False) is None
+
+
 def test_sim_nvidia_smi_formats_like_the_real_one(tmp_path):
     dev = tmp_path / "dev"
     dev.mkdir()
@@ -226,7 +241,7 @@ def test_hosts_answer_ssh_as_their_own_user_with_the_stand_ins(clean_sandbox):
                                   'python3 -c "import sglang; print(sglang.__file__, sglang.__version__)"')
         assert res.returncode == 0, res.stderr
         assert res.stdout.split("\n")[:3] == [
-            h.user, f"{h.home}/bin/nvidia-smi", f"{h.home}/pylib/sglang/__init__.py 0.5.9"]
+            h.user, f"{h.home}/bin/nvidia-smi", f"{h.home}/pylib/sglang/__init__.py 0.5.11"]
         assert gpu_used(sandbox, h.name) == [0] * 8
         assert compute_apps(sandbox, h.name) == []
         assert h.gpu_glob == f"{h.home}/dev/nvidia*" and h.gpu_count == 8

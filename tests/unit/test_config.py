@@ -107,6 +107,44 @@ def test_reserved_sglang_flag_in_extra_args(tmp_path):
     expect_error(tmp_path, text, "--port is set by deployctl")
 
 
+def _alias_prefix_cases():
+    from deploy.config.models import SGLANG_OPTION_ALIASES
+
+    for option, aliases in SGLANG_OPTION_ALIASES.items():
+        for alias in aliases:
+            for end in range(len("--") + 1, len(alias) + 1):
+                prefix = alias[:end]
+                yield pytest.param(option, prefix, id=f"{prefix}")
+                yield pytest.param(option, prefix + "=1", id=f"{prefix}=1")
+
+
+@pytest.mark.parametrize("option,arg", list(_alias_prefix_cases()))
+def test_every_alias_and_prefix_of_a_reserved_option_is_named(option, arg):
+    from deploy.config.models import reserved_option_for
+
+    found = reserved_option_for(arg)
+    assert found is not None and option in found.split(" or ")
+
+
+@pytest.mark.parametrize("arg", ["--speculative-algo=EAGLE", "--speculative-algorithm", "--tensor-parallel-size=4",
+                                 "--model=/other", "--tp", "--speculative-draft-model"])
+def test_alias_or_prefix_in_extra_args_is_refused_at_load(tmp_path, arg):
+    text = VALID + f"    extra_args: ['{arg}']\n"
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    assert info.value.exit_code == 3
+    assert "set by deployctl" in str(info.value) and "extra_args" in str(info.value)
+
+
+@pytest.mark.parametrize("arg", ["--mem-fraction-static", "0.85", "--disable-cuda-graph", "--tokenizer-path=/x",
+                                 "--speculative-draft-model-revision", "--hostname-override", "--portal",
+                                 "--model-loader-extra-config", "--tp-rank-offset", "-tp", "--"])
+def test_unrelated_options_are_kept(arg):
+    from deploy.config.models import reserved_option_for
+
+    assert reserved_option_for(arg) is None
+
+
 def test_not_yaml_and_not_a_mapping(tmp_path):
     expect_error(tmp_path, "hosts: [\n", "not valid YAML")
     expect_error(tmp_path, "- a\n- b\n", "expected a YAML mapping")

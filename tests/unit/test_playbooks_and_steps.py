@@ -30,8 +30,14 @@ def test_builtin_playbooks_load(name):
 
 def test_up_playbook_order_matches_the_seed_procedure():
     assert [s.name for s in load_playbook("up").steps] == [
-        "ensure-helper", "fix-keys", "stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready",
+        "doctor", "ensure-helper", "fix-keys", "stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready",
         "verify-acceptance"]
+
+
+@pytest.mark.parametrize("name", ["up", "restart", "bench"])
+def test_doctor_runs_before_anything_is_stopped(name):
+    steps = [s.name for s in load_playbook(name).steps]
+    assert steps[0] == "doctor" and steps.index("doctor") < steps.index("stop-stale")
 
 
 def test_unknown_step_and_setting_name_file_and_line(tmp_path):
@@ -230,3 +236,24 @@ def test_host_python_version_check(exit_code, stdout, stderr, fragment):
     with pytest.raises(DeployError, match=fragment):
         ensure_helper.check_python_version(CommandResult("x", exit_code, stdout, stderr, 0.0), ctx_for(ensure_helper))
     assert ensure_helper.check_python_version(CommandResult("x", 0, "3.8", "", 0.0), ctx_for(ensure_helper)) == (3, 8)
+
+
+def test_fix_keys_reads_the_sglang_version_from_metadata_not_by_importing():
+    from deploy.steps import fix_keys
+
+    command = fix_keys.version_command(ctx_for(fix_keys))
+    program = shlex.split(command)[2]
+    assert "importlib.metadata" in program and "import sys, sglang" not in program
+    compile(program, "<version>", "exec")
+
+
+def test_doctor_plan_lists_two_commands_and_sends_the_helper_inline():
+    from deploy.steps import doctor
+
+    planned = doctor.plan(ctx_for(doctor))
+    assert len(planned) == 2
+    assert planned[0].command.startswith("python3 -c ") and " host " in planned[0].command
+    assert "'/data/models/Kimi K2.5'" not in planned[0].command  # the spec is one quoted JSON word
+    words = shlex.split(planned[0].command)
+    spec = json.loads(words[-1])
+    assert spec["base_model"] == "/data/models/Kimi K2.5" and spec["drafter"] == "~/drafters/it's"

@@ -7,6 +7,14 @@ no model and uses no GPU. ``python3 -m sglang.bench_serving`` prints SGLang's be
 from the stand-in's simulated timings. See each module's docstring for what is and is not faithful.
 """
 
-from sglang.version import __version__
+import os
+import time
+
+# A real SGLang (0.5.23) takes ~2.6 s and ~320 MiB to import (torch and friends). The stand-in
+# pays the time too, so a deployctl code path that regresses to `import sglang` (instead of reading
+# the package metadata) shows up in timings. SGLANG_SIM_IMPORT_SECONDS overrides it.
+time.sleep(float(os.environ.get("SGLANG_SIM_IMPORT_SECONDS", "2.5")))
+
+from sglang.version import __version__  # noqa: E402
 
 __all__ = ["__version__"]

@@ -31,8 +31,13 @@ Not faithful:
   finds out when uvicorn starts after loading. Connections are still refused until then.
 - Acceptance is a deterministic model, not a measurement: with every draft tensor loaded, each
   verify step accepts 1 + G tokens, G geometric with p in [0.64, 0.68) (from a hash of the
-  drafter's headers), capped at T - 1 (mean ~2.9 for T = 16, ~2.4 for T = 4). topk > 1, aux layer
-  ids, target capture support and the fc-bypass bug (reference section 3) are NOT modelled.
+  drafter's headers), capped at T - 1 (mean ~2.9 for T = 16, ~2.4 for T = 4). topk > 1 and the
+  +1 shift of aux layer ids are NOT modelled. Modelled (accept len 1.00): a target architecture
+  whose class in this install's srt/models/*.py (read as text; the sandbox installs the sources of
+  the simulated version) has no set_eagle3_layers_to_capture (0.5.23+: ValueError at startup), and
+  custom eagle_config aux ids on 0.5.10 or older without --disable-cuda-graph (PR #22836).
+- ``import sglang`` sleeps SGLANG_SIM_IMPORT_SECONDS (2.5 s, like a real install's import); the
+  package metadata (sglang-<version>.dist-info) is installed by the sandbox.
 - Generated text is filler words; token counts are word counts. No streaming, no tokenizer, no
   batching effects; timings are simulated (a decode step is 19.5 ms) and the real sleep is scaled
   by $SGLANG_SIM_TIME_SCALE.
@@ -327,6 +332,80 @@ def resolve_eagle3_names(names: list[str], version: tuple[int, int, int], params
     return res
 
 
+# --------------------------------------------------------------------------------------------
+# the target's side of EAGLE-3: aux hidden state capture (reference section 3)
+
+_CLASS = re.compile(r"^class\s+(\w+)\s*(?:\(([^)]*)\))?\s*:", re.M)
+_TOP_LEVEL = re.compile(r"^\S", re.M)
+_HOOK = re.compile(r"^\s+def\s+set_eagle3_layers_to_capture\s*\(", re.M)
+
+
+def _model_classes() -> dict[str, tuple[list[str], bool]]:
+    """class -> (bases, defines set_eagle3_layers_to_capture), from THIS install's model sources.
+
+    Read as text from sglang/srt/models/*.py next to this file: the sandbox installs the sources
+    of the simulated version (kimi_k25 gains the hook in 0.5.10), so the answer follows the files,
+    not a table, just as in real SGLang where the method either exists on the model or not.
+    """
+    models = os.path.join(os.path.dirname(os.path.abspath(__file__)), "srt", "models")
+    classes: dict[str, tuple[list[str], bool]] = {}
+    for name in sorted(os.listdir(models)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(models, name)) as f:
+            text = f.read()
+        for m in _CLASS.finditer(text):
+            end = _TOP_LEVEL.search(text, m.end())
+            body = text[m.end():end.start() if end else len(text)]
+            bases = [b.strip().split(".")[-1] for b in (m.group(2) or "").split(",") if b.strip()]
+            classes.setdefault(m.group(1), (bases, bool(_HOOK.search(body))))
+    return classes
+
+
+def _has_hook(classes: dict[str, tuple[list[str], bool]], name: str, depth: int = 0) -> bool:
+    if name not in classes or depth > 16:
+        return False
+    bases, hook = classes[name]
+    return hook or any(_has_hook(classes, b, depth + 1) for b in bases)
+
+
+def target_capture(target_config: dict, version: tuple[int, int, int]) -> str | None:
+    """Why the target sends one hidden state instead of the aux ones, or None when it captures."""
+    archs = [a for a in target_config.get("architectures") or [] if isinstance(a, str)]
+    classes = _model_classes()
+    known = [a for a in archs if a in classes]
+    if not known:
+        raise ValueError(f"Model architectures {archs} are not supported for now. "
+                         f"Supported architectures: {sorted(classes)}")
+    arch = known[0]
+    if _has_hook(classes, arch):
+        return None
+    if version >= (0, 5, 23):
+        raise ValueError(f"Model {arch} does not support EAGLE3 aux hidden state capture "
+                         "(no set_eagle3_layers_to_capture)")
+    # 0.5.22 and older skip capture without a word: fc is bypassed (7168 == 7168).
+    return f"target {arch} has no set_eagle3_layers_to_capture: one hidden state, fc bypassed"
+
+
+def _target_layers(target_config: dict) -> int | None:
+    text = target_config.get("text_config") if isinstance(target_config.get("text_config"), dict) else {}
+    value = text.get("num_hidden_layers", target_config.get("num_hidden_layers"))
+    return value if isinstance(value, int) else None
+
+
+def cuda_graph_capture_bug(draft_config: dict, target_config: dict, version: tuple[int, int, int],
+                           cuda_graph_disabled: bool) -> str | None:
+    """PR #22836 (fixed in 0.5.11): graphed decode captured the default layers, not custom ids."""
+    eagle = draft_config.get("eagle_config")
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
+    layers = _target_layers(target_config)
+    if ids is None or version >= (0, 5, 11) or cuda_graph_disabled:
+        return None
+    if layers is not None and list(ids) == [2, layers // 2, layers - 3]:
+        return None
+    return f"custom aux layer ids {ids} ignored under CUDA graphs (SGLang <= 0.5.10, PR #22836)"
+
+
 @dataclass
 class Speculation:
     algorithm: str | None
@@ -364,6 +443,17 @@ def analyse_speculation(args: argparse.Namespace, version: str) -> Speculation:
         spec.collapse_reason = "EAGLE algorithm with an EAGLE-3 drafter: one hidden state"
         return spec
     vt = version_tuple(version)
+    target = read_json(os.path.join(args.model_path, "config.json"))
+    capture = target_capture(target, vt)
+    if capture is not None:
+        spec.accept_p = 0.0
+        spec.collapse_reason = capture
+        return spec
+    graph_bug = cuda_graph_capture_bug(config, target, vt, args.disable_cuda_graph)
+    if graph_bug is not None:
+        spec.accept_p = 0.0
+        spec.collapse_reason = graph_bug
+        return spec
     layers = drafter_num_layers(config)
     params = eagle3_params(vt, layers, config)
     res = resolve_eagle3_names(names, vt, params)

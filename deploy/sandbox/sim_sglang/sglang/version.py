@@ -1,13 +1,13 @@
 """SIMULATED sglang.version (deployctl sandbox TEST DOUBLE): the version comes from the sim config.
 
 The sandbox writes ``~/.sim/config.json`` with ``sglang_version``; ``$SGLANG_SIM_CONFIG`` points at
-it. Without a config the stand-in reports 0.5.9.
+it. Without a config the stand-in reports 0.5.11.
 """
 
 import json
 import os
 
-DEFAULT_VERSION = "0.5.9"
+DEFAULT_VERSION = "0.5.11"
 
 
 def _configured_version() -> str:

@@ -1,0 +1,48 @@
+"""deployctl doctor: the read-only pre-flight on a run's hosts, by itself."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("doctor")
+@click.option("--run", "run_name", default=None, help="Run from the config (default: the only one).")
+@click.option("--host", "host_names", multiple=True, help="Only these hosts of the run (repeatable).")
+@click.option("--json", "as_json", is_flag=True,
+              help='{"hosts": [{"host", "ok", "checks": [{"name", "status", "reason", "fix"}]}]} on stdout.')
+@click.pass_obj
+def doctor(globals_, run_name, host_names, as_json: bool) -> int:
+    """Check every known silent EAGLE-3 failure on each host; reads, never changes (exit 0 / 8 / 4)."""
+    from deploy import render
+    from deploy.cli.lifecycle import _run_and_hosts
+    from deploy.errors import ExitCode
+    from deploy.fanout import for_each_host
+    from deploy.steps.doctor import diagnose
+    from deploy.transport import HostConnection
+
+    config = globals_.load()
+    run, hosts = _run_and_hosts(config, run_name, host_names)
+
+    def work(host):
+        with HostConnection(host, config.ssh) as conn:
+            return diagnose(conn, host, run, run.draft_tokens, fix_keys_will_run=False)[0]
+
+    results, code = [], ExitCode.OK
+    for outcome in for_each_host(hosts, work, config.ssh.max_parallel):
+        if outcome.error is not None:
+            error = outcome.error
+            checks = [{"name": "reachable", "status": "fail", "reason": str(error),
+                       "fix": "check the host's address, SSH key and known_hosts" if error.exit_code ==
+                       ExitCode.CONNECTION else "see the reason"}]
+            if code == ExitCode.OK:
+                code = ExitCode(error.exit_code)
+        else:
+            checks = [c.to_dict() for c in outcome.value]
+            if code == ExitCode.OK and any(c["status"] == "fail" for c in checks):
+                code = ExitCode.VERIFY
+        results.append((outcome.host.name, checks))
+    if as_json:
+        render.print_json(render.doctor_document(results))
+    else:
+        render.doctor_tables(results, render.console())
+    return int(code)

@@ -1,0 +1,204 @@
+"""The doctor's facts: two host commands (host python, then sglang_python) and strict parsers.
+
+Both commands send ``deploy/remote/doctor_facts.py`` inline (``python3 -c``), so a doctor run
+writes nothing on the host. Each prints one JSON document; anything else (a traceback, a missing
+field, a wrong type) is a RemoteOutputError that quotes it, never "fine".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from deploy.config.models import Host, Run
+from deploy.errors import RemoteOutputError
+from deploy.shell import quote
+from deploy.steps.base import StatePaths
+from deploy.steps.launch import serve_address
+
+HELPER = Path(__file__).resolve().parents[1] / "remote" / "doctor_facts.py"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class PythonFacts(_Strict):
+    executable: str
+    version: str
+
+
+class NvidiaSmiFacts(_Strict):
+    found: bool
+    exit_code: Optional[int]
+    stdout: str
+    stderr: str
+    error: Optional[str]
+
+
+class GpuDeviceFacts(_Strict):
+    pattern: str
+    expanded: str
+    matches: list[str]
+
+
+class PortHolder(_Strict):
+    pid: int
+    session: Optional[int]
+    cmdline: Optional[str]
+
+
+class Listener(_Strict):
+    address: str
+    inode: int
+    holders: list[PortHolder]
+
+
+class ServerPid(_Strict):
+    pid: Optional[int]
+    alive: bool
+    error: Optional[str]
+
+
+class PortFacts(_Strict):
+    port: int
+    listeners: list[Listener]
+    errors: list[str]
+    server: ServerPid
+
+
+class BindFacts(_Strict):
+    address: Optional[str]
+    bindable: bool
+    error: Optional[str]
+
+
+class DirFacts(_Strict):
+    path: str
+    expanded: str
+    exists: bool
+    is_dir: bool
+    writable: bool
+    free_mib: Optional[int]
+    checked: str
+    error: Optional[str]
+
+
+class ModelDirFacts(_Strict):
+    path: str
+    expanded: str
+    exists: bool
+    readable: bool
+    config: Optional[dict[str, Any]]
+    config_error: Optional[str]
+    #: safetensors file -> tensor name -> shape (None: that file's header could not be read)
+    files: Optional[dict[str, Optional[dict[str, list[int]]]]] = None
+    files_error: Optional[str] = None
+
+
+class HostFacts(_Strict):
+    schema_: int
+    mode: str
+    python: PythonFacts
+    nvidia_smi: NvidiaSmiFacts
+    gpu_devices: GpuDeviceFacts
+    port: PortFacts
+    serve_host: BindFacts
+    dirs: dict[str, DirFacts]
+    base_model: ModelDirFacts
+    drafter: ModelDirFacts
+
+
+class ArchitectureFacts(_Strict):
+    class_found: bool
+    file: Optional[str]
+    has_hook: bool
+    via: Optional[str]
+    chain: list[str]
+
+
+class SglangFacts(_Strict):
+    schema_: int
+    mode: str
+    python: PythonFacts
+    found: bool
+    package_dir: Optional[str]
+    version: Optional[str]
+    version_error: Optional[str]
+    models_dir: Optional[str]
+    architectures: dict[str, ArchitectureFacts]
+    imported_sglang: bool
+
+
+def host_spec(host: Host, run: Run) -> dict[str, Any]:
+    paths = StatePaths(host.state_dir)
+    return {
+        "gpu_devices": host.gpu_devices, "port": run.port, "pidfile": paths.pidfile,
+        "serve_host": serve_address(run, host), "dirs": {"state": paths.root, "logs": paths.logs},
+        "base_model": run.base_model, "drafter": run.drafter,
+    }
+
+
+def _inline(python: str, mode: str, spec: dict[str, Any], script: str | None) -> str:
+    program = HELPER.read_text() if script is None else script
+    return f"{quote(python)} -c {quote(program)} {mode} {quote(json.dumps(spec, sort_keys=True))}"
+
+
+def host_command(host: Host, run: Run, *, script: str | None = None) -> str:
+    return _inline(host.python, "host", host_spec(host, run), script)
+
+
+def sglang_command(run: Run, architectures: list[str], *, script: str | None = None) -> str:
+    return _inline(run.sglang_python, "sglang", {"architectures": architectures}, script)
+
+
+def _parse(model: type[BaseModel], result, source: str, what: str):
+    text = result.stdout.strip()
+    lines = text.splitlines()
+    if result.exit_code != 0 or len(lines) != 1:
+        detail = (result.stderr.strip().splitlines() or [text or "(no output)"])[-1][:300]
+        raise RemoteOutputError(f"{source}: {what} did not print its facts (exit {result.exit_code}): {detail}")
+    try:
+        raw = json.loads(lines[0])
+        if isinstance(raw, dict) and "schema" in raw:
+            raw["schema_"] = raw.pop("schema")
+        return model.model_validate_json(json.dumps(raw), strict=True)
+    except (ValueError, ValidationError) as exc:
+        first = str(exc).splitlines()[:3]
+        raise RemoteOutputError(f"{source}: {what} printed facts of an unexpected shape: {' '.join(first)[:400]}") from None
+
+
+def parse_host_facts(result, source: str) -> HostFacts:
+    facts = _parse(HostFacts, result, source, "the host fact gathering")
+    if facts.mode != "host" or facts.schema_ != 1:
+        raise RemoteOutputError(f"{source}: host facts have mode {facts.mode!r} schema {facts.schema_}, expected host 1")
+    return facts
+
+
+def parse_sglang_facts(result, source: str) -> SglangFacts:
+    facts = _parse(SglangFacts, result, source, "the SGLang fact gathering")
+    if facts.mode != "sglang" or facts.schema_ != 1:
+        raise RemoteOutputError(f"{source}: SGLang facts have mode {facts.mode!r} schema {facts.schema_}")
+    return facts
+
+
+def base_architectures(facts: HostFacts) -> list[str]:
+    config = facts.base_model.config or {}
+    archs = config.get("architectures")
+    return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+
+
+def read_doctor_facts(conn, host: Host, run: Run, timeout: float = 60) -> tuple[HostFacts, SglangFacts | None, str | None]:
+    """At most two remote commands: host facts under the host's python, then SGLang's under sglang_python.
+
+    Returns (host facts, SGLang facts or None, why SGLang's facts are missing).
+    """
+    source = host.name
+    facts = parse_host_facts(conn.run(host_command(host, run), timeout=timeout), source)
+    result = conn.run(sglang_command(run, base_architectures(facts)), timeout=timeout)
+    if result.exit_code == 127 or (result.exit_code != 0 and "not found" in result.stderr):
+        return facts, None, f"{run.sglang_python!r} cannot be run on the host: {result.stderr.strip()[-200:]}"
+    return facts, parse_sglang_facts(result, source), None

@@ -1,0 +1,392 @@
+#!/usr/bin/env python3
+"""Gather the facts ``deployctl doctor`` judges, as ONE JSON document on stdout. Reads, never writes.
+
+Runs on the GPU host, standard library only, Python 3.8+. It is sent inline (``python3 -c``), so
+a doctor run leaves no file behind, even on a host that has never seen deployctl. Two modes:
+
+* ``host SPEC_JSON`` under the host's python: nvidia-smi's raw output, the gpu_devices glob, who
+  listens on the serve port (/proc/net/tcp{,6} and /proc/*/fd socket inodes), whether serve_host
+  is an address of this host, the state/logs directories (writable, free space), the base model's
+  and the drafter's config.json and the drafter's safetensors headers (names and shapes only).
+* ``sglang SPEC_JSON`` under the run's sglang_python: the installed SGLang's version from its
+  package metadata and, in its own model sources (sglang/srt/models/*.py), whether the base
+  model's architecture class has ``set_eagle3_layers_to_capture``. It never imports sglang or
+  torch: ``import sglang`` costs seconds and hundreds of MiB on a real install, and
+  ``importlib.util.find_spec`` does not execute a top-level package's ``__init__``.
+
+Every fact that cannot be read is reported with the reason (``error``), never left out: the
+checks treat "cannot tell" as a warning, not as a pass. Parsing and verdicts live in deployctl.
+"""
+
+import glob
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+
+SCHEMA = 1
+MAX_JSON_BYTES = 4 << 20
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own header limit
+MAX_OUTPUT_CHARS = 65536
+GPU_QUERY = ["--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu",
+             "--format=csv,noheader,nounits"]
+HOOK = "set_eagle3_layers_to_capture"
+
+
+def _error(exc):
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
+def _python():
+    return {"executable": sys.executable, "version": "%d.%d.%d" % sys.version_info[:3]}
+
+
+# ---------------------------------------------------------------------------------------------
+# host mode
+
+def nvidia_smi(program):
+    found = shutil.which(program)
+    if found is None:
+        return {"found": False, "exit_code": None, "stdout": "", "stderr": "",
+                "error": "%s not found on PATH" % program}
+    try:
+        proc = subprocess.run([found] + GPU_QUERY, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=20, universal_newlines=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"found": True, "exit_code": None, "stdout": "", "stderr": "", "error": _error(exc)}
+    return {"found": True, "exit_code": proc.returncode, "stdout": proc.stdout[:MAX_OUTPUT_CHARS],
+            "stderr": proc.stderr[-2000:], "error": None}
+
+
+def gpu_devices(pattern):
+    expanded = os.path.expanduser(pattern)
+    return {"pattern": pattern, "expanded": expanded, "matches": sorted(glob.glob(expanded))[:1024]}
+
+
+def _hex_address(text):
+    raw = bytes.fromhex(text)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, struct.pack("<I", struct.unpack(">I", raw)[0]))
+    words = struct.unpack("<4I", raw)  # /proc/net/tcp6 prints each 32-bit word in host order
+    return socket.inet_ntop(socket.AF_INET6, struct.pack(">4I", *words))
+
+
+def listeners(port):
+    """Sockets in LISTEN (state 0A) on ``port``: address and inode, from /proc/net/tcp{,6}."""
+    found, errors = [], []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                lines = handle.read().splitlines()[1:]
+        except OSError as exc:
+            if table.endswith("6") and not os.path.exists(table):
+                continue  # IPv6 disabled
+            errors.append("%s: %s" % (table, _error(exc)))
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "0A":
+                continue
+            address, _, port_hex = fields[1].rpartition(":")
+            if int(port_hex, 16) != port:
+                continue
+            found.append({"address": _hex_address(address), "inode": int(fields[9])})
+    return found, errors
+
+
+def _cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:500]
+    except OSError:
+        return None
+
+
+def _session(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            rest = handle.read().rsplit(")", 1)[1].split()
+        return int(rest[3])  # state ppid pgrp session
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def socket_owners(inodes):
+    """pid -> inode for every process whose fds this user can read that hold one of ``inodes``."""
+    wanted = dict(("socket:[%d]" % i, i) for i in inodes)
+    owners = {}
+    if not wanted:
+        return owners
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fds = os.listdir("/proc/%s/fd" % entry)
+        except OSError:
+            continue  # another user's process, or gone
+        for fd in fds:
+            try:
+                inode = wanted.get(os.readlink("/proc/%s/fd/%s" % (entry, fd)))
+            except OSError:
+                continue
+            if inode is not None:
+                owners.setdefault(int(entry), set()).add(inode)
+    return owners
+
+
+def read_pid(path):
+    try:
+        with open(path) as handle:
+            text = handle.read().strip()
+    except OSError as exc:
+        return {"pid": None, "alive": False, "error": None if not os.path.exists(path) else _error(exc)}
+    if not re.match(r"^\d+$", text):
+        return {"pid": None, "alive": False, "error": "PID file holds %r" % text[:40]}
+    pid = int(text)
+    return {"pid": pid, "alive": os.path.exists("/proc/%d" % pid), "error": None}
+
+
+def port_facts(port, pidfile):
+    found, errors = listeners(port)
+    owners = socket_owners([f["inode"] for f in found])
+    for entry in found:
+        entry["holders"] = [{"pid": pid, "session": _session(pid), "cmdline": _cmdline(pid)}
+                            for pid, inodes in sorted(owners.items()) if entry["inode"] in inodes]
+    return {"port": port, "listeners": found, "errors": errors, "server": read_pid(pidfile)}
+
+
+def bind_check(address):
+    """Can a socket bind ``address``? EADDRNOTAVAIL: not an address of this host."""
+    if not address:
+        return {"address": address, "bindable": False, "error": "empty address"}
+    try:
+        infos = socket.getaddrinfo(address, 0, 0, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError, ValueError) as exc:
+        return {"address": address, "bindable": False, "error": _error(exc)}
+    last = None
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError as exc:
+            last = exc
+            continue
+        try:
+            sock.bind(sockaddr)
+            return {"address": address, "bindable": True, "error": None}
+        except OSError as exc:
+            last = exc
+        finally:
+            sock.close()
+    return {"address": address, "bindable": False, "error": _error(last) if last else "no address"}
+
+
+def directory(path):
+    """Would ``mkdir -p path`` and writing into it work, and how much space is free there?"""
+    expanded = os.path.expanduser(path)
+    facts = {"path": path, "expanded": expanded, "exists": os.path.lexists(expanded),
+             "is_dir": os.path.isdir(expanded), "writable": False, "free_mib": None, "checked": expanded,
+             "error": None}
+    if facts["exists"] and not facts["is_dir"]:
+        facts["error"] = "exists but is not a directory"
+        return facts
+    probe = expanded
+    while not os.path.isdir(probe):  # the nearest existing ancestor is what mkdir -p writes into
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    facts["checked"] = probe
+    facts["writable"] = os.access(probe, os.W_OK | os.X_OK)
+    try:
+        st = os.statvfs(probe)
+        facts["free_mib"] = st.f_bavail * st.f_frsize // (1 << 20)
+    except OSError as exc:
+        facts["error"] = _error(exc)
+    return facts
+
+
+def read_json(path):
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_JSON_BYTES + 1)
+    except OSError as exc:
+        return None, _error(exc)
+    if len(raw) > MAX_JSON_BYTES:
+        return None, "larger than %d bytes" % MAX_JSON_BYTES
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeError) as exc:
+        return None, "not valid JSON: %s" % exc
+    if not isinstance(value, dict):
+        return None, "not a JSON object"
+    return value, None
+
+
+def read_header(path):
+    """name -> shape from a safetensors header (8-byte little-endian length, then JSON)."""
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) != 8:
+            raise ValueError("shorter than the 8-byte header length")
+        (length,) = struct.unpack("<Q", head)
+        if length > MAX_HEADER_BYTES:
+            raise ValueError("header length %d exceeds %d" % (length, MAX_HEADER_BYTES))
+        blob = handle.read(length)
+    if len(blob) != length:
+        raise ValueError("truncated header (%d of %d bytes)" % (len(blob), length))
+    entries = json.loads(blob.decode("utf-8"))
+    if not isinstance(entries, dict):
+        raise ValueError("header is not a JSON object")
+    shapes = {}
+    for name, entry in entries.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list):
+            raise ValueError("tensor %r has no shape" % name)
+        shapes[name] = entry["shape"]
+    return shapes
+
+
+def model_dir(path, tensors):
+    expanded = os.path.expanduser(path)
+    facts = {"path": path, "expanded": expanded, "exists": os.path.isdir(expanded),
+             "readable": os.path.isdir(expanded) and os.access(expanded, os.R_OK | os.X_OK),
+             "config": None, "config_error": None}
+    if not facts["readable"]:
+        return facts
+    facts["config"], facts["config_error"] = read_json(os.path.join(expanded, "config.json"))
+    if tensors:
+        facts["files"], facts["files_error"] = {}, None
+        index, index_error = read_json(os.path.join(expanded, "model.safetensors.index.json"))
+        try:
+            if index is not None:
+                names = sorted(set(str(v) for v in (index.get("weight_map") or {}).values()))
+            else:
+                names = sorted(n for n in os.listdir(expanded) if n.endswith(".safetensors"))
+            for name in names:
+                try:
+                    facts["files"][name] = read_header(os.path.join(expanded, name))
+                except (OSError, ValueError) as exc:
+                    facts["files"][name] = None
+                    facts["files_error"] = "%s: %s" % (name, _error(exc))
+        except OSError as exc:
+            facts["files_error"] = _error(exc)
+    return facts
+
+
+def host_facts(spec):
+    return {
+        "schema": SCHEMA, "mode": "host", "python": _python(),
+        "nvidia_smi": nvidia_smi(spec.get("nvidia_smi", "nvidia-smi")),
+        "gpu_devices": gpu_devices(spec["gpu_devices"]),
+        "port": port_facts(int(spec["port"]), os.path.expanduser(spec["pidfile"])),
+        "serve_host": bind_check(spec["serve_host"]),
+        "dirs": dict((role, directory(path)) for role, path in sorted(spec["dirs"].items())),
+        "base_model": model_dir(spec["base_model"], tensors=False),
+        "drafter": model_dir(spec["drafter"], tensors=True),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# sglang mode
+
+_CLASS = re.compile(r"^class\s+(\w+)\s*(?:\(([^)]*)\))?\s*:", re.M)
+_TOP_LEVEL = re.compile(r"^\S", re.M)
+_HOOK_DEF = re.compile(r"^\s+def\s+" + HOOK + r"\s*\(", re.M)
+
+
+def scan_classes(models_dir):
+    """class name -> [(file, bases, defines the hook)] over every sglang/srt/models/*.py."""
+    classes = {}
+    for path in sorted(glob.glob(os.path.join(models_dir, "*.py"))):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        for match in _CLASS.finditer(text):
+            end = _TOP_LEVEL.search(text, match.end())
+            body = text[match.end():end.start() if end else len(text)]
+            bases = [b.strip().split(".")[-1] for b in (match.group(2) or "").split(",") if b.strip()]
+            entry = {"file": os.path.basename(path), "bases": bases,
+                     "hook": bool(_HOOK_DEF.search(body)), "entry": ("EntryClass" in text and match.group(1) in
+                                                                     text[text.rfind("EntryClass"):])}
+            classes.setdefault(match.group(1), []).append(entry)
+    return classes
+
+
+def resolve_hook(classes, arch):
+    """Does ``arch`` (or a base class found in the model sources) define the hook?"""
+    defs = classes.get(arch)
+    if not defs:
+        return {"class_found": False, "file": None, "has_hook": False, "via": None, "chain": []}
+    first = sorted(defs, key=lambda d: not d["entry"])[0]
+    chain, queue, seen = [], [(arch, first)], set()
+    while queue and len(chain) < 32:
+        name, entry = queue.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        chain.append("%s (%s)" % (name, entry["file"]))
+        if entry["hook"]:
+            return {"class_found": True, "file": first["file"], "has_hook": True, "via": name, "chain": chain}
+        for base in entry["bases"]:
+            for candidate in classes.get(base, []):
+                queue.append((base, candidate))
+    return {"class_found": True, "file": first["file"], "has_hook": False, "via": None, "chain": chain}
+
+
+def sglang_facts(spec):
+    import importlib.util
+
+    facts = {"schema": SCHEMA, "mode": "sglang", "python": _python(), "found": False, "package_dir": None,
+             "version": None, "version_error": None, "models_dir": None, "architectures": {}}
+    try:
+        found = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError) as exc:
+        found, facts["version_error"] = None, _error(exc)
+    if found is not None and found.submodule_search_locations:
+        facts["found"] = True
+        facts["package_dir"] = list(found.submodule_search_locations)[0]
+    try:
+        import importlib.metadata as metadata
+    except ImportError:  # Python 3.7 and older: importlib_metadata is not stdlib
+        metadata = None
+    if metadata is not None:
+        try:
+            facts["version"] = metadata.version("sglang")
+        except Exception as exc:  # PackageNotFoundError, or a broken dist-info
+            facts["version_error"] = _error(exc)
+    else:
+        facts["version_error"] = "importlib.metadata needs Python 3.8+"
+    if facts["package_dir"]:
+        models = os.path.join(facts["package_dir"], "srt", "models")
+        if os.path.isdir(models):
+            facts["models_dir"] = models
+            classes = scan_classes(models)
+            for arch in spec.get("architectures") or []:
+                facts["architectures"][str(arch)] = resolve_hook(classes, str(arch))
+    facts["imported_sglang"] = "sglang" in sys.modules
+    return facts
+
+
+def main(argv):
+    if len(argv) != 2 or argv[0] not in ("host", "sglang"):
+        sys.stderr.write("usage: doctor_facts.py host|sglang SPEC_JSON\n")
+        return 2
+    try:
+        spec = json.loads(argv[1])
+    except ValueError as exc:
+        sys.stderr.write("doctor_facts.py: SPEC_JSON is not JSON: %s\n" % exc)
+        return 2
+    facts = host_facts(spec) if argv[0] == "host" else sglang_facts(spec)
+    sys.stdout.write(json.dumps(facts, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

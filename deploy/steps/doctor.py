@@ -1,0 +1,80 @@
+"""doctor: read-only pre-flight, the first step of up/restart/bench, before anything is stopped.
+
+Before this step existed, `up` stopped the running server and only then found out that the host
+could not serve (nvidia-smi missing, the port held by another process, a full disk, a Kimi-K2.5
+target on SGLang 0.5.9 that never captures the aux hidden states): a nightly redeploy became an
+outage. A failing check stops the playbook here, so the running server keeps serving.
+``--ignore-doctor`` (setting ``ignore``) runs on anyway and says what it overrides.
+"""
+
+from __future__ import annotations
+
+from deploy.errors import VerificationFailed
+from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+
+NAME = "doctor"
+
+
+class Settings(StepSettings):
+    #: run on past failing checks (--ignore-doctor); the failures are still reported
+    ignore: bool = False
+    #: the playbook runs fix-keys later: a speculators-form drafter config is expected, not a warning
+    fix_keys_will_run: bool = True
+
+
+def plan(ctx: StepContext) -> list[PlannedCommand]:
+    from deploy.facts.doctor import host_command, sglang_command  # deploy.facts.doctor imports deploy.steps
+
+    return [
+        PlannedCommand("gather host facts (helper sent inline, writes nothing)",
+                       host_command(ctx.host, ctx.run, script="<deploy/remote/doctor_facts.py>")),
+        PlannedCommand("read SGLang's version (package metadata) and scan its model sources",
+                       sglang_command(ctx.run, ["<base model architectures>"], script="<deploy/remote/doctor_facts.py>")),
+    ]
+
+
+def diagnose(conn, ctx_host, run, draft_tokens: int, *, fix_keys_will_run: bool):
+    from deploy.doctor.checks import DoctorInput, run_checks
+    from deploy.facts.doctor import read_doctor_facts
+
+    facts, sglang, why = read_doctor_facts(conn, ctx_host, run)
+    checks = run_checks(DoctorInput(ctx_host, run, draft_tokens, facts, sglang, fix_keys_will_run=fix_keys_will_run,
+                                    sglang_error=why))
+    return checks, (sglang.version if sglang else None)
+
+
+def failure_text(host: str, checks) -> str:
+    from deploy.doctor.checks import failed
+
+    bad = failed(checks)
+    lines = [f"{host}: doctor: {len(bad)} check(s) failed; nothing was stopped, the running server keeps serving "
+             "(--ignore-doctor runs anyway)"]
+    for check in bad:
+        reason = check.reason.splitlines()
+        lines.append(f"  {check.name}: {reason[0]}")
+        lines += [f"    {more}" for more in reason[1:]]
+        if check.fix:
+            lines.append(f"    fix: {check.fix}")
+    return "\n".join(lines)
+
+
+def run(ctx: StepContext) -> StepOutcome:
+    checks, version = diagnose(ctx.require_conn(), ctx.host, ctx.run, ctx.draft_tokens,
+                               fix_keys_will_run=ctx.settings.fix_keys_will_run)
+    if version:
+        ctx.memory["sglang_version"] = version  # fix-keys reuses it: one remote command less
+    from deploy.doctor.checks import failed
+
+    documents = [c.to_dict() for c in checks]
+    ctx.memory["doctor_checks"] = documents
+    data = {"checks": documents}
+    bad = failed(checks)
+    warned = [c.name for c in checks if c.status == "warn"]
+    if bad and not ctx.settings.ignore:
+        raise VerificationFailed(failure_text(ctx.host.name, checks))
+    if bad:
+        names = ", ".join(c.name for c in bad)
+        ctx.progress(f"--ignore-doctor: running on past {len(bad)} failing check(s): {names}")
+        return StepOutcome("ok", f"IGNORED {len(bad)} failing check(s) (--ignore-doctor): {names}", data)
+    suffix = f"; warnings: {', '.join(warned)}" if warned else ""
+    return StepOutcome("ok", f"{len(checks)} checks passed{suffix}", data)

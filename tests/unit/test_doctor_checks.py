@@ -1,0 +1,379 @@
+"""Doctor: facts gathered by the real host helper from real-format files, judged by the pure checks.
+
+Inputs under tests/facts/doctor/: a Kimi-K2.5 config.json, speculators and SGLang drafter configs,
+SGLang model sources with and without set_eagle3_layers_to_capture. The drafter safetensors files
+are header-only (the helper reads names and shapes, never tensor bytes) with Kimi-K2.5 shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy.config.models import Host, Run
+from deploy.doctor.checks import ONE_LAYER_LIMIT, DoctorInput, run_checks
+from deploy.doctor.suspects import likely_causes
+from deploy.errors import RemoteOutputError
+from deploy.facts.doctor import HELPER, base_architectures, HostFacts, SglangFacts, host_spec, parse_host_facts, parse_sglang_facts
+from deploy.remote import doctor_facts
+from deploy.sandbox.drafter import drafter_tensor_specs
+from deploy.transport import CommandResult
+
+FIXTURES = Path(__file__).resolve().parents[1] / "facts" / "doctor"
+KIMI = dict(hidden_size=7168, intermediate_size=18432, num_heads=64, num_kv_heads=64, head_dim=128,
+            vocab_size=163840, draft_vocab_size=32000)
+# nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits
+# on an 8x H200 host (captured format)
+SMI_ROWS = "".join(f"{i}, GPU-6ef0c3b2-4b1a-9d3e-1c2f-00000000000{i}, 0, 143771, 0\n" for i in range(8))
+
+
+def write_header_only(path: Path, specs: dict[str, tuple[str, list[int]]]) -> None:
+    header = {name: {"dtype": dtype, "shape": shape, "data_offsets": [0, 0]} for name, (dtype, shape) in specs.items()}
+    blob = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob)
+
+
+class World:
+    """A host's files in tmp_path: base model, drafter, an SGLang install, state dir, GPUs, nvidia-smi."""
+
+    def __init__(self, root: Path, monkeypatch):
+        self.root = root
+        self.monkeypatch = monkeypatch
+        self.base = root / "models" / "Kimi-K2.5"
+        self.drafter = root / "drafters" / "kimi-eagle3"
+        self.site = root / "site"
+        self.bin = root / "bin"
+        for d in (self.base, self.drafter, self.site / "sglang" / "srt" / "models", self.bin, root / "dev"):
+            d.mkdir(parents=True)
+        shutil.copy(FIXTURES / "kimi_k25_config.json", self.base / "config.json")
+        for i in range(8):
+            (root / "dev" / f"nvidia{i}").touch()
+        # importing this package must never happen: the doctor reads files and metadata only
+        (self.site / "sglang" / "__init__.py").write_text("raise SystemExit('doctor imported sglang')\n")
+        for name in ("llama.py", "deepseek_v2.py"):
+            shutil.copy(FIXTURES / "models" / name, self.site / "sglang" / "srt" / "models" / name)
+        self.smi(SMI_ROWS)
+        self.monkeypatch.setenv("PATH", f"{self.bin}:/usr/bin:/bin")
+        self.monkeypatch.setenv("HOME", str(root))  # state_dir ~/state (a state dir under /tmp is refused)
+        self.drafter_layout()
+        self.sglang_version("0.5.9")
+        self.port = _free_port()
+
+    def smi(self, output: str | None, exit_code: int = 0) -> None:
+        target = self.bin / "nvidia-smi"
+        if output is None:
+            target.unlink(missing_ok=True)
+            return
+        (self.root / "smi.out").write_text(output)
+        target.write_text(f"#!/bin/sh\ncat {self.root / 'smi.out'}\nexit {exit_code}\n")
+        target.chmod(0o755)
+
+    def sglang_version(self, version: str | None) -> None:
+        for old in self.site.glob("sglang-*.dist-info"):
+            shutil.rmtree(old)
+        if version is not None:
+            info = self.site / f"sglang-{version}.dist-info"
+            info.mkdir()
+            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
+        hook = version is not None and tuple(int(x) for x in version.split(".")[:3]) >= (0, 5, 10)
+        shutil.copy(FIXTURES / "models" / ("kimi_k25_0.5.10.py" if hook else "kimi_k25_0.5.9.py"),
+                    self.site / "sglang" / "srt" / "models" / "kimi_k25.py")
+
+    def drafter_layout(self, layout: str = "speculators", layers: int = 1, config: dict | None = None,
+                       **dims) -> None:
+        for old in self.drafter.glob("*.safetensors"):
+            old.unlink()
+        specs = drafter_tensor_specs(layout=layout, num_layers=layers, **{**KIMI, **dims})
+        write_header_only(self.drafter / "model.safetensors", specs)
+        name = "speculators_drafter_config.json" if layout == "speculators" else "sglang_drafter_config.json"
+        base = json.loads((FIXTURES / name).read_text())
+        if layout == "speculators":
+            base["transformer_layer_config"]["num_hidden_layers"] = layers
+        base.update(config or {})
+        (self.drafter / "config.json").write_text(json.dumps(base))
+
+    def host(self, **kw) -> Host:
+        return Host(**{"name": "kimi-a", "address": "127.0.0.1", "gpu_devices": str(self.root / "dev" / "nvidia*"),
+                       "state_dir": "~/state", **kw})
+
+    def run(self, **kw) -> Run:
+        fields = dict(name="kimi", hosts=["kimi-a"], base_model=str(self.base), drafter=str(self.drafter),
+                      serve_host="127.0.0.1", port=self.port)
+        fields.update(kw)
+        return Run(**fields)
+
+    def facts(self, host: Host, run: Run) -> tuple[HostFacts, SglangFacts]:
+        out = json.dumps(doctor_facts.host_facts(host_spec(host, run)))
+        facts = parse_host_facts(CommandResult("host", 0, out + "\n", "", 0.0), host.name)
+        archs = base_architectures(facts)
+        proc = subprocess.run([sys.executable, "-c", HELPER.read_text(), "sglang", json.dumps({"architectures": archs})],
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(self.site)},
+                              timeout=60)
+        return facts, parse_sglang_facts(CommandResult("sglang", proc.returncode, proc.stdout, proc.stderr, 0.0), host.name)
+
+    def checks(self, host: Host | None = None, run: Run | None = None, **kw) -> dict:
+        host, run = host or self.host(), run or self.run()
+        facts, sglang = self.facts(host, run)
+        results = run_checks(DoctorInput(host, run, run.draft_tokens, facts, sglang, **kw))
+        names = [c.name for c in results]
+        assert len(names) == len(set(names)), names
+        return {c.name: c for c in results}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    return World(tmp_path, monkeypatch)
+
+
+def statuses(checks: dict) -> dict:
+    return {name: c.status for name, c in checks.items()}
+
+
+def test_healthy_host_passes_everything(world):
+    world.sglang_version("0.5.11")
+    checks = world.checks()
+    assert {n: s for n, s in statuses(checks).items() if s != "pass"} == {}, {n: c.reason for n, c in checks.items()}
+    assert "SGLang 0.5.11 (package metadata)" in checks["sglang-version"].reason
+
+
+def test_sglang_facts_never_import_sglang(world):
+    facts, sglang = world.facts(world.host(), world.run())
+    assert sglang.imported_sglang is False and sglang.found and sglang.version == "0.5.9"
+
+
+@pytest.mark.parametrize("version,status", [("0.5.9", "fail"), ("0.5.10", "pass"), ("0.5.12", "pass")])
+def test_kimi_target_capture_follows_the_installed_model_source(world, version, status):
+    world.sglang_version(version)
+    check = world.checks()["target-capture"]
+    assert check.status == status, check.reason
+    assert "KimiK25ForConditionalGeneration (kimi_k25.py)" in check.reason
+
+
+def test_capture_inherited_from_a_base_class_counts(world):
+    config = json.loads((world.base / "config.json").read_text())
+    config["architectures"] = ["Phi3ForCausalLM"]
+    (world.base / "config.json").write_text(json.dumps(config))
+    check = world.checks()["target-capture"]
+    assert check.status == "pass" and "via LlamaForCausalLM" in check.reason
+
+
+def test_unknown_architecture_cannot_decide(world):
+    config = json.loads((world.base / "config.json").read_text())
+    config["architectures"] = ["BrandNewForCausalLM"]
+    (world.base / "config.json").write_text(json.dumps(config))
+    assert world.checks()["target-capture"].status == "warn"
+
+
+def test_version_unknown_is_a_warning_never_a_pass(world):
+    world.sglang_version(None)
+    checks = world.checks()
+    for name in ("sglang-version", "drafter-weights"):
+        assert checks[name].status == "warn" and "cannot decide" in checks[name].reason
+
+
+def test_two_layer_drafter_on_old_sglang_names_the_limit_first(world):
+    world.sglang_version("0.5.11")
+    world.drafter_layout(layers=2)
+    checks = world.checks()
+    assert checks["drafter-layers"].status == "fail"
+    assert checks["drafter-layers"].reason.startswith(ONE_LAYER_LIMIT)
+    assert checks["drafter-weights"].status == "fail"
+    assert checks["drafter-weights"].reason.splitlines()[0].startswith(ONE_LAYER_LIMIT)
+    world.sglang_version("0.5.12")
+    checks = world.checks()
+    assert checks["drafter-layers"].status == "pass" and checks["drafter-weights"].status == "pass", \
+        checks["drafter-weights"].reason
+
+
+def test_speculators_config_passes_in_a_playbook_and_warns_alone(world):
+    world.sglang_version("0.5.11")
+    assert world.checks()["drafter-config"].status == "pass"
+    check = world.checks(fix_keys_will_run=False)["drafter-config"]
+    assert check.status == "warn" and "fix-keys" in check.fix
+
+
+def test_dropped_weight_is_named(world):
+    world.sglang_version("0.5.11")
+    world.drafter_layout(layout="sglang")
+    specs = drafter_tensor_specs(layout="sglang", **KIMI)
+    specs["midlayer.self_attn.q_proj.weight.extra"] = ("BF16", [1])
+    write_header_only(world.drafter / "model.safetensors", specs)
+    check = world.checks()["drafter-weights"]
+    assert check.status == "fail" and "midlayer.self_attn.q_proj.weight.extra" in check.reason
+
+
+CUSTOM = {"eagle_aux_hidden_state_layer_ids": [1, 29, 57]}
+DEFAULT = {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}
+
+
+@pytest.mark.parametrize("version,ids,extra,status", [
+    ("0.5.10", CUSTOM, [], "fail"),
+    ("0.5.9", CUSTOM, [], "fail"),
+    ("0.5.10", CUSTOM, ["--disable-cuda-graph"], "pass"),
+    ("0.5.11", CUSTOM, [], "pass"),
+    ("0.5.10", DEFAULT, [], "pass"),
+])
+def test_cuda_graph_capture_bug(world, version, ids, extra, status):
+    world.sglang_version(version)
+    world.drafter_layout(config=ids)
+    check = world.checks(run=world.run(extra_args=extra))["cuda-graph-capture"]
+    assert check.status == status, check.reason
+    if status == "fail":
+        assert "0.5.11" in check.fix and "--disable-cuda-graph" in check.fix
+
+
+def test_aux_ids_beyond_the_target_layers_and_fc_width(world):
+    world.sglang_version("0.5.11")
+    world.drafter_layout(config={"eagle_aux_hidden_state_layer_ids": [2, 30, 61]})
+    check = world.checks()["aux-hidden-states"]
+    assert check.status == "fail" and "[61]" in check.reason and "61" in check.reason
+    world.drafter_layout(layout="sglang")
+    specs = drafter_tensor_specs(layout="sglang", **KIMI, num_aux=2)
+    write_header_only(world.drafter / "model.safetensors", specs)
+    check = world.checks()["aux-hidden-states"]
+    assert check.status == "fail" and "fc.weight input width 14336" in check.reason
+
+
+def test_hidden_and_vocab_sizes_against_the_base_model(world):
+    world.sglang_version("0.5.11")
+    world.drafter_layout(layout="sglang", draft_vocab_size=32000)
+    assert world.checks()["hidden-and-vocab"].status == "pass"
+    specs = drafter_tensor_specs(layout="sglang", **{**KIMI, "draft_vocab_size": 16000})
+    write_header_only(world.drafter / "model.safetensors", specs)
+    check = world.checks()["hidden-and-vocab"]
+    assert check.status == "fail" and "d2t has shape [16000]" in check.reason
+    world.drafter_layout(layout="sglang", config={"hidden_size": 4096})
+    check = world.checks()["hidden-and-vocab"]
+    assert check.status == "fail" and "hidden_size 4096" in check.reason
+
+
+def test_nvidia_smi_missing_failing_or_wrong_count(world):
+    world.smi(None)
+    assert world.checks()["nvidia-smi"].status == "fail"
+    world.smi("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", exit_code=9)
+    check = world.checks()["nvidia-smi"]
+    assert check.status == "fail" and "couldn't communicate" in check.reason
+    world.smi(SMI_ROWS)
+    check = world.checks(host=world.host(gpus=4))["nvidia-smi"]
+    assert check.status == "fail" and "4 configured" in check.reason
+
+
+def test_gpu_glob_matching_nothing_and_tp_size(world):
+    checks = world.checks(host=world.host(gpu_devices=str(world.root / "nodev" / "nvidia*")))
+    assert checks["gpu-devices"].status == "fail"
+    assert world.checks(run=world.run(tp_size=16))["tp-size"].status == "fail"
+
+
+def test_port_held_by_a_foreign_process_is_named(world):
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", world.port))
+        listener.listen()
+        check = world.checks()["serve-port"]
+        assert check.status == "fail" and f"pid {os.getpid()}" in check.reason
+        # the same process recorded as deployctl's server: the deploy replaces it
+        (world.root / "state").mkdir()
+        (world.root / "state" / "server.pid").write_text(f"{os.getpid()}\n")
+        assert world.checks()["serve-port"].status == "pass"
+        # a listener on another address with the same port does not clash
+        check = world.checks(run=world.run(serve_host="127.0.0.2"))["serve-port"]
+        assert check.status == "pass", check.reason
+
+
+@pytest.mark.parametrize("address", ["10.255.255.77", "not a host name", "300.1.1.1"])
+def test_serve_host_not_an_address_of_the_host(world, address):
+    check = world.checks(run=world.run(serve_host=address))["serve-host"]
+    assert check.status == "fail" and address in check.reason
+
+
+def test_state_dir_under_the_free_space_minimum(world):
+    check = world.checks(host=world.host(min_free_mib=10 ** 12))["state-dir"]
+    assert check.status == "fail" and "min_free_mib" in check.reason
+    (world.root / "blocker").write_text("")
+    check = world.checks(host=world.host(state_dir="~/blocker"))["state-dir"]
+    assert check.status == "fail" and "not a directory" in check.reason
+
+
+def test_missing_base_model_and_drafter(world):
+    checks = world.checks(run=world.run(base_model=str(world.root / "none"), drafter=str(world.root / "gone")))
+    assert checks["base-model"].status == "fail" and checks["drafter"].status == "fail"
+    assert checks["target-capture"].status == "warn" and checks["drafter-weights"].status == "warn"
+
+
+def test_likely_causes_follow_the_doctor():
+    plain = likely_causes(None)
+    assert plain[0].startswith("the target does not capture")
+    checks = [{"name": "drafter-weights", "status": "fail"}, {"name": "target-capture", "status": "pass"},
+              {"name": "speculative-flags", "status": "warn"}]
+    ordered = likely_causes(checks)
+    assert ordered[0].startswith("drafter weights dropped") and "FAILED" in ordered[0]
+    assert ordered[1].startswith("EAGLE instead") and ordered[-1].startswith("the target does not capture")
+
+
+# --- strict parsing of the helper's output ------------------------------------------------------
+
+def _document(world) -> dict:
+    return doctor_facts.host_facts(host_spec(world.host(), world.run()))
+
+
+def _mutations(document: dict):
+    for key in sorted(document):
+        broken = dict(document)
+        del broken[key]
+        yield pytest.param(broken, id=f"missing-{key}")
+        wrong = dict(document)
+        wrong[key] = [] if not isinstance(document[key], list) else "x"
+        yield pytest.param(wrong, id=f"wrong-type-{key}")
+    extra = dict(document, surprise=1)
+    yield pytest.param(extra, id="unknown-key")
+
+
+def test_every_missing_or_mistyped_field_is_refused(world):
+    document = _document(world)
+    cases = list(_mutations(document))
+    assert len(cases) > 10
+    for case in cases:
+        text = json.dumps(case.values[0])
+        with pytest.raises(RemoteOutputError):
+            parse_host_facts(CommandResult("c", 0, text + "\n", "", 0.0), "kimi-a")
+
+
+@pytest.mark.parametrize("stdout,exit_code", [
+    ("", 0), ("Traceback (most recent call last):\n  File ...\n", 1), ("{}\n{}\n", 0), ("[1, 2]\n", 0),
+    ('{"schema": 1}\n', 0), ("not json\n", 0),
+])
+def test_unexpected_helper_output_is_an_error(stdout, exit_code):
+    with pytest.raises(RemoteOutputError):
+        parse_host_facts(CommandResult("c", exit_code, stdout, "boom", 0.0), "kimi-a")
+    with pytest.raises(RemoteOutputError):
+        parse_sglang_facts(CommandResult("c", exit_code, stdout, "boom", 0.0), "kimi-a")
+
+
+def test_helper_is_python38_standard_library_only_and_never_imports_sglang():
+    import ast
+
+    tree = ast.parse(HELPER.read_text(), feature_version=(3, 8))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(node.module.split(".")[0])
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+            assert node.value.id not in ("list", "dict", "tuple", "set", "type"), node.value.id
+    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    assert not imported & {"sglang", "torch", "deploy"}
