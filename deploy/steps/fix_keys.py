@@ -36,7 +36,7 @@ def version_command(ctx: StepContext) -> str:
 def fixer_command(ctx: StepContext, *flags: str) -> str:
     parts = [quote(ctx.host.python), quote_path(ctx.paths.helper(FIXER))]
     parts += [quote(f) for f in flags]
-    parts.append(quote_path(ctx.run.drafter))
+    parts += ["--", quote_path(ctx.run.drafter)]  # a path is never read as an option
     return " ".join(parts)
 
 
@@ -76,15 +76,23 @@ def parse_fixer_json(result, source: str) -> dict:
     return document
 
 
+def record_fingerprint_command(ctx: StepContext, fingerprint: str) -> str:
+    """Write via a temporary file and rename; on a full disk the 0-byte temporary file is removed."""
+    final = quote_path(ctx.paths.fingerprint)
+    tmp = quote_path(ctx.paths.fingerprint + ".tmp")
+    return (f"{{ printf '%s\\n' {quote(fingerprint)} > {tmp} && mv -f -- {tmp} {final}; }} "
+            f"|| {{ rm -f -- {tmp}; exit 1; }}")
+
+
 def plan(ctx: StepContext) -> list[PlannedCommand]:
     commands = []
     if ctx.settings.when == "changed":
-        commands.append(PlannedCommand("read the fingerprint recorded after the last fix", f"cat {quote_path(ctx.paths.fingerprint)}"))
+        commands.append(PlannedCommand("read the fingerprint recorded after the last fix", f"cat -- {quote_path(ctx.paths.fingerprint)}"))
         commands.append(PlannedCommand("fingerprint the drafter (header bytes, sizes, mtimes)", fixer_command(ctx, "--fingerprint")))
     if ctx.run.sglang_generation == "auto":
         commands.append(PlannedCommand("read the installed SGLang version", version_command(ctx)))
     commands.append(PlannedCommand("convert and verify the drafter", fixer_command(ctx, *convert_flags(ctx, "<version>"))))
-    commands.append(PlannedCommand("record the drafter fingerprint", f"printf '%s\\n' <fingerprint> > {quote_path(ctx.paths.fingerprint)}"))
+    commands.append(PlannedCommand("record the drafter fingerprint", record_fingerprint_command(ctx, "<fingerprint>")))
     return commands
 
 
@@ -93,7 +101,7 @@ def run(ctx: StepContext) -> StepOutcome:
     source = ctx.host.name
     timeout = ctx.timeout(ctx.run.timeouts.fix_keys_s)
     if ctx.settings.when == "changed":
-        recorded = conn.run(f"cat {quote_path(ctx.paths.fingerprint)}").stdout.strip()
+        recorded = conn.run(f"cat -- {quote_path(ctx.paths.fingerprint)}").stdout.strip()
         current = parse_fixer_json(conn.run(fixer_command(ctx, "--fingerprint"), timeout=timeout), source)
         if current.get("status") == "error":
             raise DeployError(f"{source}: {current.get('error')}", exit_code=ExitCode(current.get("code", 1)))
@@ -111,11 +119,7 @@ def run(ctx: StepContext) -> StepOutcome:
     fingerprint = summary.get("fingerprint")
     if not isinstance(fingerprint, str) or not re.fullmatch(r"[0-9a-f]{16,128}", fingerprint):
         raise RemoteOutputError(f"{source}: the key fixer's summary has no valid fingerprint")
-    conn.check(
-        f"printf '%s\\n' {quote(fingerprint)} > {quote_path(ctx.paths.fingerprint)}.tmp && "
-        f"mv -f {quote_path(ctx.paths.fingerprint)}.tmp {quote_path(ctx.paths.fingerprint)}",
-        what="recording the drafter fingerprint",
-    )
+    conn.check(record_fingerprint_command(ctx, fingerprint), what="recording the drafter fingerprint")
     renamed = len(summary.get("renames") or [])
     data = {"status": summary["status"], "renamed": renamed, "sglang_version": version,
             "verification": verification, "fingerprint": fingerprint}
