@@ -62,17 +62,35 @@ def parse_version(result, source: str, python: str = "python3") -> str:
     return text
 
 
+def _fixer_failure_text(result) -> str:
+    """What a failed fixer run said, without a Python traceback's frames (the last line is the error)."""
+    text = (result.stderr.strip() or result.stdout.strip())
+    if "Traceback (most recent call last)" in text:
+        last = [ln for ln in text.splitlines() if ln.strip()][-1:]
+        return "the fixer crashed: " + (last[0].strip() if last else "(no message)")
+    return text[-500:] or "(no output)"
+
+
+def fixer_exit_code(value, source: str) -> ExitCode:
+    try:
+        return ExitCode(int(value))
+    except (TypeError, ValueError):
+        raise RemoteOutputError(f"{source}: the key fixer reported exit code {value!r}, not one of deployctl's") from None
+
+
 def parse_fixer_json(result, source: str) -> dict:
     lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
     try:
         document = json.loads("\n".join(lines))
-    except ValueError:
-        tail = (result.stderr.strip() or result.stdout.strip())[-500:]
+    except (ValueError, RecursionError):
         raise RemoteOutputError(
-            f"{source}: the key fixer did not print its JSON summary (exit {result.exit_code}): {tail}"
+            f"{source}: the key fixer did not print its JSON summary (exit {result.exit_code}): "
+            f"{_fixer_failure_text(result)}"
         ) from None
     if not isinstance(document, dict) or "status" not in document:
         raise RemoteOutputError(f"{source}: the key fixer's JSON has no 'status': {str(document)[:200]}")
+    if document["status"] == "error" and not isinstance(document.get("error"), str):
+        raise RemoteOutputError(f"{source}: the key fixer's error document has no message: {str(document)[:200]}")
     return document
 
 
@@ -104,7 +122,7 @@ def run(ctx: StepContext) -> StepOutcome:
         recorded = conn.run(f"cat -- {quote_path(ctx.paths.fingerprint)}").stdout.strip()
         current = parse_fixer_json(conn.run(fixer_command(ctx, "--fingerprint"), timeout=timeout), source)
         if current.get("status") == "error":
-            raise DeployError(f"{source}: {current.get('error')}", exit_code=ExitCode(current.get("code", 1)))
+            raise DeployError(f"{source}: {current.get('error')}", exit_code=fixer_exit_code(current.get("code", 1), source))
         if recorded and recorded == current.get("fingerprint"):
             return StepOutcome("skipped", "drafter unchanged since the last fix", {"fingerprint": recorded})
     version = None
@@ -113,8 +131,8 @@ def run(ctx: StepContext) -> StepOutcome:
     result = conn.run(fixer_command(ctx, *convert_flags(ctx, version)), timeout=timeout)
     summary = parse_fixer_json(result, source)
     if summary["status"] == "error":
-        code = summary.get("code", ExitCode.CHECKPOINT)
-        raise DeployError(f"{source}: key fix of {ctx.run.drafter}: {summary.get('error')}", exit_code=ExitCode(code))
+        code = fixer_exit_code(summary.get("code", ExitCode.CHECKPOINT), source)
+        raise DeployError(f"{source}: key fix of {ctx.run.drafter}: {summary.get('error')}", exit_code=code)
     verification = summary.get("verification") or {}
     fingerprint = summary.get("fingerprint")
     if not isinstance(fingerprint, str) or not re.fullmatch(r"[0-9a-f]{16,128}", fingerprint):
