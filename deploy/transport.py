@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from deploy import ssh_trust
 from deploy.config.models import Host, SSHSettings
 from deploy.errors import ConnectionFailed, HostKeyRejected, RemoteCommandFailed, StepTimeout
 
@@ -82,35 +83,6 @@ def known_hosts_name(host: Host) -> str:
     return host.address if host.port == 22 else f"[{host.address}]:{host.port}"
 
 
-def _make_policies():
-    import paramiko
-
-    class RejectUnknownHost(paramiko.MissingHostKeyPolicy):
-        def missing_host_key(self, client, hostname, key):
-            raise HostKeyRejected(
-                f"host key for {hostname} is not in known_hosts "
-                f"({key.get_name()} {key.fingerprint}); verify it and add it, "
-                "or set ssh.host_key_policy: accept-new (or --accept-new-host-keys) to record it"
-            )
-
-    class AcceptNewHost(paramiko.MissingHostKeyPolicy):
-        def __init__(self, known_hosts: Path):
-            self.known_hosts = known_hosts
-
-        def missing_host_key(self, client, hostname, key):
-            client.get_host_keys().add(hostname, key.get_name(), key)
-            self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-            line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-            fd = os.open(self.known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, line.encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-    return RejectUnknownHost, AcceptNewHost
-
-
 class HostConnection:
     """One SSH connection to one host, reused by every step of a command."""
 
@@ -119,6 +91,7 @@ class HostConnection:
         self.ssh = ssh
         self._conn: fabric.Connection | None = None
         self._home: str | None = None
+        self._known: ssh_trust.KnownHosts | None = None
 
     # -- connecting -------------------------------------------------------------------------
     def _new_connection(self) -> fabric.Connection:
@@ -133,8 +106,7 @@ class HostConnection:
         }
         if self.host.identity_file:
             key = Path(os.path.expanduser(self.host.identity_file))
-            if not key.is_file():
-                raise ConnectionFailed(f"{_host_label(self.host)}: identity_file {key} does not exist")
+            ssh_trust.check_private_key_file(key, _host_label(self.host))
             connect_kwargs["key_filename"] = str(key)
             connect_kwargs["look_for_keys"] = False
         conn = fabric.Connection(
@@ -145,20 +117,21 @@ class HostConnection:
             connect_timeout=self.ssh.connect_timeout_s,
             connect_kwargs=connect_kwargs,
         )
-        reject, accept_new = _make_policies()
         client = conn.client
+        self._known = None
         if known_hosts.exists():
-            try:
-                client.load_host_keys(str(known_hosts))
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ConnectionFailed(f"cannot read known_hosts file {known_hosts}: {exc}") from None
+            # not client.load_host_keys: paramiko misreads OpenSSH's @revoked/@cert-authority lines
+            self._known = ssh_trust.load_known_hosts(known_hosts)
+            for entry in self._known.host_keys._entries:
+                client.get_host_keys()._entries.append(entry)
         elif self.ssh.host_key_policy == "reject":
             raise HostKeyRejected(
                 f"{_host_label(self.host)}: known_hosts file {known_hosts} does not exist; "
                 "host keys cannot be verified (set ssh.known_hosts, or use accept-new once)"
             )
+        reject, accept_new = ssh_trust.make_policies(self._known, known_hosts, _host_label(self.host))
         if self.ssh.host_key_policy == "accept-new":
-            client.set_missing_host_key_policy(accept_new(known_hosts))
+            client.set_missing_host_key_policy(accept_new())
         else:
             client.set_missing_host_key_policy(reject())
         return conn
@@ -202,6 +175,10 @@ class HostConnection:
         except HostKeyRejected as exc:
             raise HostKeyRejected(f"{label}: {exc}") from None
         except paramiko.BadHostKeyException as exc:
+            if self._known is not None and self._known.revoked_for(known_hosts_name(self.host), exc.key):
+                raise HostKeyRejected(
+                    ssh_trust.revoked_message(label, known_hosts_name(self.host), exc.key, self._known.path)
+                ) from None
             raise HostKeyRejected(
                 f"{label}: REMOTE HOST KEY CHANGED: got {exc.key.get_name()} {exc.key.fingerprint}, "
                 f"known_hosts has {exc.expected_key.fingerprint}. Refusing to connect (possible "
