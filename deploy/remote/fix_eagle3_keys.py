@@ -649,11 +649,18 @@ def _header_region(entries: Dict[str, Any], old_len: int) -> Tuple[bytes, bool]:
 # --------------------------------------------------------------------------------------------
 # the checkpoint on disk
 
+def _check_file_name(name: str, where: str) -> None:
+    """A shard name from the index is a plain file name: '../x' or 'sub/x' would read and write
+    files outside the checkpoint directory."""
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise FixError(EXIT_CHECKPOINT, "%s names the weights file %r, which is not a file name in "
+                       "its directory (expected a name such as model-00001-of-00002.safetensors)"
+                       % (where, name))
+
+
 class _WeightsFile(object):
     def __init__(self, directory: str, name: str) -> None:
-        if not name or "/" in name or name in (".", "..") or "\0" in name:
-            raise FixError(EXIT_CHECKPOINT, "weights file name %r is not a file name in %s (the "
-                           "index must name files beside it)" % (name, directory))
+        _check_file_name(name, directory)
         self.name = name
         self.path = os.path.join(directory, name)
         #: the link's text when the file is a symbolic link (restored by --restore)
@@ -711,6 +718,8 @@ class _Checkpoint(object):
         if self.index is not None:
             self.index_path = index_path
             names = sorted(set(self.index["weight_map"].values()))
+            for name in names:
+                _check_file_name(name, index_path)
             for name in names:
                 if not os.path.isfile(os.path.join(self.dir, name)):
                     raise FixError(EXIT_CHECKPOINT, "%s lists %s but %s has no such file"
