@@ -36,7 +36,7 @@ MAX_KNOWN_HOSTS_BYTES = 64 << 20
 @dataclass
 class KnownHosts:
     path: Path
-    #: plain entries, revoked keys removed, for paramiko's client
+    #: plain entries for paramiko's client; a lookup leaves out keys revoked for the host
     host_keys: paramiko.HostKeys
     #: (host patterns, key) of every @revoked line
     revoked: list[tuple[list[str], paramiko.PKey]] = field(default_factory=list)
@@ -116,12 +116,27 @@ def load_known_hosts(path: Path) -> KnownHosts:
             known.revoked.append((list(entry.hostnames), entry.key))
         else:
             plain.append(entry)
-    for entry in plain:
-        if any(_key_equal(entry.key, bad) for _, bad in known.revoked):
-            continue  # a revoked key is never accepted, whatever another line says
-        # the same bookkeeping as paramiko's HostKeys.load, for one pre-parsed entry
-        known.host_keys._entries.append(entry)
+    known.host_keys = _revocation_aware(known)
+    # the same bookkeeping as paramiko's HostKeys.load, for pre-parsed entries
+    known.host_keys._entries.extend(plain)
     return known
+
+
+def _revocation_aware(known: KnownHosts):
+    """paramiko HostKeys whose lookup(host) leaves out keys revoked for that host.
+
+    Per lookup, not at load time: a @revoked line may name some hosts only (``!a,*``), and a
+    plain line may list a host under a hashed name that only a lookup can match.
+    """
+    import paramiko
+
+    class RevocationAwareHostKeys(paramiko.HostKeys):
+        def lookup(self, hostname):
+            view = paramiko.HostKeys()
+            view._entries = [e for e in self._entries if e.key is not None and not known.revoked_for(hostname, e.key)]
+            return view.lookup(hostname)
+
+    return RevocationAwareHostKeys()
 
 
 def revoked_message(label: str, hostname: str, key, path: Path) -> str:

@@ -122,8 +122,7 @@ class HostConnection:
         if known_hosts.exists():
             # not client.load_host_keys: paramiko misreads OpenSSH's @revoked/@cert-authority lines
             self._known = ssh_trust.load_known_hosts(known_hosts)
-            for entry in self._known.host_keys._entries:
-                client.get_host_keys()._entries.append(entry)
+            client._host_keys = self._known.host_keys  # what SSHClient.connect looks keys up in
         elif self.ssh.host_key_policy == "reject":
             raise HostKeyRejected(
                 f"{_host_label(self.host)}: known_hosts file {known_hosts} does not exist; "

@@ -54,7 +54,7 @@ def parse_probe(output: str, source: str) -> dict:
         if document["status"] is not None and not isinstance(document["status"], int):
             raise TypeError
         str(document.get("last_log_line", ""))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested output
         raise RemoteOutputError(f"{source}: probe printed unexpected output: {output[:300]!r}") from None
     return document
 
