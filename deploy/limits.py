@@ -30,9 +30,14 @@ class InputTooLarge(ValueError):
     """A file or document over a limit; the message says which limit."""
 
 
+#: line/paragraph separators some tools read as newlines, and bidi overrides that make a path
+#: display as something else than it is
+_INVISIBLE = frozenset("\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\ufeff")
+
+
 def has_control_chars(text: str) -> bool:
-    """True for C0 control characters (newline, tab, NUL, ESC...) and DEL."""
-    return any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text)
+    """True for control characters: C0 (newline, tab, NUL, ESC...), DEL, C1, and _INVISIBLE."""
+    return any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F or ch in _INVISIBLE for ch in text)
 
 
 def read_bounded(path: Path, limit: int) -> bytes:

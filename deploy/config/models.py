@@ -58,8 +58,10 @@ def _address(value: str) -> str:
     return value
 
 
-PlainText = Annotated[str, AfterValidator(_plain_text)]
-HostPath = Annotated[str, Field(min_length=1), AfterValidator(_host_path)]
+#: PATH_MAX on Linux; a longer "path" is not one, and it would only make huge command lines
+MAX_PATH = 4096
+PlainText = Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_plain_text)]
+HostPath = Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_host_path)]
 Address = Annotated[str, Field(min_length=1, max_length=253), AfterValidator(_address)]
 
 # Flags deployctl builds itself from the run's fields; passing them again in extra_args would
@@ -86,7 +88,7 @@ class Strict(BaseModel):
 
 class SSHSettings(Strict):
     #: a relative path is relative to the config file's directory
-    known_hosts: Annotated[str, Field(min_length=1), AfterValidator(_plain_text)] = "~/.ssh/known_hosts"
+    known_hosts: Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_plain_text)] = "~/.ssh/known_hosts"
     #: ``reject``: unknown host keys are refused (OpenSSH StrictHostKeyChecking=yes).
     #: ``accept-new``: an unknown key is accepted and recorded; a changed key is still refused.
     host_key_policy: Literal["reject", "accept-new"] = "reject"
@@ -102,13 +104,13 @@ class Host(Strict):
     port: Annotated[int, Field(ge=1, le=65535)] = 22
     user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")] = "root"
     #: a relative path is relative to the config file's directory
-    identity_file: Annotated[str, Field(min_length=1), AfterValidator(_plain_text)] | None = None
+    identity_file: Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_plain_text)] | None = None
     gpus: Annotated[int, Field(ge=1, le=64)] = 8
-    gpu_devices: Annotated[str, Field(min_length=1), AfterValidator(_plain_text)] = "/dev/nvidia*"
+    gpu_devices: Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_plain_text)] = "/dev/nvidia*"
     python: HostPath = "python3"
     #: Persistent directory for helpers, PID files and logs. ``~`` is resolved on the host.
     #: Never under /tmp: the second seed lost its fix script there after a VM crash.
-    state_dir: Annotated[str, AfterValidator(_plain_text)] = "~/.deployctl"
+    state_dir: Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_plain_text)] = "~/.deployctl"
     groups: list[Name] = Field(default_factory=list)
 
     @field_validator("gpu_devices")

@@ -118,6 +118,8 @@ for value, fragment in [
     ("", "absolute path"), ("/var/lib/x\ny", "control character"), ("/var/lib/x\ty", "control character"),
     ("/var/lib/x\x00y", "control character"), ("/var/lib/\x1b[31m", "control character"),
     ("/var/lib/x\x7f", "control character"), ("~/x\r", "control character"),
+    ("/var/lib/x\u2028y", "control character"), ("/var/lib/\u202eexe.txt", "control character"),
+    ("/var/lib/x\x85", "control character"), ("/" + "a" * 5000, "at most 4096"),
 ]:
     case(f"state_dir-{value!r}", with_field(STATE, value), "state_dir", fragment)
 for field in ("address",):
@@ -127,7 +129,7 @@ for field in ("address",):
 for value in ("0.0.0.0; touch x", "$(touch x)", "localhost:30000", "0.0.0.0\n", "[::]", "a b", "-h", "`id`"):
     case(f"serve_host-{value!r}", with_field(("runs", 0, "serve_host"), value), "serve_host")
 for field in ("drafter", "base_model"):
-    for value in ("-rf", "--help", "-", "/x\ny", "/x\x00", "/d\x1b"):
+    for value in ("-rf", "--help", "-", "/x\ny", "/x\x00", "/d\x1b", "/d\u2029", "/" + "d" * 5000):
         case(f"{field}-{value!r}", with_field(("runs", 0, field), value), field)
     case(f"{field}-missing", without_field(("runs", 0, field)), field, "required")
 for field, value in [("sglang_python", "-c"), ("sglang_python", "python3\n")]:
