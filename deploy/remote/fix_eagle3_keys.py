@@ -1330,6 +1330,8 @@ def _sidecar_problem(sidecar: Dict[str, Any]) -> str:
             continue
         if not isinstance(entry, dict) or not _is_record(entry.get("original")):
             return "%s entry has no valid original record" % key
+        if "link" in entry and not isinstance(entry["link"], str):
+            return "%s entry: link is not a string" % key
         known = entry.get("known_sha256", [])
         if not isinstance(known, list) or not all(isinstance(k, str) for k in known):
             return "%s entry: known_sha256 is not a list of strings" % key
@@ -1658,7 +1660,8 @@ def _preflight(ckpt: _Checkpoint, changing: List[_FilePlan], config: bool, index
                        "backup sidecar goes there; nothing was changed" % ckpt.dir)
     for path, name, wanted in ((ckpt.config_path, CONFIG_NAME, config),
                                (ckpt.index_path, INDEX_NAME, index)):
-        if wanted and path and not os.access(path, os.W_OK):
+        # a link is replaced, not written through: only the directory must be writable
+        if wanted and path and not os.path.islink(path) and not os.access(path, os.W_OK):
             raise FixError(EXIT_IO, "cannot write %s: permission denied (read-only file); nothing "
                            "was changed" % path)
     for plan in changing:
@@ -1757,14 +1760,23 @@ def _write_sidecar(ckpt: _Checkpoint, sidecar: Optional[Dict[str, Any]], plans: 
         files[plan.weights.name] = entry
     if new_config_raw is not None and config_raw is not None:
         side["config"], replaced = _json_entry(side.get("config"), config_raw, new_config_raw)
+        _note_link(side["config"], ckpt.config_path)
         if replaced:
             log.append("backup of %s replaced: it changed since that conversion" % CONFIG_NAME)
     if new_index_raw is not None and ckpt.index_raw is not None:
         side["index"], _ = _json_entry(side.get("index"), ckpt.index_raw, new_index_raw)
+        _note_link(side["index"], ckpt.index_path or "")
     _atomic_write(ckpt.sidecar_path, _dump_json(side), "after_backup_tmp_write", "",
                   "after_backup_rename")
     log.append("original headers%s saved in %s" % (" and config" if new_config_raw else "",
                                                   SIDECAR_NAME))
+
+
+def _note_link(entry: Dict[str, Any], path: str) -> None:
+    """A JSON file that is a link (the Hugging Face cache) is replaced, never written through;
+    the sidecar keeps the link's text so --restore can put the link back."""
+    if path and os.path.islink(path) and "link" not in entry:
+        entry["link"] = os.readlink(path)
 
 
 def _write_header_in_place(plan: _FilePlan) -> None:
@@ -1940,7 +1952,16 @@ def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:
         if current is not None and _sha256(current) not in _known(entry):
             raise FixError(EXIT_CHECKPOINT, "%s changed since it was converted (it matches neither "
                            "the original nor the converted version); nothing restored" % json_path)
-        json_steps.append((json_path, original))
+        link = entry.get("link")
+        if link is not None:
+            target = os.path.join(ckpt.dir, link)
+            try:
+                linked = _read_bounded(target, len(original), os.path.basename(json_path))
+            except FixError:
+                linked = None
+            if linked != original:
+                link = None         # the target changed or is gone: restore the bytes instead
+        json_steps.append((json_path, original, link))
 
     if not os.access(ckpt.dir, os.W_OK):
         raise FixError(EXIT_IO, "cannot write in %s: permission denied; nothing restored" % ckpt.dir)
@@ -1980,7 +2001,11 @@ def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:
             mode = "rewritten"
         files.append({"file": name, "mode": mode})
         log.append("%s: original header restored (%s)" % (name, mode.replace("_", " ")))
-    for json_path, original in json_steps:
+    for json_path, original, link in json_steps:
+        if link is not None:
+            _relink(json_path, link)
+            log.append("%s: the link to %s is back" % (os.path.basename(json_path), link))
+            continue
         _atomic_write(json_path, original)
         log.append("%s restored" % os.path.basename(json_path))
     _stage("restore_after_config")
@@ -1998,7 +2023,7 @@ def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:
     if origs:
         log.append("left in place: %s (from --full-backup)" % ", ".join(sorted(origs)))
     return {"status": "restored", "path": ckpt.input, "exit_code": EXIT_OK, "files": files,
-            "config": {"restored": any(p == ckpt.config_path for p, _ in json_steps)},
+            "config": {"restored": any(step[0] == ckpt.config_path for step in json_steps)},
             "fingerprint": fingerprint(ckpt.input), "log": log}
 
 

@@ -330,8 +330,10 @@ def test_hf_cache_layout_blob_is_never_written(tmp_path):
     assert not (snap / WEIGHTS).is_symlink()
     assert fix.main(["--check", "--", str(other)]) == 1      # the other snapshot still needs it
     assert fix.main(["--restore", "--", str(snap)]) == 0
-    assert os.readlink(snap / WEIGHTS) == os.readlink(other / WEIGHTS)
+    for name in (WEIGHTS, "config.json"):
+        assert os.readlink(snap / name) == os.readlink(other / name)
     assert tree_state(blobs) == blobs_before
+    assert tree_state(snap) == tree_state(other)          # the snapshot is exactly as it was
 
 
 def test_hf_cache_copy_needs_space_first(tmp_path, monkeypatch):
