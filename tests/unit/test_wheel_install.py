@@ -40,8 +40,11 @@ def installed(tmp_path_factory):
         assert (src / name).is_file(), name
     dist = root / "dist"
     # isolated build: pip fetches setuptools and wheel from the configured index, as `pip install .` does
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                    "-w", str(dist), str(src)], check=True, timeout=600, capture_output=True)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)],
+                           timeout=600, capture_output=True, text=True)
+    if built.returncode != 0 and "Could not find a version that satisfies" in built.stderr:
+        pytest.skip("no package index reachable for the build backend (setuptools, wheel)")
+    assert built.returncode == 0, built.stderr[-3000:]
     wheel = next(dist.glob("deployctl-*.whl"))
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
