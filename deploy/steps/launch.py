@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from deploy.config.models import Host, Run
-from deploy.errors import RemoteOutputError
+from deploy.errors import RemoteCommandFailed, RemoteOutputError
 from deploy.shell import path_join, quote, quote_path
 from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
 
@@ -137,7 +137,14 @@ def upload_env(ctx: StepContext) -> None:
         os.fchmod(fd, 0o600)  # SFTP put keeps the local mode
         with os.fdopen(fd, "w") as handle:
             handle.write(env_file_text(ctx.run.env))
-        conn.put(Path(local), conn.resolve(env_path(ctx)))
+        # via a temporary name: a full disk must not leave a truncated environment file behind
+        final = conn.resolve(env_path(ctx))
+        try:
+            conn.put(Path(local), final + ".upload")
+        except RemoteCommandFailed:
+            conn.run(f"rm -f -- {quote_path(final + '.upload')}")
+            raise
+        conn.check(f"mv -f -- {quote_path(final + '.upload')} {quote_path(final)}", what="installing the environment file")
     finally:
         os.unlink(local)
 
