@@ -50,6 +50,8 @@ class HostReport:
         if self.error is not None:
             data["error"] = str(self.error)
             data["exit_code"] = int(self.error.exit_code)
+        else:
+            data["exit_code"] = 0
         return data
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,12 +11,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from deploy.config.loader import compose_yaml, locate_node, format_validation_error
+from deploy.config.loader import compose_yaml, compose_yaml_bytes, format_validation_error, locate_node
 from deploy.errors import ConfigError
 from deploy.steps import REGISTRY
 from deploy.steps.base import StepSettings
 
-BUILTIN = ("up", "restart", "down")
+#: shipped inside the package (deploy/playbooks/*.yaml), read with importlib.resources, so a wheel
+#: install has them too (they used to be data-files that `pip install .` left out).
+BUILTIN = ("up", "restart", "down", "bench")
 
 
 class _PlaybookFile(BaseModel):
@@ -51,31 +53,41 @@ class Playbook:
         return Playbook(self.name, self.description, self.path, steps)
 
 
-def playbook_dirs() -> list[Path]:
-    dirs = []
-    if os.environ.get("DEPLOYCTL_PLAYBOOKS"):
-        dirs.append(Path(os.environ["DEPLOYCTL_PLAYBOOKS"]))
-    dirs.append(Path(__file__).resolve().parents[1] / "playbooks")  # source checkout / editable install
-    dirs.append(Path(sys.prefix) / "share" / "deployctl" / "playbooks")  # wheel install (data-files)
-    return dirs
+def builtin_playbook(name: str):
+    """The packaged playbook ``name`` (an importlib.resources Traversable), or None."""
+    if name not in BUILTIN:
+        return None
+    return importlib.resources.files("deploy") / "playbooks" / f"{name}.yaml"
 
 
-def find_playbook(name_or_path: str) -> Path:
+def find_playbook(name_or_path: str):
+    """A Path for a file or a $DEPLOYCTL_PLAYBOOKS playbook, else the packaged resource."""
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml") or "/" in name_or_path:
         if not candidate.is_file():
             raise ConfigError(f"{candidate}: playbook file not found")
         return candidate
-    for directory in playbook_dirs():
-        path = directory / f"{name_or_path}.yaml"
-        if path.is_file():
-            return path
-    raise ConfigError(f"playbook {name_or_path!r} not found in {', '.join(map(str, playbook_dirs()))}")
+    override = os.environ.get("DEPLOYCTL_PLAYBOOKS")
+    if override and (Path(override) / f"{name_or_path}.yaml").is_file():
+        return Path(override) / f"{name_or_path}.yaml"
+    resource = builtin_playbook(name_or_path)
+    if resource is not None and resource.is_file():
+        return resource
+    where = f"$DEPLOYCTL_PLAYBOOKS ({override}) or " if override else ""
+    raise ConfigError(
+        f"playbook {name_or_path!r} not found in {where}the built-in playbooks ({', '.join(BUILTIN)}); "
+        "pass a YAML file with --playbook FILE"
+    )
 
 
 def load_playbook(name_or_path: str) -> Playbook:
-    path = find_playbook(name_or_path)
-    root, data = compose_yaml(path)
+    found = find_playbook(name_or_path)
+    if isinstance(found, Path):
+        path = found
+        root, data = compose_yaml(path)
+    else:
+        path = Path(str(found))
+        root, data = compose_yaml_bytes(found.read_bytes(), str(found))
     try:
         document = _PlaybookFile.model_validate(data)
     except ValidationError as exc:
@@ -84,7 +96,7 @@ def load_playbook(name_or_path: str) -> Playbook:
     problems = []
     for i, entry in enumerate(document.steps):
         name = entry.get("step")
-        if name not in REGISTRY:
+        if not isinstance(name, str) or name not in REGISTRY:
             node = locate_node(root, ("steps", i, "step"))
             line = f":{node.start_mark.line + 1}" if node is not None else ""
             problems.append(

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from deploy.errors import ExitCode
 from deploy.facts.gpus import GpuRow
 from deploy.fanout import HostOutcome
 
@@ -48,7 +49,10 @@ def gpu_status_tables(outcomes: Sequence[HostOutcome[list[GpuRow]]], out: Consol
         host = outcome.host
         title = f"{host.name}  {_reached_as(host, (endpoints or {}).get(host.name))}"
         if outcome.error is not None:
-            out.print(f"[bold]{title}[/bold]  [red]UNREACHABLE/ERROR[/red] (exit {int(outcome.error.exit_code)})")
+            code = int(outcome.error.exit_code)
+            # a host that answered but whose nvidia-smi failed is not "unreachable": say which
+            label = "UNREACHABLE" if code == ExitCode.CONNECTION else "GPU QUERY FAILED (host reachable)"
+            out.print(f"[bold]{title}[/bold]  [red]{label}[/red] (exit {code})")
             out.print(f"  {outcome.error}", markup=False)
             continue
         rows = outcome.value or []
@@ -74,8 +78,10 @@ def gpu_status_document(outcomes: Sequence[HostOutcome[list[GpuRow]]], endpoints
         if outcome.error is not None:
             entry["error"] = str(outcome.error)
             entry["exit_code"] = int(outcome.error.exit_code)
+            entry["reachable"] = outcome.error.exit_code != ExitCode.CONNECTION
         else:
             rows = outcome.value or []
+            entry["exit_code"] = 0
             entry["gpus"] = [r.to_dict() for r in rows]
             entry["all_free"] = all(r.used_mib == 0 for r in rows)
         hosts.append(entry)

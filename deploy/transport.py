@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from deploy import ssh_trust
 from deploy.config.models import Host, SSHSettings
 from deploy.errors import DeployError, ConnectionFailed, HostKeyRejected, RemoteCommandFailed, StepTimeout
 from deploy.ssh_config import (
@@ -126,59 +127,35 @@ def known_hosts_name(host: Host) -> str:
     return host.address if host.port == 22 else f"[{host.address}]:{host.port}"
 
 
-def _make_policies():
-    import paramiko
-
-    class RejectUnknownHost(paramiko.MissingHostKeyPolicy):
-        def missing_host_key(self, client, hostname, key):
-            raise HostKeyRejected(
-                f"host key for {hostname} is not in known_hosts "
-                f"({key.get_name()} {key.fingerprint}); verify it and add it, "
-                "or set ssh.host_key_policy: accept-new (or --accept-new-host-keys) to record it"
-            )
-
-    class AcceptNewHost(paramiko.MissingHostKeyPolicy):
-        def __init__(self, known_hosts: Path):
-            self.known_hosts = known_hosts
-
-        def missing_host_key(self, client, hostname, key):
-            client.get_host_keys().add(hostname, key.get_name(), key)
-            self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-            line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-            fd = os.open(self.known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, line.encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-    return RejectUnknownHost, AcceptNewHost
-
-
 # -- one hop: host key policy, keys, the fabric Connection ----------------------------------------
 
 
-def apply_host_key_policy(client: paramiko.SSHClient, hop: Endpoint) -> None:
+def known_hosts_files(hop: Endpoint) -> tuple[list[Path], list[Path]]:
+    """(every known_hosts file of the hop, those that exist)."""
+    files = [expand_path(f) for f in hop.known_hosts.value]
+    return files, [f for f in files if f.exists()]
+
+
+def apply_host_key_policy(client: paramiko.SSHClient, hop: Endpoint, label: str) -> None:
     """Load the hop's known_hosts files and install the hop's policy for unknown keys.
 
     A changed key never reaches a policy: paramiko raises BadHostKeyException first. Jump hosts go
     through here exactly like targets (their own UserKnownHostsFile / StrictHostKeyChecking).
+    The files are read by deploy/ssh_trust.py, not client.load_host_keys: paramiko misreads
+    OpenSSH's @revoked/@cert-authority lines.
     """
-    files = [expand_path(f) for f in hop.known_hosts.value]
-    present = [f for f in files if f.exists()]
-    for known in present:
-        try:
-            client.load_host_keys(str(known))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConnectionFailed(f"cannot read known_hosts file {known}: {exc}") from None
+    files, present = known_hosts_files(hop)
     if not present and hop.host_key_policy.value == "reject":
         raise HostKeyRejected(
             f"known_hosts file {', '.join(map(str, files))} does not exist; host keys cannot be "
             "verified (set ssh.known_hosts, or use accept-new once)"
         )
-    reject, accept_new = _make_policies()
+    known = ssh_trust.load_known_hosts_files(present) if present else None
+    if known is not None:
+        client._host_keys = known.host_keys  # what SSHClient.connect looks keys up in
+    reject, accept_new = ssh_trust.make_policies(known, files[0], label)
     if hop.host_key_policy.value == "accept-new":
-        client.set_missing_host_key_policy(accept_new(files[0]))
+        client.set_missing_host_key_policy(accept_new())
     else:
         client.set_missing_host_key_policy(reject())
 
@@ -226,9 +203,12 @@ def auth_kwargs(hop: Endpoint, label: str) -> dict:
     files = [expand_path(f) for f in hop.identity_files.value]
     if not files:
         return {"allow_agent": True, "look_for_keys": True}
+    if hop.identity_files.source == "yaml":
+        for key_file in files:  # missing, not a regular file, or readable by group/others: refused
+            ssh_trust.check_private_key_file(key_file, label)
     existing = [f for f in files if f.is_file()]
-    if not existing and hop.identity_files.source == "yaml":
-        raise ConnectionFailed(f"{label}: identity_file {files[0]} does not exist")
+    for key_file in existing:
+        ssh_trust.check_private_key_file(key_file, label)  # OpenSSH refuses group/other-readable keys
     if not existing:
         # OpenSSH skips IdentityFile entries that do not exist; so do we.
         return {"allow_agent": True, "look_for_keys": not hop.identities_only.value}
@@ -319,7 +299,7 @@ def build_hop_connection(hop: Endpoint, gateway: fabric.Connection | None, label
         hop.hostname.value, user=hop.user.value, port=hop.port.value, config=config,
         connect_timeout=timeout, connect_kwargs=connect_kwargs, gateway=gateway,
     )
-    apply_host_key_policy(conn.client, hop)
+    apply_host_key_policy(conn.client, hop, label)
     return conn
 
 
@@ -362,6 +342,10 @@ def open_hop(hop: Endpoint, gateway: fabric.Connection | None, retries: int, lab
     except paramiko.PasswordRequiredException as exc:
         raise ConnectionFailed(f"{label}: authentication failed: {exc} (load the key into ssh-agent)") from None
     except paramiko.BadHostKeyException as exc:
+        present = known_hosts_files(hop)[1]
+        known = ssh_trust.load_known_hosts_files(present) if present else None
+        if known is not None and known.revoked_for(exc.hostname, exc.key):
+            raise HostKeyRejected(ssh_trust.revoked_message(label, exc.hostname, exc.key, known.path)) from None
         raise HostKeyRejected(
             f"{label}: REMOTE HOST KEY CHANGED: got {exc.key.get_name()} {exc.key.fingerprint}, "
             f"known_hosts has {exc.expected_key.fingerprint}. Refusing to connect (possible "

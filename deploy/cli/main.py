@@ -75,8 +75,34 @@ def _register() -> None:
 _register()
 
 
+def _fix_keys_args(args: list[str]) -> list[str] | None:
+    """The arguments after ``fix-keys``, untouched, or None when the verb is another one.
+
+    click drops ``--`` from a command's extra arguments, so ``fix-keys -- -odd-name`` would reach
+    the fixer as an option; the fixer gets its arguments exactly as typed instead.
+    """
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if token in ("-c", "--config"):
+            i += 2
+        elif token.startswith("--config=") or token == "--accept-new-host-keys":
+            i += 1
+        elif token == "fix-keys":
+            return args[i + 1:]
+        else:
+            return None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; user errors never produce a traceback."""
+    raw = list(sys.argv[1:] if argv is None else argv)
+    fix_args = _fix_keys_args(raw)
+    if fix_args is not None:
+        from deploy.remote import fix_eagle3_keys
+
+        return fix_eagle3_keys.main(fix_args, prog="deployctl fix-keys")
     try:
         result = cli.main(args=argv, prog_name="deployctl", standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from deploy.config.models import Config
 from deploy.errors import ConfigError
+from deploy.limits import MAX_YAML_BYTES, MAX_YAML_DEPTH, InputTooLarge, check_yaml_graph, read_bounded
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -20,6 +21,13 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     mapping: dict[Any, Any] = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping", node.start_mark,
+                f"found a {type(key).__name__} as a key (expected a name)", key_node.start_mark,
+            ) from None
         if key in mapping:
             raise yaml.constructor.ConstructorError(
                 "while reading a mapping",
@@ -109,22 +117,49 @@ def parse_yaml(path: Path, model: type[BaseModel]) -> BaseModel:
 
 
 def compose_yaml(path: Path) -> tuple[yaml.Node | None, Any]:
+    """Read ``path`` within the size limit and compose it; every failure is a ConfigError."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = read_bounded(path, MAX_YAML_BYTES)
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    except InputTooLarge as exc:
+        raise ConfigError(f"{path}: refused: {exc} (a deployctl YAML file is a few KB)") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return compose_yaml_bytes(raw, str(path))
+
+
+def compose_yaml_bytes(raw: bytes, display: str) -> tuple[yaml.Node | None, Any]:
+    """Compose and construct YAML bytes with the depth, size and alias limits (ConfigError)."""
+    if len(raw) > MAX_YAML_BYTES:
+        raise ConfigError(f"{display}: refused: {len(raw)} bytes, over the limit of {MAX_YAML_BYTES} bytes")
     try:
-        root = yaml.compose(text, Loader=_StrictLoader)
-        data = yaml.load(text, Loader=_StrictLoader)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{display}: not UTF-8 text (byte {exc.start}): is this a YAML file?") from None
+    if "\x00" in text:
+        raise ConfigError(f"{display}: contains a NUL byte: is this a YAML file?")
+    loader = _StrictLoader(text)
+    try:
+        root = loader.get_single_node()
+        check_yaml_graph(root)
+        data = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        where = f"{display}:{mark.line + 1}" if mark else display
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{where}: not valid YAML: {problem}") from None
+    except InputTooLarge as exc:
+        raise ConfigError(f"{display}: refused: {exc}") from None
+    except RecursionError:
+        # PyYAML's composer recurses once per nesting level; the graph check never sees it.
+        raise ConfigError(
+            f"{display}: refused: nested more than {MAX_YAML_DEPTH} levels deep (the parser ran out of stack)"
+        ) from None
+    finally:
+        loader.dispose()
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a YAML mapping at the top level, got {type(data).__name__}")
+        raise ConfigError(f"{display}: expected a YAML mapping at the top level, got {type(data).__name__}")
     return root, data
 
 
@@ -148,4 +183,24 @@ def load_config(path: str | Path) -> Config:
             where = f"{path}:{node.start_mark.line + 1}" if node is not None else str(path)
             lines.append(f"  {where}: {_field_path(loc, data)}: {msg}")
         raise ConfigError("\n".join(lines))
-    return config
+    return resolve_local_paths(config, path)
+
+
+def resolve_local_paths(config: Config, path: Path) -> Config:
+    """Relative local paths (known_hosts, identity files) are relative to the config file's directory.
+
+    Not to the current directory: cron and systemd start deployctl elsewhere, and a relative
+    known_hosts resolved against the wrong directory is a missing file (every host refused) or,
+    worse with accept-new, a new file that trusts whatever key answers.
+    """
+    base = path.resolve().parent
+
+    def anchored(value: str) -> str:
+        if value.startswith("~") or value.startswith("/"):
+            return value
+        return str(base / value)
+
+    ssh = config.ssh.model_copy(update={"known_hosts": anchored(config.ssh.known_hosts)})
+    hosts = [h.model_copy(update={"identity_file": anchored(h.identity_file)}) if h.identity_file else h
+             for h in config.hosts]
+    return config.model_copy(update={"ssh": ssh, "hosts": hosts})

@@ -6,14 +6,64 @@ silently ignored setting that deploys with the default.
 
 from __future__ import annotations
 
+import ipaddress
+import posixpath
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from deploy.limits import has_control_chars
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 PositiveSeconds = Annotated[float, Field(gt=0, le=24 * 3600)]
+
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def _plain_text(value: str) -> str:
+    # A newline in a path reached the host's shell as a second command line (a newline in
+    # state_dir created odd directories before failing); no real path or name has one.
+    if has_control_chars(value):
+        raise ValueError(f"{value!r} contains a control character (newline, tab, NUL...); not allowed")
+    return value
+
+
+def _host_path(value: str) -> str:
+    _plain_text(value)
+    if value.startswith("-"):
+        # host programs would read it as an option (the fixer did: exit 2, "bad usage")
+        raise ValueError(f"{value!r} starts with '-'; a path must not look like a command-line option")
+    return value
+
+
+def is_address_or_hostname(value: str) -> bool:
+    """An IPv4/IPv6 address or an RFC 1123 host name (letters, digits, '-', dot-separated labels)."""
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        pass
+    name = value[:-1] if value.endswith(".") else value
+    return 0 < len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in name.split("."))
+
+
+def _address(value: str) -> str:
+    if not is_address_or_hostname(value):
+        raise ValueError(
+            f"{value!r} is neither an IP address nor a host name (RFC 1123: letters, digits and '-' "
+            "in dot-separated labels)"
+        )
+    return value
+
+
+#: PATH_MAX on Linux; a longer "path" is not one, and it would only make huge command lines
+MAX_PATH = 4096
+PlainText = Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_plain_text)]
+HostPath = Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_host_path)]
+Address = Annotated[str, Field(min_length=1, max_length=253), AfterValidator(_address)]
+
 
 # Options deployctl builds itself from the run's fields, each with the aliases SGLang's
 # server_args.py registers for it. SGLang parses with argparse's default allow_abbrev=True, so an
@@ -60,8 +110,9 @@ class SSHSettings(Strict):
     #: OpenSSH client config to honour (Host aliases, HostName, User, Port, IdentityFile,
     #: ProxyJump...). Unset: ~/.ssh/config when it exists; ``none``: ignore ssh_config.
     #: Values set in this YAML win over ssh_config (see deploy/ssh_config.py).
-    config_file: Annotated[str, Field(min_length=1)] | None = None
-    known_hosts: str = "~/.ssh/known_hosts"
+    config_file: Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_plain_text)] | None = None
+    #: a relative path is relative to the config file's directory
+    known_hosts: Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_plain_text)] = "~/.ssh/known_hosts"
     #: ``reject``: unknown host keys are refused (OpenSSH StrictHostKeyChecking=yes).
     #: ``accept-new``: an unknown key is accepted and recorded; a changed key is still refused.
     host_key_policy: Literal["reject", "accept-new"] = "reject"
@@ -74,26 +125,20 @@ class SSHSettings(Strict):
 class Host(Strict):
     name: Name
     #: an IP, a DNS name, or a Host alias of the user's ssh_config
-    address: Annotated[str, Field(min_length=1, max_length=253)]
+    address: Address
     port: Annotated[int, Field(ge=1, le=65535)] = 22
     user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")] = "root"
-    identity_file: str | None = None
+    #: a relative path is relative to the config file's directory
+    identity_file: Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_plain_text)] | None = None
     gpus: Annotated[int, Field(ge=1, le=64)] = 8
-    gpu_devices: Annotated[str, Field(min_length=1)] = "/dev/nvidia*"
-    python: Annotated[str, Field(min_length=1)] = "python3"
+    gpu_devices: Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_plain_text)] = "/dev/nvidia*"
+    python: HostPath = "python3"
     #: Persistent directory for helpers, PID files and logs. ``~`` is resolved on the host.
     #: Never under /tmp: the second seed lost its fix script there after a VM crash.
-    state_dir: str = "~/.deployctl"
+    state_dir: Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_plain_text)] = "~/.deployctl"
     #: doctor fails when the state or logs directory has less free space than this
     min_free_mib: Annotated[int, Field(ge=0)] = 1024
     groups: list[Name] = Field(default_factory=list)
-
-    @field_validator("address")
-    @classmethod
-    def _address_is_plain(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9.:_\[\]-]+", value):
-            raise ValueError("expected a hostname or IP address (letters, digits, '.', '-', ':')")
-        return value
 
     @field_validator("gpu_devices")
     @classmethod
@@ -102,6 +147,9 @@ class Host(Strict):
             raise ValueError("expected an absolute path glob such as /dev/nvidia*")
         if any(ch in value for ch in "[]{}"):
             raise ValueError("only '*' and '?' wildcards are supported, e.g. /dev/nvidia*")
+        if ".." in value.split("/"):
+            # fuser -k kills every process holding a matched file: /dev/../home/* is not a GPU
+            raise ValueError("'..' is not allowed in gpu_devices (fuser -k kills whatever holds a match)")
         return value
 
     @field_validator("state_dir")
@@ -109,15 +157,21 @@ class Host(Strict):
     def _state_dir_is_persistent(cls, value: str) -> str:
         if not (value.startswith("/") or value == "~" or value.startswith("~/")):
             raise ValueError("expected an absolute path or one under ~ (resolved on the host)")
-        normalized = "/" + "/".join(p for p in value.split("/") if p not in ("", "."))
-        if normalized in ("/tmp", "/var/tmp", "/dev/shm") or normalized.startswith(
-            ("/tmp/", "/dev/shm/", "/run/")
-        ):
+        home = value.startswith("~")
+        rest = value[1:] if home else value
+        if ".." in rest.split("/"):
+            # /var/../tmp/x is /tmp/x: '..' would walk around the /tmp guard below
+            raise ValueError(f"{value!r}: '..' is not allowed in state_dir; write the directory itself")
+        normalized = posixpath.normpath("/" + rest.lstrip("/"))
+        if not home and (normalized in ("/tmp", "/var/tmp", "/dev/shm", "/run", "/var/run")
+                         or normalized.startswith(("/tmp/", "/var/tmp/", "/dev/shm/", "/run/", "/var/run/"))):
             raise ValueError(
                 "state_dir must survive a reboot: /tmp is wiped by a VM crash or restart "
                 "(it lost the fix script in a real incident); use a directory under ~ or /var/lib"
             )
-        return value
+        if home:
+            return "~" if normalized == "/" else "~" + normalized
+        return normalized
 
 
 class Timeouts(Strict):
@@ -134,11 +188,11 @@ class Run(Strict):
     name: Name
     hosts: list[Name] = Field(default_factory=list)
     group: Name | None = None
-    base_model: Annotated[str, Field(min_length=1)]
-    drafter: Annotated[str, Field(min_length=1)]
+    base_model: HostPath
+    drafter: HostPath
     tp_size: Annotated[int, Field(ge=1, le=64)] = 8
     #: address SGLang binds; null = the host's own address
-    serve_host: str | None = None
+    serve_host: Address | None = None
     port: Annotated[int, Field(ge=1, le=65535)] = 30000
     draft_tokens: Annotated[int, Field(ge=2, le=64)] = 16
     eagle_topk: Annotated[int, Field(ge=1, le=16)] = 1
@@ -146,11 +200,11 @@ class Run(Strict):
     speculative_num_steps: Annotated[int, Field(ge=1, le=63)] | None = None
     speculative_algorithm: str = "EAGLE3"
     #: interpreter that has SGLang installed (a venv's python, say); helpers use the host's python
-    sglang_python: Annotated[str, Field(min_length=1)] = "python3"
+    sglang_python: HostPath = "python3"
     #: verify the drafter for this SGLang loader generation; auto = ask the host's installed sglang
     sglang_generation: Literal["auto", "legacy", "modern"] = "auto"
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(
+    extra_args: list[PlainText] = Field(default_factory=list)
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], Annotated[str, Field(pattern=r"^[^\x00]*$")]] = Field(
         default_factory=dict
     )
     timeouts: Timeouts = Field(default_factory=Timeouts)

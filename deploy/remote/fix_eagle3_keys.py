@@ -54,7 +54,8 @@ configured; the conversion itself did happen and the summary says so); 10 writin
 
     {"status": "converted" | "already_converted" | "needs_conversion" | "restored",
      "path": str, "exit_code": int, "dry_run": bool,
-     "files": [{"file": str, "mode": "in_place" | "rewritten" | "unchanged", "renamed": int}],
+     "files": [{"file": str, "mode": "in_place" | "rewritten" | "copied" | "unchanged",
+                "renamed": int}],
      "renames": [[old, new], ...],
      "config": {"converted": bool, "kind": "speculators" | "sglang" | "other" | "missing",
                 "aux_layer_ids": [int, ...] | null, "ids_mode": "keep" | "vllm" | "sglang"},
@@ -69,6 +70,14 @@ configured; the conversion itself did happen and the summary says so); 10 writin
 "config": {"restored": bool}, "fingerprint", "log"}``. ``--fingerprint`` (always JSON):
 ``{"status": "fingerprint", "path", "fingerprint", "exit_code"}``. On error:
 ``{"status": "error", "code": int, "error": str}`` with that exit code.
+
+Hostile input. Every JSON read here has a size limit checked before reading (config.json 16 MiB,
+the index 64 MiB, the sidecar 256 MiB, a safetensors header safetensors' own 100 MB) and a depth
+limit; NaN and Infinity are refused; an index naming a tensor that no shard has is an incomplete
+checkpoint (exit 6). A shard that is a link out of the checkpoint directory (the Hugging Face
+cache's ``snapshots/<rev>/x -> ../../blobs/<sha>``) or has several hard links is never written
+through: it is replaced by a converted copy (mode ``copied``, space checked first) and
+``--restore`` puts the link back.
 
 Standalone: Python 3.8+ standard library only; uploaded to GPU hosts and run as a script, and
 imported by ``deployctl fix-keys``. Library API: ``convert``, ``restore``, ``verify``,
@@ -115,6 +124,13 @@ EXIT_INTERRUPTED = 130
 
 #: safetensors refuses headers above 100 MB (safetensors/src/tensor.rs MAX_HEADER_SIZE).
 MAX_HEADER_LEN = 100000000
+#: size limits of the JSON files beside the weights, checked before reading: a drafter's
+#: config.json is ~2 KB; the index of a 1T-parameter model ~2 MB; the sidecar holds the headers.
+MAX_CONFIG_BYTES = 16 << 20
+MAX_INDEX_BYTES = 64 << 20
+MAX_SIDECAR_BYTES = 256 << 20
+#: nesting depth of any JSON read here (a safetensors header is 3 deep, config.json ~4).
+MAX_JSON_DEPTH = 64
 CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"
 SIDECAR_NAME = ".deployctl-fix-backup.json"
@@ -403,6 +419,87 @@ def _no_duplicates(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
     return out
 
 
+def _refuse_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise _NonFinite(text)
+    return value
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _json_depth(document: Any) -> int:
+    """Nesting depth of a parsed JSON value, without recursion."""
+    deepest = 0
+    stack = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children = list(value.values())
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_JSON_DEPTH:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _parse_json(text: str, display: str, pairs_hook: Any = None) -> Any:
+    """json.loads with the limits every JSON input gets: FixError 6 naming ``display``.
+
+    NaN and Infinity are refused (Python writes them back as NaN, which is not JSON; SGLang's
+    transformers config loader and safetensors' serde both reject them), a nesting deeper than
+    MAX_JSON_DEPTH is refused (the C decoder raises RecursionError a few thousand levels down,
+    and code walking the value would too).
+    """
+    try:
+        document = json.loads(text, object_pairs_hook=pairs_hook, parse_constant=_refuse_constant,
+                              parse_float=_finite_float)
+    except _NonFinite as exc:
+        raise FixError(EXIT_CHECKPOINT, "%s: the number %s is not finite; JSON has no NaN or "
+                       "Infinity (write a finite value)" % (display, exc.args[0]))
+    except RecursionError:
+        raise FixError(EXIT_CHECKPOINT, "%s: JSON nested more than %d levels deep; refused"
+                       % (display, MAX_JSON_DEPTH))
+    if _json_depth(document) > MAX_JSON_DEPTH:
+        raise FixError(EXIT_CHECKPOINT, "%s: JSON nested more than %d levels deep; refused"
+                       % (display, MAX_JSON_DEPTH))
+    return document
+
+
+def _read_bounded(path: str, limit: int, what: str) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` (FixError 6 naming the file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise FixError(EXIT_CHECKPOINT, "cannot read %s: %s" % (path, exc.strerror or exc))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FixError(EXIT_CHECKPOINT, "%s is not a regular file" % path)
+        if st.st_size > limit:
+            raise FixError(EXIT_CHECKPOINT, "%s is %d bytes, over the %d-byte limit for %s; refused"
+                           % (path, st.st_size, limit, what))
+        data = _pread_exact(fd, limit + 1, 0)
+    except OSError as exc:
+        raise FixError(EXIT_CHECKPOINT, "cannot read %s: %s" % (path, exc.strerror or exc))
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise FixError(EXIT_CHECKPOINT, "%s grew past the %d-byte limit for %s while read; refused"
+                       % (path, limit, what))
+    return data
+
+
 def _is_uint(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -464,7 +561,7 @@ def _parse_header(display: str, raw: bytes, size: int) -> Dict[str, Any]:
         raise FixError(EXIT_CHECKPOINT, "%s is not a safetensors file: its header is not UTF-8 "
                        "JSON" % display)
     try:
-        entries = json.loads(text, object_pairs_hook=_no_duplicates)
+        entries = _parse_json(text, display + " header", _no_duplicates)
     except _DuplicateKey as exc:
         raise FixError(EXIT_CHECKPOINT, "%s: the header has the key %r twice (safetensors forbids "
                        "duplicate keys)" % (display, exc.args[0]))
@@ -552,11 +649,41 @@ def _header_region(entries: Dict[str, Any], old_len: int) -> Tuple[bytes, bool]:
 # --------------------------------------------------------------------------------------------
 # the checkpoint on disk
 
+def _check_file_name(name: str, where: str) -> None:
+    """A shard name from the index is a plain file name: '../x' or 'sub/x' would read and write
+    files outside the checkpoint directory."""
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise FixError(EXIT_CHECKPOINT, "%s names the weights file %r, which is not a file name in "
+                       "its directory (expected a name such as model-00001-of-00002.safetensors)"
+                       % (where, name))
+
+
 class _WeightsFile(object):
     def __init__(self, directory: str, name: str) -> None:
+        _check_file_name(name, directory)
         self.name = name
         self.path = os.path.join(directory, name)
-        self.real = os.path.realpath(self.path)
+        #: the link's text when the file is a symbolic link (restored by --restore)
+        self.link = os.readlink(self.path) if os.path.islink(self.path) else None
+        #: why writing through this file would change bytes outside the checkpoint ('' if not)
+        self.shared = ""
+        real_dir = os.path.realpath(directory)
+        if self.link is not None and os.path.dirname(self.real) != real_dir:
+            # The Hugging Face cache: snapshots/<rev>/x.safetensors -> ../../blobs/<sha>, a blob
+            # other snapshots share. Writing through the link would change them all.
+            self.shared = "a link to %s, outside the checkpoint directory" % self.real
+        else:
+            try:
+                links = os.stat(self.path).st_nlink
+            except OSError:
+                links = 1
+            if links > 1:
+                self.shared = "a file with %d hard links (its bytes are shared)" % links
+
+    @property
+    def real(self) -> str:
+        """The file the bytes are in, resolved now (a conversion may replace a link by a copy)."""
+        return os.path.realpath(self.path)
 
 
 class _Checkpoint(object):
@@ -592,6 +719,8 @@ class _Checkpoint(object):
             self.index_path = index_path
             names = sorted(set(self.index["weight_map"].values()))
             for name in names:
+                _check_file_name(name, index_path)
+            for name in names:
                 if not os.path.isfile(os.path.join(self.dir, name)):
                     raise FixError(EXIT_CHECKPOINT, "%s lists %s but %s has no such file"
                                    % (index_path, name, self.dir))
@@ -612,15 +741,14 @@ class _Checkpoint(object):
         self.weights = [_WeightsFile(self.dir, n) for n in names]
 
 
-def _read_json_object(path: str) -> Tuple[bytes, Dict[str, Any]]:
+def _read_json_object(path: str, limit: int = MAX_CONFIG_BYTES, what: str = CONFIG_NAME
+                      ) -> Tuple[bytes, Dict[str, Any]]:
+    raw = _read_bounded(path, limit, what)
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except OSError as exc:
-        raise FixError(EXIT_CHECKPOINT, "cannot read %s: %s" % (path, exc.strerror or exc))
-    try:
-        document = json.loads(raw.decode("utf-8"))
-    except ValueError as exc:
+        document = _parse_json(raw.decode("utf-8"), path)
+    except FixError:
+        raise
+    except ValueError as exc:       # UnicodeDecodeError and JSONDecodeError
         raise FixError(EXIT_CHECKPOINT, "%s is not valid JSON (%s)" % (path, exc))
     if not isinstance(document, dict):
         raise FixError(EXIT_CHECKPOINT, "%s is not a JSON object" % path)
@@ -628,7 +756,7 @@ def _read_json_object(path: str) -> Tuple[bytes, Dict[str, Any]]:
 
 
 def _read_index(path: str) -> Tuple[bytes, Dict[str, Any]]:
-    raw, index = _read_json_object(path)
+    raw, index = _read_json_object(path, MAX_INDEX_BYTES, INDEX_NAME)
     if not isinstance(index.get("weight_map"), dict) or not all(
             isinstance(v, str) for v in index["weight_map"].values()):
         raise FixError(EXIT_CHECKPOINT, "%s has no weight_map object mapping tensor names to "
@@ -754,15 +882,22 @@ def _plan_weight_map(weight_map: Dict[str, str], plans: List["_FilePlan"],
                 new_map[candidate] = file_name
                 break
         else:
-            stale.append(key)
+            stale.append((key, file_name))
+    if stale:
+        # The index promises a tensor no shard has: the checkpoint is incomplete (a shard from
+        # another revision, an interrupted download). Rewriting the index without it would hide
+        # that; SGLang would then run with that parameter uninitialised.
+        shown = ", ".join("%r (in %s)" % item for item in stale[:5])
+        raise FixError(EXIT_CHECKPOINT, "%s lists %d tensor(s) that no shard contains: %s%s; the "
+                       "checkpoint is incomplete; nothing was written"
+                       % (INDEX_NAME, len(stale), shown, " ..." if len(stale) > 5 else ""))
     missing = [name for name in owner if name not in new_map]
     for name in missing:
         new_map[name] = owner[name]
     log = []
-    if stale or missing:
-        log.append("%s: weight_map rebuilt from the shards (%d entr%s without a tensor dropped, "
-                   "%d added)" % (INDEX_NAME, len(stale), "y" if len(stale) == 1 else "ies",
-                                  len(missing)))
+    if missing:
+        log.append("%s: weight_map rebuilt from the shards (%d entr%s added)"
+                   % (INDEX_NAME, len(missing), "y" if len(missing) == 1 else "ies"))
     return new_map, log
 
 
@@ -1155,18 +1290,71 @@ def fingerprint(path: str) -> str:
 # the backup sidecar
 
 def _load_sidecar(path: str) -> Optional[Dict[str, Any]]:
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None
+    raw = _read_bounded(path, MAX_SIDECAR_BYTES, "the backup sidecar")
     try:
-        with open(path, "rb") as handle:
-            sidecar = json.loads(handle.read().decode("utf-8"))
-    except (OSError, ValueError) as exc:
+        sidecar = _parse_json(raw.decode("utf-8"), path)
+    except FixError as exc:
+        exc.message += "; move it away if it is not from deployctl"
+        exc.args = (exc.message,)
+        raise
+    except ValueError as exc:
         raise FixError(EXIT_CHECKPOINT, "backup sidecar %s is unreadable (%s); move it away if it "
                        "is not from deployctl" % (path, exc))
     if not isinstance(sidecar, dict) or sidecar.get("format") != SIDECAR_FORMAT or not isinstance(
             sidecar.get("files"), dict):
         raise FixError(EXIT_CHECKPOINT, "%s is not a deployctl backup sidecar; move it away" % path)
+    problem = _sidecar_problem(sidecar)
+    if problem:
+        raise FixError(EXIT_CHECKPOINT, "backup sidecar %s is damaged: %s; nothing was changed (move "
+                       "it away only if the drafter holds its original bytes)" % (path, problem))
     return sidecar
+
+
+def _is_record(value: Any, with_mode: bool = False) -> bool:
+    if not isinstance(value, dict) or not _is_uint(value.get("size")):
+        return False
+    if not (isinstance(value.get("sha256"), str) and isinstance(value.get("b64"), str)):
+        return False
+    try:
+        data = base64.b64decode(value["b64"].encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError):
+        return False
+    if _sha256(data) != value["sha256"]:
+        return False
+    return not with_mode or value.get("mode") in ("in_place", "rewritten", "copied")
+
+
+def _sidecar_problem(sidecar: Dict[str, Any]) -> str:
+    """What is wrong with a sidecar's structure ('' when it is usable): every b64 decodes to its
+    sha256, every entry has what --restore and the next run read."""
+    for name, entry in sidecar["files"].items():
+        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+            return "file name %r is not a file in the checkpoint directory" % (name,)
+        if not isinstance(entry, dict):
+            return "entry %r is not an object" % name
+        if not _is_record(entry.get("original")) or not _is_record(entry.get("source")):
+            return "entry %r has no valid original/source header record" % name
+        if not _is_record(entry.get("target"), with_mode=True):
+            return "entry %r has no valid target header record" % name
+        if "link" in entry and not isinstance(entry["link"], str):
+            return "entry %r: link is not a string" % name
+        known = entry.get("known_sha256", [])
+        if not isinstance(known, list) or not all(isinstance(k, str) for k in known):
+            return "entry %r: known_sha256 is not a list of strings" % name
+    for key in ("config", "index"):
+        entry = sidecar.get(key)
+        if entry is None:
+            continue
+        if not isinstance(entry, dict) or not _is_record(entry.get("original")):
+            return "%s entry has no valid original record" % key
+        if "link" in entry and not isinstance(entry["link"], str):
+            return "%s entry: link is not a string" % key
+        known = entry.get("known_sha256", [])
+        if not isinstance(known, list) or not all(isinstance(k, str) for k in known):
+            return "%s entry: known_sha256 is not a list of strings" % key
+    return ""
 
 
 def _record(raw: bytes, size: int) -> Dict[str, Any]:
@@ -1230,6 +1418,8 @@ class _FilePlan(object):
             self.new_raw, in_place = _header_region(_renamed_entries(header.entries, mapping),
                                                     header.header_len)
             self.mode = "in_place" if in_place else "rewritten"
+            if weights.shared:
+                self.mode = "copied"        # never write through a shared file: a converted copy
         self.new_size = header.size - len(header.raw) + len(self.new_raw)
         self.fd: Optional[int] = None
         #: set as soon as a byte of the file may have changed (the backup is needed from then on)
@@ -1369,7 +1559,11 @@ def _convert(ckpt: _Checkpoint, rules: List[Tuple[str, str]], custom: bool, ids_
                        "rewritten next to the original and renamed over it"
                        % (plan.weights.name, len(plan.renamed), plan.header.header_len,
                           len(plan.new_raw) - 8))
-        if plan.weights.real != os.path.abspath(plan.weights.path) and plan.mode != "unchanged":
+        if plan.mode == "copied":
+            log.append("%s is %s: replaced by a converted copy (%d bytes); %s is unchanged%s"
+                       % (plan.weights.name, plan.weights.shared, plan.new_size, plan.weights.real,
+                          "; --restore puts the link back" if plan.weights.link else ""))
+        elif plan.weights.real != os.path.abspath(plan.weights.path) and plan.mode != "unchanged":
             log.append("%s is a link to %s; that file is the one changed"
                        % (plan.weights.name, plan.weights.real))
     log.extend(config_log)
@@ -1421,9 +1615,13 @@ def _convert(ckpt: _Checkpoint, rules: List[Tuple[str, str]], custom: bool, ids_
         sidecar_written = True
         # Rewritten files first: they are the ones that can run out of space, and then nothing
         # else has changed yet.
-        for plan in sorted(changing, key=lambda p: p.mode != "rewritten"):
+        for plan in sorted(changing, key=lambda p: p.mode == "in_place"):
             if plan.mode == "in_place":
                 _write_header_in_place(plan)
+            elif plan.mode == "copied":
+                _rewrite_file(plan.weights.real, plan.new_raw, plan.header.data_offset,
+                              plan.header.data_len, plan.weights.path, dest=plan.weights.path)
+                plan.touched = True
             else:
                 _rewrite_file(plan.weights.real, plan.new_raw, plan.header.data_offset,
                               plan.header.data_len, plan.weights.path)
@@ -1481,14 +1679,15 @@ def _preflight(ckpt: _Checkpoint, changing: List[_FilePlan], config: bool, index
                        "backup sidecar goes there; nothing was changed" % ckpt.dir)
     for path, name, wanted in ((ckpt.config_path, CONFIG_NAME, config),
                                (ckpt.index_path, INDEX_NAME, index)):
-        if wanted and path and not os.access(path, os.W_OK):
+        # a link is replaced, not written through: only the directory must be writable
+        if wanted and path and not os.path.islink(path) and not os.access(path, os.W_OK):
             raise FixError(EXIT_IO, "cannot write %s: permission denied (read-only file); nothing "
                            "was changed" % path)
     for plan in changing:
-        if not os.access(plan.weights.real, os.W_OK):
+        if plan.mode != "copied" and not os.access(plan.weights.real, os.W_OK):
             raise FixError(EXIT_IO, "cannot write %s: permission denied (read-only file); nothing "
                            "was changed" % plan.weights.path)
-    needed = sum(p.new_size for p in changing if p.mode == "rewritten")
+    needed = sum(p.new_size for p in changing if p.mode in ("rewritten", "copied"))
     if full_backup:
         needed += sum(p.header.size for p in changing)
     if needed:
@@ -1515,11 +1714,12 @@ def _preflight(ckpt: _Checkpoint, changing: List[_FilePlan], config: bool, index
 
 def _full_backup(ckpt: _Checkpoint, changing: List[_FilePlan], config: bool, index: bool,
                  log: List[str]) -> None:
-    paths = [p.weights.real for p in changing]
-    paths += [p for p, wanted in ((ckpt.config_path, config), (ckpt.index_path, index))
+    # a copied (shared) file's backup goes beside the link, never beside the shared blob
+    pairs = [(p.weights.real, (p.weights.path if p.mode == "copied" else p.weights.real) + ".orig")
+             for p in changing]
+    pairs += [(p, p + ".orig") for p, wanted in ((ckpt.config_path, config), (ckpt.index_path, index))
               if wanted and p]
-    for path in paths:
-        backup = path + ".orig"
+    for path, backup in pairs:
         if os.path.exists(backup):
             log.append("%s exists; kept" % os.path.basename(backup))
             continue
@@ -1573,18 +1773,29 @@ def _write_sidecar(ckpt: _Checkpoint, sidecar: Optional[Dict[str, Any]], plans: 
             entry = {"original": _record(plan.header.raw, plan.header.size)}
         entry["source"] = _record(plan.header.raw, plan.header.size)
         entry["target"] = target
+        if plan.mode == "copied" and plan.weights.link is not None:
+            entry["link"] = plan.weights.link
         entry["known_sha256"] = sorted(set(_known(entry)))
         files[plan.weights.name] = entry
     if new_config_raw is not None and config_raw is not None:
         side["config"], replaced = _json_entry(side.get("config"), config_raw, new_config_raw)
+        _note_link(side["config"], ckpt.config_path)
         if replaced:
             log.append("backup of %s replaced: it changed since that conversion" % CONFIG_NAME)
     if new_index_raw is not None and ckpt.index_raw is not None:
         side["index"], _ = _json_entry(side.get("index"), ckpt.index_raw, new_index_raw)
+        _note_link(side["index"], ckpt.index_path or "")
     _atomic_write(ckpt.sidecar_path, _dump_json(side), "after_backup_tmp_write", "",
                   "after_backup_rename")
     log.append("original headers%s saved in %s" % (" and config" if new_config_raw else "",
                                                   SIDECAR_NAME))
+
+
+def _note_link(entry: Dict[str, Any], path: str) -> None:
+    """A JSON file that is a link (the Hugging Face cache) is replaced, never written through;
+    the sidecar keeps the link's text so --restore can put the link back."""
+    if path and os.path.islink(path) and "link" not in entry:
+        entry["link"] = os.readlink(path)
 
 
 def _write_header_in_place(plan: _FilePlan) -> None:
@@ -1614,9 +1825,14 @@ def _write_header_in_place(plan: _FilePlan) -> None:
 
 
 def _rewrite_file(path: str, new_raw: bytes, data_offset: int, data_len: int, display: str,
-                  prefix: str = "") -> None:
-    """New file beside the old one: header + data copied in chunks; fsync; atomic rename."""
-    tmp = _tmp_path(path)
+                  prefix: str = "", dest: Optional[str] = None) -> None:
+    """New file beside the old one: header + data copied in chunks; fsync; atomic rename.
+
+    ``dest``: where the new file goes (default ``path``): a link replaced by a converted copy
+    reads from the link's target and renames over the link itself.
+    """
+    dest = dest or path
+    tmp = _tmp_path(dest)
     _unlink_quiet(tmp)
     src = dst = None
     try:
@@ -1640,7 +1856,7 @@ def _rewrite_file(path: str, new_raw: bytes, data_offset: int, data_len: int, di
         dst = None
         if not prefix:
             _stage("before_replace")
-        os.replace(tmp, path)
+        os.replace(tmp, dest)
     except OSError as exc:
         _close_quiet(dst)
         _unlink_quiet(tmp)
@@ -1652,7 +1868,7 @@ def _rewrite_file(path: str, new_raw: bytes, data_offset: int, data_len: int, di
         raise
     finally:
         _close_quiet(src)
-    _fsync_dir(os.path.dirname(path))
+    _fsync_dir(os.path.dirname(dest))
     if not prefix:
         _stage("after_replace")
 
@@ -1668,6 +1884,35 @@ def restore(path: str) -> Dict[str, Any]:
         return _restore(ckpt)
     finally:
         _close_quiet(lock)
+
+
+def _check_link_target(directory: str, name: str, link: str, entry: Dict[str, Any]) -> None:
+    """Before putting a link back: its target must still hold the original header and size."""
+    target = os.path.join(directory, link)
+    region, size = (None, 0)
+    try:
+        if os.path.isfile(target):
+            region, size = _read_region(target)
+    except OSError:
+        region = None
+    if region is None or _sha256(region) != entry["original"]["sha256"] or \
+            size != int(entry["original"]["size"]):
+        raise FixError(EXIT_CHECKPOINT, "%s was a link to %s, which no longer holds the original "
+                       "file; nothing restored (the converted copy is kept)"
+                       % (os.path.join(directory, name), link))
+
+
+def _relink(path: str, link: str) -> None:
+    """Replace the converted copy at ``path`` by the original symbolic link, atomically."""
+    tmp = _tmp_path(path)
+    _unlink_quiet(tmp)
+    try:
+        os.symlink(link, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _unlink_quiet(tmp)
+        raise _io_error("put back the link", path, exc)
+    _fsync_dir(os.path.dirname(path))
 
 
 def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:
@@ -1706,7 +1951,10 @@ def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:
             raise FixError(EXIT_CHECKPOINT, "%s: its tensor data is %d bytes, the original's was "
                            "%d; nothing restored" % (os.path.join(ckpt.dir, name), size - len(current),
                                                      orig_size - len(original)))
-        steps.append((name, file_path, state, original, current, size))
+        link = entry.get("link")
+        if link is not None and state == "converted":
+            _check_link_target(ckpt.dir, name, link, entry)
+        steps.append((name, file_path, state, original, current, size, link))
     json_steps = []
     for key, json_path in (("index", os.path.join(ckpt.dir, INDEX_NAME)),
                            ("config", ckpt.config_path)):
@@ -1723,19 +1971,33 @@ def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:
         if current is not None and _sha256(current) not in _known(entry):
             raise FixError(EXIT_CHECKPOINT, "%s changed since it was converted (it matches neither "
                            "the original nor the converted version); nothing restored" % json_path)
-        json_steps.append((json_path, original))
+        link = entry.get("link")
+        if link is not None:
+            target = os.path.join(ckpt.dir, link)
+            try:
+                linked = _read_bounded(target, len(original), os.path.basename(json_path))
+            except FixError:
+                linked = None
+            if linked != original:
+                link = None         # the target changed or is gone: restore the bytes instead
+        json_steps.append((json_path, original, link))
 
     if not os.access(ckpt.dir, os.W_OK):
         raise FixError(EXIT_IO, "cannot write in %s: permission denied; nothing restored" % ckpt.dir)
-    for name, file_path, state, _, _, _ in steps:
-        if state != "original" and not os.access(file_path, os.W_OK):
+    for name, file_path, state, _, _, _, link in steps:
+        if state != "original" and link is None and not os.access(file_path, os.W_OK):
             raise FixError(EXIT_IO, "cannot write %s: permission denied (read-only file); nothing "
                            "restored" % file_path)
 
     files = []
-    for name, file_path, state, original, current, size in steps:
+    for name, file_path, state, original, current, size, link in steps:
         if state == "original":
             files.append({"file": name, "mode": "unchanged"})
+            continue
+        if link is not None:
+            _relink(os.path.join(ckpt.dir, name), link)
+            files.append({"file": name, "mode": "relinked"})
+            log.append("%s: the link to %s is back (the converted copy is gone)" % (name, link))
             continue
         if len(current) == len(original):
             fd = None
@@ -1758,7 +2020,11 @@ def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:
             mode = "rewritten"
         files.append({"file": name, "mode": mode})
         log.append("%s: original header restored (%s)" % (name, mode.replace("_", " ")))
-    for json_path, original in json_steps:
+    for json_path, original, link in json_steps:
+        if link is not None:
+            _relink(json_path, link)
+            log.append("%s: the link to %s is back" % (os.path.basename(json_path), link))
+            continue
         _atomic_write(json_path, original)
         log.append("%s restored" % os.path.basename(json_path))
     _stage("restore_after_config")
@@ -1776,7 +2042,7 @@ def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:
     if origs:
         log.append("left in place: %s (from --full-backup)" % ", ".join(sorted(origs)))
     return {"status": "restored", "path": ckpt.input, "exit_code": EXIT_OK, "files": files,
-            "config": {"restored": any(p == ckpt.config_path for p, _ in json_steps)},
+            "config": {"restored": any(step[0] == ckpt.config_path for step in json_steps)},
             "fingerprint": fingerprint(ckpt.input), "log": log}
 
 
@@ -1901,6 +2167,14 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None, stdou
         return exc.code
     except SystemExit as exc:       # --help
         return int(exc.code or 0)
+    except RecursionError:
+        # every JSON is depth-checked; this is the last line of defence, never a traceback
+        message = "an input is nested too deeply to process; refused"
+        if as_json:
+            out.write(json.dumps({"status": "error", "code": EXIT_CHECKPOINT, "error": message}) + "\n")
+            out.flush()
+        err.write("error: %s\n" % message)
+        return EXIT_CHECKPOINT
     except KeyboardInterrupt:
         err.write("error: interrupted\n")
         return EXIT_INTERRUPTED

@@ -38,7 +38,7 @@ def command(ctx: StepContext) -> str:
             "--random-output-len", str(s.output_len), "--random-range-ratio", "1.0",
             "--max-concurrency", str(s.max_concurrency), "--flush-cache", "--disable-tqdm"]
     out = results_path(ctx)
-    return (f"mkdir -p -m 700 {quote_path(out.rsplit('/', 1)[0])} && "
+    return (f"mkdir -p -m 700 -- {quote_path(out.rsplit('/', 1)[0])} && "
             + " ".join(quote(a) for a in argv) + f" --output-file {quote_path(out)}")
 
 

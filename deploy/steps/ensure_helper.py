@@ -76,7 +76,7 @@ def parse_digests(output: str, expected_files: list[str], source: str) -> dict[s
 def plan(ctx: StepContext) -> list[PlannedCommand]:
     return [
         PlannedCommand(f"check the host's python is {MIN_PYTHON[0]}.{MIN_PYTHON[1]}+", python_version_command(ctx)),
-        PlannedCommand("create the persistent helper directory", f"mkdir -p -m 700 {quote_path(ctx.paths.helpers)}"),
+        PlannedCommand("create the persistent helper directory", f"mkdir -p -m 700 -- {quote_path(ctx.paths.helpers)}"),
         PlannedCommand("compare helper sha256 with the local copies", digest_command(ctx)),
         PlannedCommand(
             "upload missing or changed helpers over SFTP (tmp name, then rename)",
@@ -88,7 +88,7 @@ def plan(ctx: StepContext) -> list[PlannedCommand]:
 def run(ctx: StepContext) -> StepOutcome:
     conn = ctx.require_conn()
     check_python_version(conn.run(python_version_command(ctx)), ctx)
-    conn.check(f"mkdir -p -m 700 {quote_path(ctx.paths.helpers)}", what="creating the state directory")
+    conn.check(f"mkdir -p -m 700 -- {quote_path(ctx.paths.helpers)}", what="creating the state directory")
     wanted = local_digests()
     remote = parse_digests(conn.check(digest_command(ctx), what="sha256sum").stdout, list(HELPER_FILES), ctx.host.name)
     uploaded = []
@@ -96,7 +96,12 @@ def run(ctx: StepContext) -> StepOutcome:
         if remote.get(name) == digest:
             continue
         target = conn.resolve(ctx.paths.helper(name))
-        conn.put(HELPERS_DIR / name, target + ".upload")
+        try:
+            conn.put(HELPERS_DIR / name, target + ".upload")
+        except RemoteCommandFailed:
+            # a full disk leaves a partial .upload file behind: remove it, keep the old helper
+            conn.run(f"rm -f -- {quote_path(target + '.upload')}")
+            raise
         conn.check(f"mv -f -- {quote_path(target + '.upload')} {quote_path(target)}", what="installing helper")
         uploaded.append(name)
     if uploaded:

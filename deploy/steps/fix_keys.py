@@ -38,7 +38,7 @@ def version_command(ctx: StepContext) -> str:
 def fixer_command(ctx: StepContext, *flags: str) -> str:
     parts = [quote(ctx.host.python), quote_path(ctx.paths.helper(FIXER))]
     parts += [quote(f) for f in flags]
-    parts.append(quote_path(ctx.run.drafter))
+    parts += ["--", quote_path(ctx.run.drafter)]  # a path is never read as an option
     return " ".join(parts)
 
 
@@ -64,29 +64,55 @@ def parse_version(result, source: str, python: str = "python3") -> str:
     return text
 
 
+def _fixer_failure_text(result) -> str:
+    """What a failed fixer run said, without a Python traceback's frames (the last line is the error)."""
+    text = (result.stderr.strip() or result.stdout.strip())
+    if "Traceback (most recent call last)" in text:
+        last = [ln for ln in text.splitlines() if ln.strip()][-1:]
+        return "the fixer crashed: " + (last[0].strip() if last else "(no message)")
+    return text[-500:] or "(no output)"
+
+
+def fixer_exit_code(value, source: str) -> ExitCode:
+    try:
+        return ExitCode(int(value))
+    except (TypeError, ValueError):
+        raise RemoteOutputError(f"{source}: the key fixer reported exit code {value!r}, not one of deployctl's") from None
+
+
 def parse_fixer_json(result, source: str) -> dict:
     lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
     try:
         document = json.loads("\n".join(lines))
-    except ValueError:
-        tail = (result.stderr.strip() or result.stdout.strip())[-500:]
+    except (ValueError, RecursionError):
         raise RemoteOutputError(
-            f"{source}: the key fixer did not print its JSON summary (exit {result.exit_code}): {tail}"
+            f"{source}: the key fixer did not print its JSON summary (exit {result.exit_code}): "
+            f"{_fixer_failure_text(result)}"
         ) from None
     if not isinstance(document, dict) or "status" not in document:
         raise RemoteOutputError(f"{source}: the key fixer's JSON has no 'status': {str(document)[:200]}")
+    if document["status"] == "error" and not isinstance(document.get("error"), str):
+        raise RemoteOutputError(f"{source}: the key fixer's error document has no message: {str(document)[:200]}")
     return document
+
+
+def record_fingerprint_command(ctx: StepContext, fingerprint: str) -> str:
+    """Write via a temporary file and rename; on a full disk the 0-byte temporary file is removed."""
+    final = quote_path(ctx.paths.fingerprint)
+    tmp = quote_path(ctx.paths.fingerprint + ".tmp")
+    return (f"{{ printf '%s\\n' {quote(fingerprint)} > {tmp} && mv -f -- {tmp} {final}; }} "
+            f"|| {{ rm -f -- {tmp}; exit 1; }}")
 
 
 def plan(ctx: StepContext) -> list[PlannedCommand]:
     commands = []
     if ctx.settings.when == "changed":
-        commands.append(PlannedCommand("read the fingerprint recorded after the last fix", f"cat {quote_path(ctx.paths.fingerprint)}"))
+        commands.append(PlannedCommand("read the fingerprint recorded after the last fix", f"cat -- {quote_path(ctx.paths.fingerprint)}"))
         commands.append(PlannedCommand("fingerprint the drafter (header bytes, sizes, mtimes)", fixer_command(ctx, "--fingerprint")))
     if ctx.run.sglang_generation == "auto":
         commands.append(PlannedCommand("read the installed SGLang version", version_command(ctx)))
     commands.append(PlannedCommand("convert and verify the drafter", fixer_command(ctx, *convert_flags(ctx, "<version>"))))
-    commands.append(PlannedCommand("record the drafter fingerprint", f"printf '%s\\n' <fingerprint> > {quote_path(ctx.paths.fingerprint)}"))
+    commands.append(PlannedCommand("record the drafter fingerprint", record_fingerprint_command(ctx, "<fingerprint>")))
     return commands
 
 
@@ -95,10 +121,10 @@ def run(ctx: StepContext) -> StepOutcome:
     source = ctx.host.name
     timeout = ctx.timeout(ctx.run.timeouts.fix_keys_s)
     if ctx.settings.when == "changed":
-        recorded = conn.run(f"cat {quote_path(ctx.paths.fingerprint)}").stdout.strip()
+        recorded = conn.run(f"cat -- {quote_path(ctx.paths.fingerprint)}").stdout.strip()
         current = parse_fixer_json(conn.run(fixer_command(ctx, "--fingerprint"), timeout=timeout), source)
         if current.get("status") == "error":
-            raise DeployError(f"{source}: {current.get('error')}", exit_code=ExitCode(current.get("code", 1)))
+            raise DeployError(f"{source}: {current.get('error')}", exit_code=fixer_exit_code(current.get("code", 1), source))
         if recorded and recorded == current.get("fingerprint"):
             return StepOutcome("skipped", "drafter unchanged since the last fix", {"fingerprint": recorded})
     version = None
@@ -109,17 +135,13 @@ def run(ctx: StepContext) -> StepOutcome:
     result = conn.run(fixer_command(ctx, *convert_flags(ctx, version)), timeout=timeout)
     summary = parse_fixer_json(result, source)
     if summary["status"] == "error":
-        code = summary.get("code", ExitCode.CHECKPOINT)
-        raise DeployError(f"{source}: key fix of {ctx.run.drafter}: {summary.get('error')}", exit_code=ExitCode(code))
+        code = fixer_exit_code(summary.get("code", ExitCode.CHECKPOINT), source)
+        raise DeployError(f"{source}: key fix of {ctx.run.drafter}: {summary.get('error')}", exit_code=code)
     verification = summary.get("verification") or {}
     fingerprint = summary.get("fingerprint")
     if not isinstance(fingerprint, str) or not re.fullmatch(r"[0-9a-f]{16,128}", fingerprint):
         raise RemoteOutputError(f"{source}: the key fixer's summary has no valid fingerprint")
-    conn.check(
-        f"printf '%s\\n' {quote(fingerprint)} > {quote_path(ctx.paths.fingerprint)}.tmp && "
-        f"mv -f {quote_path(ctx.paths.fingerprint)}.tmp {quote_path(ctx.paths.fingerprint)}",
-        what="recording the drafter fingerprint",
-    )
+    conn.check(record_fingerprint_command(ctx, fingerprint), what="recording the drafter fingerprint")
     renamed = len(summary.get("renames") or [])
     data = {"status": summary["status"], "renamed": renamed, "sglang_version": version,
             "verification": verification, "fingerprint": fingerprint}

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from deploy.config.models import Host, Run
-from deploy.errors import RemoteOutputError
+from deploy.errors import RemoteCommandFailed, RemoteOutputError
 from deploy.shell import path_join, quote, quote_path
 from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
 
@@ -88,16 +88,29 @@ def log_path(ctx: StepContext) -> str:
     return path_join(ctx.paths.logs, f"sglang-{ctx.launch_stamp}.log")
 
 
+def prepare_command(ctx: StepContext) -> str:
+    """Log directory and the latest.log link, checked on their own before the launch.
+
+    In ``mkdir && cd && ln && setsid nohup ... &`` the ``&`` backgrounds the whole chain: a failing
+    mkdir still printed a PID and surfaced later as "exited during startup" with an empty log.
+    """
+    name = quote(log_path(ctx).rsplit("/", 1)[-1])
+    return (f"mkdir -p -m 700 -- {quote_path(ctx.paths.logs)} && "
+            f"ln -sfn -- {name} {quote_path(ctx.paths.latest_log)}")
+
+
 def command(ctx: StepContext, argv: list[str]) -> str:
-    env = f"set -a && . {quote_path(env_path(ctx))} && set +a && " if ctx.run.env else ""
+    # cd and the environment file are in the foreground: if either fails the shell exits non-zero
+    # before anything is started; only the server itself is backgrounded.
+    env = f"set -a && . {quote_path(env_path(ctx))} && set +a || exit 1; " if ctx.run.env else ""
     log = quote_path(log_path(ctx))
     pidfile = quote_path(ctx.paths.pidfile)
-    name = quote(log_path(ctx).rsplit("/", 1)[-1])
     return (
-        f"mkdir -p -m 700 {quote_path(ctx.paths.logs)} && cd {quote_path(ctx.paths.root)} && "
-        f"ln -sfn {name} {quote_path(ctx.paths.latest_log)} && "
-        f"{env}setsid nohup {_quoted_argv(argv)} > {log} 2>&1 < /dev/null & "
-        f"pid=$!; printf '%s\\n' \"$pid\" > {pidfile}.tmp && mv -f {pidfile}.tmp {pidfile} && echo \"$pid\""
+        f"cd -- {quote_path(ctx.paths.root)} || exit 1; {env}"
+        f"setsid nohup {_quoted_argv(argv)} > {log} 2>&1 < /dev/null & "
+        f"pid=$!; {{ printf '%s\\n' \"$pid\" > {pidfile}.tmp && mv -f -- {pidfile}.tmp {pidfile}; }} "
+        f"|| {{ rm -f -- {pidfile}.tmp; echo \"cannot write the PID file {pidfile} (server pid $pid)\" >&2; exit 1; }}; "
+        f"echo \"$pid\""
     )
 
 
@@ -108,19 +121,30 @@ def plan(ctx: StepContext) -> list[PlannedCommand]:
         names = ", ".join(sorted(ctx.run.env))
         planned.append(PlannedCommand(f"upload the run's environment ({names}; values not shown) as a 0600 file",
                                       f"sftp put <env> -> {env_path(ctx)}"))
-    return planned + [PlannedCommand("launch SGLang detached (setsid nohup), PID file and log in the state dir",
-                           command(ctx, argv), argv=argv)]
+    return planned + [
+        PlannedCommand("create the log directory and point logs/latest.log at this launch's log",
+                       prepare_command(ctx)),
+        PlannedCommand("launch SGLang detached (setsid nohup), PID file and log in the state dir",
+                       command(ctx, argv), argv=argv),
+    ]
 
 
 def upload_env(ctx: StepContext) -> None:
     conn = ctx.require_conn()
-    conn.check(f"mkdir -p -m 700 {quote_path(ctx.paths.root)}", what="creating the state directory")
+    conn.check(f"mkdir -p -m 700 -- {quote_path(ctx.paths.root)}", what="creating the state directory")
     fd, local = tempfile.mkstemp(prefix="deployctl-env-")
     try:
         os.fchmod(fd, 0o600)  # SFTP put keeps the local mode
         with os.fdopen(fd, "w") as handle:
             handle.write(env_file_text(ctx.run.env))
-        conn.put(Path(local), conn.resolve(env_path(ctx)))
+        # via a temporary name: a full disk must not leave a truncated environment file behind
+        final = conn.resolve(env_path(ctx))
+        try:
+            conn.put(Path(local), final + ".upload")
+        except RemoteCommandFailed:
+            conn.run(f"rm -f -- {quote_path(final + '.upload')}")
+            raise
+        conn.check(f"mv -f -- {quote_path(final + '.upload')} {quote_path(final)}", what="installing the environment file")
     finally:
         os.unlink(local)
 
@@ -130,6 +154,7 @@ def run(ctx: StepContext) -> StepOutcome:
     argv = sglang_argv(ctx.run, ctx.host, ctx.draft_tokens)
     if ctx.run.env:
         upload_env(ctx)
+    conn.check(prepare_command(ctx), timeout=ctx.timeout(60), what="preparing the log directory")
     result = conn.check(command(ctx, argv), timeout=ctx.timeout(60), what="launching SGLang")
     text = result.stdout.strip()
     if not re.fullmatch(r"\d+", text):

@@ -49,7 +49,7 @@ def parse(output: str, source: str) -> dict:
             int(proc["pid"]), str(proc["cmdline"]), bool(proc["exited"])
             if proc["signal"] not in ("TERM", "KILL"):
                 raise ValueError(proc["signal"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested output
         raise RemoteOutputError(f"{source}: stop-processes printed unexpected output: {output[:300]!r}") from None
     return document
 

@@ -47,7 +47,7 @@ def parse(output: str, source: str) -> dict:
             raise TypeError
         if document["ok"] and not isinstance(document["accept_length"], (int, float)):
             raise TypeError
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested output
         raise RemoteOutputError(f"{source}: accept-check printed unexpected output: {output[:300]!r}") from None
     return document
 

@@ -54,7 +54,7 @@ def parse_probe(output: str, source: str) -> dict:
         if document["status"] is not None and not isinstance(document["status"], int):
             raise TypeError
         str(document.get("last_log_line", ""))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested output
         raise RemoteOutputError(f"{source}: probe printed unexpected output: {output[:300]!r}") from None
     return document
 
@@ -63,7 +63,7 @@ def _pid_and_log(ctx: StepContext) -> tuple[int, str]:
     if "pid" in ctx.memory:
         return ctx.memory["pid"], ctx.memory["log"]
     conn = ctx.require_conn()
-    text = conn.run(f"cat {quote_path(ctx.paths.pidfile)}").stdout.strip()
+    text = conn.run(f"cat -- {quote_path(ctx.paths.pidfile)}").stdout.strip()
     if not re.fullmatch(r"\d+", text):
         raise RemoteOutputError(f"{ctx.host.name}: no server PID recorded in {ctx.paths.pidfile} (launch first)")
     return int(text), ctx.paths.latest_log

@@ -156,7 +156,7 @@ def test_missing_file(tmp_path):
 
 
 def test_hostile_address_is_refused(tmp_path):
-    expect_error(tmp_path, VALID.replace("10.1.230.174", "'a; rm -rf /'"), "hostname or IP")
+    expect_error(tmp_path, VALID.replace("10.1.230.174", "'a; rm -rf /'"), "neither an IP address nor a host name")
 
 
 def test_eagle_algorithm_with_eagle3_drafter_is_refused(tmp_path):

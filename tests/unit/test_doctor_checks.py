@@ -294,7 +294,7 @@ def test_port_held_by_a_foreign_process_is_named(world):
         assert check.status == "pass", check.reason
 
 
-@pytest.mark.parametrize("address", ["10.255.255.77", "not a host name", "300.1.1.1"])
+@pytest.mark.parametrize("address", ["10.255.255.77", "no-such-host.invalid", "300.1.1.1"])
 def test_serve_host_not_an_address_of_the_host(world, address):
     check = world.checks(run=world.run(serve_host=address))["serve-host"]
     assert check.status == "fail" and address in check.reason

@@ -555,18 +555,24 @@ def test_fixer_under_python38_gives_the_same_bytes(tmp_path):
     assert restore.returncode == 0, restore.stderr
 
 
-def test_symlinked_weights_are_changed_at_their_target(tmp_path):
-    """The Hugging Face cache layout: snapshots/REV/model.safetensors -> ../../blobs/SHA."""
+def test_symlinked_weights_outside_the_directory_are_never_written_through(tmp_path):
+    """The Hugging Face cache layout: snapshots/REV/model.safetensors -> ../../blobs/SHA, a blob other
+    snapshots share. The link is replaced by a converted copy; --restore puts the link back."""
     drafter = make_speculators_drafter(tmp_path / "d")
     blobs = tmp_path / "blobs"
     blobs.mkdir()
     os.rename(drafter / "model.safetensors", blobs / "abc123")
-    os.symlink(os.path.relpath(blobs / "abc123", drafter), drafter / "model.safetensors")
+    link_text = os.path.relpath(blobs / "abc123", drafter)
+    os.symlink(link_text, drafter / "model.safetensors")
     original = (blobs / "abc123").read_bytes()
     summary = fix.convert(drafter)
-    assert (drafter / "model.safetensors").is_symlink()
-    assert any("is a link to" in line for line in summary["log"])
+    assert not (drafter / "model.safetensors").is_symlink()
+    assert (blobs / "abc123").read_bytes() == original          # the shared blob is untouched
+    assert summary["files"][0]["mode"] == "copied"
+    assert any("outside the checkpoint directory" in line for line in summary["log"])
     assert "midlayer.hidden_norm.weight" in load_all(drafter)
+    assert fix.convert(drafter)["status"] == "already_converted"
     fix.restore(drafter)
     assert (drafter / "model.safetensors").is_symlink()
+    assert os.readlink(drafter / "model.safetensors") == link_text
     assert (blobs / "abc123").read_bytes() == original

@@ -79,11 +79,12 @@ def test_sglang_argv_is_the_documented_command():
 
 def test_launch_command_is_detached_and_quoted():
     ctx = ctx_for(launch)
-    env_upload, planned = launch.plan(ctx)
+    env_upload, prepare, planned = launch.plan(ctx)
     cmd = planned.command
+    assert prepare.command.startswith("mkdir -p -m 700 -- '/var/lib/deploy ctl/logs' && ln -sfn -- ")
     assert "HF_TOKEN, NCCL_DEBUG" in env_upload.description
     assert "hf_s3cr3t" not in env_upload.command + env_upload.description + cmd  # secrets stay off the plan
-    assert "set -a && . '/var/lib/deploy ctl/launch.env' && set +a && setsid nohup python3 -m sglang.launch_server" in cmd
+    assert "set -a && . '/var/lib/deploy ctl/launch.env' && set +a || exit 1; setsid nohup python3 -m sglang.launch_server" in cmd
     assert "< /dev/null &" in cmd and "2>&1" in cmd
     assert "~/'drafters/it'\"'\"'s'" in cmd  # tilde expands, the rest is one literal word
     assert "'/data/models/Kimi K2.5'" in cmd

@@ -1,0 +1,115 @@
+"""A full disk (a real, tiny tmpfs filled up): every write fails cleanly and leaves no temporary file,
+on the host side (fingerprint record, PID file, the key fixer) as in the fixer run locally."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from deploy.config.models import Host, Run
+from deploy.remote import fix_eagle3_keys as fix
+from deploy.steps import fix_keys, launch
+from deploy.steps.base import StepContext
+from tests.fixtures_ckpt import make_speculators_drafter
+from tests.hostile.tree import tree_state
+
+
+@pytest.fixture
+def full_fs(tmp_path):
+    """A tmpfs of 1 MiB; ``fill()`` uses up what is left."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(mount)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+
+    def fill():
+        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            for block in (65536, 4096, 1):
+                try:
+                    while True:
+                        os.write(fd, b"\0" * block)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+
+    try:
+        yield mount, fill
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def ctx_for(module, state_dir: Path) -> StepContext:
+    # model_construct: the test's state dir lives under pytest's /tmp, which the validator refuses
+    host = Host.model_construct(**{**Host(name="gpu-a", address="10.1.2.3").model_dump(), "state_dir": str(state_dir)})
+    run = Run(name="r", hosts=["gpu-a"], base_model="/m", drafter="/d")
+    return StepContext(host=host, run=run, settings=module.Settings(step=module.NAME), conn=None, draft_tokens=16,
+                       launch_stamp="20261130T000000Z")
+
+
+def test_fingerprint_record_on_a_full_disk(full_fs):
+    mount, fill = full_fs
+    state = mount / "state"
+    state.mkdir()
+    (state / "drafter.fingerprint").write_text("old\n")
+    fill()
+    before = tree_state(state)
+    command = fix_keys.record_fingerprint_command(ctx_for(fix_keys, state), "ab" * 32)
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0
+    assert tree_state(state) == before      # no 0-byte drafter.fingerprint.tmp, the old record intact
+
+
+def test_pid_file_on_a_full_disk(full_fs):
+    mount, fill = full_fs
+    state = mount / "state"
+    (state / "logs").mkdir(parents=True)
+    fill()
+    ctx = ctx_for(launch, state)
+    result = subprocess.run(["sh", "-c", launch.command(ctx, ["true"])], capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0 and "cannot write the PID file" in result.stderr
+    assert not (state / "server.pid.tmp").exists() and not (state / "server.pid").exists()
+
+
+def test_prepare_failure_is_reported_before_anything_starts(tmp_path):
+    state = tmp_path / "state"
+    state.write_text("a file where the state directory should be")
+    ctx = ctx_for(launch, state)
+    prepare = subprocess.run(["sh", "-c", launch.prepare_command(ctx)], capture_output=True, text=True, timeout=30)
+    assert prepare.returncode != 0 and "Not a directory" in prepare.stderr
+    started = subprocess.run(["sh", "-c", launch.command(ctx, ["sleep", "30"])], capture_output=True, text=True,
+                             timeout=30)
+    assert started.returncode != 0 and started.stdout == ""   # cd failed: no PID printed, nothing started
+
+
+def test_key_fix_on_a_full_disk(full_fs):
+    mount, fill = full_fs
+    ckpt = make_speculators_drafter(mount / "ckpt")
+    fill()
+    before = tree_state(mount / "ckpt")
+    with pytest.raises(fix.FixError) as caught:
+        fix.convert(ckpt)
+    assert caught.value.code == 10 and "no space left on device" in caught.value.message
+    after = tree_state(mount / "ckpt")
+    assert not [name for name in after if name.endswith(fix.TMP_SUFFIX)], after
+    assert after == before
+
+
+def test_converted_copy_on_a_full_disk_is_refused_before_writing(full_fs, tmp_path):
+    mount, fill = full_fs
+    source = make_speculators_drafter(tmp_path / "blobs")
+    snap = mount / "snap"
+    snap.mkdir()
+    os.symlink(source / "model.safetensors", snap / "model.safetensors")
+    fill()
+    before = tree_state(tmp_path)
+    with pytest.raises(fix.FixError) as caught:
+        fix.convert(snap)
+    assert caught.value.code == 10
+    assert tree_state(tmp_path) == before

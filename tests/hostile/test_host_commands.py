@@ -1,0 +1,34 @@
+"""Paths on host command lines: after `--`, so a path is never read as an option, even one that
+slipped past the config check (a drafter named `-x`), proven by running the real command in sh."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from deploy.config.models import Host, Run
+from deploy.remote import fix_eagle3_keys
+from deploy.steps import fix_keys
+from deploy.steps.base import StepContext
+from tests.fixtures_ckpt import make_speculators_drafter
+
+
+def test_fixer_command_puts_the_drafter_after_double_dash(tmp_path):
+    helpers = tmp_path / "state" / "helpers"
+    helpers.mkdir(parents=True)
+    shutil.copy(fix_eagle3_keys.__file__, helpers / fix_keys.FIXER)
+    make_speculators_drafter(tmp_path / "-x")
+    # model_construct: the config check refuses such a drafter; this proves the second guard
+    base = Host(name="gpu-a", address="10.1.2.3").model_dump()
+    host = Host.model_construct(**{**base, "state_dir": str(tmp_path / "state"), "python": sys.executable})
+    run = Run.model_construct(**{**Run(name="r", hosts=["gpu-a"], base_model="/m", drafter="/d").model_dump(),
+                                 "drafter": "-x"})
+    ctx = StepContext(host=host, run=run, settings=fix_keys.Settings(step="fix-keys"), conn=None, draft_tokens=16,
+                      launch_stamp="x")
+    command = fix_keys.fixer_command(ctx, "--check", "--json")
+    assert command.endswith(" -- -x")
+    result = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr          # --check: needs conversion (not exit 2, usage)
+    assert '"needs_conversion"' in result.stdout

@@ -1,0 +1,93 @@
+"""A wheel install (not editable) works: every verb's --help, and `plan` with every built-in playbook.
+
+`pip install .` once shipped without playbooks/bench.yaml (`deployctl bench`: "playbook 'bench' not
+found"). The wheel is built from a copy of the tracked files, installed with --no-deps --no-index
+into a fresh virtual environment whose only other path is the dev environment's site-packages for
+the dependencies (fabric, paramiko, ...; no network). Commands run outside the checkout, so
+nothing can come from the source tree.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from deploy.playbook import BUILTIN
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    if shutil.which("git") is None:
+        pytest.skip("git is needed to list the tracked files")
+    root = tmp_path_factory.mktemp("wheel")
+    src = root / "src"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        if not (REPO / name).is_file():
+            continue
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, src / name)
+    for name in ("deploy/playbooks/up.yaml", "deploy/playbooks/bench.yaml"):
+        assert (src / name).is_file(), name
+    dist = root / "dist"
+    # isolated build: pip fetches setuptools and wheel from the configured index, as `pip install .` does
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)],
+                           timeout=600, capture_output=True, text=True)
+    if built.returncode != 0 and "Could not find a version that satisfies" in built.stderr:
+        pytest.skip("no package index reachable for the build backend (setuptools, wheel)")
+    assert built.returncode == 0, built.stderr[-3000:]
+    wheel = next(dist.glob("deployctl-*.whl"))
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = Path(glob.glob(str(venv / "lib" / "python*" / "site-packages"))[0])
+    (site / "dev-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", "--no-index", str(wheel)], check=True, timeout=300, capture_output=True)
+    work = root / "work"
+    work.mkdir()
+    (work / "deployctl.yaml").write_text((REPO / "configs" / "two-hosts.yaml").read_text())
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DEPLOYCTL_PLAYBOOKS", "DEPLOYCTL_CONFIG")}
+    return venv, work, env
+
+
+def _run(installed, *argv):
+    venv, work, env = installed
+    return subprocess.run([str(venv / "bin" / "deployctl"), *argv], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
+    venv, work, env = installed
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", "import deploy; print(deploy.__file__)"],
+                         cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(str(venv)), out.stdout
+
+
+def test_every_verb_has_help(installed):
+    from deploy.cli.main import cli
+
+    verbs = sorted(cli.commands)
+    assert {"up", "restart", "down", "plan", "logs", "bench", "gpu-status", "fix-keys"} <= set(verbs)
+    for verb in [None, *verbs]:
+        result = _run(installed, *([verb] if verb else []), "--help")
+        assert result.returncode == 0, (verb, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert "usage" in (result.stdout + result.stderr).lower(), verb
+
+
+@pytest.mark.parametrize("playbook", BUILTIN)
+def test_plan_with_every_builtin_playbook(installed, playbook):
+    result = _run(installed, "plan", playbook)
+    assert result.returncode == 0, result.stderr
+    assert f"{playbook} on h200-a" in result.stdout or "on h200-a" in result.stdout
+    assert "Traceback" not in result.stderr
