@@ -200,7 +200,11 @@ def resolve_local_paths(config: Config, path: Path) -> Config:
             return value
         return str(base / value)
 
-    ssh = config.ssh.model_copy(update={"known_hosts": anchored(config.ssh.known_hosts)})
+    # Only a value the YAML wrote: model_copy(update=) marks the field as set, and a set
+    # known_hosts wins over ssh_config's UserKnownHostsFile (deploy/ssh_config.py).
+    ssh = config.ssh
+    if "known_hosts" in ssh.model_fields_set:
+        ssh = ssh.model_copy(update={"known_hosts": anchored(ssh.known_hosts)})
     hosts = [h.model_copy(update={"identity_file": anchored(h.identity_file)}) if h.identity_file else h
              for h in config.hosts]
     return config.model_copy(update={"ssh": ssh, "hosts": hosts})
