@@ -15,10 +15,45 @@ common_options = [
 ]
 
 
+redeploy_options = [
+    click.option("--force", is_flag=True, help="Redeploy even when the server already runs as desired."),
+    click.option("--no-rollback", "no_rollback", is_flag=True,
+                 help="On a failure after stop-stale, do not relaunch the last good deployment."),
+]
+
+
 def with_common(func):
     for option in reversed(common_options):
         func = option(func)
     return func
+
+
+def with_redeploy(func):
+    for option in reversed(redeploy_options):
+        func = option(func)
+    return func
+
+
+def run_locked(globals_, config, command: str, playbook, run, hosts, tokens: int, progress, *,
+               rollback: bool = True, force: bool = False):
+    """Run a playbook that changes hosts: local lock per config and run, host locks, history."""
+    from datetime import datetime, timezone
+
+    from deploy import history
+    from deploy.errors import DeployError
+    from deploy.locks import local_lock, owner_info
+    from deploy.orchestrator import RunOptions, run_playbook
+
+    owner = owner_info(command, run.name)
+    started = datetime.now(timezone.utc)
+    with local_lock(globals_.config_path, run.name, owner):
+        reports = run_playbook(config, playbook, run, hosts, tokens, progress,
+                               RunOptions(command=command, lock=True, owner=owner, rollback=rollback, force=force))
+    try:
+        history.append(history.records_for(command, run.name, reports, started))
+    except (OSError, DeployError) as exc:  # history is a record, never a reason to fail the deploy
+        progress("*", "history", f"WARNING: could not append to {history.history_path()}: {exc}")
+    return reports
 
 
 def _run_and_hosts(config, run_name, host_names):
@@ -36,9 +71,10 @@ def _run_and_hosts(config, run_name, host_names):
 
 
 def _execute(globals_, command: str, default_playbook: str, run_name, host_names, draft_tokens, playbook_name,
-             dry_run: bool, as_json: bool, overrides: dict | None = None) -> int:
+             dry_run: bool, as_json: bool, overrides: dict | None = None, force: bool = False,
+             no_rollback: bool = False) -> int:
     from deploy import render
-    from deploy.orchestrator import exit_code, plan_playbook, run_playbook
+    from deploy.orchestrator import exit_code, plan_playbook
     from deploy.playbook import load_playbook
 
     config = globals_.load()
@@ -54,7 +90,8 @@ def _execute(globals_, command: str, default_playbook: str, run_name, host_names
         else:
             render.plan_text(command, plans, render.console())
         return 0
-    reports = run_playbook(config, playbook, run, hosts, tokens, render.progress_printer())
+    reports = run_locked(globals_, config, command, playbook, run, hosts, tokens, render.progress_printer(),
+                         rollback=not no_rollback and command != "down", force=force)
     if as_json:
         render.print_json(render.report_document(command, run.name, reports))
     else:
@@ -64,14 +101,20 @@ def _execute(globals_, command: str, default_playbook: str, run_name, host_names
 
 @click.command("up")
 @with_common
+@with_redeploy
 @click.pass_obj
 def up(globals_, **kw) -> int:
-    """Fix the drafter's keys, stop stale python3, free the GPUs, launch SGLang, wait until ready."""
+    """Fix the drafter's keys, stop stale python3, free the GPUs, launch SGLang, wait until ready.
+
+    Already running as desired (same argv, drafter, environment, SGLang version; alive; /health
+    200): nothing is touched. A failure after stop-stale relaunches the last good deployment (exit 11).
+    """
     return _execute(globals_, "up", "up", **kw)
 
 
 @click.command("restart")
 @with_common
+@with_redeploy
 @click.pass_obj
 def restart(globals_, **kw) -> int:
     """After a checkpoint change: re-fix if the drafter changed, then stop, free, launch, wait."""
@@ -158,7 +201,7 @@ def bench(globals_, run_name, host_names, draft_tokens, num_prompts, max_concurr
           playbook_name, dry_run, as_json) -> int:
     """Redeploy with each --draft-tokens value, verify acceptance, run sglang.bench_serving; compare."""
     from deploy import render
-    from deploy.orchestrator import exit_code, plan_playbook, run_playbook
+    from deploy.orchestrator import exit_code, plan_playbook
     from deploy.playbook import load_playbook
 
     config = globals_.load()
@@ -182,7 +225,7 @@ def bench(globals_, run_name, host_names, draft_tokens, num_prompts, max_concurr
     rounds = []
     for t in sweep:
         progress("*", "bench", f"draft tokens {t}")
-        rounds.append((t, run_playbook(config, playbook, run, hosts, t, progress)))
+        rounds.append((t, run_locked(globals_, config, "bench", playbook, run, hosts, t, progress)))
     if as_json:
         render.print_json(render.bench_document(run.name, rounds))
     else:

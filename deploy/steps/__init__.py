@@ -2,10 +2,13 @@
 
 from deploy.steps import (
     benchmark,
+    converge,
     ensure_helper,
     fix_keys,
     free_gpus,
     launch,
+    record_good,
+    regression_gate,
     stop_stale,
     verify_acceptance,
     wait_gpus_free,
@@ -14,6 +17,6 @@ from deploy.steps import (
 
 REGISTRY = {
     module.NAME: module
-    for module in (ensure_helper, fix_keys, stop_stale, free_gpus, wait_gpus_free, launch, wait_ready, verify_acceptance,
-                   benchmark)
+    for module in (ensure_helper, fix_keys, converge, stop_stale, free_gpus, wait_gpus_free, launch, wait_ready,
+                   verify_acceptance, benchmark, regression_gate, record_good)
 }

@@ -1,0 +1,255 @@
+"""Locks, converge, honest wait-ready, rollback bookkeeping, regression gate, history: no SSH."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from deploy import history
+from deploy.errors import ExitCode, LockHeld
+from deploy.facts.server import env_hash, parse_record, parse_server_state, same_deployment
+from deploy.locks import HOST_LOCK_SOURCE, describe_owner, local_lock, owner_info, parse_host_lock
+from deploy.remote import host_ops
+from deploy.steps.converge import differences
+from deploy.steps.regression_gate import compare
+from deploy.steps.wait_ready import classify, parse_probe
+from deploy.errors import RemoteOutputError
+
+# ---------------------------------------------------------------------------- wait-ready
+
+LOADING = [503]
+FAIL_FAST = [s for s in range(100, 600) if s not in (200, 503)]
+
+
+@pytest.mark.parametrize("status", FAIL_FAST[::7] + [404, 500, 502, 401, 301])
+def test_any_status_but_200_and_503_fails_fast(status):
+    assert classify({"alive": True, "status": status}) == "unhealthy"
+
+
+@pytest.mark.parametrize("probe, state", [
+    ({"alive": True, "status": 200}, "ready"),
+    ({"alive": True, "status": 503}, "loading"),
+    ({"alive": True, "status": None, "error_kind": "refused"}, "loading"),
+    ({"alive": True, "status": None, "error_kind": "timeout"}, "loading"),
+    ({"alive": True, "status": None, "error_kind": "other"}, "unhealthy"),
+    ({"alive": False, "status": 200}, "dead"),
+    ({"alive": False, "status": None, "error_kind": "refused"}, "dead"),
+])
+def test_probe_classification(probe, state):
+    assert classify(probe) == state
+
+
+@pytest.mark.parametrize("output", ['{"alive": true, "status": null, "error_kind": "weird"}', "{}", "[]", "ok",
+                                    '{"alive": "yes", "status": 200}', '{"alive": true, "status": "200"}'])
+def test_probe_output_is_parsed_strictly(output):
+    with pytest.raises(RemoteOutputError):
+        parse_probe(output, "h")
+
+
+def _serve(status: int, body: bytes):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("status", [404, 500, 200, 503])
+def test_http_status_carries_a_body_excerpt(status):
+    server = _serve(status, b"x" * 1000 + b"not sglang")
+    try:
+        result = host_ops.http_status(f"http://127.0.0.1:{server.server_port}/health", 5)
+    finally:
+        server.shutdown()
+    assert result["status"] == status and result["body"] == "x" * 300 and result["error_kind"] is None
+
+
+# ---------------------------------------------------------------------------- host lock
+
+
+def _hold(lock: Path, owner: dict):
+    proc = subprocess.Popen([sys.executable, "-c", HOST_LOCK_SOURCE.read_text(), "deployctl-host-lock", str(lock),
+                             json.dumps(owner)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return proc, json.loads(proc.stdout.readline())
+
+
+def test_host_lock_is_exclusive_names_its_owner_and_dies_with_its_channel(tmp_path):
+    lock = tmp_path / "state" / "deployctl.lock"
+    first, answer = _hold(lock, {"command": "up", "run": "r", "pid": 1})
+    assert answer == {"acquired": True, "previous": None}
+    second, refused = _hold(lock, {"command": "up", "run": "r", "pid": 2})
+    assert refused["acquired"] is False and refused["owner"]["pid"] == 1 and refused["owner"]["host_pid"] == first.pid
+    assert second.wait(10) == 0
+    first.stdin.close()  # what sshd does when deployctl's connection ends
+    assert first.wait(10) == 0
+    assert not Path(str(lock) + ".owner.json").exists()
+    third, answer = _hold(lock, {"pid": 3})
+    assert answer == {"acquired": True, "previous": None}
+    third.kill()  # SIGKILL: no cleanup, the kernel still releases the flock
+    third.wait(10)
+    fourth, answer = _hold(lock, {"pid": 4})
+    assert answer["acquired"] is True and answer["previous"]["pid"] == 3  # taken over, with a warning
+    fourth.stdin.close()
+    fourth.wait(10)
+
+
+@pytest.mark.parametrize("line", ["", "{}", '{"acquired": "yes"}', '{"acquired": true, "previous": 3}', "locked", "[1]"])
+def test_host_lock_answer_is_parsed_strictly(line):
+    with pytest.raises(RemoteOutputError):
+        parse_host_lock(line, "h")
+
+
+def test_lock_helper_survives_stop_stale_scope_user():
+    assert host_ops.HOST_LOCK_MARK == "deployctl-host-lock"
+    assert "deployctl-host-lock" in HOST_LOCK_SOURCE.read_text()
+
+
+def test_local_lock_refuses_a_second_holder_naming_the_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    config = tmp_path / "deployctl.yaml"
+    config.write_text("")
+    owner = owner_info("up", "r")
+    code = ("import sys, time; from deploy.locks import local_lock; from pathlib import Path\n"
+            f"with local_lock(Path({str(config)!r}), 'r', {{'command': 'nightly', 'run': 'r', 'pid': 77, "
+            "'user': 'u', 'hostname': 'box', 'started_at': 'then'}):\n"
+            "    print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=os.environ | {"XDG_STATE_HOME": str(tmp_path / "state")})
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(LockHeld) as exc:
+        with local_lock(config, "r", owner):
+            pass
+    assert exc.value.exit_code == ExitCode.LOCKED and "nightly" in str(exc.value) and "pid 77" in str(exc.value)
+    holder.kill()
+    holder.wait(10)
+    with local_lock(config, "r", owner):  # its holder is gone: free at once
+        pass
+
+
+def test_owner_description_says_who_and_since_when():
+    text = describe_owner({"command": "up", "run": "r", "user": "ana", "hostname": "ws1", "pid": 12,
+                           "started_at": "2026-11-30T18:00:00+00:00"})
+    assert "ana@ws1" in text and "pid 12" in text and "since 2026-11-30T18:00:00" in text and "up" in text
+
+
+# ---------------------------------------------------------------------------- converge, records
+
+
+def _record(**over):
+    base = {"argv": ["python3", "-m", "sglang.launch_server"], "drafter_fingerprint": "a" * 64,
+            "env_hash": env_hash({}), "sglang_version": "0.5.9", "pid": 10, "log": "x.log"}
+    return base | over
+
+
+@pytest.mark.parametrize("field, value", [("argv", ["python3"]), ("drafter_fingerprint", "b" * 64),
+                                          ("env_hash", env_hash({"A": "1"})), ("sglang_version", "0.5.12")])
+def test_converge_names_what_changed(field, value):
+    assert differences(_record(), _record(**{field: value})) == [field.replace("_", " ")]
+    assert not same_deployment(_record(), _record(**{field: value}))
+
+
+def test_same_deployment_ignores_pid_and_log():
+    assert differences(_record(), _record(pid=99, log="y.log")) == []
+    assert same_deployment(_record(), _record(pid=99))
+    assert differences(_record(), None) == ["no deployment recorded"]
+
+
+def test_env_hash_differs_by_value_and_never_contains_it():
+    assert env_hash({"HF_TOKEN": "secret1"}) != env_hash({"HF_TOKEN": "secret2"})
+    assert "secret1" not in env_hash({"HF_TOKEN": "secret1"})
+
+
+@pytest.mark.parametrize("output", ["{}", '{"pid": "1", "alive": true, "status": null, "record": null}',
+                                    '{"pid": 1, "alive": 1, "status": null, "record": null}',
+                                    '{"pid": 1, "alive": true, "status": 200, "record": []}', "nope"])
+def test_server_state_is_parsed_strictly(output):
+    with pytest.raises(RemoteOutputError):
+        parse_server_state(output, "h")
+
+
+def test_server_state_describes_what_is_left_running():
+    state = parse_server_state(json.dumps({"pid": 5, "alive": True, "status": 200, "error": None,
+                                           "record": {"drafter_path": "/s/d", "log": "/s/l"}}), "h")
+    assert "pid 5" in state.describe() and "/s/d" in state.describe()
+    dead = parse_server_state(json.dumps({"pid": 5, "alive": False, "status": None, "record": None}), "h")
+    assert dead.describe().startswith("nothing")
+
+
+@pytest.mark.parametrize("text", ["[]", '{"argv": "python3"}', "{", "null"])
+def test_records_are_parsed_strictly(text):
+    with pytest.raises(RemoteOutputError):
+        parse_record(text, "h", "last-good.json")
+
+
+def test_missing_record_is_none():
+    assert parse_record("  \n", "h", "x") is None
+
+
+# ---------------------------------------------------------------------------- regression gate
+
+
+@pytest.mark.parametrize("accept, tput, regressed", [
+    (3.0, 1000.0, 0), (2.71, 1000.0, 0), (2.69, 1000.0, 1), (3.0, 899.0, 1), (1.0, 100.0, 2), (3.5, 2000.0, 0)])
+def test_regression_gate_fractions(accept, tput, regressed):
+    regressions, lines = compare({"accept_length": accept, "output_tok_s": tput},
+                                 {"accept_length": 3.0, "output_tok_s": 1000.0}, 0.9, 0.9)
+    assert len(regressions) == regressed and len(lines) == 2
+
+
+def test_regression_gate_skips_what_was_not_measured():
+    regressions, lines = compare({"accept_length": 3.0}, {"accept_length": 3.0, "output_tok_s": 10.0}, 0.9, 0.9)
+    assert regressions == [] and "not compared" in lines[1]
+
+
+# ---------------------------------------------------------------------------- drafter store pruning
+
+
+def test_prune_keeps_two_most_recent_and_the_last_good(tmp_path):
+    store = tmp_path / "drafters"
+    for i, name in enumerate(["old-good", "a", "b", "c"]):
+        (store / name).mkdir(parents=True)
+        os.utime(store / name, (1000 + i, 1000 + i))
+    (store / ".staging-x").mkdir()
+    os.utime(store / ".staging-x", (1, 1))
+    last_good = tmp_path / "last-good.json"
+    last_good.write_text(json.dumps({"argv": [], "drafter_path": str(store / "old-good")}))
+    args = type("A", (), {"store": str(store), "keep": 2, "last_good": str(last_good)})
+    doc = host_ops.cmd_prune_drafters(args)
+    assert sorted(os.listdir(store)) == ["b", "c", "old-good"]
+    assert sorted(doc["removed"]) == [".staging-x", "a"]
+
+
+# ---------------------------------------------------------------------------- history
+
+
+def test_history_appends_and_filters(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert history.history_path() == tmp_path / "deployctl" / "history.jsonl"
+    history.append([{"run": "r1", "host": "a", "outcome": "ok"}, {"run": "r2", "host": "a", "outcome": "failed"}])
+    history.append([{"run": "r1", "host": "b", "outcome": "rolled-back"}])
+    assert [r["host"] for r in history.read("r1")] == ["a", "b"]
+    assert [r["run"] for r in history.read(host="a")] == ["r1", "r2"]
+    (tmp_path / "deployctl" / "history.jsonl").open("a").write("garbage\n")
+    with pytest.raises(Exception) as exc:
+        history.read()
+    assert "history.jsonl:4" in str(exc.value)
+
+
+def test_relative_xdg_state_home_is_ignored(monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/dir")
+    assert str(history.history_path()).startswith(str(Path.home()))
