@@ -72,8 +72,9 @@ class Transport(Protocol):
 class HeldCommand:
     """A remote command that keeps running while its SSH channel stays open (see ``HostConnection.hold``).
 
-    ``first_line`` is what it printed first (its answer); ``close()`` sends EOF on its stdin and
-    closes the channel, which is also what the kernel does for us when this process dies.
+    ``first_line`` is what it printed first (its answer); ``close()`` writes a farewell and EOF on
+    its stdin and closes the channel; when this process dies, the kernel closes the connection and
+    the command sees EOF without the farewell.
     """
 
     def __init__(self, channel, first_line: str, stderr: str, exit_code: int | None):
@@ -86,9 +87,12 @@ class HeldCommand:
     def running(self) -> bool:
         return not self._channel.closed and not self._channel.exit_status_ready()
 
-    def close(self) -> None:
+    def close(self, farewell: bytes = b"release\n") -> None:
+        """Say ``farewell`` on its stdin (a clean release, as opposed to our death), then EOF."""
         try:
             if not self._channel.closed:
+                if farewell:
+                    self._channel.sendall(farewell)
                 self._channel.shutdown_write()
                 self._channel.close()
         except (OSError, EOFError):

@@ -7,10 +7,12 @@ Standalone, Python 3.8+ standard library only. deployctl sends this file's sourc
 ``flock(LOCK_EX | LOCK_NB)`` on ``LOCK``; then one JSON line on stdout:
 ``{"acquired": true, "previous": OWNER|null}`` (``previous``: an owner file left by a holder that
 is gone, e.g. a deployctl killed with SIGKILL) or ``{"acquired": false, "owner": OWNER|null}``.
-While held, the process blocks reading stdin. When deployctl closes the channel, exits, or is
-killed, sshd closes the pipe: EOF, the owner file is removed and the process exits; the kernel
-drops the flock with the last descriptor even if this process is itself killed. No heartbeats,
-no expiry: the lock lives exactly as long as the connection that asked for it.
+While held, the process blocks reading stdin. deployctl releases it by writing ``release`` and
+closing the channel: the owner file is removed. When deployctl dies instead (SIGKILL, a dropped
+connection), sshd closes the pipe: EOF without ``release``, the owner file stays behind as the
+trace of a holder that is gone (the next holder warns about it) and the process exits; the
+kernel drops the flock with the last descriptor even if this process is itself killed. No
+heartbeats, no expiry: the lock lives exactly as long as the connection that asked for it.
 """
 
 from __future__ import annotations
@@ -57,15 +59,20 @@ def hold(lock_path: str, owner_json: str, stdin=None, stdout=None) -> int:
     os.replace(tmp, owner_path)
     stdout.write(json.dumps({"acquired": True, "previous": previous}) + "\n")
     stdout.flush()
+    received = b""
     try:
-        while stdin.read(4096):
-            pass
+        while True:
+            chunk = stdin.read(4096)
+            if not chunk:
+                break
+            received = (received + chunk)[-64:]
     finally:
         # Still holding the flock here, so no new holder has written its owner file yet.
-        try:
-            os.unlink(owner_path)
-        except OSError:
-            pass
+        if b"release" in received:
+            try:
+                os.unlink(owner_path)
+            except OSError:
+                pass
         os.close(fd)
     return 0
 

@@ -95,17 +95,23 @@ def test_host_lock_is_exclusive_names_its_owner_and_dies_with_its_channel(tmp_pa
     second, refused = _hold(lock, {"command": "up", "run": "r", "pid": 2})
     assert refused["acquired"] is False and refused["owner"]["pid"] == 1 and refused["owner"]["host_pid"] == first.pid
     assert second.wait(10) == 0
-    first.stdin.close()  # what sshd does when deployctl's connection ends
+    first.stdin.write("release\n")  # deployctl's clean release
+    first.stdin.close()
     assert first.wait(10) == 0
     assert not Path(str(lock) + ".owner.json").exists()
     third, answer = _hold(lock, {"pid": 3})
     assert answer == {"acquired": True, "previous": None}
-    third.kill()  # SIGKILL: no cleanup, the kernel still releases the flock
-    third.wait(10)
+    third.stdin.close()  # EOF without release: sshd closing the pipe after deployctl died
+    assert third.wait(10) == 0
     fourth, answer = _hold(lock, {"pid": 4})
     assert answer["acquired"] is True and answer["previous"]["pid"] == 3  # taken over, with a warning
-    fourth.stdin.close()
+    fourth.kill()  # SIGKILL of the helper itself: the kernel still releases the flock
     fourth.wait(10)
+    fifth, answer = _hold(lock, {"pid": 5})
+    assert answer["acquired"] is True and answer["previous"]["pid"] == 4
+    fifth.stdin.write("release\n")
+    fifth.stdin.close()
+    fifth.wait(10)
 
 
 @pytest.mark.parametrize("line", ["", "{}", '{"acquired": "yes"}', '{"acquired": true, "previous": 3}', "locked", "[1]"])
