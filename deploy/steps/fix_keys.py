@@ -198,10 +198,11 @@ def run(ctx: StepContext) -> StepOutcome:
             conn.run(f"rm -rf -- {quote_path(staging_path(ctx, fingerprint))}")
             raise
         conn.check(publish_command(ctx, fingerprint), what="publishing the converted drafter")
-    pruned = conn.run(prune_command(ctx), timeout=120)
+        # only a new drafter can push an old one out of the store
+        ctx.memory["pruned"] = conn.run(prune_command(ctx), timeout=120).stdout.strip()[:500]
     renamed = len(summary.get("renames") or [])
     data = {"status": summary["status"], "renamed": renamed, "sglang_version": version,
             "verification": verification, "fingerprint": fingerprint, "store": store,
-            "pruned": pruned.stdout.strip()[:500]}
+            "pruned": ctx.memory.get("pruned")}
     detail = "already converted" if summary["status"] == "already_converted" else f"converted, {renamed} keys renamed"
     return StepOutcome("ok", f"{detail} in {store}", data)

@@ -71,6 +71,11 @@ def run(ctx: StepContext) -> StepOutcome:
     target = last_good_env_path(ctx.paths.root)
     copy_from = env_file if env_file and env_file != target else None
     record["env_file"] = target if env_file else None
+    if previous is not None and same_deployment(previous, deployment) and not copy_from and \
+            {k: v for k, v in previous.items() if k != "pid"} == {k: v for k, v in record.items() if k != "pid"}:
+        ctx.memory["last_good"] = previous
+        return StepOutcome("ok", f"already the last good deployment ({deployment.get('drafter_path')})",
+                           {"last_good": {k: previous.get(k) for k in ("drafter_fingerprint", "drafter_path", "metrics")}})
     conn.check(write_command(ctx, record, copy_from), what="recording the last good deployment")
     ctx.memory["last_good"] = record
     return StepOutcome("ok", f"last good: {deployment.get('drafter_path')} (pid {deployment.get('pid')})",
