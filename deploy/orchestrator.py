@@ -87,7 +87,7 @@ class HostReport:
         if self.error is None:
             return "converged" if self.facts.get("converged") else "ok"
         return {ExitCode.ROLLED_BACK: "rolled-back", ExitCode.REGRESSION: "regression",
-                ExitCode.LOCKED: "locked"}.get(self.error.exit_code, "failed")
+                ExitCode.LOCKED: "locked", ExitCode.INTERRUPTED: "interrupted"}.get(self.error.exit_code, "failed")
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"host": self.host.name, "address": self.host.address, "ok": self.ok,
@@ -119,13 +119,20 @@ def _context(host: Host, run: Run, settings, conn, draft_tokens: int, stamp: str
                        cancelled=cancelled or threading.Event())
 
 
-def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host], draft_tokens: int) -> dict[str, list[tuple[str, list[PlannedCommand]]]]:
+def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host], draft_tokens: int,
+                  lock: bool = False) -> dict[str, list[tuple[str, list[PlannedCommand]]]]:
     """Every command each host would run, in order; touches nothing."""
+    from deploy.locks import host_lock_path
+
     stamp = launch_stamp()
     plans: dict[str, list[tuple[str, list[PlannedCommand]]]] = {}
     for host in hosts:
         memory: dict[str, Any] = {}
         steps = []
+        if lock:
+            steps.append(("host-lock", [PlannedCommand(
+                "hold the host lock (flock) for the whole run, on its own SSH channel; held elsewhere: exit 9",
+                f"{host.python} -c <deploy/remote/host_lock.py> deployctl-host-lock {host_lock_path(host)} <owner>")]))
         for step in playbook.steps:
             if not step.settings.enabled:
                 continue

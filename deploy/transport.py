@@ -13,6 +13,8 @@ Everything else builds command strings and parses their output; it hands command
   on the host, so a timed-out command does not linger there.
 * Retries. tenacity retries *connecting* (refused, timed out, banner errors), never a command:
   a command may have side effects (killing processes, launching a server).
+* Held commands. ``hold`` starts a command on its own channel and leaves it running until we
+  close the channel or the connection dies; the host lock hangs on it (see deploy/locks.py).
 """
 
 from __future__ import annotations

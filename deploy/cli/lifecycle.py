@@ -47,8 +47,19 @@ def run_locked(globals_, config, command: str, playbook, run, hosts, tokens: int
     owner = owner_info(command, run.name)
     started = datetime.now(timezone.utc)
     with local_lock(globals_.config_path, run.name, owner):
-        reports = run_playbook(config, playbook, run, hosts, tokens, progress,
-                               RunOptions(command=command, lock=True, owner=owner, rollback=rollback, force=force))
+        try:
+            reports = run_playbook(config, playbook, run, hosts, tokens, progress,
+                                   RunOptions(command=command, lock=True, owner=owner, rollback=rollback, force=force))
+        except KeyboardInterrupt as interrupt:
+            # Ctrl-C: no rollback, but say what each host was left running, and record it.
+            partial = [o.value for o in getattr(interrupt, "outcomes", []) if o.value is not None]
+            for report in partial:
+                progress(report.host.name, "interrupted", f"left running: {report.left_running or 'unknown'}")
+            try:
+                history.append(history.records_for(command, run.name, partial, started))
+            except (OSError, DeployError):
+                pass
+            raise
     try:
         history.append(history.records_for(command, run.name, reports, started))
     except (OSError, DeployError) as exc:  # history is a record, never a reason to fail the deploy
@@ -84,7 +95,7 @@ def _execute(globals_, command: str, default_playbook: str, run_name, host_names
         playbook = playbook.with_settings(step, **updates)
     tokens = draft_tokens if draft_tokens is not None else run.draft_tokens
     if dry_run:
-        plans = plan_playbook(playbook, run, hosts, tokens)
+        plans = plan_playbook(playbook, run, hosts, tokens, lock=True)
         if as_json:
             render.print_json(render.plan_document(command, run.name, plans))
         else:
@@ -213,13 +224,13 @@ def bench(globals_, run_name, host_names, draft_tokens, num_prompts, max_concurr
         playbook = playbook.with_settings("benchmark", **updates)
     sweep = list(draft_tokens) or [run.draft_tokens]
     if dry_run:
-        documents = [render.plan_document("bench", run.name, plan_playbook(playbook, run, hosts, t)) | {"draft_tokens": t}
+        documents = [render.plan_document("bench", run.name, plan_playbook(playbook, run, hosts, t, lock=True)) | {"draft_tokens": t}
                      for t in sweep]
         if as_json:
             render.print_json({"command": "bench", "run": run.name, "dry_run": True, "sweep": documents})
         else:
             for t in sweep:
-                render.plan_text(f"bench (draft tokens {t})", plan_playbook(playbook, run, hosts, t), render.console())
+                render.plan_text(f"bench (draft tokens {t})", plan_playbook(playbook, run, hosts, t, lock=True), render.console())
         return 0
     progress = render.progress_printer()
     rounds = []

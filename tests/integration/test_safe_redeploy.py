@@ -238,3 +238,33 @@ def test_nightly_without_a_terminal_prints_plain_timestamped_lines(clean_sandbox
                          capture_output=True, text=True, timeout=60)
     [record] = json.loads(out.stdout)["records"]
     assert record["verb"] == "nightly" and record["exit_code"] == 0
+
+
+def test_server_dying_after_ready_is_server_died_with_its_log_tail(clean_sandbox, tmp_path, capsys):
+    path = config(clean_sandbox, tmp_path)
+    new_checkpoint(clean_sandbox, "crash-on-generate")
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")  # no last good yet: nothing to roll back to
+    assert code == ExitCode.FAILED, json.dumps(doc, indent=1)
+    [host] = doc["hosts"]
+    assert steps_of(doc)["wait-ready"]["status"] == "ok"
+    detail = steps_of(doc)["verify-acceptance"]["detail"]
+    assert "server died" in detail and "noticed by verify-acceptance" in detail and "illegal memory access" in detail
+    assert any("no last good deployment" in w for w in host["warnings"])
+    assert host["left_running"].startswith("nothing")
+
+
+def test_ctrl_c_says_what_it_left_running_and_releases_the_lock(clean_sandbox, tmp_path, capsys):
+    path = config(clean_sandbox, tmp_path, SGLANG_SIM_LOAD_SECONDS="5")
+    proc = deployctl("-c", str(path), "up")
+    try:
+        read_until(proc, "[sb1] wait-ready: start")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    assert "[sb1] interrupted: left running: SGLang pid" in err, err
+    assert [r["outcome"] for r in history.read(host="sb1")] == ["interrupted"]
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")  # not locked out
+    assert code == 0, json.dumps(doc, indent=1)

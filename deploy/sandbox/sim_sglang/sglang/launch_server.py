@@ -48,6 +48,7 @@ midway through loading, exit 1.
 Drafter markers (files in the drafter directory, so a test's "bad new checkpoint" carries its own
 badness and a rollback to the previous drafter's bytes really cures it):
   SIMULATION-crash-during-load   crash with CUDA OOM midway through loading, exit 1;
+  SIMULATION-crash-on-generate   ready, then the first /generate kills the server (exit 1);
   SIMULATION-accept-nothing      every draft token rejected: accept len 1.00 (as a drafter whose
                                  weights are garbage would give);
   SIMULATION-decode-speed        a float F in (0, 10]: each decode step takes 1/F as long (F 0.5:
@@ -344,6 +345,7 @@ class Speculation:
     debug: list[str] = field(default_factory=list)
     draft_arch: str = ""
     crash_during_load: bool = False
+    crash_on_generate: bool = False
     step_s: float = SIM_STEP_S
 
     @property
@@ -362,6 +364,8 @@ def read_drafter_markers(draft_dir: str, spec: "Speculation") -> None:
 
     if marker("crash-during-load") is not None:
         spec.crash_during_load = True
+    if marker("crash-on-generate") is not None:
+        spec.crash_on_generate = True
     if marker("accept-nothing") is not None:
         spec.accept_p = 0.0
         spec.collapse_reason = "SIMULATION-accept-nothing marker in the drafter"
@@ -885,6 +889,13 @@ class Handler(BaseHTTPRequestHandler):
         if not engine.schedulers_alive:
             self._json(503, {"error": {"message": "The server is not healthy (a scheduler died)."}})
             return
+        if engine.spec.crash_on_generate:
+            # SIMULATION-crash-on-generate: the whole server dies on its first request (the ranks
+            # follow through PR_SET_PDEATHSIG), after /health already said 200.
+            scheduler_exception(0, [(_srt("managers/scheduler.py"), 1170, "event_loop_overlap",
+                                     "batch_result = self.run_batch(batch)")],
+                                "RuntimeError: CUDA error: an illegal memory access was encountered")
+            os._exit(1)
         if body.get("stream"):
             self._json(400, {"object": "error", "type": "BadRequestError", "code": 400,
                              "message": "SIMULATION: streaming is not simulated by the sandbox's "
