@@ -16,6 +16,7 @@ import getpass
 import hashlib
 import json
 import os
+import re
 import socket
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -93,7 +94,8 @@ def acquire_host_lock(conn, host: Host, owner: dict):
 
 def local_lock_path(config_path: Path, run: str) -> Path:
     key = hashlib.sha256(f"{Path(config_path).resolve()}\0{run}".encode()).hexdigest()[:16]
-    return state_home() / "locks" / f"{run[:40]}-{key}.lock"
+    readable = re.sub(r"[^A-Za-z0-9_.-]", "_", run)[:40]  # the hash is the identity; this is for people
+    return state_home() / "locks" / f"{readable}-{key}.lock"
 
 
 @contextmanager

@@ -80,12 +80,12 @@ def parse_server_state(output: str, source: str) -> ServerState:
     try:
         document = json.loads(output)
         pid = document["pid"]
-        if pid is not None and not isinstance(pid, int):
+        if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
             raise TypeError
         if not isinstance(document["alive"], bool):
             raise TypeError
         status = document["status"]
-        if status is not None and not isinstance(status, int):
+        if status is not None and (not isinstance(status, int) or isinstance(status, bool)):
             raise TypeError
         record = document["record"]
         if record is not None and not isinstance(record, dict):

@@ -55,7 +55,7 @@ def parse_probe(output: str, source: str) -> dict:
         document = json.loads(output)
         if not isinstance(document["alive"], bool):
             raise TypeError
-        if document["status"] is not None and not isinstance(document["status"], int):
+        if document["status"] is not None and (not isinstance(document["status"], int) or isinstance(document["status"], bool)):
             raise TypeError
         if document["status"] is None and document.get("error_kind") not in ("refused", "timeout", "other"):
             raise TypeError

@@ -48,7 +48,8 @@ def test_probe_classification(probe, state):
 
 
 @pytest.mark.parametrize("output", ['{"alive": true, "status": null, "error_kind": "weird"}', "{}", "[]", "ok",
-                                    '{"alive": "yes", "status": 200}', '{"alive": true, "status": "200"}'])
+                                    '{"alive": "yes", "status": 200}', '{"alive": true, "status": "200"}',
+                                    '{"alive": true, "status": true}'])
 def test_probe_output_is_parsed_strictly(output):
     with pytest.raises(RemoteOutputError):
         parse_probe(output, "h")
@@ -259,3 +260,60 @@ def test_history_appends_and_filters(tmp_path, monkeypatch):
 def test_relative_xdg_state_home_is_ignored(monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", "relative/dir")
     assert str(history.history_path()).startswith(str(Path.home()))
+
+
+# ---------------------------------------------------------------------------- generated hostile outputs
+
+VALID_STATE = {"pid": 5, "alive": True, "cmdline": "python3 -m sglang.launch_server", "status": 200,
+               "error": None, "error_kind": None, "body": "", "record": {"argv": ["x"]}}
+REQUIRED_STATE = ("pid", "alive", "status", "record")
+WRONG_TYPES = ["1", 1.5, [], {}, True, "null"]
+
+
+def _mutations(valid: dict, required: tuple[str, ...], allowed: dict[str, tuple]):
+    for key in required:
+        yield {k: v for k, v in valid.items() if k != key}
+        for value in WRONG_TYPES:
+            if not isinstance(value, allowed[key]) or (isinstance(value, bool) and bool not in allowed[key]):
+                yield valid | {key: value}
+
+
+STATE_CASES = list(_mutations(VALID_STATE, REQUIRED_STATE, {
+    "pid": (int, type(None)), "alive": (bool,), "status": (int, type(None)), "record": (dict, type(None))}))
+
+
+@pytest.mark.parametrize("document", STATE_CASES, ids=[str(i) for i in range(len(STATE_CASES))])
+def test_generated_bad_server_state_is_refused(document):
+    with pytest.raises(RemoteOutputError):
+        parse_server_state(json.dumps(document), "h")
+
+
+LOCK_CASES = [{"previous": None}] + [{"acquired": v} for v in WRONG_TYPES if not isinstance(v, bool)] + \
+    [{"acquired": True, "previous": v} for v in WRONG_TYPES if not isinstance(v, dict)] + \
+    [{"acquired": False, "owner": v} for v in WRONG_TYPES if not isinstance(v, dict)]
+
+
+@pytest.mark.parametrize("document", LOCK_CASES, ids=[str(i) for i in range(len(LOCK_CASES))])
+def test_generated_bad_lock_answers_are_refused(document):
+    with pytest.raises(RemoteOutputError):
+        parse_host_lock(json.dumps(document), "h")
+
+
+@pytest.mark.parametrize("cut", range(1, 40, 3))
+def test_truncated_outputs_are_refused(cut):
+    state = json.dumps(VALID_STATE)[:cut]
+    with pytest.raises(RemoteOutputError):
+        parse_server_state(state, "h")
+    answer = '{"acquired": true, "previous": null}'
+    if cut < len(answer):
+        with pytest.raises(RemoteOutputError):
+            parse_host_lock(answer[:cut], "h")
+
+
+def test_local_lock_file_name_is_safe_for_any_run_name(tmp_path, monkeypatch):
+    from deploy.locks import local_lock_path
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    for run in ("../../etc/passwd", "a/b", "x" * 300, "ünï cødé", "\n"):
+        path = local_lock_path(tmp_path / "c.yaml", run)
+        assert path.parent == tmp_path / "deployctl" / "locks" and "/" not in path.name and len(path.name) < 80
