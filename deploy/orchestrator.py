@@ -153,6 +153,17 @@ def _run_steps(steps: Sequence[PlannedStep], host: Host, run: Run, conn, draft_t
         if stop or cancelled.is_set():
             records.append(StepRecord(step.name, "not-run"))
             continue
+        held = memory.get("host_lock")
+        if held is not None and not held.running:
+            # The connection dropped and was re-opened between commands: the host-side helper saw
+            # EOF and the lock is gone, so another run may be changing this host now.
+            lost = LockHeld(f"{host.name}: lost the host lock (the SSH connection holding it dropped); "
+                            "stopped before the next step")
+            if error is None:
+                error, failed_at = lost, index
+            stop = True
+            records.append(StepRecord(step.name, "failed", detail=str(lost), exit_code=int(lost.exit_code)))
+            continue
         if not step.settings.enabled:
             records.append(StepRecord(step.name, "disabled"))
             continue
@@ -259,7 +270,8 @@ def _roll_back(report: HostReport, playbook: Playbook, run: Run, conn, draft_tok
         report.warnings.append("the regressing deployment is the last good one: nothing else to roll back to")
         return
     progress(host.name, "rollback", f"relaunching the last good deployment ({good.get('drafter_path')})")
-    rb_memory: dict[str, Any] = {"rollback_record": good, "env_file": good.get("env_file")}
+    rb_memory: dict[str, Any] = {"rollback_record": good, "env_file": good.get("env_file"),
+                                 "host_lock": memory.get("host_lock")}
     records, rb_error, _ = _run_steps(_rollback_steps(playbook), host, run, conn, draft_tokens, stamp, progress,
                                       rb_memory, cancelled, label="rollback/")
     report.rollback = records
@@ -322,6 +334,7 @@ def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, draft
                 report.warnings.append(warning)
                 progress(host.name, "lock", f"WARNING: {warning}")
             progress(host.name, "lock", "held")
+            memory["host_lock"] = held
         try:
             records, error, failed_at = _run_steps(playbook.steps, host, run, conn, draft_tokens, stamp, progress,
                                                    memory, cancelled)

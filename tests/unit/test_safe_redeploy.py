@@ -317,3 +317,78 @@ def test_local_lock_file_name_is_safe_for_any_run_name(tmp_path, monkeypatch):
     for run in ("../../etc/passwd", "a/b", "x" * 300, "ünï cødé", "\n"):
         path = local_lock_path(tmp_path / "c.yaml", run)
         assert path.parent == tmp_path / "deployctl" / "locks" and "/" not in path.name and len(path.name) < 80
+
+
+# ---------------------------------------------------------------------------- orchestrator decisions (no SSH)
+
+from types import SimpleNamespace  # noqa: E402
+
+from deploy.config.models import Host, Run  # noqa: E402
+from deploy.errors import DeployError, Regression  # noqa: E402
+from deploy.orchestrator import RunOptions, StepRecord, _run_steps, _should_roll_back  # noqa: E402
+from deploy.playbook import load_playbook  # noqa: E402
+from deploy.steps.base import StepOutcome, StepSettings  # noqa: E402
+
+HOST = Host(name="h", address="10.0.0.1", user="u", state_dir="/var/lib/deployctl")
+RUN = Run(name="r", hosts=["h"], base_model="/m", drafter="/d")
+
+
+def fake_step(name: str, calls: list, fail: DeployError | None = None, skips: bool = False):
+    def run(ctx):
+        calls.append(name)
+        if fail is not None:
+            raise fail
+        return StepOutcome("ok", name)
+
+    module = SimpleNamespace(NAME=name, run=run, CONVERGE_SKIPS=skips)
+    return SimpleNamespace(name=name, module=module, settings=StepSettings(step=name))
+
+
+def test_converged_memory_skips_only_the_steps_that_stop_free_or_launch():
+    calls: list = []
+    steps = [fake_step("a", calls), fake_step("launch", calls, skips=True), fake_step("verify", calls)]
+    records, error, _ = _run_steps(steps, HOST, RUN, None, 16, "s", lambda *a: None, {"converged": True},
+                                   threading.Event())
+    assert calls == ["a", "verify"] and error is None
+    assert [r.status for r in records] == ["ok", "skipped", "ok"]
+
+
+def test_a_lost_host_lock_stops_before_the_next_step():
+    calls: list = []
+    held = SimpleNamespace(running=True)
+    steps = [fake_step("a", calls), fake_step("b", calls), fake_step("c", calls)]
+
+    def drop_after_a(host, step, message):
+        if step == "a" and message.startswith("ok"):
+            held.running = False
+
+    records, error, failed_at = _run_steps(steps, HOST, RUN, None, 16, "s", drop_after_a, {"host_lock": held},
+                                           threading.Event())
+    assert calls == ["a"] and failed_at == 1 and error.exit_code == ExitCode.LOCKED
+    assert [r.status for r in records] == ["ok", "failed", "not-run"]
+
+
+@pytest.mark.parametrize("failing, statuses, error, options, expected", [
+    ("wait-ready", None, DeployError("x"), RunOptions(), True),
+    ("launch", None, DeployError("x"), RunOptions(), True),
+    ("verify-acceptance", None, DeployError("x"), RunOptions(), True),
+    ("fix-keys", None, DeployError("x"), RunOptions(), False),       # before stop-stale: the old server still serves
+    ("stop-stale", None, DeployError("x"), RunOptions(), False),
+    ("wait-ready", None, DeployError("x"), RunOptions(rollback=False), False),
+    ("wait-ready", None, LockHeld("x"), RunOptions(), False),
+    ("wait-ready", {"stop-stale": "skipped"}, Regression("x"), RunOptions(), True),
+])
+def test_rollback_happens_only_after_stop_stale(failing, statuses, error, options, expected):
+    playbook = load_playbook("nightly")
+    names = [s.name for s in playbook.steps]
+    records = [StepRecord(n, (statuses or {}).get(n, "ok")) for n in names]
+    assert _should_roll_back(playbook, records, names.index(failing), error, options, threading.Event()) is expected
+
+
+def test_no_rollback_after_ctrl_c():
+    playbook = load_playbook("up")
+    names = [s.name for s in playbook.steps]
+    records = [StepRecord(n, "ok") for n in names]
+    cancelled = threading.Event()
+    cancelled.set()
+    assert not _should_roll_back(playbook, records, names.index("wait-ready"), DeployError("x"), RunOptions(), cancelled)
