@@ -18,6 +18,8 @@ import json
 import re
 from typing import Literal
 
+from pydantic import Field
+
 from deploy.errors import DeployError, ExitCode, RemoteCommandFailed, RemoteOutputError, VerificationFailed
 from deploy.facts.server import last_good_path
 from deploy.shell import path_join, quote, quote_path
@@ -35,7 +37,7 @@ class Settings(StepSettings):
     #: which engine extracted the training hidden states (aux layer ids are off by one between them)
     hidden_states_from: Literal["keep", "vllm", "sglang"] = "keep"
     #: drafters kept in the store besides the last good one (most recently used first)
-    keep_drafters: int = 2
+    keep_drafters: int = Field(default=2, ge=1, le=100)
 
 
 def version_command(ctx: StepContext) -> str:
@@ -52,10 +54,6 @@ def fixer_command(ctx: StepContext, *flags: str, path: str | None = None) -> str
 
 def store_path(ctx: StepContext, fingerprint: str) -> str:
     return path_join(ctx.paths.drafters, fingerprint[:32])
-
-
-def ready_marker(directory: str) -> str:
-    return path_join(directory, ".deployctl-ready")
 
 
 def staging_path(ctx: StepContext, fingerprint: str) -> str:
@@ -135,6 +133,8 @@ def plan(ctx: StepContext) -> list[PlannedCommand]:
     commands += [
         PlannedCommand("copy the drafter into a staging dir of the store (the original is never modified)",
                        stage_command(ctx, fp)),
+        PlannedCommand("fingerprint the original again: unchanged while it was copied?",
+                       fixer_command(ctx, "--fingerprint")),
         PlannedCommand("convert and verify the copy", fixer_command(ctx, *convert_flags(ctx, "<version>"),
                                                                     path=staging_path(ctx, fp))),
         PlannedCommand("publish it as drafters/<fingerprint>", publish_command(ctx, fp)),
@@ -193,6 +193,12 @@ def run(ctx: StepContext) -> StepOutcome:
     else:
         conn.check(stage_command(ctx, fingerprint), timeout=timeout, what=f"copying {ctx.run.drafter} into the drafter store")
         try:
+            # The original fingerprinted again after the copy: a different answer means a training
+            # job was still writing the checkpoint while we copied it (the copy may be torn).
+            if _fingerprint(ctx, timeout) != fingerprint:
+                raise DeployError(f"{ctx.host.name}: {ctx.run.drafter} changed while it was being copied into the "
+                                  "drafter store (is it still being written?); nothing was deployed, try again",
+                                  exit_code=ExitCode.CHECKPOINT)
             summary, verification = _convert(ctx, staging_path(ctx, fingerprint), version, timeout)
         except DeployError:
             conn.run(f"rm -rf -- {quote_path(staging_path(ctx, fingerprint))}")
