@@ -218,3 +218,15 @@ def history_table(rows, out: Console) -> None:
                       fmt(row.get("output_tok_s"), ".1f"), fmt(row.get("outcome")), fmt(row.get("exit_code")),
                       fmt(row.get("duration_s"), ".1f"))
     out.print(table)
+
+
+def history_lines(rows) -> list[str]:
+    """One plain line per record (for pipes, cron mail and grep): nothing is cut short."""
+    def fmt(value, spec=""):
+        return format(value, spec) if isinstance(value, (int, float)) else ("-" if value is None else str(value))
+
+    return [" ".join([fmt(r.get("time")), fmt(r.get("verb")), f"run={fmt(r.get('run'))}", f"host={fmt(r.get('host'))}",
+                      f"sglang={fmt(r.get('sglang_version'))}", f"drafter={fmt((r.get('drafter_fingerprint') or '')[:12] or None)}",
+                      f"T={fmt(r.get('draft_tokens'))}", f"accept={fmt(r.get('accept_length'), '.2f')}",
+                      f"tok/s={fmt(r.get('output_tok_s'), '.1f')}", f"outcome={fmt(r.get('outcome'))}",
+                      f"exit={fmt(r.get('exit_code'))}", f"{fmt(r.get('duration_s'), '.1f')}s"]) for r in rows]

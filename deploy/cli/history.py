@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 
@@ -20,6 +22,9 @@ def history(run_name, host_name, last, as_json) -> int:
         rows = rows[-last:]
     if as_json:
         render.print_json({"command": "history", "path": str(store.history_path()), "records": rows})
-    else:
+    elif sys.stdout.isatty():
         render.history_table(rows, render.console())
+    else:
+        for line in render.history_lines(rows):
+            click.echo(line)
     return 0

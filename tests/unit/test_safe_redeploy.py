@@ -392,3 +392,21 @@ def test_no_rollback_after_ctrl_c():
     cancelled = threading.Event()
     cancelled.set()
     assert not _should_roll_back(playbook, records, names.index("wait-ready"), DeployError("x"), RunOptions(), cancelled)
+
+
+def test_history_verb_plain_lines_and_json(capsys):
+    from deploy.cli.main import main
+
+    rows = [{"time": "t1", "verb": "up", "run": "r", "host": "a", "outcome": "ok", "exit_code": 0, "accept_length": 3.0},
+            {"time": "t2", "verb": "nightly", "run": "r", "host": "b", "outcome": "rolled-back", "exit_code": 11}]
+    history.append(rows)
+    assert main(["history", "--host", "b"]) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith("t2 nightly run=r host=b") and "outcome=rolled-back exit=11" in line
+    assert main(["history", "--json", "-n", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["records"] == rows[-1:]
+    history_file = history.history_path()
+    history_file.write_text(history_file.read_text() + "{broken\n")
+    assert main(["history"]) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert f"{history_file}:3" in err and "Traceback" not in err
