@@ -410,3 +410,59 @@ def test_history_verb_plain_lines_and_json(capsys):
     assert main(["history"]) == ExitCode.CONFIG
     err = capsys.readouterr().err
     assert f"{history_file}:3" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------- wait-ready end to end, fake host
+
+from deploy.errors import ServerDied, ServerUnhealthy  # noqa: E402
+from deploy.steps import wait_ready  # noqa: E402
+from deploy.steps.base import StepContext  # noqa: E402
+from deploy.transport import CommandResult  # noqa: E402
+
+
+class ScriptedHost:
+    """Answers probe commands from a script of probe documents; tail with a fixed log."""
+
+    host = HOST
+
+    def __init__(self, probes: list[dict]):
+        self.probes = probes
+        self.commands: list[str] = []
+
+    def run(self, command, *, timeout=None):
+        self.commands.append(command)
+        if " probe " in command:
+            document = {"pid": 7, "error": None, "error_kind": None, "body": "", "last_log_line": ""} | self.probes.pop(0)
+            return CommandResult(command, 0, json.dumps(document), "", 0.01)
+        return CommandResult(command, 0, "Load weight begin\nCUDA out of memory\n", "", 0.01)
+
+    def check(self, command, *, timeout=None, what=""):
+        return self.run(command, timeout=timeout)
+
+
+def wait_ctx(conn):
+    return StepContext(host=HOST, run=RUN, settings=wait_ready.Settings(step="wait-ready", interval_s=0.01), conn=conn,
+                       draft_tokens=16, launch_stamp="s", memory={"pid": 7, "log": "/l/sglang-x.log"})
+
+
+@pytest.mark.parametrize("status", [404, 500, 401, 302, 204])
+def test_wait_ready_fails_fast_with_status_and_body(status):
+    conn = ScriptedHost([{"alive": True, "status": None, "error_kind": "refused"}, {"alive": True, "status": 503},
+                         {"alive": True, "status": status, "body": "<html>nginx default page</html>"}])
+    with pytest.raises(ServerUnhealthy) as exc:
+        wait_ready.run(wait_ctx(conn))
+    assert f"HTTP {status}" in str(exc.value) and "nginx default page" in str(exc.value)
+    assert conn.probes == []  # it did not keep polling
+
+
+def test_wait_ready_waits_through_refused_and_503_then_ready():
+    conn = ScriptedHost([{"alive": True, "status": None, "error_kind": "refused"}] * 3 +
+                        [{"alive": True, "status": 503}] * 3 + [{"alive": True, "status": 200}])
+    assert wait_ready.run(wait_ctx(conn)).status == "ok"
+
+
+def test_wait_ready_reports_server_died_with_the_log_tail():
+    conn = ScriptedHost([{"alive": True, "status": 503}, {"alive": False, "status": None, "error_kind": "refused"}])
+    with pytest.raises(ServerDied) as exc:
+        wait_ready.run(wait_ctx(conn))
+    assert "server died" in str(exc.value) and "CUDA out of memory" in str(exc.value) and exc.value.exit_code == 1
