@@ -37,16 +37,27 @@ def with_redeploy(func):
 def run_locked(globals_, config, command: str, playbook, run, hosts, tokens: int, progress, *,
                rollback: bool = True, force: bool = False):
     """Run a playbook that changes hosts: local lock per config and run, host locks, history."""
+    from contextlib import ExitStack
     from datetime import datetime, timezone
 
     from deploy import history
-    from deploy.errors import DeployError
+    from deploy.errors import DeployError, LockHeld
     from deploy.locks import local_lock, owner_info
     from deploy.orchestrator import RunOptions, run_playbook
 
     owner = owner_info(command, run.name)
     started = datetime.now(timezone.utc)
-    with local_lock(globals_.config_path, run.name, owner):
+    with ExitStack() as held:
+        try:
+            held.enter_context(local_lock(globals_.config_path, run.name, owner))
+        except LockHeld as refused:
+            try:
+                history.append({"time": started.isoformat(timespec="seconds"), "verb": command, "run": run.name,
+                                "host": host.name, "draft_tokens": tokens, "outcome": "locked",
+                                "exit_code": int(refused.exit_code), "duration_s": 0.0} for host in hosts)
+            except (OSError, DeployError):
+                pass
+            raise
         try:
             reports = run_playbook(config, playbook, run, hosts, tokens, progress,
                                    RunOptions(command=command, lock=True, owner=owner, rollback=rollback, force=force))

@@ -106,7 +106,8 @@ def test_two_concurrent_ups_one_refused_naming_the_other_one_server_then_down(cl
     assert steps_of(doc)["stop-stale"]["data"]["processes"]
     assert servers(clean_sandbox) == []
     rows = history.read(host="sb1")
-    assert [(r["verb"], r["exit_code"]) for r in rows] == [("up", 9), ("up", 0), ("down", 0)]
+    assert [(r["verb"], r["outcome"], r["exit_code"]) for r in rows] == [
+        ("up", "locked", 9), ("up", "locked", 9), ("up", "ok", 0), ("down", "ok", 0)]
 
 
 def test_sigkilled_deployctl_never_blocks_the_next_run(clean_sandbox, tmp_path, capsys):
