@@ -64,9 +64,13 @@ def tree_digest(sandbox, path: str) -> str:
 
 
 def new_checkpoint(sandbox, marker: str | None = None, content: str = "") -> None:
-    """A new checkpoint lands on the configured path: files rewritten (new mtime), maybe marked bad."""
+    """A new checkpoint lands on the configured path: the same file overwritten in place (its last
+    64 tensor bytes, a new mtime), maybe marked bad by a SIMULATION marker file."""
     drafter = sandbox.host("sb1").drafter_dir
-    command = f"touch -d '+{int(time.time()) % 1000 + 1} seconds' {drafter}/model.safetensors"
+    weights = f"{drafter}/model.safetensors"
+    command = (f"size=$(stat -c %s {weights}) && head -c 64 /dev/urandom | "
+               f"dd of={weights} bs=1 seek=$((size - 64)) conv=notrunc status=none && "
+               f"touch -d '+{int(time.time()) % 1000 + 1} seconds' {weights}")
     if marker:
         command += f" && printf '%s' {content or 'x'} > {drafter}/SIMULATION-{marker}"
     assert sandbox.run("sb1", command).returncode == 0
