@@ -26,8 +26,14 @@ class ExitCode(IntEnum):
     TIMEOUT = 7
     #: verification failed: a tensor would be dropped by SGLang, or speculation accepts nothing.
     VERIFY = 8
+    #: another deployctl holds the host's (or this config and run's) lock; the message names it.
+    LOCKED = 9
     #: writing failed on the target filesystem (read-only, no space); nothing was changed.
     IO = 10
+    #: a step after stop-stale failed; the last good deployment was restored and verified.
+    ROLLED_BACK = 11
+    #: nightly: acceptance or throughput fell below the configured fraction of the last good one.
+    REGRESSION = 12
     INTERRUPTED = 130
 
 
@@ -84,3 +90,23 @@ class Interrupted(DeployError):
     """Ctrl-C (or SIGTERM from cron's supervisor): steps stop at their next poll."""
 
     exit_code = ExitCode.INTERRUPTED
+
+
+class ServerDied(DeployError):
+    """The SGLang server process is gone, whatever step noticed; the message carries its log tail."""
+
+    exit_code = ExitCode.FAILED
+
+
+class ServerUnhealthy(DeployError):
+    """/health answered something other than 200 (ready) or 503 (loading)."""
+
+    exit_code = ExitCode.FAILED
+
+
+class LockHeld(DeployError):
+    exit_code = ExitCode.LOCKED
+
+
+class Regression(DeployError):
+    exit_code = ExitCode.REGRESSION

@@ -30,7 +30,9 @@ def for_each_host(hosts: Sequence[Host], work: Callable[[Host], T], max_parallel
     """Results in the order of ``hosts``. Unexpected exceptions become errors on that host only.
 
     On Ctrl-C, ``cancel`` is set so the hosts' steps stop at their next poll (every remote command
-    is bounded by its own timeout), then KeyboardInterrupt propagates.
+    is bounded by its own timeout), then KeyboardInterrupt propagates with the outcomes of the
+    hosts that finished in its ``outcomes`` attribute (so the caller can still say what each host
+    was left running).
     """
 
     def guarded(host: Host) -> HostOutcome[T]:
@@ -50,10 +52,11 @@ def for_each_host(hosts: Sequence[Host], work: Callable[[Host], T], max_parallel
     futures = [pool.submit(guarded, host) for host in hosts]
     try:
         return [future.result() for future in futures]
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         if cancel is not None:
             cancel.set()
         pool.shutdown(wait=True, cancel_futures=True)
+        interrupt.outcomes = [f.result() for f in futures if f.done() and not f.cancelled()]  # type: ignore[attr-defined]
         raise
     finally:
         pool.shutdown(wait=False)

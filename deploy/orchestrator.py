@@ -1,4 +1,13 @@
-"""Run (or plan) a playbook on a run's hosts: one connection per host, hosts in parallel."""
+"""Run (or plan) a playbook on a run's hosts: one connection per host, hosts in parallel.
+
+Per host, for verbs that change it: take the host lock (held for the whole run, rollback
+included), run the steps (``converge`` may mark the server "already running as desired": the
+steps that stop, free or launch are then skipped), and when a step after ``stop-stale`` fails,
+relaunch the host's last good deployment, wait until ready and verify it (exit 11), or say
+plainly that the host serves nothing. A failure while a server PID is known is checked: a dead
+server is reported as "server died" with its log tail, whichever step noticed. A failed host's
+report says what it left running.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +19,17 @@ from datetime import datetime, timezone
 from typing import Any
 
 from deploy.config.models import Config, Host, Run
-from deploy.errors import DeployError, ExitCode
+from deploy.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied
+from deploy.facts.server import (last_good_path, parse_record, parse_server_state, read_record_command,
+                                 same_deployment, server_state_command)
 from deploy.fanout import for_each_host
-from deploy.playbook import Playbook
+from deploy.playbook import Playbook, PlannedStep
+from deploy.steps import REGISTRY
 from deploy.steps.base import PlannedCommand, StepContext
 from deploy.transport import HostConnection, JumpConnections
+
+#: what a rollback runs, with the playbook's settings for each step where it has them
+ROLLBACK_STEPS = ("stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready", "verify-acceptance")
 
 Progress = Callable[[str, str, str], None]  # (host, step, message)
 
@@ -35,23 +50,63 @@ class StepRecord:
 
 
 @dataclass
+class RunOptions:
+    """How a verb runs its playbook: lock or not, rollback or not, force a redeploy or not."""
+
+    command: str = ""
+    lock: bool = False
+    owner: dict[str, Any] | None = None
+    rollback: bool = True
+    force: bool = False
+
+
+class RolledBack(DeployError):
+    exit_code = ExitCode.ROLLED_BACK
+
+
+@dataclass
 class HostReport:
     host: Host
     steps: list[StepRecord] = field(default_factory=list)
     error: DeployError | None = None
+    #: the failure that started a rollback (``error`` is then the outcome: 11, 12 or 1)
+    cause: DeployError | None = None
+    rollback: list[StepRecord] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    left_running: str | None = None
+    #: for history: sglang_version, drafter_fingerprint, draft_tokens, accept_length, output_tok_s, converged
+    facts: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def outcome(self) -> str:
+        if self.error is None:
+            return "converged" if self.facts.get("converged") else "ok"
+        return {ExitCode.ROLLED_BACK: "rolled-back", ExitCode.REGRESSION: "regression",
+                ExitCode.LOCKED: "locked", ExitCode.INTERRUPTED: "interrupted"}.get(self.error.exit_code, "failed")
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"host": self.host.name, "address": self.host.address, "ok": self.ok,
-                                "steps": [s.to_dict() for s in self.steps]}
+                                "outcome": self.outcome, "steps": [s.to_dict() for s in self.steps]}
+        if self.rollback:
+            data["rollback"] = [s.to_dict() for s in self.rollback]
+        if self.warnings:
+            data["warnings"] = self.warnings
         if self.error is not None:
             data["error"] = str(self.error)
             data["exit_code"] = int(self.error.exit_code)
         else:
             data["exit_code"] = 0
+        if self.cause is not None:
+            data["cause"] = str(self.cause)
+        if self.left_running is not None:
+            data["left_running"] = self.left_running
+        data["facts"] = self.facts
+        data["duration_s"] = round(self.duration_s, 3)
         return data
 
 
@@ -76,17 +131,24 @@ def network_host(host: Host, address: str) -> Host:
 
 
 def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host], draft_tokens: int,
-                  addresses: dict[str, str] | None = None) -> dict[str, list[tuple[str, list[PlannedCommand]]]]:
+                  addresses: dict[str, str] | None = None,
+                  lock: bool = False) -> dict[str, list[tuple[str, list[PlannedCommand]]]]:
     """Every command each host would run, in order; touches nothing.
 
     ``addresses``: host name -> network address (the ssh_config HostName), where known.
     """
+    from deploy.locks import host_lock_path
+
     stamp = launch_stamp()
     plans: dict[str, list[tuple[str, list[PlannedCommand]]]] = {}
     for host in hosts:
         host = network_host(host, (addresses or {}).get(host.name, host.address))
         memory: dict[str, Any] = {}
         steps = []
+        if lock:
+            steps.append(("host-lock", [PlannedCommand(
+                "hold the host lock (flock) for the whole run, on its own SSH channel; held elsewhere: exit 9",
+                f"{host.python} -c <deploy/remote/host_lock.py> deployctl-host-lock {host_lock_path(host)} <owner>")]))
         for step in playbook.steps:
             if not step.settings.enabled:
                 continue
@@ -96,10 +158,178 @@ def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host], draft_tok
     return plans
 
 
+def _run_steps(steps: Sequence[PlannedStep], host: Host, run: Run, conn, draft_tokens: int, stamp: str,
+               progress: Progress, memory: dict, cancelled: threading.Event, label: str = "") -> tuple[list[StepRecord], DeployError | None, int]:
+    """Run steps in order; returns (records, first error, index of the failing step or -1)."""
+    records: list[StepRecord] = []
+    error: DeployError | None = None
+    failed_at = -1
+    stop = False
+    for index, step in enumerate(steps):
+        if stop or cancelled.is_set():
+            records.append(StepRecord(step.name, "not-run"))
+            continue
+        held = memory.get("host_lock")
+        if held is not None and not held.running:
+            # The connection dropped and was re-opened between commands: the host-side helper saw
+            # EOF and the lock is gone, so another run may be changing this host now.
+            lost = LockHeld(f"{host.name}: lost the host lock (the SSH connection holding it dropped); "
+                            "stopped before the next step")
+            if error is None:
+                error, failed_at = lost, index
+            stop = True
+            records.append(StepRecord(step.name, "failed", detail=str(lost), exit_code=int(lost.exit_code)))
+            continue
+        if not step.settings.enabled:
+            records.append(StepRecord(step.name, "disabled"))
+            continue
+        if memory.get("converged") and getattr(step.module, "CONVERGE_SKIPS", False):
+            records.append(StepRecord(step.name, "skipped", detail="already running as desired"))
+            continue
+        name = f"{label}{step.name}"
+        record = StepRecord(step.name, "failed")
+        started = time.monotonic()
+        for attempt in range(1, step.settings.retries + 2):
+            record.attempts = attempt
+            ctx = _context(host, run, step.settings, conn, draft_tokens, stamp,
+                           lambda m, s=name: progress(host.name, s, m), memory, cancelled)
+            progress(host.name, name, "start" if attempt == 1 else f"retry {attempt - 1}")
+            try:
+                outcome = step.module.run(ctx)
+            except DeployError as exc:
+                record.detail = str(exc)
+                record.exit_code = int(exc.exit_code)
+                if attempt <= step.settings.retries and not cancelled.is_set():
+                    progress(host.name, name, f"failed, retrying: {str(exc).splitlines()[0][:200]}")
+                    continue
+                if error is None:
+                    error, failed_at = exc, index
+                stop = step.settings.on_failure == "stop"
+                progress(host.name, name, f"FAILED: {str(exc).splitlines()[0][:300]}")
+                break
+            record.status, record.detail, record.data = outcome.status, outcome.detail, outcome.data
+            progress(host.name, name, f"{outcome.status}: {outcome.detail}")
+            break
+        record.duration_s = time.monotonic() - started
+        records.append(record)
+    return records, error, failed_at
+
+
+def _server_state(conn, host: Host, run: Run, memory: dict):
+    from deploy.steps.base import StatePaths
+    from deploy.steps.wait_ready import health_url
+
+    ctx = _context(host, run, None, conn, 0, "", lambda m: None, memory)
+    paths = StatePaths(host.state_dir)
+    output = conn.check(server_state_command(host.python, paths.helper("host_ops.py"), paths.root, health_url(ctx)),
+                        timeout=30, what="server-state").stdout
+    return parse_server_state(output, host.name)
+
+
+def _died(conn, host: Host, run: Run, memory: dict, error: DeployError, step: str) -> DeployError:
+    """A failure while a server PID is known: if that server is gone, say so with its log tail."""
+    from deploy.steps.wait_ready import died_message, tail_command
+
+    if isinstance(error, (ServerDied, LockHeld)) or "pid" not in memory:
+        return error
+    try:
+        state = _server_state(conn, host, run, memory)
+    except DeployError:
+        return error
+    if state.alive and state.pid == memory["pid"]:
+        return error
+    log = memory.get("log") or ""
+    tail = conn.run(tail_command(log)).stdout.rstrip() if log else ""
+    ctx = _context(host, run, None, conn, 0, "", lambda m: None, memory)
+    return ServerDied(died_message(ctx, memory["pid"], log, tail, f"(noticed by {step}; it had reported: "
+                                   f"{str(error).splitlines()[0][:200]})"))
+
+
+def _rollback_steps(playbook: Playbook) -> list[PlannedStep]:
+    steps = []
+    for name in ROLLBACK_STEPS:
+        mine = next((s for s in playbook.steps if s.name == name), None)
+        if mine is None:
+            steps.append(PlannedStep(name, REGISTRY[name].Settings(step=name)))
+        elif mine.settings.enabled:
+            steps.append(mine)
+    return steps
+
+
+def _should_roll_back(playbook: Playbook, records: list[StepRecord], failed_at: int, error: DeployError,
+                      options: RunOptions, cancelled: threading.Event) -> bool:
+    if not options.rollback or cancelled.is_set() or isinstance(error, LockHeld) or failed_at < 0:
+        return False
+    names = [s.name for s in playbook.steps]
+    if "stop-stale" not in names:
+        return False
+    stop_index = names.index("stop-stale")
+    return failed_at > stop_index and records[stop_index].status in ("ok", "skipped")
+
+
+def _roll_back(report: HostReport, playbook: Playbook, run: Run, conn, draft_tokens: int, stamp: str,
+               progress: Progress, memory: dict, cancelled: threading.Event) -> None:
+    host = report.host
+    error = report.error
+    assert error is not None
+    path = last_good_path(host.state_dir)
+    try:
+        good = parse_record(conn.run(read_record_command(path)).stdout, host.name, path)
+    except DeployError as exc:
+        report.warnings.append(f"rollback impossible: {exc}")
+        return
+    if good is None:
+        report.warnings.append("no last good deployment is recorded on this host: nothing to roll back to")
+        progress(host.name, "rollback", "no last good deployment recorded: nothing to roll back to")
+        return
+    if isinstance(error, Regression) and same_deployment(good, memory.get("deployment")):
+        report.warnings.append("the regressing deployment is the last good one: nothing else to roll back to")
+        return
+    progress(host.name, "rollback", f"relaunching the last good deployment ({good.get('drafter_path')})")
+    rb_memory: dict[str, Any] = {"rollback_record": good, "env_file": good.get("env_file"),
+                                 "host_lock": memory.get("host_lock")}
+    records, rb_error, _ = _run_steps(_rollback_steps(playbook), host, run, conn, draft_tokens, stamp, progress,
+                                      rb_memory, cancelled, label="rollback/")
+    report.rollback = records
+    report.cause = error
+    first = str(error).splitlines()[0]
+    if rb_error is None:
+        memory.update(restored=rb_memory.get("deployment"))
+        restored = f"previous deployment restored and verified ({good.get('drafter_path')}, pid {rb_memory.get('pid')})"
+        if isinstance(error, Regression):
+            report.error = Regression(f"{error}\n-> rolled back: {restored}")
+        else:
+            report.error = RolledBack(f"failed: {first}\n-> {restored}")
+        progress(host.name, "rollback", restored)
+    else:
+        report.error = DeployError(
+            f"failed: {first}\n-> the rollback to the last good deployment ({good.get('drafter_path')}) failed too: "
+            f"{str(rb_error).splitlines()[0]}\nTHE HOST IS SERVING NOTHING (no verified deployment is running)",
+            exit_code=ExitCode.FAILED)
+        progress(host.name, "rollback", "FAILED: the host is serving nothing")
+
+
+def _collect_facts(report: HostReport, memory: dict, draft_tokens: int) -> None:
+    deployment = memory.get("deployment") or {}
+    report.facts = {
+        "sglang_version": memory.get("sglang_version") or deployment.get("sglang_version"),
+        "drafter_fingerprint": memory.get("drafter_fingerprint") or deployment.get("drafter_fingerprint"),
+        "draft_tokens": draft_tokens,
+        "accept_length": (memory.get("verify") or {}).get("accept_length"),
+        "output_tok_s": (memory.get("bench") or {}).get("output_tok_s"),
+        "converged": bool(memory.get("converged")),
+    }
+
+
 def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, draft_tokens: int, stamp: str,
-                 progress: Progress, cancelled: threading.Event, jumps: JumpConnections) -> HostReport:
+                 progress: Progress, cancelled: threading.Event, jumps: JumpConnections,
+                 options: RunOptions | None = None) -> HostReport:
+    from deploy.locks import acquire_host_lock
+
+    options = options or RunOptions()
+    started = time.monotonic()
     report = HostReport(host)
-    memory: dict[str, Any] = {}
+    memory: dict[str, Any] = {"force": options.force}
     try:
         conn = HostConnection(host, config.ssh, jumps)
         conn.connect()
@@ -109,49 +339,52 @@ def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, draft
         return report
     host = network_host(host, conn.endpoint.hostname.value)
     with conn:
-        failed = False
-        for step in playbook.steps:
-            if failed or cancelled.is_set():
-                report.steps.append(StepRecord(step.name, "not-run"))
-                continue
-            if not step.settings.enabled:
-                report.steps.append(StepRecord(step.name, "disabled"))
-                continue
-            record = StepRecord(step.name, "failed")
-            started = time.monotonic()
-            for attempt in range(1, step.settings.retries + 2):
-                record.attempts = attempt
-                ctx = _context(host, run, step.settings, conn, draft_tokens, stamp,
-                               lambda m, s=step.name: progress(host.name, s, m), memory, cancelled)
-                progress(host.name, step.name, "start" if attempt == 1 else f"retry {attempt - 1}")
+        held = None
+        if options.lock:
+            try:
+                held, warning = acquire_host_lock(conn, host, options.owner or {})
+            except DeployError as exc:
+                report.error = exc
+                report.steps = [StepRecord(s.name, "not-run") for s in playbook.steps]
+                progress(host.name, "lock", f"FAILED: {exc}")
+                return report
+            if warning:
+                report.warnings.append(warning)
+                progress(host.name, "lock", f"WARNING: {warning}")
+            progress(host.name, "lock", "held")
+            memory["host_lock"] = held
+        try:
+            records, error, failed_at = _run_steps(playbook.steps, host, run, conn, draft_tokens, stamp, progress,
+                                                   memory, cancelled)
+            report.steps = records
+            _collect_facts(report, memory, draft_tokens)
+            if error is not None and not cancelled.is_set():
+                error = _died(conn, host, run, memory, error, playbook.steps[failed_at].name)
+                records[failed_at].detail = str(error)
+                records[failed_at].exit_code = int(error.exit_code)
+            report.error = error
+            if error is not None and _should_roll_back(playbook, records, failed_at, error, options, cancelled):
+                _roll_back(report, playbook, run, conn, draft_tokens, stamp, progress, memory, cancelled)
+            if report.error is not None:
                 try:
-                    outcome = step.module.run(ctx)
+                    report.left_running = _server_state(conn, host, run, memory).describe()
                 except DeployError as exc:
-                    record.detail = str(exc)
-                    record.exit_code = int(exc.exit_code)
-                    if attempt <= step.settings.retries and not cancelled.is_set():
-                        progress(host.name, step.name, f"failed, retrying: {str(exc).splitlines()[0][:200]}")
-                        continue
-                    if report.error is None:
-                        report.error = exc
-                    failed = step.settings.on_failure == "stop"
-                    progress(host.name, step.name, f"FAILED: {str(exc).splitlines()[0][:300]}")
-                    break
-                record.status, record.detail, record.data = outcome.status, outcome.detail, outcome.data
-                progress(host.name, step.name, f"{outcome.status}: {outcome.detail}")
-                break
-            record.duration_s = time.monotonic() - started
-            report.steps.append(record)
+                    report.left_running = f"unknown: {exc}"
+        finally:
+            if held is not None:
+                held.close()
+    report.duration_s = time.monotonic() - started
     return report
 
 
 def run_playbook(config: Config, playbook: Playbook, run: Run, hosts: Sequence[Host], draft_tokens: int,
-                 progress: Progress) -> list[HostReport]:
+                 progress: Progress, options: RunOptions | None = None) -> list[HostReport]:
     stamp = launch_stamp()
     cancelled = threading.Event()
     with JumpConnections() as jumps:  # one connection per jump host, shared by its targets
         outcomes = for_each_host(
-            hosts, lambda h: _run_on_host(config, playbook, run, h, draft_tokens, stamp, progress, cancelled, jumps),
+            hosts, lambda h: _run_on_host(config, playbook, run, h, draft_tokens, stamp, progress, cancelled, jumps,
+                                          options),
             config.ssh.max_parallel, cancel=cancelled,
         )
     reports = []

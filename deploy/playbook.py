@@ -18,7 +18,7 @@ from deploy.steps.base import StepSettings
 
 #: shipped inside the package (deploy/playbooks/*.yaml), read with importlib.resources, so a wheel
 #: install has them too (they used to be data-files that `pip install .` left out).
-BUILTIN = ("up", "restart", "down", "bench")
+BUILTIN = ("up", "restart", "down", "bench", "nightly")
 
 
 class _PlaybookFile(BaseModel):

@@ -121,9 +121,19 @@ def step_summary_tables(command: str, reports, out: Console) -> None:
             first_line = step.detail.splitlines()[0] if step.detail else ""
             table.add_row(step.name, f"[{style}]{step.status}[/{style}]" if style else step.status,
                           f"{step.duration_s:.1f}s", first_line[:300])
+        if report.rollback:
+            for step in report.rollback:
+                style = _STATUS_STYLE.get(step.status, "")
+                first_line = step.detail.splitlines()[0] if step.detail else ""
+                table.add_row(f"rollback/{step.name}", f"[{style}]{step.status}[/{style}]" if style else step.status,
+                              f"{step.duration_s:.1f}s", first_line[:300])
         out.print(table)
+        for warning in report.warnings:
+            out.print(f"warning: {warning}", markup=False, style="yellow")
         if report.error is not None:
             out.print(str(report.error), markup=False, style="red")
+        if report.left_running is not None:
+            out.print(f"left running on {host.name}: {report.left_running}", markup=False)
 
 
 def report_document(command: str, run_name: str, reports) -> dict:
@@ -229,3 +239,53 @@ def doctor_tables(results, out: Console) -> None:
             # reasons quote host output and paths: plain Text, never rich markup
             table.add_row(c["name"], Text(c["status"], style=style[c["status"]]), Text(c["reason"]), Text(c["fix"]))
         out.print(table)
+
+
+def plain_report_lines(command: str, reports, stamp: str) -> list[str]:
+    """One line per host (plus its error and what it left running): for cron mail and log files."""
+    lines = []
+    for report in reports:
+        facts = report.facts or {}
+        numbers = ", ".join(f"{k.replace('_', ' ')} {facts[k]:.2f}" for k in ("accept_length", "output_tok_s")
+                            if isinstance(facts.get(k), (int, float)))
+        code = int(report.error.exit_code) if report.error is not None else 0
+        lines.append(f"{stamp} [{report.host.name}] {command}: {report.outcome} (exit {code})"
+                     + (f", {numbers}" if numbers else ""))
+        for warning in report.warnings:
+            lines.append(f"{stamp} [{report.host.name}] warning: {warning}")
+        if report.error is not None:
+            lines.extend(f"{stamp} [{report.host.name}]   {line}" for line in str(report.error).splitlines()[:60])
+        if report.left_running is not None:
+            lines.append(f"{stamp} [{report.host.name}] left running: {report.left_running}")
+    return lines
+
+
+def history_table(rows, out: Console) -> None:
+    table = Table(title="deployctl history", title_justify="left")
+    for name, justify in (("time", "left"), ("verb", "left"), ("run", "left"), ("host", "left"),
+                          ("SGLang", "left"), ("drafter", "left"), ("T", "right"), ("accept", "right"),
+                          ("tok/s", "right"), ("outcome", "left"), ("exit", "right"), ("s", "right")):
+        table.add_column(name, justify=justify)
+
+    def fmt(value, spec=""):
+        return format(value, spec) if isinstance(value, (int, float)) else ("-" if value is None else str(value))
+
+    for row in rows:
+        table.add_row(fmt(row.get("time")), fmt(row.get("verb")), fmt(row.get("run")), fmt(row.get("host")),
+                      fmt(row.get("sglang_version")), fmt((row.get("drafter_fingerprint") or "")[:12] or None),
+                      fmt(row.get("draft_tokens")), fmt(row.get("accept_length"), ".2f"),
+                      fmt(row.get("output_tok_s"), ".1f"), fmt(row.get("outcome")), fmt(row.get("exit_code")),
+                      fmt(row.get("duration_s"), ".1f"))
+    out.print(table)
+
+
+def history_lines(rows) -> list[str]:
+    """One plain line per record (for pipes, cron mail and grep): nothing is cut short."""
+    def fmt(value, spec=""):
+        return format(value, spec) if isinstance(value, (int, float)) else ("-" if value is None else str(value))
+
+    return [" ".join([fmt(r.get("time")), fmt(r.get("verb")), f"run={fmt(r.get('run'))}", f"host={fmt(r.get('host'))}",
+                      f"sglang={fmt(r.get('sglang_version'))}", f"drafter={fmt((r.get('drafter_fingerprint') or '')[:12] or None)}",
+                      f"T={fmt(r.get('draft_tokens'))}", f"accept={fmt(r.get('accept_length'), '.2f')}",
+                      f"tok/s={fmt(r.get('output_tok_s'), '.1f')}", f"outcome={fmt(r.get('outcome'))}",
+                      f"exit={fmt(r.get('exit_code'))}", f"{fmt(r.get('duration_s'), '.1f')}s"]) for r in rows]

@@ -17,6 +17,8 @@ Everything else builds command strings and parses their output; it hands command
   Jump connections are shared by all targets of a run (:class:`JumpConnections`).
 * Retries. tenacity retries *connecting* (refused, timed out, banner errors), never a command:
   a command may have side effects (killing processes, launching a server).
+* Held commands. ``hold`` starts a command on its own channel and leaves it running until we
+  close the channel or the connection dies; the host lock hangs on it (see deploy/locks.py).
 """
 
 from __future__ import annotations
@@ -80,7 +82,39 @@ class Transport(Protocol):
 
     def put(self, local: Path, remote: str) -> None: ...
 
+    def hold(self, command: str, *, timeout: float | None = None) -> "HeldCommand": ...
+
     def resolve(self, path: str) -> str: ...
+
+
+class HeldCommand:
+    """A remote command that keeps running while its SSH channel stays open (see ``HostConnection.hold``).
+
+    ``first_line`` is what it printed first (its answer); ``close()`` writes a farewell and EOF on
+    its stdin and closes the channel; when this process dies, the kernel closes the connection and
+    the command sees EOF without the farewell.
+    """
+
+    def __init__(self, channel, first_line: str, stderr: str, exit_code: int | None):
+        self._channel = channel
+        self.first_line = first_line
+        self.stderr = stderr
+        self.exit_code = exit_code
+
+    @property
+    def running(self) -> bool:
+        return not self._channel.closed and not self._channel.exit_status_ready()
+
+    def close(self, farewell: bytes = b"release\n") -> None:
+        """Say ``farewell`` on its stdin (a clean release, as opposed to our death), then EOF."""
+        try:
+            if not self._channel.closed:
+                if farewell:
+                    self._channel.sendall(farewell)
+                self._channel.shutdown_write()
+                self._channel.close()
+        except Exception:  # noqa: BLE001 - best effort: a dead channel has released the lock already
+            pass
 
 
 def remote_timeout_wrap(command: str, timeout_s: float) -> str:
@@ -544,6 +578,46 @@ class HostConnection:
         """
         result = self._live().run(command, hide=False, warn=True, in_stream=False, pty=True)
         return result.exited
+
+    def hold(self, command: str, *, timeout: float | None = None) -> HeldCommand:
+        """Start ``command`` on its own channel and return once it printed its first line.
+
+        The command keeps running, with its stdin open, until ``close()`` or until the SSH
+        connection dies (deployctl exits or is killed, the network drops the TCP session): sshd
+        then closes the pipe and the command reads EOF. Host-side locks hang on this, so a lock
+        can never outlive the deployctl that took it. Not wrapped in coreutils ``timeout``: its
+        lifetime is the channel's; only the wait for the first line is bounded.
+        """
+        import paramiko
+
+        timeout = timeout or self.ssh.command_timeout_s
+        label = _host_label(self.host)
+        try:
+            transport = self._live().client.get_transport()
+            channel = transport.open_session(timeout=self.ssh.connect_timeout_s)
+            channel.settimeout(timeout)
+            channel.exec_command(command)
+            data = b""
+            while b"\n" not in data and len(data) < 1 << 20:
+                chunk = channel.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except socket.timeout:
+            raise StepTimeout(f"{label}: no answer within {timeout:.0f} s from: {command[:200]}") from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise ConnectionFailed(f"{label}: connection lost while starting a held command ({exc})") from None
+        line = data.split(b"\n", 1)[0].decode("utf-8", "replace")
+        stderr, exit_code = "", None
+        if b"\n" not in data:  # it ended without answering: collect why
+            try:
+                exit_code = channel.recv_exit_status()
+                while channel.recv_stderr_ready():
+                    stderr += channel.recv_stderr(65536).decode("utf-8", "replace")
+            except (OSError, EOFError, paramiko.SSHException):
+                pass
+            channel.close()
+        return HeldCommand(channel, line, stderr, exit_code)
 
     def put(self, local: Path, remote: str) -> None:
         """Upload over SFTP to an absolute remote path (SFTP does not expand ``~``)."""

@@ -91,3 +91,9 @@ def jump_sandbox(sandbox_machine_lock):
 def clean_sandbox(sandbox):
     sandbox.reset()
     return sandbox
+
+
+@pytest.fixture(autouse=True)
+def private_state_home(tmp_path_factory, monkeypatch):
+    """deployctl's local state (history, local locks, nightly logs) per test, never the user's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))

@@ -15,10 +15,67 @@ common_options = [
 ]
 
 
+redeploy_options = [
+    click.option("--force", is_flag=True, help="Redeploy even when the server already runs as desired."),
+    click.option("--no-rollback", "no_rollback", is_flag=True,
+                 help="On a failure after stop-stale, do not relaunch the last good deployment."),
+]
+
+
 def with_common(func):
     for option in reversed(common_options):
         func = option(func)
     return func
+
+
+def with_redeploy(func):
+    for option in reversed(redeploy_options):
+        func = option(func)
+    return func
+
+
+def run_locked(globals_, config, command: str, playbook, run, hosts, tokens: int, progress, *,
+               rollback: bool = True, force: bool = False):
+    """Run a playbook that changes hosts: local lock per config and run, host locks, history."""
+    from contextlib import ExitStack
+    from datetime import datetime, timezone
+
+    from deploy import history
+    from deploy.errors import DeployError, LockHeld
+    from deploy.locks import local_lock, owner_info
+    from deploy.orchestrator import RunOptions, run_playbook
+
+    owner = owner_info(command, run.name)
+    started = datetime.now(timezone.utc)
+    with ExitStack() as held:
+        try:
+            held.enter_context(local_lock(globals_.config_path, run.name, owner))
+        except LockHeld as refused:
+            try:
+                history.append({"time": started.isoformat(timespec="seconds"), "verb": command, "run": run.name,
+                                "host": host.name, "draft_tokens": tokens, "outcome": "locked",
+                                "exit_code": int(refused.exit_code), "duration_s": 0.0} for host in hosts)
+            except (OSError, DeployError):
+                pass
+            raise
+        try:
+            reports = run_playbook(config, playbook, run, hosts, tokens, progress,
+                                   RunOptions(command=command, lock=True, owner=owner, rollback=rollback, force=force))
+        except KeyboardInterrupt as interrupt:
+            # Ctrl-C: no rollback, but say what each host was left running, and record it.
+            partial = [o.value for o in getattr(interrupt, "outcomes", []) if o.value is not None]
+            for report in partial:
+                progress(report.host.name, "interrupted", f"left running: {report.left_running or 'unknown'}")
+            try:
+                history.append(history.records_for(command, run.name, partial, started))
+            except (OSError, DeployError):
+                pass
+            raise
+    try:
+        history.append(history.records_for(command, run.name, reports, started))
+    except (OSError, DeployError) as exc:  # history is a record, never a reason to fail the deploy
+        progress("*", "history", f"WARNING: could not append to {history.history_path()}: {exc}")
+    return reports
 
 
 def _run_and_hosts(config, run_name, host_names):
@@ -49,9 +106,10 @@ def _doctor_override(ignore_doctor: bool) -> dict:
 
 
 def _execute(globals_, command: str, default_playbook: str, run_name, host_names, draft_tokens, playbook_name,
-             dry_run: bool, as_json: bool, overrides: dict | None = None) -> int:
+             dry_run: bool, as_json: bool, overrides: dict | None = None, force: bool = False,
+             no_rollback: bool = False) -> int:
     from deploy import render
-    from deploy.orchestrator import exit_code, plan_playbook, run_playbook
+    from deploy.orchestrator import exit_code, plan_playbook
     from deploy.playbook import load_playbook
 
     config = globals_.load()
@@ -65,13 +123,14 @@ def _execute(globals_, command: str, default_playbook: str, run_name, host_names
 
         endpoints = describe_endpoints(hosts, config.ssh)
         addresses = {n: e["hostname"]["value"] for n, e in endpoints.items() if "hostname" in e}
-        plans = plan_playbook(playbook, run, hosts, tokens, addresses)
+        plans = plan_playbook(playbook, run, hosts, tokens, addresses, lock=True)
         if as_json:
             render.print_json(render.plan_document(command, run.name, plans, endpoints))
         else:
             render.plan_text(command, plans, render.console(), endpoints)
         return 0
-    reports = run_playbook(config, playbook, run, hosts, tokens, render.progress_printer())
+    reports = run_locked(globals_, config, command, playbook, run, hosts, tokens, render.progress_printer(),
+                         rollback=not no_rollback and command != "down", force=force)
     if as_json:
         render.print_json(render.report_document(command, run.name, reports))
     else:
@@ -82,15 +141,21 @@ def _execute(globals_, command: str, default_playbook: str, run_name, host_names
 @click.command("up")
 @with_common
 @ignore_doctor_option
+@with_redeploy
 @click.pass_obj
 def up(globals_, ignore_doctor: bool, **kw) -> int:
-    """Doctor, fix the drafter's keys, stop stale python3, free the GPUs, launch SGLang, wait until ready."""
+    """Doctor, fix the drafter's keys, stop stale python3, free the GPUs, launch SGLang, wait until ready.
+
+    Already running as desired (same argv, drafter, environment, SGLang version; alive; /health
+    200): nothing is touched. A failure after stop-stale relaunches the last good deployment (exit 11).
+    """
     return _execute(globals_, "up", "up", overrides=_doctor_override(ignore_doctor), **kw)
 
 
 @click.command("restart")
 @with_common
 @ignore_doctor_option
+@with_redeploy
 @click.pass_obj
 def restart(globals_, ignore_doctor: bool, **kw) -> int:
     """After a checkpoint change: doctor, re-fix if the drafter changed, then stop, free, launch, wait."""
@@ -179,7 +244,7 @@ def bench(globals_, run_name, host_names, draft_tokens, num_prompts, max_concurr
           playbook_name, dry_run, as_json, ignore_doctor) -> int:
     """Redeploy with each --draft-tokens value, verify acceptance, run sglang.bench_serving; compare."""
     from deploy import render
-    from deploy.orchestrator import exit_code, plan_playbook, run_playbook
+    from deploy.orchestrator import exit_code, plan_playbook
     from deploy.playbook import load_playbook
 
     config = globals_.load()
@@ -193,19 +258,19 @@ def bench(globals_, run_name, host_names, draft_tokens, num_prompts, max_concurr
         playbook = playbook.with_settings(step, **settings)
     sweep = list(draft_tokens) or [run.draft_tokens]
     if dry_run:
-        documents = [render.plan_document("bench", run.name, plan_playbook(playbook, run, hosts, t)) | {"draft_tokens": t}
+        documents = [render.plan_document("bench", run.name, plan_playbook(playbook, run, hosts, t, lock=True)) | {"draft_tokens": t}
                      for t in sweep]
         if as_json:
             render.print_json({"command": "bench", "run": run.name, "dry_run": True, "sweep": documents})
         else:
             for t in sweep:
-                render.plan_text(f"bench (draft tokens {t})", plan_playbook(playbook, run, hosts, t), render.console())
+                render.plan_text(f"bench (draft tokens {t})", plan_playbook(playbook, run, hosts, t, lock=True), render.console())
         return 0
     progress = render.progress_printer()
     rounds = []
     for t in sweep:
         progress("*", "bench", f"draft tokens {t}")
-        rounds.append((t, run_playbook(config, playbook, run, hosts, t, progress)))
+        rounds.append((t, run_locked(globals_, config, "bench", playbook, run, hosts, t, progress)))
     if as_json:
         render.print_json(render.bench_document(run.name, rounds))
     else:

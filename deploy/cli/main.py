@@ -58,10 +58,12 @@ def cli(ctx: click.Context, config_path: Path | None, accept_new_host_keys: bool
 
 
 def _register() -> None:
-    from deploy.cli import doctor, fix_keys, gpu_status, sandbox
+    from deploy.cli import doctor, fix_keys, gpu_status, history, nightly, sandbox
 
     cli.add_command(doctor.doctor)
     cli.add_command(gpu_status.gpu_status)
+    cli.add_command(history.history)
+    cli.add_command(nightly.nightly)
     cli.add_command(fix_keys.fix_keys)
     cli.add_command(sandbox.sandbox)
     try:

@@ -9,6 +9,7 @@ Commands:
   stop-processes  SIGTERM, wait up to a grace period, SIGKILL: every python3 process of this user
                   (the seeds' ``killall python3``) or only the server recorded in a PID file.
   probe           Is the server PID alive, what does GET /health answer, what is the last log line.
+  server-state    The PID file's server: alive, /health, and the deployment record launch wrote.
   accept-check    Greedy /generate requests; the measured speculative accept length.
 """
 
@@ -19,6 +20,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 import time
 import urllib.error
@@ -97,11 +99,20 @@ def own_ancestry() -> set:
     return pids
 
 
+#: host_lock.py's first argument: the lock of the deployctl run that is stopping processes
+HOST_LOCK_MARK = "deployctl-host-lock"
+
+
+def holds_host_lock(pid: int) -> bool:
+    raw = _read("/proc/%d/cmdline" % pid) or ""
+    return HOST_LOCK_MARK in raw.split("\0")
+
+
 def select_user_python(protected: set, exclude=()) -> list:
     uid = os.getuid()
     return sorted(
         pid for pid in all_pids()
-        if pid not in protected and _uid(pid) == uid and is_python3(pid)
+        if pid not in protected and _uid(pid) == uid and is_python3(pid) and not holds_host_lock(pid)
         and not any(pattern in cmdline(pid) for pattern in exclude)
     )
 
@@ -195,18 +206,104 @@ def last_line(path: str, max_bytes: int = 8192) -> str:
     return lines[-1].strip()[:300] if lines else ""
 
 
-def cmd_probe(args) -> dict:
-    result = {"pid": args.pid, "alive": alive(args.pid), "status": None, "error": None}
+def http_status(url: str, timeout: float) -> dict:
+    """GET url: {"status", "error", "error_kind", "body"}.
+
+    error_kind tells loading from broken: ``refused`` (nothing listens yet: SGLang binds its port
+    only when uvicorn starts, after the weights are loaded) and ``timeout`` are "still loading";
+    anything else (no route, reset, DNS) is an error the caller reports at once.
+    """
+    result = {"status": None, "error": None, "error_kind": None, "body": ""}
     try:
-        with urllib.request.urlopen(args.url, timeout=args.timeout) as resp:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
             result["status"] = resp.status
+            result["body"] = resp.read(300).decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         result["status"] = exc.code
+        try:
+            result["body"] = exc.read(300).decode("utf-8", "replace")
+        except OSError:
+            pass
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         result["error"] = str(reason)[:200]
+        if isinstance(reason, ConnectionRefusedError):
+            result["error_kind"] = "refused"
+        elif isinstance(reason, (TimeoutError, socket.timeout)) or "timed out" in str(reason):
+            result["error_kind"] = "timeout"
+        else:
+            result["error_kind"] = "other"
+    return result
+
+
+def cmd_probe(args) -> dict:
+    result = {"pid": args.pid, "alive": alive(args.pid)}
+    result.update(http_status(args.url, args.timeout))
     result["last_log_line"] = last_line(args.log) if args.log else ""
     return result
+
+
+def _read_json_file(path: str):
+    text = _read(path)
+    if text is None:
+        return None
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return {"unreadable": text[:200]}
+    return document if isinstance(document, dict) else {"unreadable": text[:200]}
+
+
+def cmd_server_state(args) -> dict:
+    """What is serving now: the PID file's process, the recorded deployment, /health."""
+    text = (_read(args.pidfile) or "").strip()
+    pid = int(text) if text.isdigit() else None
+    running = pid is not None and alive(pid) and "sglang" in cmdline(pid)
+    result = {"pid": pid, "alive": running, "cmdline": cmdline(pid)[:300] if running else "",
+              "record": _read_json_file(args.record)}
+    result.update(http_status(args.url, args.timeout) if running else
+                  {"status": None, "error": None, "error_kind": None, "body": ""})
+    return result
+
+
+def cmd_prune_drafters(args) -> dict:
+    """Keep the ``--keep`` most recently used drafters of the store and the last good one.
+
+    A staging dir (``.staging-*``) is a conversion that died midway; removed when older than an
+    hour (a live one is minutes old at most and belongs to the run that holds the host lock).
+    """
+    import shutil
+
+    last_good = _read_json_file(args.last_good) or {}
+    protected = os.path.basename(str(last_good.get("drafter_path") or "").rstrip("/"))
+    try:
+        names = os.listdir(args.store)
+    except OSError as exc:
+        return {"kept": [], "removed": [], "error": str(exc)}
+    entries = []
+    removed = []
+    now = time.time()
+    for name in names:
+        path = os.path.join(args.store, name)
+        try:
+            mtime = os.lstat(path).st_mtime
+        except OSError:
+            continue
+        if name.startswith(".staging-"):
+            if now - mtime > 3600:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(name)
+            continue
+        entries.append((mtime, name))
+    entries.sort(reverse=True)
+    kept = [name for _, name in entries[: args.keep]]
+    for _, name in entries[args.keep:]:
+        if name == protected:
+            kept.append(name)
+            continue
+        shutil.rmtree(os.path.join(args.store, name), ignore_errors=True)
+        removed.append(name)
+    return {"kept": kept, "removed": removed, "protected": protected or None}
 
 
 PROMPTS = (
@@ -278,6 +375,15 @@ def main(argv=None) -> int:
     probe.add_argument("--pid", type=int, required=True)
     probe.add_argument("--log", default="")
     probe.add_argument("--timeout", type=float, default=5.0)
+    state = sub.add_parser("server-state")
+    state.add_argument("--pidfile", required=True)
+    state.add_argument("--record", required=True)
+    state.add_argument("--url", required=True)
+    state.add_argument("--timeout", type=float, default=5.0)
+    prune = sub.add_parser("prune-drafters")
+    prune.add_argument("--store", required=True)
+    prune.add_argument("--keep", type=int, default=2)
+    prune.add_argument("--last-good", required=True)
     accept = sub.add_parser("accept-check")
     accept.add_argument("--base", required=True, help="http://HOST:PORT of the server")
     accept.add_argument("--requests", type=int, default=4)
@@ -290,6 +396,10 @@ def main(argv=None) -> int:
         if args.scope == "pidfile" and not args.pidfile:
             parser.error("--scope pidfile needs --pidfile")
         document = cmd_stop(args)
+    elif args.command == "prune-drafters":
+        document = cmd_prune_drafters(args)
+    elif args.command == "server-state":
+        document = cmd_server_state(args)
     else:
         document = cmd_probe(args)
     sys.stdout.write(json.dumps(document) + "\n")

@@ -2,11 +2,14 @@
 
 from deploy.steps import (
     benchmark,
+    converge,
     doctor,
     ensure_helper,
     fix_keys,
     free_gpus,
     launch,
+    record_good,
+    regression_gate,
     stop_stale,
     verify_acceptance,
     wait_gpus_free,
@@ -15,6 +18,6 @@ from deploy.steps import (
 
 REGISTRY = {
     module.NAME: module
-    for module in (doctor, ensure_helper, fix_keys, stop_stale, free_gpus, wait_gpus_free, launch, wait_ready, verify_acceptance,
-                   benchmark)
+    for module in (doctor, ensure_helper, fix_keys, converge, stop_stale, free_gpus, wait_gpus_free, launch,
+                   wait_ready, verify_acceptance, benchmark, regression_gate, record_good)
 }

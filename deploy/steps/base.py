@@ -59,8 +59,8 @@ class StatePaths:
         return path_join(self.root, "launch.json")
 
     @property
-    def fingerprint(self) -> str:
-        return path_join(self.root, "drafter.fingerprint")
+    def drafters(self) -> str:
+        return path_join(self.root, "drafters")
 
     def helper(self, filename: str) -> str:
         return path_join(self.helpers, filename)

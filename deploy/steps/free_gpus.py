@@ -20,6 +20,10 @@ NAME = "free-gpus"
 NO_DEVICE_FILES = 3
 
 
+#: skipped when converge found the server already running as desired
+CONVERGE_SKIPS = True
+
+
 class Settings(StepSettings):
     pass
 

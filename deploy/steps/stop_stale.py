@@ -17,6 +17,10 @@ from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSett
 NAME = "stop-stale"
 
 
+#: skipped when converge found the server already running as desired
+CONVERGE_SKIPS = True
+
+
 class Settings(StepSettings):
     scope: Literal["user", "pidfile"] = "pidfile"
     #: seconds between SIGTERM and SIGKILL; default: the run's timeouts.stop_grace_s

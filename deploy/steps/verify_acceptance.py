@@ -64,6 +64,7 @@ def run(ctx: StepContext) -> StepOutcome:
         raise VerificationFailed(f"{ctx.host.name}: could not measure acceptance: {document.get('error')}")
     length = float(document["accept_length"])
     data = {k: document.get(k) for k in ("accept_length", "completion_tokens", "spec_verify_ct", "server_avg_spec_accept_length")}
+    ctx.memory["verify"] = data
     if length < ctx.settings.min_accept_length:
         hint = ""
         if length < 1.05:

@@ -18,6 +18,10 @@ from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSett
 NAME = "wait-gpus-free"
 
 
+#: skipped when converge found the server already running as desired
+CONVERGE_SKIPS = True
+
+
 class Settings(StepSettings):
     threshold_mib: int = Field(default=0, ge=0)
     interval_s: float = Field(default=0.5, gt=0, le=60)

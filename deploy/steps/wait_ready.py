@@ -1,8 +1,10 @@
 """wait-ready: poll /health until 200 while the server PID stays alive.
 
-SGLang answers /health with 503 until warmup is done, and a 1T-parameter model loads for many
-minutes, so the default timeout is the run's ``timeouts.ready_s`` (30 min). If the server dies
-(OOM, a bad flag, the port taken) the step fails at once and shows the last log lines.
+SGLang answers /health with 503 until warmup is done and refuses connections before uvicorn
+starts (after the weights are loaded); a 1T-parameter model loads for many minutes, so the
+default timeout is the run's ``timeouts.ready_s`` (30 min). Those two answers are "loading";
+any other status (404: something else owns the port; 500) fails at once with the status and a
+body excerpt, and a dead server (OOM, a bad flag, the port taken) fails at once with its log tail.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 
 from pydantic import Field
 
-from deploy.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
+from deploy.errors import RemoteOutputError, ServerDied, ServerUnhealthy, StepTimeout
 from deploy.shell import quote, quote_path
 from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
 from deploy.steps.launch import probe_address
@@ -22,13 +24,15 @@ NAME = "wait-ready"
 TAIL_LINES = 50
 
 
+CONVERGE_SKIPS = True
+#: /health answers that mean "still loading" while the PID lives (SGLang 0.5.x: 503 until warm)
+LOADING_STATUSES = (503,)
+LOADING_ERRORS = ("refused", "timeout")
+
+
 class Settings(StepSettings):
     interval_s: float = Field(default=1.0, gt=0, le=60)
     progress_every_s: float = Field(default=10.0, gt=0)
-
-
-class ServerDied(DeployError):
-    exit_code = ExitCode.FAILED
 
 
 def health_url(ctx: StepContext) -> str:
@@ -51,7 +55,9 @@ def parse_probe(output: str, source: str) -> dict:
         document = json.loads(output)
         if not isinstance(document["alive"], bool):
             raise TypeError
-        if document["status"] is not None and not isinstance(document["status"], int):
+        if document["status"] is not None and (not isinstance(document["status"], int) or isinstance(document["status"], bool)):
+            raise TypeError
+        if document["status"] is None and document.get("error_kind") not in ("refused", "timeout", "other"):
             raise TypeError
         str(document.get("last_log_line", ""))
     except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested output
@@ -59,9 +65,27 @@ def parse_probe(output: str, source: str) -> dict:
     return document
 
 
+def died_message(ctx: StepContext, pid: int, log: str, tail: str, when: str) -> str:
+    hint = ""
+    if re.search(r"address already in use", tail, re.I):
+        hint = f" (port {ctx.run.port} is already taken on the host)"
+    return f"{ctx.host.name}: server died: SGLang (pid {pid}) exited {when}{hint}. Last {TAIL_LINES} lines of {log}:\n{tail}"
+
+
+def classify(probe: dict) -> str:
+    """ready | loading | dead | unhealthy, from one probe."""
+    if not probe["alive"]:
+        return "dead"
+    if probe["status"] == 200:
+        return "ready"
+    if probe["status"] in LOADING_STATUSES or (probe["status"] is None and probe.get("error_kind") in LOADING_ERRORS):
+        return "loading"
+    return "unhealthy"
+
+
 def _pid_and_log(ctx: StepContext) -> tuple[int, str]:
     if "pid" in ctx.memory:
-        return ctx.memory["pid"], ctx.memory["log"]
+        return ctx.memory["pid"], ctx.memory.get("log") or ctx.paths.latest_log
     conn = ctx.require_conn()
     text = conn.run(f"cat -- {quote_path(ctx.paths.pidfile)}").stdout.strip()
     if not re.fullmatch(r"\d+", text):
@@ -87,16 +111,19 @@ def run(ctx: StepContext) -> StepOutcome:
     while True:
         probe = parse_probe(conn.check(probe_command(ctx, pid, log), timeout=30, what="probe").stdout, ctx.host.name)
         elapsed = time.monotonic() - started
-        if probe["status"] == 200 and probe["alive"]:
+        state = classify(probe)
+        if state == "ready":
             return StepOutcome("ok", f"healthy after {elapsed:.1f} s", {"elapsed_s": round(elapsed, 2), "url": health_url(ctx)})
-        if not probe["alive"]:
+        if state == "dead":
             tail = conn.run(tail_command(log)).stdout.rstrip()
-            hint = ""
-            if re.search(r"address already in use", tail, re.I):
-                hint = f" (port {ctx.run.port} is already taken on the host)"
-            raise ServerDied(
-                f"{ctx.host.name}: SGLang (pid {pid}) exited during startup after {elapsed:.1f} s{hint}. "
-                f"Last {TAIL_LINES} lines of {log}:\n{tail}"
+            raise ServerDied(died_message(ctx, pid, log, tail, f"during startup after {elapsed:.1f} s"))
+        if state == "unhealthy":
+            answer = f"HTTP {probe['status']}" if probe["status"] is not None else f"error: {probe.get('error')}"
+            body = " ".join(str(probe.get("body") or "").split())[:200]
+            raise ServerUnhealthy(
+                f"{ctx.host.name}: {health_url(ctx)} answered {answer}"
+                f"{f' ({body!r})' if body else ''} while SGLang (pid {pid}) is starting; only 503 and a "
+                f"refused connection mean 'loading' (is something else listening on port {ctx.run.port}?)"
             )
         if elapsed >= timeout:
             tail = conn.run(tail_command(log)).stdout.rstrip()

@@ -1,5 +1,5 @@
 """A full disk (a real, tiny tmpfs filled up): every write fails cleanly and leaves no temporary file,
-on the host side (fingerprint record, PID file, the key fixer) as in the fixer run locally."""
+on the host side (drafter store copy, PID file, the key fixer) as in the fixer run locally."""
 
 from __future__ import annotations
 
@@ -53,17 +53,26 @@ def ctx_for(module, state_dir: Path) -> StepContext:
                        launch_stamp="20261130T000000Z")
 
 
-def test_fingerprint_record_on_a_full_disk(full_fs):
+def test_drafter_store_copy_on_a_full_disk(full_fs, tmp_path):
     mount, fill = full_fs
     state = mount / "state"
     state.mkdir()
-    (state / "drafter.fingerprint").write_text("old\n")
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "model.safetensors").write_bytes(os.urandom(4 << 20))  # larger than the filesystem
+    (drafter / "config.json").write_text("{}")
     fill()
-    before = tree_state(state)
-    command = fix_keys.record_fingerprint_command(ctx_for(fix_keys, state), "ab" * 32)
+    before_drafter = tree_state(drafter)
+    ctx = ctx_for(fix_keys, state)
+    ctx = StepContext(host=ctx.host, run=ctx.run.model_copy(update={"drafter": str(drafter)}), settings=ctx.settings,
+                      conn=None, draft_tokens=16, launch_stamp=ctx.launch_stamp)
+    command = fix_keys.stage_command(ctx, "ab" * 32)
     result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
     assert result.returncode != 0
-    assert tree_state(state) == before      # no 0-byte drafter.fingerprint.tmp, the old record intact
+    # no partial staging copy left in the store (an empty store dir may remain), the user's checkpoint untouched
+    drafters = state / "drafters"
+    assert not drafters.exists() or list(drafters.iterdir()) == []
+    assert tree_state(drafter) == before_drafter
 
 
 def test_pid_file_on_a_full_disk(full_fs):

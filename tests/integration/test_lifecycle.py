@@ -35,8 +35,8 @@ def test_up_converts_launches_and_verifies_acceptance(clean_sandbox, tmp_path, c
     code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--draft-tokens", "16")
     assert code == 0, json.dumps(doc, indent=1)
     steps = steps_of(doc, "sb1")
-    assert [s for s in steps] == ["doctor", "ensure-helper", "fix-keys", "stop-stale", "free-gpus", "wait-gpus-free",
-                                  "launch", "wait-ready", "verify-acceptance"]
+    assert [s for s in steps] == ["doctor", "ensure-helper", "fix-keys", "converge", "stop-stale", "free-gpus",
+                                  "wait-gpus-free", "launch", "wait-ready", "verify-acceptance", "record-good"]
     assert all(s["status"] == "ok" for s in steps.values())
     assert steps["fix-keys"]["data"]["status"] == "converted" and steps["fix-keys"]["data"]["renamed"] >= 10
     assert steps["launch"]["data"]["num_steps"] == 15 and steps["launch"]["data"]["draft_tokens"] == 16
@@ -46,11 +46,25 @@ def test_up_converts_launches_and_verifies_acceptance(clean_sandbox, tmp_path, c
     listing = clean_sandbox.run("sb1", f"ls {state}/helpers {state}/logs; readlink {state}/logs/latest.log").stdout
     assert "fix_eagle3_keys.py" in listing and "host_ops.py" in listing and "sglang-" in listing
     assert all(used > 0 for used in gpu_used(clean_sandbox, "sb1"))
-    # a second up finds the drafter already converted and still ends healthy
+    # the user's checkpoint is untouched: converted in the drafter store, launched from there
+    store = steps["fix-keys"]["data"]["store"]
+    assert steps["launch"]["data"]["drafter"] == store and store.startswith("~/.deployctl/drafters/")
+    user_header = clean_sandbox.run("sb1", f"head -c 4096 {clean_sandbox.host('sb1').drafter_dir}/model.safetensors | tail -c +9 | tr -cd '[:print:]'").stdout
+    assert "layers.0." in user_header and "midlayer." not in user_header
+    # a second up finds the drafter already converted and the server running as desired: nothing touched
+    pid = steps["launch"]["data"]["pid"]
     code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
     assert code == 0
-    assert steps_of(doc, "sb1")["fix-keys"]["data"]["status"] == "already_converted"
+    steps = steps_of(doc, "sb1")
+    assert steps["fix-keys"]["data"]["status"] == "already_converted"
+    assert steps["converge"]["data"]["converged"] is True and steps["converge"]["data"]["pid"] == pid
+    assert all(steps[s]["status"] == "skipped" for s in ("stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready"))
+    assert doc["hosts"][0]["outcome"] == "converged"
+    # --force redeploys anyway
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--force")
+    assert code == 0
     assert steps_of(doc, "sb1")["stop-stale"]["data"]["processes"], "the previous server must be stopped"
+    assert steps_of(doc, "sb1")["launch"]["data"]["pid"] != pid
 
 
 def test_unconverted_drafter_on_legacy_sglang_is_caught_by_verify(clean_sandbox, tmp_path, capsys):
@@ -155,9 +169,12 @@ def test_restart_reconverts_only_after_the_drafter_changed(clean_sandbox, tmp_pa
     path = one_host_config(clean_sandbox, tmp_path)
     code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
     assert code == 0
+    pid = steps_of(doc, "sb1")["launch"]["data"]["pid"]
     code, doc = cli_json(capsys, "-c", str(path), "restart", "--json")
     assert code == 0, json.dumps(doc, indent=1)
     assert steps_of(doc, "sb1")["fix-keys"]["status"] == "skipped"
+    assert steps_of(doc, "sb1")["launch"]["status"] == "skipped"  # nothing changed: no restart
+    assert clean_sandbox.run("sb1", "cat ~/.deployctl/server.pid").stdout.strip() == str(pid)
     # A new checkpoint lands (speculators format again): restart must convert it.
     drafter = clean_sandbox.host("sb1").drafter_dir
     result = clean_sandbox.run("sb1", f"cd {drafter} && python3 -c \""
@@ -168,6 +185,7 @@ def test_restart_reconverts_only_after_the_drafter_changed(clean_sandbox, tmp_pa
     assert code == 0, json.dumps(doc, indent=1)
     fix = steps_of(doc, "sb1")["fix-keys"]
     assert fix["status"] == "ok" and fix["data"]["status"] == "converted"
+    assert steps_of(doc, "sb1")["launch"]["data"]["pid"] != pid  # a changed checkpoint converges
     assert steps_of(doc, "sb1")["verify-acceptance"]["data"]["accept_length"] > 1.5
 
 

@@ -39,10 +39,18 @@ def test_upload_hash_check_reupload_after_wipe_and_convert(clean_sandbox, tmp_pa
     fix = steps["fix-keys"]["data"]
     assert fix["status"] == "converted" and fix["verification"]["ok"] is True
     assert fix["sglang_version"] == "0.5.11"  # read from the host's installed SGLang
-    header = clean_sandbox.run("sb1", "python3 -c \"import json,struct;f=open('drafters/kimi-k25-eagle3/model.safetensors','rb');"
-                               "n=struct.unpack('<Q',f.read(8))[0];print(json.dumps(sorted(json.loads(f.read(n)))))\"")
-    keys = json.loads(header.stdout)
+    def keys_of(directory: str) -> list[str]:
+        header = clean_sandbox.run("sb1", f"cd {directory} && python3 -c \"import json,struct;f=open('model.safetensors','rb');"
+                                   "n=struct.unpack('<Q',f.read(8))[0];print(json.dumps(sorted(json.loads(f.read(n)))))\"")
+        return json.loads(header.stdout)
+
+    # converted in the drafter store; the user's checkpoint is left exactly as it was
+    keys = keys_of(fix["store"])
     assert any(k.startswith("midlayer.") for k in keys) and not any(k.startswith("layers.0.") for k in keys)
+    assert fix["store"].startswith("~/.deployctl/drafters/")
+    original = keys_of("drafters/kimi-k25-eagle3")
+    assert any(k.startswith("layers.0.") for k in original) and not any(k.startswith("midlayer.") for k in original)
+    assert ".deployctl-fix-backup.json" not in clean_sandbox.run("sb1", "ls -A drafters/kimi-k25-eagle3").stdout
 
     # Present and unchanged: nothing uploaded, and the fix is a no-op.
     code, steps = run_fix(clean_sandbox, tmp_path, capsys)

@@ -109,9 +109,9 @@ def test_probe_reports_status_alive_and_last_log_line(tmp_path):
     log.write_text("Load weight begin\nLoading safetensors checkpoint shards:  20% Completed\rLoading safetensors checkpoint shards:  40% Completed\r")
     try:
         doc = run_helper("probe", "--url", f"http://127.0.0.1:{server.server_port}/health", "--pid", str(os.getpid()), "--log", str(log))
-        assert doc == {"pid": os.getpid(), "alive": True, "status": 503, "error": None,
-                       "last_log_line": "Loading safetensors checkpoint shards:  40% Completed"}
+        assert doc == {"pid": os.getpid(), "alive": True, "status": 503, "error": None, "error_kind": None,
+                       "body": "", "last_log_line": "Loading safetensors checkpoint shards:  40% Completed"}
     finally:
         server.shutdown()
     doc = run_helper("probe", "--url", "http://127.0.0.1:9/health", "--pid", "999999999")
-    assert doc["alive"] is False and doc["status"] is None and doc["error"]
+    assert doc["alive"] is False and doc["status"] is None and doc["error"] and doc["error_kind"] == "refused"

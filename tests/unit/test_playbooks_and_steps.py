@@ -1,6 +1,8 @@
 """Pure parts of the steps and playbooks: command builders, parsers, validation. No SSH."""
 
 import json
+import os
+import re
 import shlex
 
 import pytest
@@ -30,8 +32,8 @@ def test_builtin_playbooks_load(name):
 
 def test_up_playbook_order_matches_the_seed_procedure():
     assert [s.name for s in load_playbook("up").steps] == [
-        "doctor", "ensure-helper", "fix-keys", "stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready",
-        "verify-acceptance"]
+        "doctor", "ensure-helper", "fix-keys", "converge", "stop-stale", "free-gpus", "wait-gpus-free", "launch",
+        "wait-ready", "verify-acceptance", "record-good"]
 
 
 @pytest.mark.parametrize("name", ["up", "restart", "bench"])
@@ -79,9 +81,10 @@ def test_sglang_argv_is_the_documented_command():
 
 def test_launch_command_is_detached_and_quoted():
     ctx = ctx_for(launch)
-    env_upload, prepare, planned = launch.plan(ctx)
+    env_upload, prepare, planned, record, prune = launch.plan(ctx)
     cmd = planned.command
     assert prepare.command.startswith("mkdir -p -m 700 -- '/var/lib/deploy ctl/logs' && ln -sfn -- ")
+    assert "deployment.json" in record.command and "tail -n +21" in prune.command
     assert "HF_TOKEN, NCCL_DEBUG" in env_upload.description
     assert "hf_s3cr3t" not in env_upload.command + env_upload.description + cmd  # secrets stay off the plan
     assert "set -a && . '/var/lib/deploy ctl/launch.env' && set +a || exit 1; setsid nohup python3 -m sglang.launch_server" in cmd
@@ -91,6 +94,29 @@ def test_launch_command_is_detached_and_quoted():
     assert "'/var/lib/deploy ctl/server.pid'" in cmd
     assert planned.argv == launch.sglang_argv(RUN, HOST, 16)
     shlex.split(cmd.replace("~/", "/home/u/"))  # well-formed shell words
+
+
+def test_log_names_are_unique_per_launch_and_sort_by_time():
+    names = [launch.new_log_name() for _ in range(200)]
+    assert len(set(names)) == 200
+    assert all(re.fullmatch(r"sglang-\d{8}T\d{6}\.\d{6}Z-[0-9a-f]{6}\.log", n) for n in names)
+
+
+def test_log_pruning_keeps_the_newest_twenty(tmp_path):
+    import subprocess
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    names = sorted(f"sglang-202611{d:02d}T000000.000000Z-abcdef.log" for d in range(1, 26))
+    names.append("sglang-20261101T000000Z.log")  # the old, second-stamped form
+    for n in names + ["keep-me.txt"]:
+        (logs / n).write_text("")
+    ctx = ctx_for(launch)
+    ctx = type(ctx)(**{**ctx.__dict__, "host": HOST.model_copy(update={"state_dir": str(tmp_path)})})
+    subprocess.run(["sh", "-c", launch.prune_logs_command(ctx)], check=True)
+    left = sorted(os.listdir(logs))
+    assert "keep-me.txt" in left and len(left) == 21
+    assert [n for n in left if n.startswith("sglang-")] == sorted(names)[-20:]
 
 
 def test_env_file_round_trips_through_sh(tmp_path):

@@ -49,6 +49,15 @@ Env knobs: SGLANG_SIM_CONFIG (the host's sim config, default ~/.sim/config.json)
 SGLANG_SIM_LOAD_SECONDS (1.0), SGLANG_SIM_WARMUP_SECONDS (0.3), SGLANG_SIM_TIME_SCALE (0.02),
 SGLANG_SIM_CRASH_DURING_LOAD=1 (or the file ~/.sim/crash_during_load): crash with CUDA OOM
 midway through loading, exit 1.
+
+Drafter markers (files in the drafter directory, so a test's "bad new checkpoint" carries its own
+badness and a rollback to the previous drafter's bytes really cures it):
+  SIMULATION-crash-during-load   crash with CUDA OOM midway through loading, exit 1;
+  SIMULATION-crash-on-generate   ready, then the first /generate kills the server (exit 1);
+  SIMULATION-accept-nothing      every draft token rejected: accept len 1.00 (as a drafter whose
+                                 weights are garbage would give);
+  SIMULATION-decode-speed        a float F in (0, 10]: each decode step takes 1/F as long (F 0.5:
+                                 half the output throughput, an injectable regression).
 """
 
 from __future__ import annotations
@@ -414,10 +423,37 @@ class Speculation:
     collapse_reason: str | None = None
     debug: list[str] = field(default_factory=list)
     draft_arch: str = ""
+    crash_during_load: bool = False
+    crash_on_generate: bool = False
+    step_s: float = SIM_STEP_S
 
     @property
     def enabled(self) -> bool:
         return self.algorithm is not None
+
+
+def read_drafter_markers(draft_dir: str, spec: "Speculation") -> None:
+    """SIMULATION markers in the drafter directory (see the module docstring)."""
+    def marker(name: str) -> str | None:
+        path = os.path.join(draft_dir, f"SIMULATION-{name}")
+        if not os.path.isfile(path):
+            return None
+        with open(path) as f:
+            return f.read().strip()
+
+    if marker("crash-during-load") is not None:
+        spec.crash_during_load = True
+    if marker("crash-on-generate") is not None:
+        spec.crash_on_generate = True
+    if marker("accept-nothing") is not None:
+        spec.accept_p = 0.0
+        spec.collapse_reason = "SIMULATION-accept-nothing marker in the drafter"
+    speed = marker("decode-speed")
+    if speed is not None:
+        factor = float(speed)
+        if not 0 < factor <= 10:
+            raise ValueError(f"SIMULATION-decode-speed must be in (0, 10], got {speed!r}")
+        spec.step_s = SIM_STEP_S / factor
 
 
 def analyse_speculation(args: argparse.Namespace, version: str) -> Speculation:
@@ -435,7 +471,8 @@ def analyse_speculation(args: argparse.Namespace, version: str) -> Speculation:
     names, digest = checkpoint_tensor_names(draft_dir)
     jitter = int(digest[:8], 16) / 0xFFFFFFFF
     spec.accept_p = 0.64 + 0.04 * min(jitter, 0.999)
-    if not is_eagle3_drafter(config):
+    read_drafter_markers(draft_dir, spec)
+    if spec.collapse_reason or not is_eagle3_drafter(config):
         return spec
     if algo == "EAGLE":
         # EAGLE (not EAGLE3) sends one hidden state to an EAGLE-3 draft: fc is bypassed (PR #21272).
@@ -718,7 +755,7 @@ class Engine:
         if self.interval_steps == 0:
             return
         accept = self.interval_tokens / self.interval_steps
-        throughput = self.interval_tokens / (self.interval_steps * SIM_STEP_S)
+        throughput = self.interval_tokens / (self.interval_steps * self.spec.step_s)
         self.last_gen_throughput = throughput
         tokens = max(1, self.total_tokens_in_use)
         parts = [f"Decode batch. #running-req: {max(1, self.running)}", f"#token: {tokens}",
@@ -760,7 +797,7 @@ class Engine:
             with self.lock:
                 if not printed and steps:
                     self._decode_log_line()
-            sim_latency = 0.05 + prompt_tokens * 0.0001 + steps * SIM_STEP_S
+            sim_latency = 0.05 + prompt_tokens * 0.0001 + steps * self.spec.step_s
             scale = float(os.environ.get("SGLANG_SIM_TIME_SCALE", "0.02"))
             if scale > 0:  # the request stays "running" while its simulated time passes
                 time.sleep(min(30.0, sim_latency * scale))
@@ -942,6 +979,13 @@ class Handler(BaseHTTPRequestHandler):
         if not engine.schedulers_alive:
             self._json(503, {"error": {"message": "The server is not healthy (a scheduler died)."}})
             return
+        if engine.spec.crash_on_generate:
+            # SIMULATION-crash-on-generate: the whole server dies on its first request (the ranks
+            # follow through PR_SET_PDEATHSIG), after /health already said 200.
+            scheduler_exception(0, [(_srt("managers/scheduler.py"), 1170, "event_loop_overlap",
+                                     "batch_result = self.run_batch(batch)")],
+                                "RuntimeError: CUDA error: an illegal memory access was encountered")
+            os._exit(1)
         if body.get("stream"):
             self._json(400, {"object": "error", "type": "BadRequestError", "code": 400,
                              "message": "SIMULATION: streaming is not simulated by the sandbox's "
@@ -1090,7 +1134,7 @@ def _run(args, version, config, engine: Engine, server: SimHTTPServer, ranks: li
     final_mib = min(total, int(total * mem_frac) + GRAPH_MIB)
     load_s = max(0.0, float(os.environ.get("SGLANG_SIM_LOAD_SECONDS", "1.0")))
     steps = max(1, round(load_s / 0.5))
-    crash = _crash_requested(config)
+    crash = _crash_requested(config) or spec.crash_during_load
     log(f"Load weight begin. avail mem={capacity_gib(free[0]):.2f} GB", tp=0)
     started = time.monotonic()
     raw(f"Loading safetensors checkpoint shards:   0% Completed | 0/{CHECKPOINT_SHARDS} [00:00<?, ?it/s]")

@@ -1,0 +1,89 @@
+"""deployctl nightly: the unattended redeploy (cron, systemd timer).
+
+Never prompts. Progress lines are timestamped and go to stderr and to a log file per invocation
+under ``$XDG_STATE_HOME/deployctl/nightly/``; stdout gets the report: a table on a terminal,
+plain timestamped lines otherwise, only the JSON document with ``--json``. Exit codes: 0, 11
+(failed, previous deployment restored and verified), 12 (regression; rolled back unless
+``--no-rollback``), 9 (another deployctl holds the lock), 1 (the host serves nothing), ...
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timezone
+
+import click
+
+
+def _log_file():
+    from deploy.local_state import state_home
+
+    directory = state_home() / "nightly"
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    path = directory / f"nightly-{stamp}.log"
+    return path, open(path, "a", encoding="utf-8")
+
+
+def _progress(log):
+    import threading
+
+    lock = threading.Lock()
+
+    def show(host: str, step: str, message: str) -> None:
+        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        line = f"{stamp} [{host}] {step}: {message}\n"
+        with lock:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            log.write(line)
+            log.flush()
+
+    return show
+
+
+@click.command("nightly")
+@click.option("--run", "run_name", default=None, help="Run from the config (default: the only one).")
+@click.option("--host", "host_names", multiple=True, help="Only these hosts of the run (repeatable).")
+@click.option("--playbook", "playbook_name", default="nightly", show_default=True)
+@click.option("--force", is_flag=True, help="Redeploy even when the server already runs as desired.")
+@click.option("--no-rollback", "no_rollback", is_flag=True,
+              help="On a failure or regression, leave the new deployment (or nothing) instead of the last good one.")
+@click.option("--min-accept-fraction", type=click.FloatRange(0.01, 1.0), default=None,
+              help="Regression if accept length < this x the last good one's (playbook default 0.9).")
+@click.option("--min-throughput-fraction", type=click.FloatRange(0.01, 1.0), default=None,
+              help="Regression if output tok/s < this x the last good one's (playbook default 0.9).")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON report on stdout.")
+@click.pass_obj
+def nightly(globals_, run_name, host_names, playbook_name, force, no_rollback, min_accept_fraction,
+            min_throughput_fraction, as_json) -> int:
+    """Lock, converge to the drafter now at the configured path, verify, benchmark, gate, roll back on failure."""
+    from deploy import render
+    from deploy.cli.lifecycle import _run_and_hosts, run_locked
+    from deploy.orchestrator import exit_code
+    from deploy.playbook import load_playbook
+
+    config = globals_.load()
+    run, hosts = _run_and_hosts(config, run_name, host_names)
+    playbook = load_playbook(playbook_name)
+    gate = {k: v for k, v in (("min_accept_fraction", min_accept_fraction),
+                              ("min_throughput_fraction", min_throughput_fraction)) if v is not None}
+    if gate:
+        playbook = playbook.with_settings("regression-gate", **gate)
+    path, log = _log_file()
+    with log:
+        progress = _progress(log)
+        progress("*", "nightly", f"run {run.name}, hosts {', '.join(h.name for h in hosts)}, log {path}")
+        reports = run_locked(globals_, config, "nightly", playbook, run, hosts, run.draft_tokens, progress,
+                             rollback=not no_rollback, force=force)
+        document = render.report_document("nightly", run.name, reports) | {"log_file": str(path)}
+        render.print_json(document, log)
+        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        if as_json:
+            render.print_json(document)
+        elif sys.stdout.isatty():
+            render.step_summary_tables("nightly", reports, render.console())
+        else:
+            for line in render.plain_report_lines("nightly", reports, stamp):
+                click.echo(line)
+    return int(exit_code(reports))

@@ -1,0 +1,115 @@
+"""The server deployctl launched, as seen on the host: PID file, deployment record, /health.
+
+``launch`` writes ``<state_dir>/deployment.json`` (the desired state it started: argv, drafter
+fingerprint and store path, environment hash, SGLang version, PID, log). ``converge`` compares it
+with what it would launch now; the orchestrator reads it after a failure to say what is left
+running. ``last-good.json`` is the same record plus the numbers it was verified with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from deploy.errors import RemoteOutputError
+from deploy.shell import path_join, quote, quote_path
+
+#: the fields that make two deployments the same server (the rest is bookkeeping)
+IDENTITY = ("argv", "drafter_fingerprint", "env_hash", "sglang_version")
+
+
+def deployment_path(state_dir: str) -> str:
+    return path_join(state_dir, "deployment.json")
+
+
+def last_good_path(state_dir: str) -> str:
+    return path_join(state_dir, "last-good.json")
+
+
+def last_good_env_path(state_dir: str) -> str:
+    return path_join(state_dir, "last-good.env")
+
+
+def env_hash(env: dict[str, str]) -> str:
+    """sha256 of the sorted environment: compares runs without keeping the values anywhere."""
+    text = "".join(f"{k}={v}\n" for k, v in sorted(env.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def identity(record: dict | None) -> dict | None:
+    if not isinstance(record, dict):
+        return None
+    return {k: record.get(k) for k in IDENTITY}
+
+
+def same_deployment(a: dict | None, b: dict | None) -> bool:
+    ia, ib = identity(a), identity(b)
+    return ia is not None and ia == ib and ia["argv"] is not None
+
+
+def server_state_command(python: str, helper: str, state_dir: str, health_url: str) -> str:
+    return " ".join([quote(python), quote_path(helper), "server-state",
+                     "--pidfile", quote_path(path_join(state_dir, "server.pid")),
+                     "--record", quote_path(deployment_path(state_dir)), "--url", quote(health_url)])
+
+
+@dataclass(frozen=True)
+class ServerState:
+    pid: int | None
+    alive: bool
+    status: int | None
+    error: str | None
+    record: dict[str, Any] | None
+
+    @property
+    def healthy(self) -> bool:
+        return self.alive and self.status == 200
+
+    def describe(self) -> str:
+        if not self.alive:
+            return "nothing: no SGLang server of deployctl's is running on this host"
+        record = self.record or {}
+        drafter = record.get("drafter_path") or "?"
+        health = f"/health {self.status}" if self.status is not None else f"/health no answer ({self.error})"
+        return f"SGLang pid {self.pid} ({health}), drafter {drafter}, log {record.get('log', '?')}"
+
+
+def parse_server_state(output: str, source: str) -> ServerState:
+    try:
+        document = json.loads(output)
+        pid = document["pid"]
+        if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
+            raise TypeError
+        if not isinstance(document["alive"], bool):
+            raise TypeError
+        status = document["status"]
+        if status is not None and (not isinstance(status, int) or isinstance(status, bool)):
+            raise TypeError
+        record = document["record"]
+        if record is not None and not isinstance(record, dict):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise RemoteOutputError(f"{source}: server-state printed unexpected output: {output[:300]!r}") from None
+    if record is not None and "unreadable" in record:
+        record = None
+    return ServerState(pid, document["alive"], status, document.get("error"), record)
+
+
+def parse_record(output: str, source: str, what: str) -> dict | None:
+    """A JSON record file read with ``cat`` (empty output: no record)."""
+    text = output.strip()
+    if not text:
+        return None
+    try:
+        document = json.loads(text)
+        if not isinstance(document, dict) or not isinstance(document.get("argv"), list):
+            raise TypeError
+    except (ValueError, TypeError):
+        raise RemoteOutputError(f"{source}: {what} is not a deployment record: {text[:200]!r}") from None
+    return document
+
+
+def read_record_command(path: str) -> str:
+    return f"cat -- {quote_path(path)} 2>/dev/null || true"

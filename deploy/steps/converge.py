@@ -1,0 +1,62 @@
+"""converge: leave a server alone when it already runs exactly what this run would launch.
+
+Compares the desired state (launch argv with the drafter from the store, drafter fingerprint,
+environment hash, SGLang version) with the record the last launch wrote on the host. Equal, PID
+alive and /health 200: "already running as desired", and the orchestrator skips every step that
+stops, frees or launches (a real model load is many minutes of lost service). ``--force``
+redeploys anyway. Verification and benchmarks still run.
+"""
+
+from __future__ import annotations
+
+from deploy.facts.server import identity, parse_server_state, server_state_command
+from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.fix_keys import parse_version, version_command
+from deploy.steps.launch import desired_record
+from deploy.steps.wait_ready import health_url
+
+NAME = "converge"
+
+
+class Settings(StepSettings):
+    pass
+
+
+def command(ctx: StepContext) -> str:
+    return server_state_command(ctx.host.python, ctx.paths.helper("host_ops.py"), ctx.paths.root, health_url(ctx))
+
+
+def plan(ctx: StepContext) -> list[PlannedCommand]:
+    return [PlannedCommand("compare the recorded deployment with the desired one; alive and /health 200 -> "
+                           "skip stop/free/launch/wait (--force: redeploy)", command(ctx))]
+
+
+def differences(desired: dict, recorded: dict | None) -> list[str]:
+    if recorded is None:
+        return ["no deployment recorded"]
+    want, have = identity(desired), identity(recorded)
+    return [key.replace("_", " ") for key in want if want[key] != have[key]]
+
+
+def run(ctx: StepContext) -> StepOutcome:
+    conn = ctx.require_conn()
+    if ctx.run.sglang_generation == "auto" and not ctx.memory.get("sglang_version"):
+        ctx.memory["sglang_version"] = parse_version(conn.run(version_command(ctx), timeout=60), ctx.host.name,
+                                                     ctx.run.sglang_python)
+    desired = desired_record(ctx)
+    state = parse_server_state(conn.check(command(ctx), timeout=30, what="server-state").stdout, ctx.host.name)
+    changed = differences(desired, state.record)
+    data = {"desired": identity(desired), "recorded_pid": state.pid, "alive": state.alive, "health": state.status}
+    if ctx.memory.get("force"):
+        return StepOutcome("ok", "--force: redeploying", data | {"converged": False})
+    if changed:
+        return StepOutcome("ok", f"redeploying: {', '.join(changed)} changed", data | {"converged": False, "changed": changed})
+    if not state.alive:
+        return StepOutcome("ok", "redeploying: the recorded server is not running", data | {"converged": False})
+    if state.status != 200:
+        return StepOutcome("ok", f"redeploying: the server answers /health {state.status or state.error}",
+                           data | {"converged": False})
+    assert state.record is not None and state.pid is not None
+    ctx.memory.update(converged=True, pid=state.pid, log=state.record.get("log"), deployment=state.record)
+    return StepOutcome("ok", f"already running as desired (pid {state.pid}); nothing touched",
+                       data | {"converged": True, "pid": state.pid})

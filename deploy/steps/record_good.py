@@ -1,0 +1,82 @@
+"""record-good: the deployment that passed verification becomes the host's last good one.
+
+``<state_dir>/last-good.json``: its deployment record (argv, drafter fingerprint and store path,
+environment hash, SGLang version) plus the numbers it was verified with; ``last-good.env`` its
+environment file. A failed later run relaunches exactly this (rollback), and ``nightly``'s
+regression gate compares with its numbers. Re-verifying the same deployment keeps the original
+numbers (so slow drift cannot lower the bar), only filling in ones it lacked.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+from deploy.facts.server import last_good_env_path, last_good_path, parse_record, read_record_command, same_deployment
+from deploy.shell import quote, quote_path
+from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+
+NAME = "record-good"
+
+
+class Settings(StepSettings):
+    pass
+
+
+def measurements(ctx: StepContext) -> dict:
+    found = {"draft_tokens": ctx.draft_tokens}
+    verify = ctx.memory.get("verify") or {}
+    bench = ctx.memory.get("bench") or {}
+    if verify.get("accept_length") is not None:
+        found["accept_length"] = verify["accept_length"]
+    if bench.get("output_tok_s") is not None:
+        found["output_tok_s"] = bench["output_tok_s"]
+    return found
+
+
+def write_command(ctx: StepContext, record: dict, copy_env_from: str | None) -> str:
+    """Copy the env file first (when it is not last-good.env already), then the record."""
+    path = quote_path(last_good_path(ctx.paths.root))
+    target = last_good_env_path(ctx.paths.root)
+    if copy_env_from:
+        env = f"cp -p -- {quote_path(copy_env_from)} {quote_path(target)}.tmp && mv -f {quote_path(target)}.tmp {quote_path(target)} && "
+    elif record.get("env_file") is None:
+        env = f"rm -f -- {quote_path(target)} && "
+    else:
+        env = ""
+    return f"{env}printf '%s\\n' {quote(json.dumps(record, sort_keys=True))} > {path}.tmp && mv -f {path}.tmp {path}"
+
+
+def plan(ctx: StepContext) -> list[PlannedCommand]:
+    return [PlannedCommand("read the last good deployment", read_record_command(last_good_path(ctx.paths.root))),
+            PlannedCommand("record this deployment (and its env file) as the last good one",
+                           write_command(ctx, {"argv": "<argv>"}, "<env file>"))]
+
+
+def run(ctx: StepContext) -> StepOutcome:
+    conn = ctx.require_conn()
+    deployment = ctx.memory.get("deployment")
+    if deployment is None:
+        return StepOutcome("skipped", "no deployment recorded in this run")
+    previous = parse_record(conn.run(read_record_command(last_good_path(ctx.paths.root))).stdout, ctx.host.name,
+                            last_good_path(ctx.paths.root))
+    metrics = measurements(ctx)
+    if same_deployment(previous, deployment) and isinstance(previous.get("metrics"), dict):
+        metrics = metrics | previous["metrics"]  # keep the original bar, fill what it lacked
+    record = dict(deployment) | {"metrics": metrics,
+                                 "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if previous is not None and same_deployment(previous, deployment):
+        record["verified_at"] = previous.get("verified_at", record["verified_at"])
+    env_file = deployment.get("env_file")
+    target = last_good_env_path(ctx.paths.root)
+    copy_from = env_file if env_file and env_file != target else None
+    record["env_file"] = target if env_file else None
+    if previous is not None and same_deployment(previous, deployment) and not copy_from and \
+            {k: v for k, v in previous.items() if k != "pid"} == {k: v for k, v in record.items() if k != "pid"}:
+        ctx.memory["last_good"] = previous
+        return StepOutcome("ok", f"already the last good deployment ({deployment.get('drafter_path')})",
+                           {"last_good": {k: previous.get(k) for k in ("drafter_fingerprint", "drafter_path", "metrics")}})
+    conn.check(write_command(ctx, record, copy_from), what="recording the last good deployment")
+    ctx.memory["last_good"] = record
+    return StepOutcome("ok", f"last good: {deployment.get('drafter_path')} (pid {deployment.get('pid')})",
+                       {"last_good": {k: record.get(k) for k in ("drafter_fingerprint", "drafter_path", "metrics")}})

@@ -1,0 +1,66 @@
+"""regression-gate: nightly's comparison with the host's last good deployment of the same run.
+
+Fails (exit 12, then the orchestrator rolls back) when the accept length measured by
+verify-acceptance or the output throughput measured by benchmark falls below the configured
+fraction of the last good record's. No record yet for this run and draft-token count: this
+deployment becomes the baseline (record-good runs next).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from deploy.errors import Regression
+from deploy.facts.server import last_good_path, parse_record, read_record_command, same_deployment
+from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.record_good import measurements
+
+NAME = "regression-gate"
+
+
+class Settings(StepSettings):
+    min_accept_fraction: float = Field(default=0.9, gt=0, le=1.0)
+    min_throughput_fraction: float = Field(default=0.9, gt=0, le=1.0)
+
+
+def plan(ctx: StepContext) -> list[PlannedCommand]:
+    s = ctx.settings
+    return [PlannedCommand(f"compare with the last good record: accept length >= {s.min_accept_fraction:g}x, "
+                           f"output tok/s >= {s.min_throughput_fraction:g}x",
+                           read_record_command(last_good_path(ctx.paths.root)))]
+
+
+def compare(now: dict, good: dict, accept_fraction: float, throughput_fraction: float) -> tuple[list[str], list[str]]:
+    """(regressions, comparisons) as human-readable lines; pure."""
+    regressions, lines = [], []
+    for key, label, fraction in (("accept_length", "accept length", accept_fraction),
+                                 ("output_tok_s", "output tok/s", throughput_fraction)):
+        if now.get(key) is None or good.get(key) is None:
+            lines.append(f"{label}: not compared (not measured {'now' if now.get(key) is None else 'for the last good one'})")
+            continue
+        ratio = now[key] / good[key] if good[key] else float("inf")
+        line = f"{label} {now[key]:.2f} vs last good {good[key]:.2f} ({ratio:.0%}, minimum {fraction:.0%})"
+        lines.append(line)
+        if ratio < fraction:
+            regressions.append(line)
+    return regressions, lines
+
+
+def run(ctx: StepContext) -> StepOutcome:
+    conn = ctx.require_conn()
+    path = last_good_path(ctx.paths.root)
+    good = parse_record(conn.run(read_record_command(path)).stdout, ctx.host.name, path)
+    now = measurements(ctx)
+    if good is None or good.get("run") != ctx.run.name:
+        return StepOutcome("ok", "no last good record of this run yet: this deployment becomes the baseline", {"now": now})
+    metrics = good.get("metrics") or {}
+    if metrics.get("draft_tokens") != ctx.draft_tokens:
+        return StepOutcome("ok", f"last good record was measured at {metrics.get('draft_tokens')} draft tokens, "
+                                 f"not {ctx.draft_tokens}: not compared", {"now": now})
+    regressions, lines = compare(now, metrics, ctx.settings.min_accept_fraction, ctx.settings.min_throughput_fraction)
+    data = {"now": now, "last_good": metrics, "comparisons": lines,
+            "same_as_last_good": same_deployment(good, ctx.memory.get("deployment"))}
+    if regressions:
+        raise Regression(f"{ctx.host.name}: regression against the last good deployment "
+                         f"({good.get('drafter_path')}): {'; '.join(regressions)}")
+    return StepOutcome("ok", "; ".join(lines), data)

@@ -1,0 +1,97 @@
+"""The shipped crontab line and systemd service + timer: parsed, and verified by systemd when present."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from deploy.cli.main import cli
+
+REPO = Path(__file__).resolve().parents[2]
+SYSTEMD = REPO / "contrib" / "systemd"
+CRONTAB = REPO / "contrib" / "cron" / "deployctl-nightly.crontab"
+
+
+def parse_unit(path: Path) -> dict[str, dict[str, list[str]]]:
+    """systemd's unit syntax: [Section], Key=Value, '#'/';' comments, keys may repeat."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+            continue
+        assert current is not None, f"{path}:{number}: a setting before any [Section]"
+        key, sep, value = line.partition("=")
+        assert sep and re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", key), f"{path}:{number}: not Key=Value: {raw!r}"
+        current.setdefault(key, []).append(value)
+    return sections
+
+
+def nightly_argv(command: str) -> list[str]:
+    words = shlex.split(command)
+    start = next(i for i, w in enumerate(words) if w.endswith("/deployctl"))
+    end = next((i for i, w in enumerate(words) if w in (">", "||", "2>&1", ">>")), len(words))
+    return words[start + 1:end]
+
+
+def check_nightly_flags(argv: list[str]) -> None:
+    assert argv[0] == "nightly"
+    command = cli.get_command(None, "nightly")
+    # click parses the flags exactly as the CLI would (no run: resilient_parsing)
+    ctx = command.make_context("nightly", argv[1:], resilient_parsing=True)
+    assert ctx.params["run_name"] == "kimi-k25-eagle3"
+
+
+def test_service_runs_nightly_once_per_start():
+    unit = parse_unit(SYSTEMD / "deployctl-nightly.service")
+    service = unit["Service"]
+    assert service["Type"] == ["oneshot"] and service["KillSignal"] == ["SIGINT"]
+    [exec_start] = service["ExecStart"]
+    check_nightly_flags(nightly_argv(exec_start))
+    assert any(v.startswith("XDG_STATE_HOME=/") for v in service["Environment"])
+    assert "network-online.target" in unit["Unit"]["After"]
+
+
+def test_timer_starts_the_service_nightly():
+    timer = parse_unit(SYSTEMD / "deployctl-nightly.timer")
+    [calendar] = timer["Timer"]["OnCalendar"]
+    assert re.fullmatch(r"\*-\*-\* \d\d:\d\d:\d\d", calendar)
+    assert timer["Timer"]["Persistent"] == ["true"] and timer["Install"]["WantedBy"] == ["timers.target"]
+    assert "Unit" not in timer["Timer"]  # the default: the service of the same name, which exists
+    assert (SYSTEMD / "deployctl-nightly.service").is_file()
+
+
+FIELD_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
+
+
+def test_crontab_line_is_valid_cron():
+    lines = [ln for ln in CRONTAB.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    [line] = lines
+    fields = line.split(None, 5)
+    for value, (low, high) in zip(fields[:5], FIELD_RANGES):
+        assert value == "*" or low <= int(value) <= high, value
+    command = fields[5]
+    assert "%" not in command  # cron turns an unescaped % into a newline
+    check_nightly_flags(nightly_argv(command))
+    subprocess.run(["sh", "-n", "-c", command], check=True)  # well-formed shell
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_systemd_analyze_verify(tmp_path):
+    for name in ("deployctl-nightly.service", "deployctl-nightly.timer"):
+        text = (SYSTEMD / name).read_text()
+        # verify checks that ExecStart's program exists: point it at this checkout's deployctl
+        deployctl = shutil.which("deployctl") or str(Path(__import__("sys").executable).with_name("deployctl"))
+        (tmp_path / name).write_text(text.replace("/usr/local/bin/deployctl", deployctl))
+    result = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "deployctl-nightly.service"),
+                             str(tmp_path / "deployctl-nightly.timer")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "deployctl-nightly" not in result.stderr, result.stderr  # no warnings about our units
