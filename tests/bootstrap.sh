@@ -22,3 +22,11 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+
+# sglang-router (SGLang's router, a Rust binary in a wheel) for the fleet tests: its own venv made
+# from the system python, so the sandbox's Unix users can run it (.venv's interpreter may live
+# under a private home such as /root/.pyenv).
+if [ ! -x .router-venv/bin/python ]; then
+  /usr/bin/python3 -m venv .router-venv
+fi
+.router-venv/bin/python -m pip install -q --disable-pip-version-check 'sglang-router==0.3.2'

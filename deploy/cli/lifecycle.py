@@ -34,8 +34,24 @@ def with_redeploy(func):
     return func
 
 
+fleet_options = [
+    click.option("--serial", type=click.IntRange(1, 4096), default=None,
+                 help="Hosts per batch (rolling: out of the router, drain, redeploy, verify, back in). "
+                      "Default: all at once without a router, 1 with one."),
+    click.option("--allow-downtime", is_flag=True,
+                 help="Allow a batch that takes the router's last healthy worker out."),
+]
+
+
+def with_fleet(func):
+    for option in reversed(fleet_options):
+        func = option(func)
+    return func
+
+
 def run_locked(globals_, config, command: str, playbook, run, hosts, tokens: int, progress, *,
-               rollback: bool = True, force: bool = False):
+               rollback: bool = True, force: bool = False, runner=None):
+    """``runner(options)``: the fleet's phases instead of one parallel playbook (returns a RunResult)."""
     """Run a playbook that changes hosts: local lock per config and run, host locks, history."""
     from contextlib import ExitStack
     from datetime import datetime, timezone
@@ -59,8 +75,10 @@ def run_locked(globals_, config, command: str, playbook, run, hosts, tokens: int
                 pass
             raise
         try:
-            reports = run_playbook(config, playbook, run, hosts, tokens, progress,
-                                   RunOptions(command=command, lock=True, owner=owner, rollback=rollback, force=force))
+            options = RunOptions(command=command, lock=True, owner=owner, rollback=rollback, force=force)
+            result = runner(options) if runner is not None else run_playbook(config, playbook, run, hosts, tokens,
+                                                                             progress, options)
+            reports = result.reports if runner is not None else result
         except KeyboardInterrupt as interrupt:
             # Ctrl-C: no rollback, but say what each host was left running, and record it.
             partial = [o.value for o in getattr(interrupt, "outcomes", []) if o.value is not None]
@@ -75,7 +93,7 @@ def run_locked(globals_, config, command: str, playbook, run, hosts, tokens: int
         history.append(history.records_for(command, run.name, reports, started))
     except (OSError, DeployError) as exc:  # history is a record, never a reason to fail the deploy
         progress("*", "history", f"WARNING: could not append to {history.history_path()}: {exc}")
-    return reports
+    return result
 
 
 def _run_and_hosts(config, run_name, host_names):
@@ -107,8 +125,9 @@ def _doctor_override(ignore_doctor: bool) -> dict:
 
 def _execute(globals_, command: str, default_playbook: str, run_name, host_names, draft_tokens, playbook_name,
              dry_run: bool, as_json: bool, overrides: dict | None = None, force: bool = False,
-             no_rollback: bool = False) -> int:
+             no_rollback: bool = False, serial: int | None = None, allow_downtime: bool = False) -> int:
     from deploy import render
+    from deploy.errors import DeployError
     from deploy.orchestrator import exit_code, plan_playbook
     from deploy.playbook import load_playbook
 
@@ -124,24 +143,71 @@ def _execute(globals_, command: str, default_playbook: str, run_name, host_names
         endpoints = describe_endpoints(hosts, config.ssh)
         addresses = {n: e["hostname"]["value"] for n, e in endpoints.items() if "hostname" in e}
         plans = plan_playbook(playbook, run, hosts, tokens, addresses, lock=True)
+        fleet_plan = None
+        if run.router is not None or serial is not None:
+            from deploy.fleet.plan import plan_fleet
+
+            fleet_plan = plan_fleet(config, run, hosts, command, serial, allow_downtime)
         if as_json:
-            render.print_json(render.plan_document(command, run.name, plans, endpoints))
+            document = render.plan_document(command, run.name, plans, endpoints)
+            if fleet_plan is not None:
+                document["fleet"] = fleet_plan
+            render.print_json(document)
         else:
             render.plan_text(command, plans, render.console(), endpoints)
+            if fleet_plan is not None:
+                from deploy.fleet.plan import print_fleet_plan
+
+                print_fleet_plan(fleet_plan)
         return 0
-    reports = run_locked(globals_, config, command, playbook, run, hosts, tokens, render.progress_printer(),
-                         rollback=not no_rollback and command != "down", force=force)
+    progress = render.progress_printer()
+    stopped = None
+    if command != "down" and (run.router is not None or serial is not None):
+        from deploy.fleet.rolling import run_fleet
+
+        result = run_locked(globals_, config, command, playbook, run, hosts, tokens, progress,
+                            rollback=not no_rollback, force=force,
+                            runner=lambda options: run_fleet(config, playbook, run, hosts, tokens, progress, options,
+                                                             serial, allow_downtime))
+        reports = result.reports
+        code = int(result.exit_code())
+    else:
+        reports = run_locked(globals_, config, command, playbook, run, hosts, tokens, progress,
+                             rollback=not no_rollback and command != "down", force=force)
+        code = int(exit_code(reports))
+        result = None
+        if command == "down" and run.router is not None and not host_names:
+            from deploy.fleet.rolling import stop_router
+
+            try:
+                stopped = stop_router(config, run, progress)
+            except DeployError as exc:
+                progress(run.router.host, "router", f"FAILED: {exc}")
+                stopped = {"error": str(exc), "exit_code": int(exc.exit_code)}
+                code = code or int(exc.exit_code)
     if as_json:
-        render.print_json(render.report_document(command, run.name, reports))
+        document = render.report_document(command, run.name, reports)
+        if stopped is not None:
+            document["router"] = {"host": run.router.host} | stopped
+        if result is not None:
+            from deploy.fleet.plan import fleet_report
+
+            document["fleet"] = fleet_report(result)
+        render.print_json(document)
     else:
         render.step_summary_tables(command, reports, render.console())
-    return int(exit_code(reports))
+        if result is not None:
+            from deploy.fleet.plan import print_fleet_report
+
+            print_fleet_report(result)
+    return code
 
 
 @click.command("up")
 @with_common
 @ignore_doctor_option
 @with_redeploy
+@with_fleet
 @click.pass_obj
 def up(globals_, ignore_doctor: bool, **kw) -> int:
     """Doctor, fix the drafter's keys, stop stale python3, free the GPUs, launch SGLang, wait until ready.
@@ -156,6 +222,7 @@ def up(globals_, ignore_doctor: bool, **kw) -> int:
 @with_common
 @ignore_doctor_option
 @with_redeploy
+@with_fleet
 @click.pass_obj
 def restart(globals_, ignore_doctor: bool, **kw) -> int:
     """After a checkpoint change: doctor, re-fix if the drafter changed, then stop, free, launch, wait."""

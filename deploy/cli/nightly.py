@@ -54,9 +54,12 @@ def _progress(log):
 @click.option("--min-throughput-fraction", type=click.FloatRange(0.01, 1.0), default=None,
               help="Regression if output tok/s < this x the last good one's (playbook default 0.9).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report on stdout.")
+@click.option("--serial", type=click.IntRange(1, 4096), default=None,
+              help="Hosts per batch behind the router (default: 1 with a router, all at once without).")
+@click.option("--allow-downtime", is_flag=True, help="Allow a batch that takes the router's last healthy worker out.")
 @click.pass_obj
 def nightly(globals_, run_name, host_names, playbook_name, force, no_rollback, min_accept_fraction,
-            min_throughput_fraction, as_json) -> int:
+            min_throughput_fraction, as_json, serial, allow_downtime) -> int:
     """Lock, converge to the drafter now at the configured path, verify, benchmark, gate, roll back on failure."""
     from deploy import render
     from deploy.cli.lifecycle import _run_and_hosts, run_locked
@@ -74,9 +77,22 @@ def nightly(globals_, run_name, host_names, playbook_name, force, no_rollback, m
     with log:
         progress = _progress(log)
         progress("*", "nightly", f"run {run.name}, hosts {', '.join(h.name for h in hosts)}, log {path}")
-        reports = run_locked(globals_, config, "nightly", playbook, run, hosts, run.draft_tokens, progress,
-                             rollback=not no_rollback, force=force)
+        fleet = None
+        if run.router is not None or serial is not None:
+            from deploy.fleet.plan import fleet_report
+            from deploy.fleet.rolling import run_fleet
+
+            fleet = run_locked(globals_, config, "nightly", playbook, run, hosts, run.draft_tokens, progress,
+                               rollback=not no_rollback, force=force,
+                               runner=lambda options: run_fleet(config, playbook, run, hosts, run.draft_tokens,
+                                                                progress, options, serial, allow_downtime))
+            reports = fleet.reports
+        else:
+            reports = run_locked(globals_, config, "nightly", playbook, run, hosts, run.draft_tokens, progress,
+                                 rollback=not no_rollback, force=force)
         document = render.report_document("nightly", run.name, reports) | {"log_file": str(path)}
+        if fleet is not None:
+            document["fleet"] = fleet_report(fleet)
         render.print_json(document, log)
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if as_json:
@@ -86,4 +102,4 @@ def nightly(globals_, run_name, host_names, playbook_name, force, no_rollback, m
         else:
             for line in render.plain_report_lines("nightly", reports, stamp):
                 click.echo(line)
-    return int(exit_code(reports))
+    return int(fleet.exit_code() if fleet is not None else exit_code(reports))

@@ -184,6 +184,45 @@ class Timeouts(Strict):
     fix_keys_s: PositiveSeconds = 600
 
 
+#: launch_router options deployctl sets from the router's own fields (argparse allow_abbrev applies too)
+ROUTER_OPTION_ALIASES: dict[str, tuple[str, ...]] = {
+    "--host": ("--host",), "--port": ("--port",), "--policy": ("--policy",),
+    "--worker-urls": ("--worker-urls",),
+}
+
+
+class RouterSpec(Strict):
+    """SGLang's own router (the ``sglang-router`` package) in front of the run's replicas."""
+
+    #: a host of the config (it may also be one of the replicas)
+    host: Name
+    #: the router's own port (sglang-router's default is 30000 too: on a replica host pick another)
+    port: Annotated[int, Field(ge=1, le=65535)] = 30080
+    #: address the router binds; null = the router host's own address
+    bind: Address | None = None
+    policy: Literal["cache_aware", "round_robin", "random", "power_of_two", "manual"] = "cache_aware"
+    #: interpreter that has sglang-router installed on the router host
+    python: HostPath = "python3"
+    extra_args: list[PlainText] = Field(default_factory=list)
+    #: the router's wait for its first workers, and each worker's wait after POST /workers
+    startup_timeout_s: PositiveSeconds = 120
+    #: a removed worker's in-flight requests must finish within this (SGLang's /v1/loads all zero)
+    drain_timeout_s: PositiveSeconds = 300
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_reserved_router_flags(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            if not arg.startswith("--"):
+                continue
+            flag = arg.split("=", 1)[0]
+            hits = sorted(o for o, aliases in ROUTER_OPTION_ALIASES.items() if any(a.startswith(flag) for a in aliases))
+            if hits:
+                raise ValueError(f"{flag} would set {' or '.join(hits)}, which deployctl sets from the router's "
+                                 "own fields (host, port, bind, policy, the verified replicas)")
+        return args
+
+
 class Run(Strict):
     name: Name
     hosts: list[Name] = Field(default_factory=list)
@@ -208,6 +247,8 @@ class Run(Strict):
         default_factory=dict
     )
     timeouts: Timeouts = Field(default_factory=Timeouts)
+    #: SGLang's router in front of the run's replicas (see README "Fleets")
+    router: RouterSpec | None = None
 
     @model_validator(mode="after")
     def _one_target(self) -> Run:
@@ -273,6 +314,9 @@ class Config(Strict):
                     problems.append(
                         (("runs", i, "hosts", j), f"unknown host {name!r}; expected one of {sorted(seen)}")
                     )
+            if run.router is not None and run.router.host not in seen:
+                problems.append((("runs", i, "router", "host"),
+                                 f"unknown host {run.router.host!r}; expected one of {sorted(seen)}"))
             if run.group and run.group not in groups:
                 problems.append(
                     (("runs", i, "group"), f"no host is in group {run.group!r}; known groups: {sorted(groups)}")

@@ -22,7 +22,7 @@ Faithful (on purpose, because deployctl must cope with it):
 - Startup/decode log lines in SGLang's format, ``Uvicorn running on ...``, ``The server is fired
   up and ready to roll!``, ``[Errno 98] ... address already in use`` (exit 1), the OOM traceback.
 - HTTP: /health, /health_generate (503 until warmed up), /model_info (/get_model_info),
-  /v1/models, /server_info (/get_server_info) with internal_states[0].avg_spec_accept_length once a
+  /v1/models, /v1/loads (num_running_reqs per DP rank), /server_info (/get_server_info) with internal_states[0].avg_spec_accept_length once a
   decode log line was printed, /generate, /v1/completions, /v1/chat/completions, /flush_cache
   (resets the average), /metrics with --enable-metrics.
 
@@ -38,7 +38,7 @@ Not faithful:
   custom eagle_config aux ids on 0.5.10 or older without --disable-cuda-graph (PR #22836).
 - ``import sglang`` sleeps SGLANG_SIM_IMPORT_SECONDS (2.5 s, like a real install's import); the
   package metadata (sglang-<version>.dist-info) is installed by the sandbox.
-- Generated text is filler words; token counts are word counts. No streaming, no tokenizer, no
+- Generated text is filler words; token counts are word counts. /generate streams (SSE, chunked); no tokenizer, no
   batching effects; timings are simulated (a decode step is 19.5 ms) and the real sleep is scaled
   by $SGLANG_SIM_TIME_SCALE.
 - Memory: each rank allocates ``--mem-fraction-static`` x total + 1.5 GiB; the unbalanced-memory and
@@ -769,7 +769,8 @@ class Engine:
         self.interval_steps = 0
         self.interval_tokens = 0
 
-    def generate(self, prompt_tokens: int, max_new_tokens: int) -> tuple[str, dict]:
+    def generate(self, prompt_tokens: int, max_new_tokens: int, emit=None) -> tuple[str, dict]:
+        """One request; ``emit(text_so_far)`` (streaming) is called as the simulated time passes."""
         with self.lock:
             self.running += 1
             self.total_tokens_in_use += prompt_tokens
@@ -799,8 +800,16 @@ class Engine:
                     self._decode_log_line()
             sim_latency = 0.05 + prompt_tokens * 0.0001 + steps * self.spec.step_s
             scale = float(os.environ.get("SGLANG_SIM_TIME_SCALE", "0.02"))
-            if scale > 0:  # the request stays "running" while its simulated time passes
-                time.sleep(min(30.0, sim_latency * scale))
+            wait = min(30.0, sim_latency * scale) if scale > 0 else 0.0
+            if emit is None:
+                if wait:  # the request stays "running" while its simulated time passes
+                    time.sleep(wait)
+            else:
+                chunks = max(1, min(8, max_new_tokens))
+                for c in range(1, chunks + 1):
+                    time.sleep(wait / chunks)
+                    done = max_new_tokens * c // chunks
+                    emit(" ".join(FILLER[(i * 7 + prompt_tokens) % len(FILLER)] for i in range(done)))
         finally:
             with self.lock:
                 self.running -= 1
@@ -838,6 +847,14 @@ class Engine:
         info["simulated"] = True
         return info
 
+    def loads(self) -> dict:
+        # SGLang 0.5.23 GET /v1/loads: one entry per DP rank; a drained worker has all zero.
+        with self.lock:
+            running, tokens = self.running, self.total_tokens_in_use
+        return {"timestamp": time.time(), "loads": [{
+            "dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": 0, "num_total_tokens": tokens,
+            "token_usage": round(tokens / MAX_TOTAL_TOKENS, 6), "simulated": True}]}
+
     def model_info(self) -> dict:
         return {"model_path": self.args.model_path, "tokenizer_path": self.args.tokenizer_path,
                 "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
@@ -872,7 +889,7 @@ def _words(value) -> int:
 
 KNOWN_PATHS = {"/health", "/health_generate", "/model_info", "/get_model_info", "/server_info",
                "/get_server_info", "/v1/models", "/generate", "/v1/completions",
-               "/v1/chat/completions", "/flush_cache"}
+               "/v1/chat/completions", "/flush_cache", "/v1/loads"}
 
 
 class SimHTTPServer(ThreadingHTTPServer):
@@ -953,6 +970,8 @@ class Handler(BaseHTTPRequestHandler):
                 "id": engine.args.served_model_name, "object": "model", "created": int(time.time()),
                 "owned_by": "sglang", "root": engine.args.model_path,
                 "max_model_len": engine.args.context_length or 262144}]})
+        elif path == "/v1/loads" and method == "GET":
+            self._json(200, engine.loads())
         elif path == "/flush_cache":
             if engine.flush():
                 self._send(200, b"Cache flushed.\nPlease check backend logs for more details. (When "
@@ -987,9 +1006,11 @@ class Handler(BaseHTTPRequestHandler):
                                 "RuntimeError: CUDA error: an illegal memory access was encountered")
             os._exit(1)
         if body.get("stream"):
-            self._json(400, {"object": "error", "type": "BadRequestError", "code": 400,
-                             "message": "SIMULATION: streaming is not simulated by the sandbox's "
-                                        "stand-in SGLang"})
+            if path != "/generate" or not isinstance(body.get("text", body.get("input_ids", "")), str):
+                self._json(400, {"object": "error", "type": "BadRequestError", "code": 400,
+                                 "message": "SIMULATION: the stand-in streams only /generate with one text"})
+                return
+            self._stream_generate(body)
             return
         if path == "/generate":
             prompt = body.get("text", body.get("input_ids", ""))
@@ -1024,6 +1045,37 @@ class Handler(BaseHTTPRequestHandler):
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
                       "logprobs": None, "finish_reason": "length", "matched_stop": None}
             self._json(200, {**base, "object": "chat.completion", "choices": [choice]})
+
+
+    def _stream_generate(self, body: dict) -> None:
+        """/generate with stream: server-sent events over chunked encoding, as SGLang's
+        StreamingResponse sends them: ``data: {"text": <text so far>, "meta_info": ...}`` per chunk,
+        then ``data: [DONE]``. A server stopped mid-stream cuts the connection without the final
+        chunk, so a client (or the router) sees a broken stream, as with the real server."""
+        engine = self.server.engine
+        params = body.get("sampling_params") or {}
+        n = int(params.get("max_new_tokens", 128))
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+
+        def chunk(data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        rid = uuid.uuid4().hex
+
+        def emit(text: str) -> None:
+            chunk(b"data: " + json.dumps({"text": text, "meta_info": {"id": rid}}).encode() + b"\n\n")
+
+        text, meta = engine.generate(_words(body.get("text", "")), n, emit=emit)
+        chunk(b"data: " + json.dumps({"text": text, "meta_info": meta}).encode() + b"\n\n")
+        chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        host, port = self.client_address[:2]
+        log(f'INFO:     {host}:{port} - "POST /generate HTTP/1.1" 200 OK (stream)')
 
 
 # --------------------------------------------------------------------------------------------

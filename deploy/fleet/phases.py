@@ -1,0 +1,191 @@
+"""Run-level phases: steps that run once per run and see every host of it, between host phases.
+
+A run is a list of phases executed in order with a barrier between them:
+
+- ``HostPhase(hosts)``: the playbook on those hosts, in parallel (the per-host steps, each host
+  under its host lock, with converge and rollback as in a plain run);
+- ``RunPhase(name, action)``: one action with the whole run's state (every host's report so far,
+  the router host's connection), e.g. take a batch out of the router, drain it, put it back.
+
+A failing phase stops the run; the phases after it do not run (their hosts stay untouched).
+Rolling redeploys (``--serial N``) and the router are built from these; see ``fleet_phases``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from deploy.config.models import Config, Host, Run
+from deploy.errors import DeployError, ExitCode, UsageError
+from deploy.fanout import for_each_host
+from deploy.orchestrator import (HostReport, Progress, RunOptions, StepRecord, _run_on_host, launch_stamp,
+                                 network_host)
+from deploy.playbook import Playbook
+from deploy.transport import HostConnection, JumpConnections
+
+#: host outcomes after which the host serves a verified deployment (the new one, the same one,
+#: or the last good one it was rolled back to) and may take requests again
+SERVING_OUTCOMES = ("ok", "converged", "rolled-back", "regression")
+
+
+@dataclass
+class RunState:
+    config: Config
+    run: Run
+    playbook: Playbook
+    draft_tokens: int
+    options: RunOptions
+    progress: Progress
+    jumps: JumpConnections
+    cancelled: threading.Event
+    stamp: str
+    reports: dict[str, HostReport] = field(default_factory=dict)
+    #: the router host's connection (opened by the first phase that needs it)
+    router: Any = None
+    #: per host: when it left and re-entered the router (monotonic seconds), for the report
+    rotation: dict[str, dict[str, float]] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PhaseRecord:
+    name: str
+    status: str  # ok | failed | not-run
+    detail: str = ""
+    duration_s: float = 0.0
+    exit_code: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"phase": self.name, "status": self.status, "detail": self.detail,
+                "duration_s": round(self.duration_s, 3), "exit_code": self.exit_code}
+
+
+@dataclass(frozen=True)
+class HostPhase:
+    hosts: tuple[Host, ...]
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label or "hosts " + ",".join(h.name for h in self.hosts)
+
+
+@dataclass(frozen=True)
+class RunPhase:
+    name: str
+    action: Callable[[RunState], str]
+    #: runs even after an earlier phase failed (puts a rolled-back host back into the router)
+    always: bool = False
+
+
+Phase = HostPhase | RunPhase
+
+
+@dataclass
+class RunResult:
+    reports: list[HostReport]
+    phases: list[PhaseRecord]
+    error: DeployError | None = None
+    rotation: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def exit_code(self) -> ExitCode:
+        for report in self.reports:
+            if report.error is not None:
+                return ExitCode(report.error.exit_code)
+        return ExitCode(self.error.exit_code) if self.error is not None else ExitCode.OK
+
+
+def _host_phase(state: RunState, phase: HostPhase) -> DeployError | None:
+    outcomes = for_each_host(
+        list(phase.hosts),
+        lambda h: _run_on_host(state.config, state.playbook, state.run, h, state.draft_tokens, state.stamp,
+                               state.progress, state.cancelled, state.jumps, state.options),
+        state.config.ssh.max_parallel, cancel=state.cancelled)
+    first = None
+    for outcome in outcomes:
+        report = outcome.value if outcome.value is not None else HostReport(outcome.host, error=outcome.error)
+        state.reports[outcome.host.name] = report
+        if report.error is not None and first is None:
+            first = report.error
+    return first
+
+
+def run_phases(state: RunState, hosts: Sequence[Host], phases: Sequence[Phase]) -> RunResult:
+    records: list[PhaseRecord] = []
+    error: DeployError | None = None
+    for phase in phases:
+        always = isinstance(phase, RunPhase) and phase.always and not state.cancelled.is_set()
+        if (error is not None or state.cancelled.is_set()) and not always:
+            records.append(PhaseRecord(phase.name, "not-run"))
+            continue
+        started = time.monotonic()
+        state.progress("*", phase.name, "start")
+        try:
+            if isinstance(phase, HostPhase):
+                failed = _host_phase(state, phase)
+                if failed is not None:
+                    error = failed
+                    records.append(PhaseRecord(phase.name, "failed", str(failed).splitlines()[0],
+                                               time.monotonic() - started, int(failed.exit_code)))
+                    state.progress("*", phase.name, "FAILED: the run stops here; later batches are untouched")
+                    continue
+                detail = "ok"
+            else:
+                detail = phase.action(state)
+        except DeployError as exc:
+            error = error or exc
+            records.append(PhaseRecord(phase.name, "failed", str(exc), time.monotonic() - started,
+                                       int(exc.exit_code)))
+            state.progress("*", phase.name, f"FAILED: {str(exc).splitlines()[0][:300]}")
+            continue
+        records.append(PhaseRecord(phase.name, "ok", detail, time.monotonic() - started))
+        state.progress("*", phase.name, f"ok: {detail}")
+    reports = []
+    for host in hosts:
+        report = state.reports.get(host.name)
+        if report is None:
+            report = HostReport(host, steps=[StepRecord(s.name, "not-run") for s in state.playbook.steps])
+            report.warnings.append("not redeployed: the run stopped before this host's batch (it was left as it was)")
+        reports.append(report)
+    return RunResult(reports, records, error if not any(r.error for r in reports) else None, state.rotation)
+
+
+def batches(hosts: Sequence[Host], serial: int) -> list[tuple[Host, ...]]:
+    return [tuple(hosts[i:i + serial]) for i in range(0, len(hosts), serial)]
+
+
+def default_serial(run: Run, hosts: Sequence[Host]) -> int:
+    """All at once without a router; one host at a time with one (the others keep serving)."""
+    return 1 if run.router is not None else max(1, len(hosts))
+
+
+def open_router(state: RunState) -> Any:
+    """The router host's connection and client, opened once per run."""
+    from deploy.fleet.router import RouterHost
+
+    if state.router is None:
+        spec = state.run.router
+        assert spec is not None
+        host = state.config.host(spec.host)
+        conn = HostConnection(host, state.config.ssh, state.jumps)
+        conn.connect()
+        host = network_host(host, conn.endpoint.hostname.value)
+        state.data["router_conn"] = conn
+        state.router = RouterHost(conn, host, state.run, lambda m: state.progress(spec.host, "router", m))
+    return state.router
+
+
+def close_router(state: RunState) -> None:
+    conn = state.data.pop("router_conn", None)
+    if conn is not None:
+        conn.close()
+
+
+def check_serial(serial: int, hosts: Sequence[Host], run: Run, allow_downtime: bool) -> None:
+    if run.router is not None and serial >= len(hosts) and len(hosts) > 0 and not allow_downtime:
+        raise UsageError(f"--serial {serial} takes all {len(hosts)} replica(s) of run {run.name!r} out of the "
+                         "router at once: nothing would serve; use a smaller --serial or --allow-downtime")

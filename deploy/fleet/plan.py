@@ -1,0 +1,75 @@
+"""What a fleet run would do (``plan``) and what it did (the report's ``fleet`` part)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from deploy.fleet.phases import batches, default_serial
+from deploy.fleet.router import RouterPaths, ops_command, router_argv, router_url, worker_url
+
+
+def plan_fleet(config, run, hosts, command: str, serial: int | None, allow_downtime: bool) -> dict[str, Any]:
+    serial = serial or default_serial(run, hosts)
+    groups = batches(hosts, serial)
+    document: dict[str, Any] = {"serial": serial, "allow_downtime": allow_downtime,
+                                "batches": [[h.name for h in batch] for batch in groups]}
+    if run.router is not None:
+        host = config.host(run.router.host)
+        paths = RouterPaths(host.state_dir)
+        document["router"] = {
+            "host": host.name, "url": router_url(run.router, host), "policy": run.router.policy,
+            "pidfile": paths.pidfile, "log": paths.latest_log,
+            "argv": router_argv(run.router, host, [worker_url(run, h) for h in hosts]),
+            "workers": {h.name: worker_url(run, h) for h in hosts},
+            "per_batch": ["GET /workers; DELETE /workers/{id} for the batch's workers (0.3.x; older: /remove_worker)",
+                          f"poll each worker's GET /v1/loads until nothing runs or waits (at most "
+                          f"{run.router.drain_timeout_s:g} s)",
+                          "the playbook on the batch's hosts",
+                          "POST /workers {\"url\"} for the hosts that serve a verified deployment; poll GET /workers"],
+            "end": "start the router if it is not running (detached, PID file and log in the state dir); "
+                   "one POST /generate through it must answer",
+            "stop": ops_command(host.python, "stop-router", paths.pidfile)[:80] + " ...",
+        }
+    return document
+
+
+def print_fleet_plan(document: dict[str, Any]) -> None:
+    click.echo(f"fleet: --serial {document['serial']}: batches " +
+               " | ".join(",".join(b) for b in document["batches"]))
+    router = document.get("router")
+    if router:
+        click.echo(f"router on {router['host']}: {router['url']} (policy {router['policy']}), "
+                   f"PID file {router['pidfile']}, log {router['log']}")
+        click.echo("  start: " + " ".join(router["argv"]))
+        for line in router["per_batch"]:
+            click.echo("  per batch: " + line)
+        click.echo("  end: " + router["end"])
+
+
+def fleet_report(result) -> dict[str, Any]:
+    rotation = {}
+    for host, marks in result.rotation.items():
+        entry: dict[str, Any] = {}
+        if "out" in marks and "in" in marks:
+            entry["out_of_rotation_s"] = round(marks["in"] - marks["out"], 3)
+        elif "out" in marks:
+            entry["out_of_rotation_s"] = None
+            entry["note"] = "taken out, not put back"
+        rotation[host] = entry
+    document: dict[str, Any] = {"phases": [p.to_dict() for p in result.phases], "rotation": rotation}
+    if result.error is not None:
+        document["error"] = str(result.error)
+        document["exit_code"] = int(result.error.exit_code)
+    return document
+
+
+def print_fleet_report(result) -> None:
+    for phase in result.phases:
+        click.echo(f"  {phase.status:8} {phase.name}: {phase.detail}"[:300])
+    for host, entry in fleet_report(result)["rotation"].items():
+        window = entry.get("out_of_rotation_s")
+        click.echo(f"  {host}: out of rotation {window:.2f} s" if window is not None else f"  {host}: {entry.get('note')}")
+    if result.error is not None:
+        click.echo(f"error: {result.error}", err=True)

@@ -1,0 +1,283 @@
+"""SGLang's router (``sglang-router``) on the router host: start, stop, membership, drain, requests.
+
+Command builders and strict parsers, plus ``RouterHost``: the few lines that send them over the
+router host's SSH connection. Every HTTP call (the router's management API, a worker's
+``/v1/loads``, the end-to-end request) is made from the router host by
+``deploy/remote/fleet_ops.py`` (sent inline): that is where the router reaches the workers from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploy.config.models import Host, Run, RouterSpec
+from deploy.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
+from deploy.shell import quote, quote_path, path_join
+from deploy.steps.launch import probe_address
+
+FLEET_OPS = Path(__file__).resolve().parents[1] / "remote" / "fleet_ops.py"
+#: stop-stale --scope user leaves these command lines alone: a router on a replica host keeps
+#: routing to the other replicas while that host is redeployed (launch_router renames itself
+#: "sglang::router" with setproctitle once started)
+ROUTER_CMDLINE_MARKS = ("sglang_router", "sglang::router")
+
+
+class RouterError(DeployError):
+    exit_code = ExitCode.FAILED
+
+
+def worker_url(run: Run, host: Host) -> str:
+    return f"http://{probe_address(run, host)}:{run.port}"
+
+
+def router_address(spec: RouterSpec, host: Host) -> str:
+    address = spec.bind or host.address
+    return "127.0.0.1" if address in ("0.0.0.0", "::") else address
+
+
+def router_url(spec: RouterSpec, host: Host) -> str:
+    return f"http://{router_address(spec, host)}:{spec.port}"
+
+
+@dataclass(frozen=True)
+class RouterPaths:
+    state_dir: str
+
+    @property
+    def root(self) -> str:
+        return path_join(self.state_dir, "router")
+
+    @property
+    def pidfile(self) -> str:
+        return path_join(self.root, "router.pid")
+
+    @property
+    def logs(self) -> str:
+        return path_join(self.root, "logs")
+
+    @property
+    def latest_log(self) -> str:
+        return path_join(self.root, "logs", "latest.log")
+
+
+def router_argv(spec: RouterSpec, host: Host, workers: list[str]) -> list[str]:
+    return [spec.python, "-m", "sglang_router.launch_router", "--host", spec.bind or host.address,
+            "--port", str(spec.port), "--policy", spec.policy,
+            "--worker-startup-timeout-secs", str(int(spec.startup_timeout_s)),
+            *spec.extra_args, "--worker-urls", *workers]
+
+
+def start_command(spec: RouterSpec, host: Host, workers: list[str], log_name: str) -> str:
+    paths = RouterPaths(host.state_dir)
+    log = path_join(paths.logs, log_name)
+    argv = " ".join(quote(a) for a in router_argv(spec, host, workers))
+    return (f"mkdir -p -- {quote_path(paths.logs)} && cd {quote_path(paths.root)} && "
+            f"ln -sfn -- {quote(log_name)} {quote_path(paths.latest_log)} && "
+            f"{{ setsid nohup {argv} > {quote_path(log)} 2>&1 < /dev/null & "
+            f"pid=$!; printf '%s\\n' \"$pid\" > {quote_path(paths.pidfile)} && echo \"$pid\"; }}")
+
+
+def ops_command(python: str, *args: str) -> str:
+    return f"{quote(python)} -c {quote(FLEET_OPS.read_text())} " + " ".join(quote(a) for a in args)
+
+
+def parse_json_line(output: str, source: str, keys: tuple[str, ...]) -> dict:
+    try:
+        document = json.loads(output)
+        if not isinstance(document, dict) or any(k not in document for k in keys):
+            raise ValueError("missing keys")
+    except (ValueError, RecursionError):
+        raise RemoteOutputError(f"{source}: fleet_ops.py printed unexpected output: {output[:300]!r}") from None
+    return document
+
+
+def parse_workers(body: str, source: str) -> list[dict]:
+    """GET /workers (0.3.x) -> [{"id", "url", "is_healthy"}]; legacy /list_workers -> {"urls": [...]}."""
+    try:
+        document = json.loads(body)
+        if "workers" in document:
+            workers = [{"id": str(w["id"]), "url": str(w["url"]), "is_healthy": bool(w["is_healthy"]),
+                        "load": w.get("load")} for w in document["workers"]]
+        else:
+            workers = [{"id": str(u), "url": str(u), "is_healthy": True, "load": None} for u in document["urls"]]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        raise RemoteOutputError(f"{source}: the router's worker list is not what sglang-router sends: {body[:300]!r}") from None
+    return workers
+
+
+def parse_loads(body: str, source: str) -> int:
+    """SGLang GET /v1/loads -> requests running or waiting over every DP rank."""
+    try:
+        loads = json.loads(body)["loads"]
+        if not isinstance(loads, list) or not loads:
+            raise ValueError("no loads")
+        return sum(int(entry["num_running_reqs"]) + int(entry.get("num_waiting_reqs", 0)) for entry in loads)
+    except (ValueError, KeyError, TypeError, RecursionError):
+        raise RemoteOutputError(f"{source}: /v1/loads answered {body[:300]!r}; expected SGLang's "
+                                '{"loads": [{"num_running_reqs": N, ...}]}') from None
+
+
+def modern_api(version: str) -> bool:
+    """sglang-router 0.3.x manages workers at /workers; older releases at /add_worker, /remove_worker."""
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        raise RemoteOutputError(f"sglang-router version {version!r} is not a release number") from None
+    return (major, minor) >= (0, 3)
+
+
+class RouterHost:
+    """The router host's connection, used by the run-level phases."""
+
+    def __init__(self, conn, host: Host, run: Run, progress: Callable[[str], None] = lambda m: None):
+        assert run.router is not None
+        self.conn, self.host, self.run, self.spec = conn, host, run, run.router
+        self.paths = RouterPaths(host.state_dir)
+        self.url = router_url(self.spec, host)
+        self.progress = progress
+        self._version: str | None = None
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _ops(self, *args: str, timeout: float = 30, python: str | None = None) -> dict:
+        command = ops_command(python or self.host.python, *args)
+        result = self.conn.check(command, timeout=timeout + 30, what=f"fleet_ops {args[0]}")
+        return parse_json_line(result.stdout.strip(), self.host.name, ())
+
+    def http(self, method: str, url: str, body: dict | None = None, timeout: float = 10) -> dict:
+        args = ["request", method, url] + ([json.dumps(body)] if body is not None else [])
+        return self._ops(*args, "--timeout", f"{timeout:g}", timeout=timeout)
+
+    def version(self) -> str:
+        if self._version is None:
+            got = self._ops("router-version", python=self.spec.python)
+            if not got.get("version"):
+                raise RouterError(f"{self.host.name}: {got.get('error') or 'sglang-router not found'} "
+                                  f"(router.python: {self.spec.python}); pip install sglang-router there")
+            self._version = str(got["version"])
+        return self._version
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        got = self._ops("router-state", self.paths.pidfile, self.url + "/workers", "--timeout", "5", timeout=5)
+        if got.get("alive") and got.get("status") == 200:
+            got["workers"] = parse_workers(got.get("body") or "", self.host.name)
+        return got
+
+    def running(self) -> bool:
+        return bool(self.state().get("alive"))
+
+    def start(self, workers: list[str], stamp: str) -> int:
+        self.version()
+        log_name = f"router-{stamp}.log"
+        result = self.conn.check(start_command(self.spec, self.host, workers, log_name), timeout=30,
+                                 what="starting sglang-router")
+        text = result.stdout.strip()
+        if not text.isdigit():
+            raise RemoteOutputError(f"{self.host.name}: starting the router printed {text[:200]!r}; expected its PID")
+        pid = int(text)
+        self.progress(f"router pid {pid} on {self.url}, log {path_join(self.paths.logs, log_name)}")
+        self.wait_members(set(workers), pid=pid)
+        return pid
+
+    def stop(self, grace: float = 15) -> dict:
+        return self._ops("stop-router", self.paths.pidfile, "--timeout", f"{grace:g}", timeout=grace + 10)
+
+    def log_tail(self, lines: int = 30) -> str:
+        return self.conn.run(f"tail -n {lines} -- {quote_path(self.paths.latest_log)}").stdout.rstrip()
+
+    # -- membership ---------------------------------------------------------------------------
+
+    def workers(self) -> list[dict]:
+        path = "/workers" if modern_api(self.version()) else "/list_workers"
+        got = self.http("GET", self.url + path)
+        if got.get("status") != 200:
+            raise RouterError(f"{self.host.name}: router GET {path} answered {got.get('status')} "
+                              f"{got.get('error') or got.get('body', '')[:200]}")
+        return parse_workers(got["body"], self.host.name)
+
+    def wait_members(self, expected: set[str], pid: int | None = None, absent: set[str] = frozenset()) -> None:
+        """Poll the worker list until every ``expected`` URL is listed healthy and no ``absent`` one is."""
+        deadline = time.monotonic() + self.spec.startup_timeout_s
+        last = "no answer yet"
+        while True:
+            if pid is not None and not self.state().get("alive"):
+                raise RouterError(f"{self.host.name}: the router (pid {pid}) died; its log ends:\n{self.log_tail()}")
+            try:
+                listed = {w["url"]: w for w in self.workers()}
+            except RouterError as exc:
+                listed, last = {}, str(exc)
+            else:
+                missing = [u for u in expected if not (u in listed and listed[u]["is_healthy"])]
+                still = [u for u in absent if u in listed]
+                if not missing and not still:
+                    return
+                last = f"waiting for {missing or ''} {('to leave: ' + str(still)) if still else ''}".strip()
+            if time.monotonic() > deadline:
+                raise StepTimeout(f"{self.host.name}: router membership not as expected after "
+                                  f"{self.spec.startup_timeout_s:g} s: {last}")
+            time.sleep(0.2)
+
+    def add(self, url: str) -> None:
+        if modern_api(self.version()):
+            got = self.http("POST", self.url + "/workers", {"url": url})
+        else:
+            got = self.http("POST", self.url + "/add_worker?url=" + url)
+        if got.get("status") not in (200, 201, 202):
+            raise RouterError(f"{self.host.name}: router refused to add {url}: {got.get('status')} "
+                              f"{got.get('error') or got.get('body', '')[:200]}")
+        self.wait_members({url})
+
+    def remove(self, url: str) -> None:
+        if modern_api(self.version()):
+            ids = [w["id"] for w in self.workers() if w["url"] == url]
+            if not ids:
+                return
+            got = self.http("DELETE", self.url + "/workers/" + ids[0])
+        else:
+            got = self.http("POST", self.url + "/remove_worker?url=" + url)
+        if got.get("status") not in (200, 202, 204):
+            raise RouterError(f"{self.host.name}: router refused to remove {url}: {got.get('status')} "
+                              f"{got.get('error') or got.get('body', '')[:200]}")
+        self.wait_members(set(), absent={url})
+
+    def in_flight(self, url: str) -> int | None:
+        """Requests running or waiting on a worker (SGLang /v1/loads); None when it does not answer."""
+        got = self.http("GET", url + "/v1/loads", timeout=5)
+        if got.get("status") != 200:
+            return None
+        return parse_loads(got["body"], url)
+
+    def drain(self, url: str, timeout: float) -> float:
+        """Wait until the removed worker has nothing in flight; returns the seconds it took."""
+        started = time.monotonic()
+        while True:
+            left = self.in_flight(url)
+            if left is None or left == 0:  # a worker that does not answer has nothing to finish either
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise StepTimeout(f"{url}: still {left} request(s) in flight after the drain timeout "
+                                  f"({timeout:g} s); not redeployed")
+            time.sleep(0.1)
+
+    def end_to_end(self) -> dict:
+        """One /generate through the router; the run is up only when it answers."""
+        got = self.http("POST", self.url + "/generate",
+                        {"text": "deployctl end-to-end check", "sampling_params": {"max_new_tokens": 8,
+                                                                                  "temperature": 0}},
+                        timeout=60)
+        if got.get("status") != 200:
+            raise RouterError(f"{self.host.name}: a request through the router ({self.url}/generate) failed: "
+                              f"{got.get('status')} {got.get('error') or got.get('body', '')[:300]}")
+        try:
+            answer = json.loads(got["body"])
+            text = answer["text"]
+        except (ValueError, KeyError, TypeError):
+            raise RemoteOutputError(f"{self.host.name}: the router's /generate answer has no text: "
+                                    f"{got['body'][:200]!r}") from None
+        return {"text": str(text)[:80]}

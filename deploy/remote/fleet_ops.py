@@ -1,0 +1,175 @@
+"""HTTP calls made from a fleet host (standard library, Python 3.8+), sent inline with ``python3 -c``.
+
+deployctl talks to the router's management API and to each worker's ``/v1/loads`` from the router
+host: that is where the router reaches the workers from, so what works here works for the router.
+
+    fleet_ops.py request METHOD URL [JSON_BODY] [--timeout S]
+        one JSON line: {"status": int|null, "body": str, "error": str|null, "error_kind": ...}
+    fleet_ops.py stream URL JSON_BODY [--timeout S]
+        POST a streaming /generate and read the server-sent events to ``data: [DONE]``:
+        {"status", "events", "done": bool, "text", "error"}
+    fleet_ops.py router-version
+        {"version": "0.3.2"|null} from the sglang-router package metadata (never imported)
+    fleet_ops.py stop-router PIDFILE [--timeout GRACE]
+        SIGTERM the router named by PIDFILE (only if its command line says router), SIGKILL after
+        GRACE: {"pid", "stopped": bool, "signal": "TERM"|"KILL"|null, "note"}
+    fleet_ops.py router-state PIDFILE URL
+        {"pid", "alive", "status", "body"} (URL: the router's GET /workers)
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+import urllib.error
+import urllib.request
+
+MAX_BODY = 1 << 20
+
+
+def _kind(exc) -> str:
+    reason = getattr(exc, "reason", exc)
+    if isinstance(reason, ConnectionRefusedError):
+        return "refused"
+    if isinstance(reason, (TimeoutError, socket.timeout)) or "timed out" in str(reason):
+        return "timeout"
+    return "other"
+
+
+def request(method: str, url: str, body, timeout: float) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("content-type", "application/json")
+    result = {"status": None, "body": "", "error": None, "error_kind": None}
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            result["status"] = resp.status
+            result["body"] = resp.read(MAX_BODY).decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        result["status"] = exc.code
+        try:
+            result["body"] = exc.read(MAX_BODY).decode("utf-8", "replace")
+        except OSError:
+            pass
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        result["error"] = str(getattr(exc, "reason", exc))[:300]
+        result["error_kind"] = _kind(exc)
+    return result
+
+
+def stream(url: str, body, timeout: float) -> dict:
+    body = dict(body, stream=True)
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    req.add_header("content-type", "application/json")
+    result = {"status": None, "events": 0, "done": False, "text": "", "error": None}
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            result["status"] = resp.status
+            for raw in resp:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    result["done"] = True
+                    break
+                result["events"] += 1
+                result["text"] = json.loads(payload).get("text", "")[:200]
+    except urllib.error.HTTPError as exc:
+        result["status"] = exc.code
+        result["error"] = exc.read(300).decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        result["error"] = str(getattr(exc, "reason", exc))[:300]
+    return result
+
+
+def router_version() -> dict:
+    try:
+        from importlib import metadata
+    except ImportError:  # Python 3.7
+        return {"version": None, "error": "python older than 3.8"}
+    try:
+        return {"version": metadata.version("sglang-router"), "error": None}
+    except metadata.PackageNotFoundError:
+        return {"version": None, "error": "sglang-router is not installed for " + sys.executable}
+
+
+def _pid_of(pidfile: str):
+    try:
+        with open(os.path.expanduser(pidfile)) as handle:  # "~/..." arrives quoted, unexpanded
+            text = handle.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _is_router(pid: int) -> bool:
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            cmd = handle.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        with open("/proc/%d/stat" % pid) as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    # sglang_router's launch_router renames itself (setproctitle "sglang::router")
+    return state not in ("Z", "X") and ("sglang::router" in cmd or "sglang_router" in cmd)
+
+
+def stop_router(pidfile: str, grace: float) -> dict:
+    import time
+
+    pid = _pid_of(pidfile)
+    if pid is None or not _is_router(pid):
+        return {"pid": pid, "stopped": False, "signal": None, "note": "no router running (PID file %s)" % pidfile}
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not _is_router(pid):
+            return {"pid": pid, "stopped": True, "signal": "TERM", "note": ""}
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(100):
+        if not _is_router(pid):
+            return {"pid": pid, "stopped": True, "signal": "KILL", "note": ""}
+        time.sleep(0.05)
+    return {"pid": pid, "stopped": False, "signal": "KILL", "note": "still alive after SIGKILL"}
+
+
+def router_state(pidfile: str, url: str, timeout: float) -> dict:
+    pid = _pid_of(pidfile)
+    alive = pid is not None and _is_router(pid)
+    out = {"pid": pid, "alive": alive, "status": None, "body": ""}
+    if alive:
+        got = request("GET", url, None, timeout)
+        out["status"], out["body"] = got["status"], got["body"][:65536]
+    return out
+
+
+def main(argv) -> int:
+    timeout = 10.0
+    if "--timeout" in argv:
+        i = argv.index("--timeout")
+        timeout = float(argv[i + 1])
+        argv = argv[:i] + argv[i + 2:]
+    if argv and argv[0] == "request" and len(argv) in (3, 4):
+        body = json.loads(argv[3]) if len(argv) == 4 else None
+        out = request(argv[1], argv[2], body, timeout)
+    elif argv and argv[0] == "stream" and len(argv) == 3:
+        out = stream(argv[1], json.loads(argv[2]), timeout)
+    elif argv and argv[0] == "router-version" and len(argv) == 1:
+        out = router_version()
+    elif argv and argv[0] == "stop-router" and len(argv) == 2:
+        out = stop_router(argv[1], timeout)
+    elif argv and argv[0] == "router-state" and len(argv) == 3:
+        out = router_state(argv[1], argv[2], timeout)
+    else:
+        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | stream URL BODY | router-version | stop-router PIDFILE | router-state PIDFILE URL\n")
+        return 2
+    sys.stdout.write(json.dumps(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
