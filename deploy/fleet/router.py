@@ -256,10 +256,20 @@ class RouterHost:
     def drain(self, url: str, timeout: float) -> float:
         """Wait until the removed worker has nothing in flight; returns the seconds it took."""
         started = time.monotonic()
+        idle_since = None
         while True:
             left = self.in_flight(url)
             if left is None or left == 0:  # a worker that does not answer has nothing to finish either
-                return time.monotonic() - started
+                # Zero twice, 0.25 s apart: a request the router dispatched just before the removal
+                # may not have reached the worker yet, and SGLang counts a request as finished
+                # before its last stream chunk is written.
+                now = time.monotonic()
+                if left is None or (idle_since is not None and now - idle_since >= 0.25):
+                    return now - started
+                idle_since = idle_since or now
+                time.sleep(0.05)
+                continue
+            idle_since = None
             if time.monotonic() - started > timeout:
                 raise StepTimeout(f"{url}: still {left} request(s) in flight after the drain timeout "
                                   f"({timeout:g} s); not redeployed")

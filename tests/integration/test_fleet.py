@@ -4,6 +4,7 @@ SIMULATED replicas, rolling redeploys that drain and re-add workers."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import pytest
 
 from deploy.errors import ExitCode
 from tests.integration.fleet_client import StreamingClient, stream_once
-from tests.integration.helpers import cli_json, cli_json_err, write_config
+from deploy.cli.main import main
+from tests.integration.helpers import cli_json, write_config
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
@@ -97,3 +99,93 @@ def test_up_with_router_reaches_every_replica_and_down_stops_all(clean_sandbox, 
     for host in HOSTS:
         left = sb.run(host, "ps -u $(id -u) -o stat=,args= | grep -v '^Z' | grep -E 'sglang.launch_server|sglang_router|sglang::router' | grep -v grep || true").stdout.strip()
         assert left == "", (host, left)
+
+
+def new_checkpoint(sandbox, host: str, marker: str | None = None) -> None:
+    """A new checkpoint lands on the host's configured drafter path (same file, last 64 tensor bytes
+    and mtime changed), maybe marked bad by a SIMULATION marker file."""
+    drafter = sandbox.host(host).drafter_dir
+    weights = f"{drafter}/model.safetensors"
+    command = (f"size=$(stat -c %s {weights}) && head -c 64 /dev/urandom | "
+               f"dd of={weights} bs=1 seek=$((size - 64)) conv=notrunc status=none && "
+               f"touch -d '+{int(time.time()) % 1000 + 1} seconds' {weights}")
+    if marker:
+        command += f" && printf x > {drafter}/SIMULATION-{marker}"
+    assert sandbox.run(host, command).returncode == 0
+
+
+def server_pid(sandbox, host: str) -> int:
+    return int(sandbox.run(host, "cat ~/.deployctl/server.pid").stdout)
+
+
+def test_rolling_restart_with_streaming_client_fails_no_request(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = fleet_config(sb, tmp_path, SGLANG_SIM_TIME_SCALE="0.05")
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    old = {h: server_pid(sb, h) for h in HOSTS}
+    for host in HOSTS:
+        new_checkpoint(sb, host)
+    with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=3) as client:
+        time.sleep(0.5)
+        code, doc = cli_json(capsys, "-c", str(path), "restart", "--serial", "1", "--json")
+        time.sleep(0.5)
+    assert code == 0, summary(doc)
+    stats = client.stats
+    assert stats.failed == 0, stats.errors[:5]
+    assert stats.ok >= 20, stats.ok
+    assert all(server_pid(sb, h) != old[h] for h in HOSTS)  # every replica really was redeployed
+    rotation = doc["fleet"]["rotation"]
+    assert sorted(rotation) == list(HOSTS)
+    assert all(0 < rotation[h]["out_of_rotation_s"] < 60 for h in HOSTS), rotation
+    # requests kept flowing while each replica was out: some finished inside every window
+    assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in HOSTS)
+
+
+def test_failing_batch_stops_the_roll_later_batch_untouched_router_keeps_routing(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = fleet_config(sb, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    old = {h: server_pid(sb, h) for h in HOSTS}
+    record = {h: sb.run(h, "cat ~/.deployctl/deployment.json").stdout for h in HOSTS}
+    new_checkpoint(sb, "sb1")
+    new_checkpoint(sb, "sb2", marker="crash-during-load")  # batch 2's new drafter cannot load
+    new_checkpoint(sb, "sb3")
+    with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=2) as client:
+        code, doc = cli_json(capsys, "-c", str(path), "restart", "--serial", "1", "--json")
+    assert code == ExitCode.ROLLED_BACK, summary(doc)
+    phases = {p["phase"]: p["status"] for p in doc["fleet"]["phases"]}
+    assert phases["batch 1/3 redeploy sb1"] == "ok"
+    assert phases["batch 2/3 redeploy sb2"] == "failed"
+    assert phases["batch 2/3 router-add sb2"] == "ok"  # rolled back to its last good: serving again
+    assert phases["batch 3/3 router-remove sb3"] == "not-run"
+    assert phases["batch 3/3 redeploy sb3"] == "not-run"
+    assert phases["router end-to-end"] == "not-run"
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    assert hosts["sb1"]["outcome"] == "ok" and hosts["sb2"]["outcome"] == "rolled-back"
+    assert all(s["status"] == "not-run" for s in hosts["sb3"]["steps"])
+    # batch 3 untouched: same server, same recorded deployment
+    assert server_pid(sb, "sb3") == old["sb3"]
+    assert sb.run("sb3", "cat ~/.deployctl/deployment.json").stdout == record["sb3"]
+    assert server_pid(sb, "sb1") != old["sb1"]
+    # the router still routes, to healthy workers only, and nothing the client sent failed
+    workers = router_workers(sb)
+    assert sorted(w["url"] for w in workers) == sorted(worker_url(sb, h) for h in HOSTS)
+    assert all(w["is_healthy"] for w in workers)
+    for _ in range(3):
+        assert generate_via_router(sb)["text"]
+    assert client.stats.failed == 0, client.stats.errors[:5]
+
+
+def test_serial_that_empties_the_router_is_refused(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = fleet_config(sb, tmp_path)
+    code = main(["-c", str(path), "restart", "--serial", "3"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE
+    assert "--serial 3 takes all 3 replica(s)" in err and "--allow-downtime" in err
+    assert "Traceback" not in err
+    # nothing was touched: no server, no router
+    for host in HOSTS:
+        assert sb.run(host, "test -e ~/.deployctl/server.pid").returncode != 0
