@@ -127,7 +127,7 @@ def _execute(globals_, command: str, default_playbook: str, run_name, host_names
              dry_run: bool, as_json: bool, overrides: dict | None = None, force: bool = False,
              no_rollback: bool = False, serial: int | None = None, allow_downtime: bool = False) -> int:
     from deploy import render
-    from deploy.errors import DeployError
+    from deploy.errors import DeployError, UsageError
     from deploy.orchestrator import exit_code, plan_playbook
     from deploy.playbook import load_playbook
 
@@ -162,7 +162,17 @@ def _execute(globals_, command: str, default_playbook: str, run_name, host_names
         return 0
     progress = render.progress_printer()
     stopped = None
-    if command != "down" and (run.router is not None or serial is not None):
+    if command != "down" and run.nodes:
+        from deploy.fleet.nodes import run_nodes
+
+        if host_names:
+            raise UsageError(f"run {run.name!r} is one server across {', '.join(run.nodes)}: --host cannot pick a node")
+        result = run_locked(globals_, config, command, playbook, run, hosts, tokens, progress,
+                            rollback=not no_rollback, force=force,
+                            runner=lambda options: run_nodes(config, playbook, run, hosts, tokens, progress, options))
+        reports = result.reports
+        code = int(result.exit_code())
+    elif command != "down" and (run.router is not None or serial is not None):
         from deploy.fleet.rolling import run_fleet
 
         result = run_locked(globals_, config, command, playbook, run, hosts, tokens, progress,

@@ -249,11 +249,23 @@ class Run(Strict):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     #: SGLang's router in front of the run's replicas (see README "Fleets")
     router: RouterSpec | None = None
+    #: one SGLang server across these hosts (rank 0 first): --nnodes, --node-rank, --dist-init-addr
+    nodes: list[Name] = Field(default_factory=list)
+    #: rank 0's port for torch.distributed's rendezvous (fixed, so converge sees the same argv);
+    #: null = port + 1
+    dist_init_port: Annotated[int, Field(ge=1, le=65535)] | None = None
 
     @model_validator(mode="after")
     def _one_target(self) -> Run:
-        if bool(self.hosts) == bool(self.group):
-            raise ValueError("set exactly one of 'hosts' (a list of host names) or 'group'")
+        if sum(map(bool, (self.hosts, self.group, self.nodes))) != 1:
+            raise ValueError("set exactly one of 'hosts' (a list of host names), 'group' or 'nodes' "
+                             "(the hosts of one multi-node server)")
+        if self.nodes and len(set(self.nodes)) != len(self.nodes):
+            raise ValueError("'nodes' names a host twice")
+        if self.nodes and self.router is not None:
+            raise ValueError("'router' in front of a multi-node server ('nodes') is not supported yet")
+        if self.nodes and len(self.nodes) < 2:
+            raise ValueError("'nodes' needs at least 2 hosts (one host is 'hosts: [NAME]')")
         if self.eagle_topk > 1 and self.speculative_num_steps is None:
             raise ValueError("eagle_topk > 1 needs speculative_num_steps (SGLang cannot derive it)")
         if self.eagle_topk == 1 and self.speculative_num_steps not in (None, self.draft_tokens - 1):
@@ -309,6 +321,11 @@ class Config(Strict):
             if run.name in run_names:
                 problems.append((("runs", i, "name"), f"run name {run.name!r} is defined twice"))
             run_names.add(run.name)
+            for j, name in enumerate(run.nodes):
+                if name not in seen:
+                    problems.append(
+                        (("runs", i, "nodes", j), f"unknown host {name!r}; expected one of {sorted(seen)}")
+                    )
             for j, name in enumerate(run.hosts):
                 if name not in seen:
                     problems.append(
@@ -342,7 +359,7 @@ class Config(Strict):
     def hosts_of(self, run: Run) -> list[Host]:
         if run.group:
             return [h for h in self.hosts if run.group in h.groups]
-        return [self.host(n) for n in run.hosts]
+        return [self.host(n) for n in (run.nodes or run.hosts)]
 
     def select_hosts(self, names: list[str] | None, group: str | None) -> list[Host]:
         hosts = self.hosts

@@ -189,3 +189,73 @@ def test_serial_that_empties_the_router_is_refused(clean_sandbox, tmp_path, caps
     # nothing was touched: no server, no router
     for host in HOSTS:
         assert sb.run(host, "test -e ~/.deployctl/server.pid").returncode != 0
+
+
+def nodes_config(sandbox, tmp_path: Path, **env) -> Path:
+    return write_config(sandbox, tmp_path, run={"group": None, "nodes": ["sb1", "sb2"], "env": FAST | env,
+                                                "dist_init_port": 30001})
+
+
+def argv_of(sandbox, host: str) -> list[str]:
+    return json.loads(sandbox.run(host, "cat ~/.deployctl/deployment.json").stdout)["argv"]
+
+
+def running(sandbox, host: str) -> str:
+    return sandbox.run(host, "ps -u $(id -u) -o stat=,args= | grep -v '^Z' | grep 'sglang.launch_server' "
+                             "| grep -v grep || true").stdout.strip()
+
+
+def test_two_node_server_launches_rank0_first_with_consistent_flags(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = nodes_config(sb, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    names = [p["phase"] for p in doc["fleet"]["phases"]]
+    assert names.index("rank 0 launch sb1") < names.index("ranks 1+ launch sb2") < names.index(
+        "rank 0 ready and verified sb1")
+    a, b = argv_of(sb, "sb1"), argv_of(sb, "sb2")
+    rank = {h: argv[argv.index("--node-rank") + 1] for h, argv in (("sb1", a), ("sb2", b))}
+    assert rank == {"sb1": "0", "sb2": "1"}
+    for argv in (a, b):
+        assert argv[argv.index("--nnodes") + 1] == "2"
+        assert argv[argv.index("--dist-init-addr") + 1] == f"{sb.host('sb1').address}:30001"
+    strip = lambda argv, host: [x for i, x in enumerate(argv) if not (i > 0 and argv[i - 1] in ("--node-rank", "--host"))]  # noqa: E731
+    assert strip(a, "sb1") == strip(b, "sb2")  # the same argv but the rank (and each node's own bind address)
+    steps = {h["host"]: {s["step"]: s["status"] for s in h["steps"]} for h in doc["hosts"]}
+    assert steps["sb1"]["verify-acceptance"] == "ok" and steps["sb2"]["verify-acceptance"] == "skipped"
+    assert running(sb, "sb1") and running(sb, "sb2")
+    # rank 1 serves no HTTP
+    assert sb.run("sb2", f"python3 -c \"import socket; socket.create_connection(('{sb.host('sb2').address}', 30000), 1)\"").returncode != 0
+    # unchanged: converges as one deployment, nothing restarted
+    pids = {h: server_pid(sb, h) for h in ("sb1", "sb2")}
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    assert {h: server_pid(sb, h) for h in ("sb1", "sb2")} == pids
+
+
+def test_rank1_dying_during_load_tears_down_both_nodes(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = nodes_config(sb, tmp_path, SGLANG_SIM_LOAD_SECONDS="6")
+    import threading
+
+    def kill_rank1_when_loading():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            out = sb.run("sb2", "grep -l 'Load weight begin' ~/.deployctl/logs/latest.log 2>/dev/null && cat ~/.deployctl/server.pid")
+            lines = out.stdout.split()
+            if out.returncode == 0 and len(lines) == 2:
+                sb.run("sb2", f"kill -9 {lines[1]}")
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_rank1_when_loading, daemon=True)
+    killer.start()
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    killer.join(timeout=70)
+    assert code != 0, summary(doc)
+    phases = {p["phase"]: p for p in doc["fleet"]["phases"]}
+    assert phases["rank 0 ready and verified sb1"]["status"] == "failed"
+    assert "Connection closed by peer" in phases["rank 0 ready and verified sb1"]["detail"] or \
+        "died" in phases["rank 0 ready and verified sb1"]["detail"], phases
+    assert phases["stop every node"]["status"] == "ok"
+    assert not running(sb, "sb1") and not running(sb, "sb2")

@@ -43,7 +43,11 @@ Not faithful:
   by $SGLANG_SIM_TIME_SCALE.
 - Memory: each rank allocates ``--mem-fraction-static`` x total + 1.5 GiB; the unbalanced-memory and
   "Not enough memory" checks use the other holders of the same simulated GPUs. Weights are a
-  constant 75000 MiB per rank. Multi-node (--nnodes > 1) is rejected.
+  constant 75000 MiB per rank.
+- Multi-node (--nnodes N --node-rank R --dist-init-addr HOST:PORT): rank 0 listens on the
+  dist-init port and waits for the other nodes before loading; a rank > 0 connects to it (retrying
+  while nothing listens) and serves no HTTP. Either side dies when its peer's connection closes
+  (as torch.distributed's store and NCCL do), so rank 1 dying during load takes rank 0 down too.
 
 Env knobs: SGLANG_SIM_CONFIG (the host's sim config, default ~/.sim/config.json),
 SGLANG_SIM_LOAD_SECONDS (1.0), SGLANG_SIM_WARMUP_SECONDS (0.3), SGLANG_SIM_TIME_SCALE (0.02),
@@ -177,8 +181,11 @@ def finalize_args(args: argparse.Namespace) -> list[str]:
         args.page_size = 1
     if args.random_seed is None:
         args.random_seed = 42
-    if args.nnodes != 1:
-        raise ValueError("SIMULATION: --nnodes > 1 is not simulated by the sandbox's stand-in SGLang")
+    if args.nnodes > 1:
+        if not args.dist_init_addr or ":" not in args.dist_init_addr:
+            raise ValueError("--dist-init-addr HOST:PORT is required with --nnodes > 1")
+        if not 0 <= args.node_rank < args.nnodes:
+            raise ValueError(f"--node-rank {args.node_rank} is not in [0, {args.nnodes})")
     algo = args.speculative_algorithm
     if algo is None:
         return warnings
@@ -1083,6 +1090,62 @@ class Handler(BaseHTTPRequestHandler):
 
 
 STOP = threading.Event()
+#: set (with a message) when a node of a multi-node server lost its peer
+PEER_LOST: list[str] = []
+
+
+def _watch_peer(sock: socket.socket, who: str) -> None:
+    try:
+        while sock.recv(64):
+            pass
+    except OSError:
+        pass
+    PEER_LOST.append(f"RuntimeError: [gloo/transport/tcp/pair.cc:598] Connection closed by peer ({who})")
+
+
+def rendezvous(args) -> str | None:
+    """torch.distributed's TCP store on rank 0's --dist-init-addr; returns an error or None."""
+    host, port = args.dist_init_addr.rsplit(":", 1)
+    timeout = float(os.environ.get("SGLANG_SIM_DIST_TIMEOUT", "300"))
+    deadline = time.monotonic() + timeout
+    if args.node_rank == 0:
+        listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind((host, int(port)))
+        except OSError as exc:
+            return f"RuntimeError: The server socket has failed to listen on any local network address. {exc}"
+        listener.listen(args.nnodes)
+        listener.settimeout(0.2)
+        peers = 0
+        log(f"dist init: waiting for {args.nnodes - 1} node(s) on {args.dist_init_addr}", tp=0)
+        while peers < args.nnodes - 1:
+            if STOP.is_set():
+                return "interrupted"
+            if time.monotonic() > deadline:
+                return f"torch.distributed.DistStoreError: Timed out after {timeout:g} s waiting for {args.nnodes} nodes"
+            try:
+                conn, addr = listener.accept()
+            except socket.timeout:
+                continue
+            peers += 1
+            log(f"dist init: node {peers} joined from {addr[0]}", tp=0)
+            threading.Thread(target=_watch_peer, args=(conn, f"node at {addr[0]}"), daemon=True).start()
+        return None
+    while True:
+        if STOP.is_set():
+            return "interrupted"
+        try:
+            conn = socket.create_connection((host, int(port)), timeout=1)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                return f"torch.distributed.DistNetworkError: cannot reach {args.dist_init_addr} after {timeout:g} s"
+            time.sleep(0.2)
+    conn.settimeout(None)
+    log(f"dist init: node rank {args.node_rank} connected to {args.dist_init_addr}", tp=0)
+    threading.Thread(target=_watch_peer, args=(conn, f"node rank 0 at {args.dist_init_addr}"), daemon=True).start()
+    return None
 
 
 def _on_signal(signum, frame) -> None:
@@ -1128,15 +1191,17 @@ def main(argv: list[str] | None = None) -> int:
     seed = int(hashlib.sha256(f"{spec.accept_p}:{args.random_seed}".encode()).hexdigest()[:8], 16) / 2**32
     engine = Engine(args, version, spec, base_config, seed)
 
-    try:
-        server = SimHTTPServer((args.host, args.port), engine)
-    except OSError as exc:
-        return _bind_failed(args.host, args.port, exc)
-    try:
-        server.server_bind()
-    except OSError as exc:
-        server.server_close()
-        return _bind_failed(args.host, args.port, exc)
+    server = None
+    if args.node_rank == 0:  # only rank 0 of a multi-node server serves HTTP
+        try:
+            server = SimHTTPServer((args.host, args.port), engine)
+        except OSError as exc:
+            return _bind_failed(args.host, args.port, exc)
+        try:
+            server.server_bind()
+        except OSError as exc:
+            server.server_close()
+            return _bind_failed(args.host, args.port, exc)
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
@@ -1145,12 +1210,14 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args, version, config, engine, server, ranks, spec)
     finally:
         stop_ranks(config, ranks)
-        server.server_close()
+        if server is not None:
+            server.server_close()
 
 
 def _run(args, version, config, engine: Engine, server: SimHTTPServer, ranks: list[Rank],
          spec: Speculation) -> int:
-    world = args.tp_size * args.dp_size
+    # --tp-size is the whole server's: each of --nnodes nodes runs its share of the ranks
+    world = args.tp_size * args.dp_size // max(1, args.nnodes)
     count = int(config["gpu_count"])
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     physical = [int(x) for x in visible.split(",") if x.strip()] if visible else list(range(count))
@@ -1170,6 +1237,13 @@ def _run(args, version, config, engine: Engine, server: SimHTTPServer, ranks: li
 
     total = int(config["gpu_total_mib"])
     log("Init torch distributed begin.", tp=0)
+    if args.nnodes > 1:
+        failed = rendezvous(args)
+        if failed == "interrupted":
+            return 0
+        if failed:
+            scheduler_exception(0, LOAD_FRAMES[:3], failed)
+            return 1
     others = gpu_usage_by_others(config, exclude=set())
     ranks.extend(spawn_ranks(config, gpus))
     free = [total - others[g] for g in gpus]
@@ -1194,6 +1268,9 @@ def _run(args, version, config, engine: Engine, server: SimHTTPServer, ranks: li
         if STOP.wait(load_s / steps):
             log("Received SIGTERM while loading; shutting down.")
             return 0
+        if PEER_LOST:
+            scheduler_exception(0, LOAD_FRAMES[:4], PEER_LOST[0])
+            return 1
         dead = [r for r in ranks if r.proc.poll() is not None]
         if dead:
             log(f"Child process unexpectedly failed with exitcode={dead[0].proc.returncode}. "
@@ -1245,6 +1322,13 @@ def _run(args, version, config, engine: Engine, server: SimHTTPServer, ranks: li
         f"context_len={args.context_length or 262144}, "
         f"available_gpu_mem={capacity_gib(total - final_mib):.2f} GB", tp=0)
 
+    if server is None:
+        log(f"node rank {args.node_rank}: weights loaded; no HTTP server on this node (rank 0 serves)")
+        while not STOP.wait(0.2):
+            if PEER_LOST:
+                scheduler_exception(0, LOAD_FRAMES[:1], PEER_LOST[0])
+                return 1
+        return 0
     try:
         server.server_activate()
     except OSError as exc:
@@ -1264,6 +1348,9 @@ def _run(args, version, config, engine: Engine, server: SimHTTPServer, ranks: li
     log("The server is fired up and ready to roll!")
 
     while not STOP.wait(0.2):
+        if PEER_LOST:
+            scheduler_exception(0, LOAD_FRAMES[:1], PEER_LOST[0])
+            return 1
         dead = [r for r in ranks if r.proc.poll() is not None]
         if dead and engine.schedulers_alive:
             engine.schedulers_alive = False
