@@ -1,0 +1,181 @@
+"""Fleets, pure parts: router/nodes config, the router's and SGLang's answers parsed strictly,
+batches, the router argv, the multi-node flags."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy.config import load_config
+from deploy.config.models import Host, Run
+from deploy.errors import ConfigError, ExitCode, RemoteOutputError
+from deploy.fleet.nodes import dist_init_addr, node_run
+from deploy.fleet.phases import batches, check_serial, default_serial
+from deploy.fleet.router import (FLEET_OPS, modern_api, parse_loads, parse_workers, router_argv, start_command,
+                                 worker_url)
+from deploy.fleet.rolling import with_router_spared
+from deploy.playbook import load_playbook
+
+BASE = """\
+hosts:
+  - {name: a, address: 10.0.0.1, groups: [g]}
+  - {name: b, address: 10.0.0.2, groups: [g]}
+  - {name: c, address: 10.0.0.3, groups: [g]}
+runs:
+  - name: r
+    base_model: /m
+    drafter: /d
+"""
+
+
+def load(tmp_path, extra: str):
+    path = tmp_path / "deployctl.yaml"
+    path.write_text(BASE + extra)
+    return load_config(path)
+
+
+def test_router_config_defaults(tmp_path):
+    config = load(tmp_path, "    group: g\n    router: {host: a}\n")
+    spec = config.runs[0].router
+    assert (spec.port, spec.policy, spec.python) == (30080, "cache_aware", "python3")
+
+
+BAD_ROUTER = [
+    ("    group: g\n    router: {host: zz}\n", "unknown host 'zz'"),
+    ("    group: g\n    router: {host: a, policy: fastest}\n", "policy"),
+    ("    group: g\n    router: {host: a, port: 0}\n", "port"),
+    ("    group: g\n    router: {host: a, hosts: [b]}\n", "hosts"),
+    ("    group: g\n    router: {host: a, python: '-x'}\n", "starts with '-'"),
+] + [
+    # every option deployctl sets for the router, written whole, with '=', or abbreviated
+    (f"    group: g\n    router: {{host: a, extra_args: ['{arg}']}}\n", "deployctl sets")
+    for flag in ("--host", "--port", "--policy", "--worker-urls")
+    for arg in (flag, flag + "=x", flag[:-1] if len(flag) > 6 else flag)
+] + [
+    ("    nodes: [a]\n", "at least 2"),
+    ("    nodes: [a, a]\n", "twice"),
+    ("    nodes: [a, zz]\n", "unknown host 'zz'"),
+    ("    nodes: [a, b]\n    group: g\n", "exactly one of"),
+    ("    nodes: [a, b]\n    router: {host: c}\n", "not supported yet"),
+    ("    nodes: [a, b]\n    dist_init_port: 70000\n", "dist_init_port"),
+]
+
+
+@pytest.mark.parametrize("extra,fragment", BAD_ROUTER)
+def test_bad_fleet_config_is_refused_naming_the_field(tmp_path, extra, fragment):
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, extra)
+    assert fragment in str(err.value), str(err.value)
+    assert err.value.exit_code == ExitCode.CONFIG
+
+
+WORKERS_03 = {"workers": [{"id": "019d", "url": "http://10.0.0.1:30000", "is_healthy": True, "load": 0,
+                           "model_id": "/m", "priority": 50}], "total": 1}
+
+
+def test_parse_workers_both_apis():
+    assert parse_workers(json.dumps(WORKERS_03), "a") == [
+        {"id": "019d", "url": "http://10.0.0.1:30000", "is_healthy": True, "load": 0}]
+    assert parse_workers(json.dumps({"urls": ["http://x:1"]}), "a")[0]["url"] == "http://x:1"
+
+
+@pytest.mark.parametrize("body", [
+    "", "null", "[]", "{}", '{"workers": 3}', '{"workers": [{"url": "x"}]}', '{"workers": [{"id": 1}]}',
+    '{"urls": 5}', "<html>502 Bad Gateway</html>", "[" * 5000 + "]" * 5000,
+])
+def test_parse_workers_refuses_anything_else(body):
+    with pytest.raises(RemoteOutputError):
+        parse_workers(body, "a")
+
+
+def test_parse_loads_sums_running_and_waiting_over_dp_ranks():
+    body = {"loads": [{"dp_rank": 0, "num_running_reqs": 2, "num_waiting_reqs": 1},
+                      {"dp_rank": 1, "num_running_reqs": 0, "num_waiting_reqs": 0}]}
+    assert parse_loads(json.dumps(body), "w") == 3
+    assert parse_loads(json.dumps({"loads": [{"num_running_reqs": 0}]}), "w") == 0
+
+
+@pytest.mark.parametrize("body", ["", "{}", '{"loads": []}', '{"loads": [{}]}', '{"loads": [{"num_running_reqs": "x"}]}',
+                                  '{"loads": {"num_running_reqs": 0}}', "Not Found"])
+def test_parse_loads_refuses_anything_else(body):
+    # an answer we cannot read must never count as "drained"
+    with pytest.raises(RemoteOutputError):
+        parse_loads(body, "w")
+
+
+@pytest.mark.parametrize("version,modern", [("0.3.2", True), ("0.3.0", True), ("1.0.0", True), ("0.2.4", False),
+                                            ("0.1.9", False)])
+def test_management_api_by_version(version, modern):
+    assert modern_api(version) is modern
+
+
+def test_management_api_refuses_a_non_version():
+    with pytest.raises(RemoteOutputError):
+        modern_api("dev")
+
+
+def hosts(n: int) -> list[Host]:
+    return [Host(name=f"h{i}", address=f"10.0.0.{i + 1}") for i in range(n)]
+
+
+def test_batches_and_default_serial():
+    hs = hosts(5)
+    assert [[h.name for h in b] for b in batches(hs, 2)] == [["h0", "h1"], ["h2", "h3"], ["h4"]]
+    run = Run(name="r", hosts=["h0"], base_model="/m", drafter="/d")
+    assert default_serial(run, hs) == 5
+    routed = Run.model_validate(run.model_dump() | {"router": {"host": "h0"}})
+    assert default_serial(routed, hs) == 1
+    check_serial(4, hs, routed, allow_downtime=False)
+    with pytest.raises(Exception, match="--allow-downtime"):
+        check_serial(5, hs, routed, allow_downtime=False)
+    check_serial(5, hs, routed, allow_downtime=True)
+
+
+def test_router_argv_and_start_command_quote_everything():
+    run = Run.model_validate({"name": "r", "hosts": ["h0"], "base_model": "/m", "drafter": "/d",
+                              "router": {"host": "h0", "port": 31000, "policy": "round_robin",
+                                         "python": "/opt/router venv/bin/python", "extra_args": ["--log-level", "warn"]}})
+    h0 = hosts(1)[0]
+    argv = router_argv(run.router, h0, [worker_url(run, h0)])
+    assert argv[:3] == ["/opt/router venv/bin/python", "-m", "sglang_router.launch_router"]
+    assert argv[argv.index("--worker-urls") + 1:] == ["http://10.0.0.1:30000"]
+    assert argv[argv.index("--port") + 1] == "31000"
+    command = start_command(run.router, h0, ["http://10.0.0.1:30000"], "router-x.log")
+    assert "'/opt/router venv/bin/python'" in command and "setsid nohup" in command
+
+
+def test_stop_stale_spares_the_router_only_when_there_is_one():
+    run = Run(name="r", hosts=["h0"], base_model="/m", drafter="/d")
+    playbook = load_playbook("restart")
+    assert with_router_spared(playbook, run) is playbook
+    routed = Run.model_validate(run.model_dump() | {"router": {"host": "h0"}})
+    spared = with_router_spared(playbook, routed)
+    exclude = next(s for s in spared.steps if s.name == "stop-stale").settings.exclude
+    assert "sglang::router" in exclude and "sglang_router" in exclude and "unattended-upgrade" in exclude
+
+
+def test_node_flags_are_the_same_but_the_rank():
+    run = Run(name="r", nodes=["h0", "h1"], base_model="/m", drafter="/d", port=30000)
+    addr = dist_init_addr(run, hosts(1)[0])
+    assert addr == "10.0.0.1:30001"
+    a, b = node_run(run, 0, 2, addr), node_run(run, 1, 2, addr)
+    assert a.extra_args == ["--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "10.0.0.1:30001"]
+    assert b.extra_args == ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:30001"]
+
+
+def test_fleet_ops_helper_refuses_bad_usage_and_reads_a_missing_pidfile(tmp_path):
+    out = subprocess.run([sys.executable, str(FLEET_OPS), "nonsense"], capture_output=True, text=True)
+    assert out.returncode == 2 and "usage" in out.stderr
+    out = subprocess.run([sys.executable, str(FLEET_OPS), "stop-router", str(tmp_path / "none.pid")],
+                         capture_output=True, text=True)
+    doc = json.loads(out.stdout)
+    assert doc["stopped"] is False and "no router running" in doc["note"]
+    # a PID file naming some other process (this test) is never signalled
+    pidfile = tmp_path / "r.pid"
+    pidfile.write_text(f"{__import__('os').getpid()}\n")
+    out = subprocess.run([sys.executable, str(FLEET_OPS), "stop-router", str(pidfile)], capture_output=True, text=True)
+    assert json.loads(out.stdout)["stopped"] is False
