@@ -27,8 +27,26 @@ def doctor(globals_, run_name, host_names, as_json: bool) -> int:
         with HostConnection(host, config.ssh) as conn:
             return diagnose(conn, host, run, run.draft_tokens, fix_keys_will_run=False)[0]
 
+    outcomes = for_each_host(hosts, work, config.ssh.max_parallel)
+    if run.router is not None and not host_names:
+        from deploy.fleet.doctor import router_checks
+
+        router_host = config.host(run.router.host)
+
+        def router_work(host):
+            with HostConnection(host, config.ssh) as conn:
+                return router_checks(conn, host, run)
+
+        [extra] = for_each_host([router_host], router_work, 1)
+        mine = next((o for o in outcomes if o.host.name == router_host.name), None)
+        if mine is None:
+            outcomes.append(extra)  # the router runs on a host that is not a replica
+        elif mine.value is not None and extra.value is not None:
+            mine.value = list(mine.value) + extra.value
+        elif mine.error is None:
+            mine.value, mine.error = None, extra.error
     results, code = [], ExitCode.OK
-    for outcome in for_each_host(hosts, work, config.ssh.max_parallel):
+    for outcome in outcomes:
         if outcome.error is not None:
             error = outcome.error
             checks = [{"name": "reachable", "status": "fail", "reason": str(error),

@@ -27,9 +27,21 @@ def gpu_status(globals_, host_names: tuple[str, ...], group: str | None, as_json
 
     with JumpConnections() as jumps:
         outcomes = for_each_host(hosts, work, config.ssh.max_parallel)
+        routers = []
+        if any(r.router is not None for r in config.runs):
+            from deploy.fleet.plan import router_status
+
+            routers = router_status(config, hosts, jumps)
     endpoints = describe_endpoints(hosts, config.ssh)
     if as_json:
-        render.print_json(render.gpu_status_document(outcomes, endpoints))
+        document = render.gpu_status_document(outcomes, endpoints)
+        if routers:
+            document["routers"] = routers
+        render.print_json(document)
     else:
         render.gpu_status_tables(outcomes, render.console(), endpoints)
+        if routers:
+            from deploy.fleet.plan import print_router_status
+
+            print_router_status(routers)
     return int(worst_exit_code(outcomes))

@@ -15,6 +15,9 @@ host: that is where the router reaches the workers from, so what works here work
         GRACE: {"pid", "stopped": bool, "signal": "TERM"|"KILL"|null, "note"}
     fleet_ops.py router-state PIDFILE URL
         {"pid", "alive", "status", "body"} (URL: the router's GET /workers)
+    fleet_ops.py port-check ADDRESS PORT PIDFILE
+        {"listening": bool, "ours": bool}: something accepts on ADDRESS:PORT; ours = the router
+        named by PIDFILE is alive (then it is the one listening)
 """
 
 import json
@@ -147,6 +150,16 @@ def router_state(pidfile: str, url: str, timeout: float) -> dict:
     return out
 
 
+def port_check(address: str, port: int, pidfile: str) -> dict:
+    try:
+        socket.create_connection((address, port), timeout=2).close()
+        listening = True
+    except OSError:
+        listening = False
+    pid = _pid_of(pidfile)
+    return {"listening": listening, "ours": bool(listening and pid is not None and _is_router(pid))}
+
+
 def main(argv) -> int:
     timeout = 10.0
     if "--timeout" in argv:
@@ -162,10 +175,12 @@ def main(argv) -> int:
         out = router_version()
     elif argv and argv[0] == "stop-router" and len(argv) == 2:
         out = stop_router(argv[1], timeout)
+    elif argv and argv[0] == "port-check" and len(argv) == 4 and argv[2].isdigit():
+        out = port_check(argv[1], int(argv[2]), argv[3])
     elif argv and argv[0] == "router-state" and len(argv) == 3:
         out = router_state(argv[1], argv[2], timeout)
     else:
-        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | stream URL BODY | router-version | stop-router PIDFILE | router-state PIDFILE URL\n")
+        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | stream URL BODY | router-version | stop-router PIDFILE | router-state PIDFILE URL | port-check ADDRESS PORT PIDFILE\n")
         return 2
     sys.stdout.write(json.dumps(out) + "\n")
     return 0

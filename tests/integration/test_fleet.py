@@ -72,6 +72,14 @@ def worker_url(sandbox, host: str) -> str:
 def test_up_with_router_reaches_every_replica_and_down_stops_all(clean_sandbox, tmp_path, capsys):
     sb = clean_sandbox
     path = fleet_config(sb, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "plan", "--json")
+    assert code == 0
+    assert doc["fleet"]["batches"] == [["sb1"], ["sb2"], ["sb3"]]
+    assert doc["fleet"]["router"]["argv"][-4:] == ["--worker-urls"] + [worker_url(sb, h) for h in HOSTS]
+    code, doc = cli_json(capsys, "-c", str(path), "doctor", "--json")
+    checks = {c["name"]: c for c in next(h for h in doc["hosts"] if h["host"] == "sb1")["checks"]}
+    assert checks["router-package"]["status"] == "pass" and "0.3.2" in checks["router-package"]["reason"]
+    assert checks["router-port"]["status"] == "pass", checks["router-port"]
     code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
     assert code == 0, summary(doc)
     phases = [p["phase"] for p in doc["fleet"]["phases"]]
@@ -89,6 +97,12 @@ def test_up_with_router_reaches_every_replica_and_down_stops_all(clean_sandbox, 
     assert all(after[h] >= before[h] + 1 for h in HOSTS), (before, after)
     ok, why = stream_once(sb.host("sb1").address, ROUTER_PORT)
     assert ok, why
+    code, doc = cli_json(capsys, "-c", str(path), "gpu-status", "--json")
+    [router] = doc["routers"]
+    assert router["alive"] and sorted(w["url"] for w in router["workers"]) == sorted(worker_url(sb, h) for h in HOSTS)
+    code, doc = cli_json(capsys, "-c", str(path), "doctor", "--json")
+    checks = {c["name"]: c for c in next(h for h in doc["hosts"] if h["host"] == "sb1")["checks"]}
+    assert checks["router-port"]["status"] == "pass" and "deployctl started" in checks["router-port"]["reason"]
 
     pid = int(sb.run("sb1", "cat ~/.deployctl/router/router.pid").stdout)
     code, doc = cli_json(capsys, "-c", str(path), "down", "--json")
@@ -259,3 +273,21 @@ def test_rank1_dying_during_load_tears_down_both_nodes(clean_sandbox, tmp_path, 
         "died" in phases["rank 0 ready and verified sb1"]["detail"], phases
     assert phases["stop every node"]["status"] == "ok"
     assert not running(sb, "sb1") and not running(sb, "sb2")
+
+
+def test_doctor_fails_a_router_host_without_sglang_router(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = write_config(sb, tmp_path, run={"env": FAST, "router": {"host": "sb2", "port": ROUTER_PORT,
+                                                                    "python": "python3"}})
+    # something else listens on the router's port
+    sb.run("sb2", f"setsid nohup python3 -c \"import socket,time; s=socket.socket(); "
+                  f"s.bind(('{sb.host('sb2').address}', {ROUTER_PORT})); s.listen(); time.sleep(60)\" "
+                  "> /dev/null 2>&1 < /dev/null &")
+    time.sleep(0.5)
+    code, doc = cli_json(capsys, "-c", str(path), "doctor", "--json")
+    assert code == ExitCode.VERIFY
+    checks = {c["name"]: c for c in next(h for h in doc["hosts"] if h["host"] == "sb2")["checks"]}
+    assert checks["router-package"]["status"] == "fail"
+    assert "sglang-router is not installed" in checks["router-package"]["reason"]
+    assert "pip install sglang-router" in checks["router-package"]["fix"]
+    assert checks["router-port"]["status"] == "fail" and f":{ROUTER_PORT}" in checks["router-port"]["reason"]
