@@ -68,6 +68,8 @@ def _drain(batch: tuple[Host, ...]):
 def _add(batch: tuple[Host, ...]):
     def action(state: RunState) -> str:
         serving = _serving(state, batch)
+        # taken out but never redeployed (the drain timed out): still serving what it served
+        serving += [h for h in batch if h.name not in state.reports and "out" in state.rotation.get(h.name, {})]
         if not serving:
             return "no host of this batch serves a verified deployment: none added"
         router = open_router(state)
