@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from deploy.errors import ExitCode
 from tests.integration.fleet_client import StreamingClient, stream_once
@@ -140,7 +141,8 @@ def test_rolling_restart_with_streaming_client_fails_no_request(clean_sandbox, t
     old = {h: server_pid(sb, h) for h in HOSTS}
     for host in HOSTS:
         new_checkpoint(sb, host)
-    with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=3) as client:
+    # long streams (~0.7 s each): every removal finds requests in flight, which must run to the end
+    with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=3, max_new_tokens=2048) as client:
         time.sleep(0.5)
         code, doc = cli_json(capsys, "-c", str(path), "restart", "--serial", "1", "--json")
         time.sleep(0.5)
@@ -148,6 +150,8 @@ def test_rolling_restart_with_streaming_client_fails_no_request(clean_sandbox, t
     stats = client.stats
     assert stats.failed == 0, stats.errors[:5]
     assert stats.ok >= 20, stats.ok
+    long_ones = [end - start for start, end, ok in stats.timeline if ok]
+    assert sorted(long_ones)[len(long_ones) // 2] > 0.3, "the streams were too short to test draining"
     assert all(server_pid(sb, h) != old[h] for h in HOSTS)  # every replica really was redeployed
     rotation = doc["fleet"]["rotation"]
     assert sorted(rotation) == list(HOSTS)
@@ -291,3 +295,34 @@ def test_doctor_fails_a_router_host_without_sglang_router(clean_sandbox, tmp_pat
     assert "sglang-router is not installed" in checks["router-package"]["reason"]
     assert "pip install sglang-router" in checks["router-package"]["fix"]
     assert checks["router-port"]["status"] == "fail" and f":{ROUTER_PORT}" in checks["router-port"]["reason"]
+
+
+def test_drain_timeout_leaves_the_batch_serving_and_back_in_the_router(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = fleet_config(sb, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    old = {h: server_pid(sb, h) for h in HOSTS}
+    text = yaml.safe_load(path.read_text())
+    text["runs"][0]["router"]["drain_timeout_s"] = 0.5
+    path.write_text(yaml.safe_dump(text))
+    new_checkpoint(sb, "sb1")
+    # a request straight to sb1 that runs ~6 s: taken out of the router, sb1 still has it in flight
+    import threading
+
+    finished = []
+    worker = threading.Thread(target=lambda: finished.append(stream_once(sb.host("sb1").address, 30000, 16384)),
+                              daemon=True)
+    worker.start()
+    time.sleep(0.3)
+    code, doc = cli_json(capsys, "-c", str(path), "restart", "--serial", "1", "--json")
+    worker.join(timeout=60)
+    assert code == ExitCode.TIMEOUT, summary(doc)
+    phases = {p["phase"]: p for p in doc["fleet"]["phases"]}
+    assert phases["batch 1/3 drain sb1"]["status"] == "failed"
+    assert "in flight after the drain timeout" in phases["batch 1/3 drain sb1"]["detail"]
+    assert phases["batch 1/3 redeploy sb1"]["status"] == "not-run"
+    assert phases["batch 1/3 router-add sb1"]["status"] == "ok"
+    assert {h: server_pid(sb, h) for h in HOSTS} == old  # nothing was redeployed
+    assert finished == [(True, "")]  # the long request ran to its end
+    assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in HOSTS)
