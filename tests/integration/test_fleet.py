@@ -326,3 +326,22 @@ def test_drain_timeout_leaves_the_batch_serving_and_back_in_the_router(clean_san
     assert {h: server_pid(sb, h) for h in HOSTS} == old  # nothing was redeployed
     assert finished == [(True, "")]  # the long request ran to its end
     assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in HOSTS)
+
+
+def test_nightly_behind_the_router_rolls_one_at_a_time_and_converges(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = fleet_config(sb, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    pids = {h: server_pid(sb, h) for h in HOSTS}
+    new_checkpoint(sb, "sb2")
+    with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=2) as client:
+        code, doc = cli_json(capsys, "-c", str(path), "nightly", "--json")
+    assert code == 0, summary(doc)
+    outcomes = {h["host"]: h["outcome"] for h in doc["hosts"]}
+    assert outcomes == {"sb1": "converged", "sb2": "ok", "sb3": "converged"}
+    assert [p["phase"] for p in doc["fleet"]["phases"] if "redeploy" in p["phase"]] == [
+        "batch 1/3 redeploy sb1", "batch 2/3 redeploy sb2", "batch 3/3 redeploy sb3"]
+    assert server_pid(sb, "sb2") != pids["sb2"] and server_pid(sb, "sb1") == pids["sb1"]
+    assert client.stats.failed == 0, client.stats.errors[:5]
+    assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in HOSTS)
