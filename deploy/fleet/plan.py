@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from deploy.fleet.phases import batches, default_serial
-from deploy.fleet.router import RouterPaths, ops_command, router_argv, router_url, worker_url
+from deploy.fleet.router import RouterPaths, router_argv, router_url, worker_url
 
 
 def plan_fleet(config, run, hosts, command: str, serial: int | None, allow_downtime: bool) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def plan_fleet(config, run, hosts, command: str, serial: int | None, allow_downt
                           "POST /workers {\"url\"} for the hosts that serve a verified deployment; poll GET /workers"],
             "end": "start the router if it is not running (detached, PID file and log in the state dir); "
                    "one POST /generate through it must answer",
-            "stop": ops_command(host.python, "stop-router", paths.pidfile)[:80] + " ...",
+            "stop": f"{host.python} -c <deploy/remote/fleet_ops.py> stop-router {paths.pidfile} (down)",
         }
     return document
 

@@ -77,6 +77,23 @@ WORKERS_03 = {"workers": [{"id": "019d", "url": "http://10.0.0.1:30000", "is_hea
                            "model_id": "/m", "priority": 50}], "total": 1}
 
 
+#: captured from sglang-router 0.3.2 (GET /workers after POST /workers {"url": ...}), addresses changed
+CAPTURED_WORKERS = (
+    '{"workers":[{"id":"019df326-c7b2-48a1-b115-246a4750851a","url":"http://127.0.0.1:38001","model_id":"/m",'
+    '"priority":50,"cost":1.0,"worker_type":"regular","is_healthy":true,"load":0,"connection_mode":"HTTP",'
+    '"metadata":{"dp_size":"1","model_path":"/m","tp_size":"8"},"disable_health_check":false},'
+    '{"id":"eada6157-f8b4-4316-af40-c4b4f21944ff","url":"http://127.0.0.1:38002","model_id":"/m","priority":50,'
+    '"cost":1.0,"worker_type":"regular","is_healthy":true,"load":0,"connection_mode":"HTTP","metadata":'
+    '{"tp_size":"8","dp_size":"1","model_path":"/m"},"disable_health_check":false}],"total":2,'
+    '"stats":{"prefill_count":0,"decode_count":0,"regular_count":2}}')
+
+
+def test_parse_workers_captured_from_the_real_router():
+    workers = parse_workers(CAPTURED_WORKERS, "a")
+    assert [(w["id"][:8], w["url"], w["is_healthy"]) for w in workers] == [
+        ("019df326", "http://127.0.0.1:38001", True), ("eada6157", "http://127.0.0.1:38002", True)]
+
+
 def test_parse_workers_both_apis():
     assert parse_workers(json.dumps(WORKERS_03), "a") == [
         {"id": "019d", "url": "http://10.0.0.1:30000", "is_healthy": True, "load": 0}]
