@@ -105,13 +105,19 @@ class HeldCommand:
     def running(self) -> bool:
         return not self._channel.closed and not self._channel.exit_status_ready()
 
-    def close(self, farewell: bytes = b"release\n") -> None:
-        """Say ``farewell`` on its stdin (a clean release, as opposed to our death), then EOF."""
+    def close(self, farewell: bytes = b"release\n", wait_s: float = 10.0) -> None:
+        """Say ``farewell`` on its stdin (a clean release, as opposed to our death), then EOF.
+
+        Waits (bounded) for the command to exit before closing: the lock helper removes its owner
+        file and drops the flock only then, and a script's next deployctl, started the moment this
+        one returns, must find the lock free (not refused with exit 9 by our own leftover).
+        """
         try:
             if not self._channel.closed:
                 if farewell:
                     self._channel.sendall(farewell)
                 self._channel.shutdown_write()
+                self._channel.status_event.wait(wait_s)
                 self._channel.close()
         except Exception:  # noqa: BLE001 - best effort: a dead channel has released the lock already
             pass
