@@ -22,7 +22,7 @@ from deploy.config.models import Config, Host, Run
 from deploy.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied
 from deploy.facts.server import (last_good_path, parse_record, parse_server_state, read_record_command,
                                  same_deployment, server_state_command)
-from deploy.fanout import for_each_host
+from deploy.fanout import exit_code, for_each_host
 from deploy.playbook import Playbook, PlannedStep
 from deploy.steps import REGISTRY
 from deploy.steps.base import PlannedCommand, StepContext
@@ -395,9 +395,3 @@ def run_playbook(config: Config, playbook: Playbook, run: Run, hosts: Sequence[H
             reports.append(HostReport(outcome.host, error=outcome.error))
     return reports
 
-
-def exit_code(reports: Sequence[HostReport]) -> ExitCode:
-    for report in reports:
-        if report.error is not None:
-            return ExitCode(report.error.exit_code)
-    return ExitCode.OK

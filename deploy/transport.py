@@ -156,11 +156,6 @@ def describe_endpoints(hosts, ssh: SSHSettings) -> dict[str, dict]:
     return out
 
 
-def known_hosts_name(host: Host) -> str:
-    """The name OpenSSH and paramiko use in known_hosts for this host (YAML address and port)."""
-    return host.address if host.port == 22 else f"[{host.address}]:{host.port}"
-
-
 # -- one hop: host key policy, keys, the fabric Connection ----------------------------------------
 
 

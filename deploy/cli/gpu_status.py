@@ -15,7 +15,8 @@ def gpu_status(globals_, host_names: tuple[str, ...], group: str | None, as_json
     from deploy import render
     from deploy.cli.common import select_hosts
     from deploy.facts.gpus import read_gpus
-    from deploy.fanout import for_each_host, worst_exit_code
+    from deploy.fanout import for_each_host
+    from deploy.orchestrator import exit_code
     from deploy.transport import HostConnection, JumpConnections, describe_endpoints
 
     config = globals_.load()
@@ -32,4 +33,4 @@ def gpu_status(globals_, host_names: tuple[str, ...], group: str | None, as_json
         render.print_json(render.gpu_status_document(outcomes, endpoints))
     else:
         render.gpu_status_tables(outcomes, render.console(), endpoints)
-    return int(worst_exit_code(outcomes))
+    return int(exit_code(outcomes))

@@ -192,7 +192,8 @@ def plan(globals_, playbook: str, run_name, host_names, draft_tokens, as_json) -
 @click.pass_obj
 def logs(globals_, run_name, host_names, lines: int, follow: bool) -> int:
     """Show the latest SGLang server log of the run's hosts."""
-    from deploy.fanout import for_each_host, worst_exit_code
+    from deploy.fanout import for_each_host
+    from deploy.orchestrator import exit_code
     from deploy.shell import quote_path
     from deploy.steps.base import StatePaths
     from deploy.transport import HostConnection, JumpConnections
@@ -223,7 +224,7 @@ def logs(globals_, run_name, host_names, lines: int, follow: bool) -> int:
             click.echo(f"error: {outcome.error}", err=True)
         else:
             click.echo(outcome.value, nl=False)
-    return int(worst_exit_code(outcomes))
+    return int(exit_code(outcomes))
 
 
 @click.command("bench")

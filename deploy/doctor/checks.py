@@ -2,7 +2,8 @@
 
 Each check returns pass / warn / fail with a one-line reason (more lines may follow) and the fix.
 A check that cannot decide (a file unreadable, the SGLang version unknown) warns and says so; it
-never passes silently. Version boundaries are from ../shared/reference/sglang-eagle3.md.
+never passes silently. Version boundaries are the SGLang releases (0.5.6 - 0.5.23 wheels)
+where each behaviour was seen, with the PR where one is known, cited at each check.
 """
 
 from __future__ import annotations

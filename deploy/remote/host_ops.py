@@ -7,7 +7,7 @@ which the orchestrator parses strictly. Importable locally for tests.
 
 Commands:
   stop-processes  SIGTERM, wait up to a grace period, SIGKILL: every python3 process of this user
-                  (the seeds' ``killall python3``) or only the server recorded in a PID file.
+                  (the hand-run ``killall python3``) or only the server recorded in a PID file.
   probe           Is the server PID alive, what does GET /health answer, what is the last log line.
   server-state    The PID file's server: alive, /health, and the deployment record launch wrote.
   accept-check    Greedy /generate requests; the measured speculative accept length.

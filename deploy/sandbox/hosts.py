@@ -7,7 +7,7 @@ nodes), ``~/.sim/config.json``, a synthetic speculators-format drafter and a bas
 
 Why a Unix user per host: the hosts share this machine's process table. "Kill stale python3" run
 on a host that logged in as root would kill the test runner and every other host's servers
-(reference section 8). A host's user sees and signals only its own processes.
+(as it did when this sandbox shared one process table). A host's user sees and signals only its own processes.
 
 Why its own 127.0.0.x address: the hosts share one network stack; two servers on port 30000 must
 not collide unless they are on the same host.

@@ -55,10 +55,6 @@ class StatePaths:
         return path_join(self.root, "server.pid")
 
     @property
-    def launch_record(self) -> str:
-        return path_join(self.root, "launch.json")
-
-    @property
     def drafters(self) -> str:
         return path_join(self.root, "drafters")
 

@@ -1,6 +1,6 @@
 """stop-stale: SIGTERM, a grace period, then SIGKILL for stale python3 processes.
 
-Scope ``user`` is the seeds' ``killall python3`` (every python3 process of the deploy user),
+Scope ``user`` is the hand-run procedure's ``killall python3`` (every python3 process of the deploy user),
 which also catches SGLang's renamed TP workers that ``killall`` misses; ``pidfile`` stops only the
 server deployctl launched (and its session). The helper never kills itself or its parents.
 """

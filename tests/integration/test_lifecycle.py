@@ -285,7 +285,7 @@ def test_logs_follow_streams_and_stops_on_ctrl_c(clean_sandbox, tmp_path, capsys
 
 
 def test_bench_sweep_redeploys_per_draft_token_count(clean_sandbox, tmp_path, capsys):
-    """The seed's request: "Deploy and benchmark, first for 16 deep, then 10/5"."""
+    """The original request: "Deploy and benchmark, first for 16 deep, then 10/5"."""
     path = one_host_config(clean_sandbox, tmp_path)
     code, doc = cli_json(capsys, "-c", str(path), "bench", "--json", "--draft-tokens", "16", "--draft-tokens", "5",
                          "--num-prompts", "4", "--output-len", "64", "--input-len", "32")

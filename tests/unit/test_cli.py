@@ -69,3 +69,50 @@ def test_config_from_environment(tmp_path, monkeypatch, capsys):
 def test_logs_refuses_a_host_outside_the_run(capsys):
     assert main(["-c", EXAMPLE, "logs", "--host", "nope"]) == ExitCode.USAGE
     assert "--host 'nope' is not a host of run" in capsys.readouterr().err
+
+
+def _bug(*_args, **_kwargs):
+    raise RuntimeError("simulated bug")
+
+
+def test_a_bug_is_one_line_without_traceback_flag(monkeypatch, capsys):
+    monkeypatch.setattr("deploy.config.load_config", _bug)
+    assert main(["-c", EXAMPLE, "gpu-status"]) == ExitCode.FAILED
+    err = capsys.readouterr().err
+    assert err.strip() == "internal error: RuntimeError: simulated bug (run with --traceback)"
+
+
+def test_traceback_flag_prints_the_traceback(monkeypatch, capsys):
+    monkeypatch.setattr("deploy.config.load_config", _bug)
+    assert main(["--traceback", "-c", EXAMPLE, "gpu-status"]) == ExitCode.FAILED
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "_bug" in err
+    assert err.rstrip().endswith("internal error: RuntimeError: simulated bug")
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_a_bug_on_one_host_keeps_the_others_and_its_traceback(flag, capsys):
+    from deploy import errors
+    from deploy.config import load_config
+    from deploy.fanout import exit_code, for_each_host
+
+    first = load_config(Path(EXAMPLE)).hosts[0]
+    hosts = [first.model_copy(update={"name": f"h{i}"}) for i in range(3)]
+
+    def work(host):
+        if host.name == hosts[0].name:
+            raise KeyError("boom")
+        return host.name
+
+    errors.show_tracebacks = flag
+    try:
+        outcomes = for_each_host(hosts, work, max_parallel=4)
+    finally:
+        errors.show_tracebacks = False
+    assert [o.value for o in outcomes[1:]] == [h.name for h in hosts[1:]]
+    error = outcomes[0].error
+    assert isinstance(error.__cause__, KeyError) and error.exit_code == ExitCode.FAILED
+    assert exit_code(outcomes) == ExitCode.FAILED
+    err = capsys.readouterr().err
+    assert ("(run with --traceback)" in str(error)) is not flag
+    assert ("Traceback (most recent call last)" in err) is flag
