@@ -67,17 +67,16 @@ def cli(ctx: click.Context, config_path: Path | None, accept_new_host_keys: bool
     ctx.obj = Globals(config_path=config_path, accept_new_host_keys=accept_new_host_keys)
 
 
-def _register() -> None:
-    from deploy.cli import doctor, fix_keys, gpu_status, history, lifecycle, nightly, sandbox
+#: every verb, one module each under deploy/cli/ (each defines ``command``), in --help order.
+VERBS = ("up", "restart", "down", "plan", "bench", "nightly", "doctor", "gpu_status", "logs", "history",
+         "fix_keys", "sandbox")
 
-    cli.add_command(doctor.doctor)
-    cli.add_command(gpu_status.gpu_status)
-    cli.add_command(history.history)
-    cli.add_command(nightly.nightly)
-    cli.add_command(fix_keys.fix_keys)
-    cli.add_command(sandbox.sandbox)
-    for command in lifecycle.COMMANDS:
-        cli.add_command(command)
+
+def _register() -> None:
+    import importlib
+
+    for module in VERBS:
+        cli.add_command(importlib.import_module(f"deploy.cli.{module}").command)
 
 
 _register()

@@ -15,7 +15,7 @@ import click
     add_help_option=False,
 )
 @click.pass_context
-def sandbox(ctx: click.Context) -> int:
+def command(ctx: click.Context) -> int:
     """Local SIMULATED GPU hosts: real sshd on 127.0.0.x, simulated nvidia-smi and SGLang (root)."""
     from deploy.sandbox.__main__ import main
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import posixpath
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -221,6 +221,11 @@ class Run(Strict):
                 f"speculative_num_steps must be draft_tokens - 1 = {self.draft_tokens - 1} or unset"
             )
         return self
+
+    def overridden(self, **updates: Any) -> Run:
+        """This run with ``updates`` applied and validated again, cross-field rules included (a
+        command-line override is held to the same rules as the YAML); raises ValidationError."""
+        return Run.model_validate({**self.model_dump(), **updates})
 
     @field_validator("speculative_algorithm")
     @classmethod

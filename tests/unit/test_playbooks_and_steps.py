@@ -21,7 +21,7 @@ RUN = Run(name="r", hosts=["kimi-a"], base_model="/data/models/Kimi K2.5", draft
 
 def ctx_for(module, run=RUN, host=HOST, **settings):
     return StepContext(host=host, run=run, settings=module.Settings(step=module.NAME, **settings), conn=None,
-                       draft_tokens=run.draft_tokens, launch_stamp="20261129T000000Z")
+                       launch_stamp="20261129T000000Z")
 
 
 @pytest.mark.parametrize("name", ["up", "restart", "down"])
@@ -136,7 +136,7 @@ def test_stop_stale_user_scope_excludes_distribution_daemons():
 
 
 def test_plan_covers_every_step_in_order():
-    plans = plan_playbook(load_playbook("up"), RUN, [HOST], 16)
+    plans = plan_playbook(load_playbook("up"), RUN, [HOST])
     assert [name for name, _ in plans["kimi-a"]] == [s.name for s in load_playbook("up").steps]
     commands = [c.command for _, cmds in plans["kimi-a"] for c in cmds]
     assert not any("killall" in c for c in commands)
@@ -144,7 +144,7 @@ def test_plan_covers_every_step_in_order():
 
 
 def test_disabled_steps_are_not_planned():
-    plans = plan_playbook(load_playbook("down"), RUN, [HOST], 16)
+    plans = plan_playbook(load_playbook("down"), RUN, [HOST])
     assert [name for name, _ in plans["kimi-a"]] == ["ensure-helper", "stop-stale"]
 
 

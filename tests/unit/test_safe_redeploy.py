@@ -347,7 +347,7 @@ def fake_step(name: str, calls: list, fail: DeployError | None = None, skips: bo
 def test_converged_memory_skips_only_the_steps_that_stop_free_or_launch():
     calls: list = []
     steps = [fake_step("a", calls), fake_step("launch", calls, skips=True), fake_step("verify", calls)]
-    records, error, _ = _run_steps(steps, HOST, RUN, None, 16, "s", lambda *a: None, {"converged": True},
+    records, error, _ = _run_steps(steps, HOST, RUN, None, "s", lambda *a: None, {"converged": True},
                                    threading.Event())
     assert calls == ["a", "verify"] and error is None
     assert [r.status for r in records] == ["ok", "skipped", "ok"]
@@ -362,7 +362,7 @@ def test_a_lost_host_lock_stops_before_the_next_step():
         if step == "a" and message.startswith("ok"):
             held.running = False
 
-    records, error, failed_at = _run_steps(steps, HOST, RUN, None, 16, "s", drop_after_a, {"host_lock": held},
+    records, error, failed_at = _run_steps(steps, HOST, RUN, None, "s", drop_after_a, {"host_lock": held},
                                            threading.Event())
     assert calls == ["a"] and failed_at == 1 and error.exit_code == ExitCode.LOCKED
     assert [r.status for r in records] == ["ok", "failed", "not-run"]
@@ -442,7 +442,7 @@ class ScriptedHost:
 
 def wait_ctx(conn):
     return StepContext(host=HOST, run=RUN, settings=wait_ready.Settings(step="wait-ready", interval_s=0.01), conn=conn,
-                       draft_tokens=16, launch_stamp="s", memory={"pid": 7, "log": "/l/sglang-x.log"})
+                       launch_stamp="s", memory={"pid": 7, "log": "/l/sglang-x.log"})
 
 
 @pytest.mark.parametrize("status", [404, 500, 401, 302, 204])
