@@ -75,7 +75,8 @@ def _version_text(d: DoctorInput) -> str:
 def _base_dims(d: DoctorInput) -> dict[str, Any]:
     """num_hidden_layers / hidden_size / vocab_size of the target (a multimodal config nests them)."""
     config = d.facts.base_model.config or {}
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    nested = config.get("text_config")
+    text: dict = nested if isinstance(nested, dict) else {}
     dims = {}
     for key in ("num_hidden_layers", "hidden_size", "vocab_size"):
         value = text.get(key, config.get(key))

@@ -1,0 +1,144 @@
+"""Steps' run() without SSH: the product's Transport base class over a scripted wire (tests/recording.py).
+
+Each test scripts the host's answers (captured formats: fuser, nvidia-smi CSV, host_ops JSON) and
+checks what the step concluded and exactly which commands it sent.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deploy.config.models import Host, Run
+from deploy.errors import (ConnectionFailed, RemoteCommandFailed, RemoteOutputError, StepTimeout)
+from deploy.steps import free_gpus, record_good, regression_gate, stop_stale, wait_gpus_free
+from deploy.steps.base import StepContext
+from deploy.transport import ExecTimedOut
+from tests.recording import RecordingTransport, Reply
+
+HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/deployctl state")
+RUN = Run(name="r", hosts=["kimi-a"], base_model="/data/models/Kimi K2.5", drafter="/data/drafter")
+UUID = ["GPU-4a1b2c3d-0000-0000-0000-00000000000" + str(i) for i in range(2)]
+
+
+def ctx(module, conn, run=RUN, memory=None, **settings):
+    return StepContext(host=HOST, run=run, settings=module.Settings(step=module.NAME, **settings), conn=conn,
+                       launch_stamp="20261129T000000Z", memory=memory or {})
+
+
+# -- the base class: wrapper, error mapping, ~ ------------------------------------------------------
+
+
+def test_every_command_is_bounded_on_the_host_and_locally():
+    conn = RecordingTransport(HOST, [Reply("^true$")])
+    assert conn.run("true", timeout=30).ok
+    assert conn.wrapped == ["timeout --kill-after=5 30 sh -c true"] and conn.timeouts == [40]
+
+
+@pytest.mark.parametrize("raised, error", [(ExecTimedOut("x"), StepTimeout), (ConnectionError("reset"), ConnectionFailed),
+                                           (EOFError(), ConnectionFailed)])
+def test_wire_failures_become_deployctl_errors_naming_the_host(raised, error):
+    conn = RecordingTransport(HOST, [Reply("sleep", raises=raised)])
+    with pytest.raises(error) as exc:
+        conn.run("sleep 100", timeout=5)
+    assert str(exc.value).startswith("kimi-a (")
+
+
+def test_check_names_what_failed_and_its_stderr():
+    conn = RecordingTransport(HOST, [Reply("cat", exit_code=1, stderr="cat: /x: No such file or directory\n")])
+    with pytest.raises(RemoteCommandFailed) as exc:
+        conn.check("cat /x", what="reading /x")
+    assert "reading /x failed with exit code 1: cat: /x: No such file" in str(exc.value)
+
+
+def test_tilde_resolves_with_the_remote_home_and_uploads_need_absolute_paths(tmp_path):
+    conn = RecordingTransport(HOST, [], home="/home/dsb")
+    assert conn.resolve("~/a b") == "/home/dsb/a b" and conn.resolve("~") == "/home/dsb"
+    assert conn.resolve("/abs/~") == "/abs/~"
+    local = tmp_path / "f"
+    local.write_bytes(b"payload")
+    with pytest.raises(ValueError):
+        conn.put(local, "~/f")
+    conn.put(local, conn.resolve("~/f"))
+    assert conn.uploads == [("/home/dsb/f", b"payload")]
+
+
+# -- steps ------------------------------------------------------------------------------------
+
+
+def test_free_gpus_reports_the_pids_fuser_killed():
+    conn = RecordingTransport(HOST, [Reply(r"exec fuser -k", exit_code=0, stdout=" 4242 4243m 4242",
+                                           stderr="/home/x/dev/nvidia0:\n")])
+    outcome = free_gpus.run(ctx(free_gpus, conn))
+    assert outcome.data["killed"] == [4242, 4243] and conn.commands == [free_gpus.command(ctx(free_gpus, None))]
+
+
+def test_free_gpus_with_no_device_files_is_an_error_not_free():
+    conn = RecordingTransport(HOST, [Reply(r"exec fuser -k", exit_code=free_gpus.NO_DEVICE_FILES,
+                                           stderr="no GPU device files match /dev/nvidia*\n")])
+    with pytest.raises(RemoteCommandFailed) as exc:
+        free_gpus.run(ctx(free_gpus, conn))
+    assert "no GPU device files match" in str(exc.value) and "gpu_devices" in str(exc.value)
+
+
+def _stop_output(*processes, note=None):
+    return json.dumps({"processes": list(processes), "note": note})
+
+
+def test_stop_stale_lists_what_it_stopped():
+    out = _stop_output({"pid": 11, "cmdline": "python3 -m sglang.launch_server", "signal": "TERM", "exited": True},
+                       {"pid": 12, "cmdline": "python3 stubborn.py", "signal": "KILL", "exited": True})
+    conn = RecordingTransport(HOST, [Reply(r"host_ops\.py' stop-processes --scope pidfile --grace 30 --pidfile ~/'deployctl state/server\.pid'$", stdout=out)])
+    outcome = stop_stale.run(ctx(stop_stale, conn))
+    assert outcome.detail == "stopped 2 process(es), 1 needed SIGKILL"
+
+
+def test_stop_stale_survivor_of_sigkill_is_an_error():
+    out = _stop_output({"pid": 13, "cmdline": "python3 zombie", "signal": "KILL", "exited": False, "error": "D state"})
+    conn = RecordingTransport(HOST, [Reply(r"stop-processes", stdout=out)])
+    with pytest.raises(RemoteOutputError) as exc:
+        stop_stale.run(ctx(stop_stale, conn))
+    assert "survived SIGKILL: 13 python3 zombie (D state)" in str(exc.value)
+
+
+@pytest.mark.parametrize("output", ["", "not json", '{"processes": [{"pid": 1}]}', '{"processes": [{"pid": 1, '
+                                    '"cmdline": "x", "exited": true, "signal": "HUP"}]}'])
+def test_stop_stale_unexpected_output_is_never_fine(output):
+    conn = RecordingTransport(HOST, [Reply(r"stop-processes", stdout=output)])
+    with pytest.raises(RemoteOutputError):
+        stop_stale.run(ctx(stop_stale, conn))
+
+
+def _gpus(*used):
+    return "".join(f"{i}, {UUID[i]}, {mib}, 143771, {50 if mib else 0}\n" for i, mib in enumerate(used))
+
+
+def test_wait_gpus_free_polls_until_every_gpu_is_free():
+    conn = RecordingTransport(HOST, [
+        Reply(r"--query-gpu", stdout=_gpus(70000, 0), times=2),
+        Reply(r"--query-gpu", stdout=_gpus(0, 0), times=1),
+        Reply(r"--query-compute-apps", stdout=f"{UUID[0]}, 4242, 70000, python3\n", times=2),
+        Reply(r"--query-compute-apps", stdout="", times=1),
+    ])
+    outcome = wait_gpus_free.run(ctx(wait_gpus_free, conn, interval_s=0.01))
+    assert outcome.data["polls"] == 3 and len(conn.commands) == 6
+
+
+def test_wait_gpus_free_times_out_naming_the_holder():
+    conn = RecordingTransport(HOST, [Reply(r"--query-gpu", stdout=_gpus(70000, 0)),
+                                     Reply(r"--query-compute-apps", stdout=f"{UUID[0]}, 4242, 70000, python3\n")])
+    with pytest.raises(StepTimeout) as exc:
+        wait_gpus_free.run(ctx(wait_gpus_free, conn, interval_s=0.01, timeout_s=0.05))
+    assert "4242" in str(exc.value)
+
+
+def test_regression_gate_without_a_last_good_record_makes_this_the_baseline():
+    conn = RecordingTransport(HOST, [Reply(r"last-good\.json", stdout="")])
+    outcome = regression_gate.run(ctx(regression_gate, conn, memory={"verify": {"accept_length": 3.1}}))
+    assert "becomes the baseline" in outcome.detail and conn.commands[0].count("/home/deploy/") == 0
+
+
+def test_record_good_is_skipped_without_a_deployment():
+    conn = RecordingTransport(HOST, [])
+    assert record_good.run(ctx(record_good, conn)).status == "skipped" and conn.commands == []
