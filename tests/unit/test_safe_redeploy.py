@@ -20,7 +20,8 @@ from deploy.locks import HOST_LOCK_SOURCE, describe_owner, local_lock, owner_inf
 from deploy.remote import host_ops
 from deploy.steps.converge import differences
 from deploy.steps.regression_gate import compare
-from deploy.steps.wait_ready import classify, parse_probe
+from deploy.facts.host_helper import parse_probe
+from deploy.steps.wait_ready import classify
 from deploy.errors import RemoteOutputError
 
 # ---------------------------------------------------------------------------- wait-ready

@@ -11,7 +11,8 @@ import json
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.errors import (ConnectionFailed, RemoteCommandFailed, RemoteOutputError, StepTimeout)
+from deploy.errors import ConnectionFailed, RemoteCommandFailed, RemoteOutputError, StepTimeout
+from deploy.facts.fuser import NO_DEVICE_FILES
 from deploy.steps import free_gpus, record_good, regression_gate, stop_stale, wait_gpus_free
 from deploy.steps.base import StepContext
 from deploy.transport import ExecTimedOut
@@ -75,7 +76,7 @@ def test_free_gpus_reports_the_pids_fuser_killed():
 
 
 def test_free_gpus_with_no_device_files_is_an_error_not_free():
-    conn = RecordingTransport(HOST, [Reply(r"exec fuser -k", exit_code=free_gpus.NO_DEVICE_FILES,
+    conn = RecordingTransport(HOST, [Reply(r"exec fuser -k", exit_code=NO_DEVICE_FILES,
                                            stderr="no GPU device files match /dev/nvidia*\n")])
     with pytest.raises(RemoteCommandFailed) as exc:
         free_gpus.run(ctx(free_gpus, conn))
