@@ -58,6 +58,22 @@ def _uid(pid: int) -> int | None:
     return None
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent's PID, or None when the process is gone or its stat is unreadable."""
+    try:
+        stat = _stat(pid)
+    except (ValueError, IndexError):
+        return None
+    return stat[1] if stat is not None else None
+
+
+def real_uid(pid: int) -> int | None:
+    try:
+        return _uid(pid)
+    except (ValueError, IndexError):
+        return None
+
+
 def cmdline(pid: int) -> str:
     raw = _read("/proc/%d/cmdline" % pid) or ""
     return " ".join(part for part in raw.split("\0") if part)

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from deploy.sandbox import drafter as drafter_mod
+from sandbox import drafter as drafter_mod
 
 REPO = Path(__file__).resolve().parents[2]
-SIM_SMI = REPO / "deploy" / "sandbox" / "sim_nvidia_smi.py"
-SIM_LAUNCH = REPO / "deploy" / "sandbox" / "sim_sglang" / "sglang" / "launch_server.py"
+SIM_SMI = REPO / "sandbox" / "sim_nvidia_smi.py"
+SIM_LAUNCH = REPO / "sandbox" / "sim_sglang" / "sglang" / "launch_server.py"
 H200_MIB = 143771
 
 LAUNCH = ("python3 -m sglang.launch_server --model-path ~/models/Kimi-K2.5 "
@@ -448,7 +448,7 @@ def test_sglang_port_taken_and_crash_during_load(clean_sandbox):
 
 @pytest.mark.sandbox
 def test_stop_sandbox_leaves_no_sshd_and_no_users(sandbox_machine_lock):
-    from deploy.sandbox.hosts import _live_pids_of_uid, _pid_alive, _read_state, start_sandbox, stop_sandbox
+    from sandbox.hosts import _live_pids_of_uid, _pid_alive, _read_state, start_sandbox, stop_sandbox
 
     root = Path(tempfile.mkdtemp(prefix="deployctl-stop-test-", dir="/var/tmp"))
     root.chmod(0o755)
