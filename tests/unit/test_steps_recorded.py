@@ -11,9 +11,10 @@ import json
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.errors import ConnectionFailed, RemoteCommandFailed, RemoteOutputError, StepTimeout
+from deploy.errors import ConnectionFailed, RemoteCommandFailed, RemoteOutputError, StepTimeout, VerificationFailed
 from deploy.facts.fuser import NO_DEVICE_FILES
-from deploy.steps import free_gpus, record_good, regression_gate, stop_stale, wait_gpus_free
+from deploy.steps import (ensure_helper, free_gpus, record_good, regression_gate, stop_stale, verify_acceptance,
+                          wait_gpus_free, wait_ready)
 from deploy.steps.base import StepContext
 from deploy.transport import ExecTimedOut
 from tests.recording import RecordingTransport, Reply
@@ -25,7 +26,7 @@ UUID = ["GPU-4a1b2c3d-0000-0000-0000-00000000000" + str(i) for i in range(2)]
 
 def ctx(module, conn, run=RUN, memory=None, **settings):
     return StepContext(host=HOST, run=run, settings=module.Settings(step=module.NAME, **settings), conn=conn,
-                       launch_stamp="20261129T000000Z", memory=memory or {})
+                       launch_stamp="20261129T000000Z", memory={} if memory is None else memory)
 
 
 # -- the base class: wrapper, error mapping, ~ ------------------------------------------------------
@@ -143,3 +144,76 @@ def test_regression_gate_without_a_last_good_record_makes_this_the_baseline():
 def test_record_good_is_skipped_without_a_deployment():
     conn = RecordingTransport(HOST, [])
     assert record_good.run(ctx(record_good, conn)).status == "skipped" and conn.commands == []
+
+
+def _probe(**fields):
+    return json.dumps({"pid": 7, "alive": True, "status": None, "error": None, "error_kind": "refused", "body": "",
+                       "last_log_line": ""} | fields)
+
+
+def test_wait_ready_reads_the_pidfile_then_polls_until_healthy():
+    conn = RecordingTransport(HOST, [
+        Reply(r"^cat -- ~/'deployctl state/server\.pid'$", stdout="7\n"),
+        Reply(r"host_ops\.py' probe --url http://10\.1\.230\.174:30000/health --pid 7 ", stdout=_probe(), times=2),
+        Reply(r" probe ", stdout=_probe(status=503, error_kind=None), times=1),
+        Reply(r" probe ", stdout=_probe(status=200, error_kind=None), times=1),
+    ])
+    outcome = wait_ready.run(ctx(wait_ready, conn, interval_s=0.01))
+    assert outcome.status == "ok" and len(conn.commands) == 5
+
+
+def test_wait_ready_without_a_recorded_pid_says_launch_first():
+    conn = RecordingTransport(HOST, [Reply(r"^cat -- ", exit_code=1, stderr="cat: No such file or directory\n")])
+    with pytest.raises(RemoteOutputError) as exc:
+        wait_ready.run(ctx(wait_ready, conn))
+    assert "no server PID recorded" in str(exc.value) and "(launch first)" in str(exc.value)
+
+
+def _accept(**fields):
+    return json.dumps({"ok": True, "accept_length": 3.02, "completion_tokens": 1024, "spec_verify_ct": 339,
+                       "server_avg_spec_accept_length": 3.0, "samples": []} | fields)
+
+
+def test_verify_acceptance_records_the_measured_accept_length():
+    conn = RecordingTransport(HOST, [Reply(r"host_ops\.py' accept-check --base http://10\.1\.230\.174:30000 "
+                                           r"--requests 4 --max-new-tokens 256$", stdout=_accept())])
+    memory: dict = {}
+    outcome = verify_acceptance.run(ctx(verify_acceptance, conn, memory=memory))
+    assert outcome.status == "ok" and memory["verify"]["accept_length"] == 3.02
+
+
+def test_verify_acceptance_of_one_point_zero_fails_with_likely_causes():
+    conn = RecordingTransport(HOST, [Reply(r"accept-check", stdout=_accept(accept_length=1.0))])
+    with pytest.raises(VerificationFailed) as exc:
+        verify_acceptance.run(ctx(verify_acceptance, conn))
+    assert "no draft token was accepted" in str(exc.value)
+
+
+def test_ensure_helper_uploads_a_missing_helper_then_checks_its_sha256():
+    from deploy.steps.ensure_helper import HELPER_FILES, local_digests
+
+    digests = local_digests()
+    helpers_dir = "/home/deploy/deployctl state/helpers"
+    before = "".join(f"{digests[n]}  {helpers_dir}/{n}\n" if n != "host_ops.py" else f"missing {helpers_dir}/{n}\n"
+                     for n in HELPER_FILES)
+    after = "".join(f"{digests[n]}  {helpers_dir}/{n}\n" for n in HELPER_FILES)
+    conn = RecordingTransport(HOST, [
+        Reply(r"sys\.version_info", stdout="3.11"),
+        Reply(r"^mkdir -p -m 700 -- ~/'deployctl state/helpers'$"),
+        Reply(r"sha256sum", stdout=before, times=1),
+        Reply(r"^mv -f -- '/home/deploy/deployctl state/helpers/host_ops\.py\.upload' "
+              r"'/home/deploy/deployctl state/helpers/host_ops\.py'$"),
+        Reply(r"sha256sum", stdout=after, times=1),
+    ])
+    outcome = ensure_helper.run(ctx(ensure_helper, conn))
+    assert outcome.data["uploaded"] == ["host_ops.py"]
+    [(remote, payload)] = conn.uploads
+    assert remote == f"{helpers_dir}/host_ops.py.upload"
+    assert payload == (ensure_helper.HELPERS_DIR / "host_ops.py").read_bytes()
+
+
+def test_ensure_helper_refuses_an_old_host_python():
+    conn = RecordingTransport(HOST, [Reply(r"sys\.version_info", stdout="3.6")])
+    with pytest.raises(RemoteCommandFailed) as exc:
+        ensure_helper.run(ctx(ensure_helper, conn))
+    assert "need 3.8+" in str(exc.value) and conn.uploads == []
