@@ -13,9 +13,10 @@ import pytest
 from deploy.config.models import Host, Run
 from deploy.errors import ConnectionFailed, RemoteCommandFailed, RemoteOutputError, StepTimeout, VerificationFailed
 from deploy.facts.fuser import NO_DEVICE_FILES
-from deploy.steps import (ensure_helper, free_gpus, record_good, regression_gate, stop_stale, verify_acceptance,
+from deploy.steps import (converge, ensure_helper, free_gpus, record_good, regression_gate, stop_stale, verify_acceptance,
                           wait_gpus_free, wait_ready)
 from deploy.steps.base import StepContext
+from deploy.steps.launch import desired_record
 from deploy.transport import ExecTimedOut
 from tests.recording import RecordingTransport, Reply
 
@@ -217,3 +218,36 @@ def test_ensure_helper_refuses_an_old_host_python():
     with pytest.raises(RemoteCommandFailed) as exc:
         ensure_helper.run(ctx(ensure_helper, conn))
     assert "need 3.8+" in str(exc.value) and conn.uploads == []
+
+
+def _state(**fields):
+    return json.dumps({"pid": None, "alive": False, "cmdline": "", "record": None, "status": None,
+                       "error": "refused"} | fields)
+
+
+LEGACY_RUN = RUN.model_copy(update={"sglang_generation": "legacy"})  # no version read: one command
+
+
+def test_converge_redeploys_when_nothing_is_recorded():
+    conn = RecordingTransport(HOST, [Reply(r"host_ops\.py' server-state ", stdout=_state())])
+    outcome = converge.run(ctx(converge, conn, run=LEGACY_RUN))
+    assert outcome.data["converged"] is False and "no deployment recorded" in outcome.detail
+    assert len(conn.commands) == 1
+
+
+def test_converge_leaves_a_server_running_as_desired_alone():
+    probe = ctx(converge, None, run=LEGACY_RUN)
+    record = desired_record(probe) | {"log": "/l/sglang-x.log"}
+    conn = RecordingTransport(HOST, [Reply(r" server-state ", stdout=_state(pid=4242, alive=True, status=200,
+                                                                             error=None, record=record))])
+    memory: dict = {}
+    outcome = converge.run(ctx(converge, conn, run=LEGACY_RUN, memory=memory))
+    assert outcome.data["converged"] is True and memory["pid"] == 4242 and memory["log"] == "/l/sglang-x.log"
+
+
+def test_converge_redeploys_a_recorded_server_that_answers_500():
+    record = desired_record(ctx(converge, None, run=LEGACY_RUN))
+    conn = RecordingTransport(HOST, [Reply(r" server-state ", stdout=_state(pid=4242, alive=True, status=500,
+                                                                             error=None, record=record))])
+    outcome = converge.run(ctx(converge, conn, run=LEGACY_RUN))
+    assert outcome.data["converged"] is False and "/health 500" in outcome.detail
