@@ -134,7 +134,8 @@ class Host(Strict):
     gpu_devices: Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_plain_text)] = "/dev/nvidia*"
     python: HostPath = "python3"
     #: Persistent directory for helpers, PID files and logs. ``~`` is resolved on the host.
-    #: Never under /tmp: the second seed lost its fix script there after a VM crash.
+    #: Never under /tmp: a host's /tmp is wiped by a reboot or VM crash (a hand-run deployment lost its fix
+    #: script that way).
     state_dir: Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_plain_text)] = "~/.deployctl"
     #: doctor fails when the state or logs directory has less free space than this
     min_free_mib: Annotated[int, Field(ge=0)] = 1024

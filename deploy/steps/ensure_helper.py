@@ -1,6 +1,6 @@
 """ensure-helper: the host-side helpers live in the persistent state dir, checked by sha256.
 
-The second seed lost its fix script because it lived in the host's /tmp and a VM crash wiped it.
+A hand-run deployment lost its fix script because it lived in the host's /tmp and a VM crash wiped it.
 Here a wiped (or tampered) state directory costs one SFTP upload, nothing more.
 """
 

@@ -1,7 +1,7 @@
 """fix-keys: copy the drafter into the host's drafter store, key-fix it there, verified.
 
 SGLang 0.5.6-0.5.11 drops a speculators checkpoint's decoder-layer tensors without a word; the
-drafter then runs randomly initialised and acceptance collapses to 1.00 (the first seed). The
+drafter then runs randomly initialised and acceptance collapses to 1.00 (seen in a real deployment). The
 fixer runs on the host under its python3, from the persistent state dir, and answers in JSON.
 
 The user's checkpoint directory is never modified: it is copied (``cp --reflink=auto``: free on

@@ -68,7 +68,7 @@ def test_up_converts_launches_and_verifies_acceptance(clean_sandbox, tmp_path, c
 
 
 def test_unconverted_drafter_on_legacy_sglang_is_caught_by_verify(clean_sandbox, tmp_path, capsys):
-    """The first seed: skip the key fix and the healthy server accepts nothing (accept len 1.00)."""
+    """A speculators drafter on SGLang 0.5.6-0.5.11: skip the key fix and the healthy server accepts nothing (accept len 1.00)."""
     path = one_host_config(clean_sandbox, tmp_path)
     book = playbook(tmp_path, "name: nofix\nsteps:\n  - step: ensure-helper\n  - step: stop-stale\n    scope: user\n"
                     "  - step: free-gpus\n  - step: wait-gpus-free\n  - step: launch\n  - step: wait-ready\n"
