@@ -116,7 +116,3 @@ def load_playbook(name_or_path: str) -> Playbook:
     if problems:
         raise ConfigError(f"{path}: invalid playbook ({len(problems)} problem(s))\n" + "\n".join(problems))
     return Playbook(document.name, document.description, path, tuple(steps))
-
-
-def dump_playbook(playbook: Playbook) -> str:
-    return yaml.safe_dump({"name": playbook.name, "steps": [s.settings.model_dump() for s in playbook.steps]})

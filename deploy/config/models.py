@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import posixpath
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -134,7 +134,8 @@ class Host(Strict):
     gpu_devices: Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_plain_text)] = "/dev/nvidia*"
     python: HostPath = "python3"
     #: Persistent directory for helpers, PID files and logs. ``~`` is resolved on the host.
-    #: Never under /tmp: the second seed lost its fix script there after a VM crash.
+    #: Never under /tmp: a host's /tmp is wiped by a reboot or VM crash (a hand-run deployment lost its fix
+    #: script that way).
     state_dir: Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_plain_text)] = "~/.deployctl"
     #: doctor fails when the state or logs directory has less free space than this
     min_free_mib: Annotated[int, Field(ge=0)] = 1024
@@ -221,6 +222,11 @@ class Run(Strict):
                 f"speculative_num_steps must be draft_tokens - 1 = {self.draft_tokens - 1} or unset"
             )
         return self
+
+    def overridden(self, **updates: Any) -> Run:
+        """This run with ``updates`` applied and validated again, cross-field rules included (a
+        command-line override is held to the same rules as the YAML); raises ValidationError."""
+        return Run.model_validate({**self.model_dump(), **updates})
 
     @field_validator("speculative_algorithm")
     @classmethod

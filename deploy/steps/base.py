@@ -55,10 +55,6 @@ class StatePaths:
         return path_join(self.root, "server.pid")
 
     @property
-    def launch_record(self) -> str:
-        return path_join(self.root, "launch.json")
-
-    @property
     def drafters(self) -> str:
         return path_join(self.root, "drafters")
 
@@ -92,7 +88,6 @@ class StepContext:
     run: Run
     settings: Any
     conn: Transport | None
-    draft_tokens: int
     launch_stamp: str
     progress: Callable[[str], None] = lambda message: None
     #: values one step hands to a later one on the same host (e.g. the launched PID)
@@ -104,6 +99,11 @@ class StepContext:
         """Wait between polls; returns early and raises Interrupted when the command is cancelled."""
         if self.cancelled.wait(max(0.0, seconds)) or self.cancelled.is_set():
             raise Interrupted(f"{self.host.name}: interrupted")
+
+    @property
+    def draft_tokens(self) -> int:
+        """The run's draft tokens: a ``--draft-tokens`` override is already in ``run`` (re-validated)."""
+        return self.run.draft_tokens
 
     @property
     def paths(self) -> StatePaths:
