@@ -12,18 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from deploy.config.models import Host, Run
+from deploy.config.models import Host, Run, Strict
 from deploy.errors import Interrupted
 from deploy.shell import path_join
 from deploy.transport import Transport
 
 
-class StepSettings(BaseModel):
-    """Settings every step accepts in a playbook; each step adds its own."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class StepSettings(Strict):
+    """Settings every step accepts in a playbook; each step adds its own (no booleans for numbers, no NaN)."""
 
     step: str
     enabled: bool = True
