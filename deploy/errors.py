@@ -37,6 +37,11 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
 
 
+#: set by ``deployctl --traceback``: a bug (an exception deployctl did not expect) prints its traceback
+#: instead of the one line "internal error: ... (run with --traceback)".
+show_tracebacks = False
+
+
 class DeployError(Exception):
     """Base for every error that is the user's or the environment's, not a bug of ours."""
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import sys
 import threading
+import traceback
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from deploy.config.models import Host
+from deploy import errors
 from deploy.errors import DeployError, ExitCode
 
 T = TypeVar("T")
@@ -41,10 +44,15 @@ def for_each_host(hosts: Sequence[Host], work: Callable[[Host], T], max_parallel
         except DeployError as exc:
             return HostOutcome(host, error=exc)
         except Exception as exc:  # a bug on one host must not lose the other hosts' results
-            return HostOutcome(
-                host,
-                error=DeployError(f"internal error: {type(exc).__name__}: {exc}", exit_code=ExitCode.FAILED),
-            )
+            if errors.show_tracebacks:
+                print(f"{host.name}: internal error, traceback follows:", file=sys.stderr)
+                traceback.print_exception(exc, file=sys.stderr)
+                hint = ""
+            else:
+                hint = " (run with --traceback)"
+            error = DeployError(f"internal error: {type(exc).__name__}: {exc}{hint}", exit_code=ExitCode.FAILED)
+            error.__cause__ = exc
+            return HostOutcome(host, error=error)
 
     if not hosts:
         return []
@@ -62,9 +70,15 @@ def for_each_host(hosts: Sequence[Host], work: Callable[[Host], T], max_parallel
         pool.shutdown(wait=False)
 
 
-def worst_exit_code(outcomes: Sequence[HostOutcome]) -> ExitCode:
-    """The exit code for a multi-host command: 0 if all succeeded, else the first failure's code."""
-    for outcome in outcomes:
-        if outcome.error is not None:
-            return ExitCode(outcome.error.exit_code)
+class _Result(Protocol):
+    @property
+    def error(self) -> DeployError | None: ...
+
+
+def exit_code(results: Sequence[_Result]) -> ExitCode:
+    """The exit code for a multi-host command: 0 if all succeeded, else the first failed host's code
+    (hosts in config order, so the code does not depend on which host finished first)."""
+    for result in results:
+        if result.error is not None:
+            return ExitCode(result.error.exit_code)
     return ExitCode.OK

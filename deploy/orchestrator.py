@@ -22,7 +22,7 @@ from deploy.config.models import Config, Host, Run
 from deploy.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied
 from deploy.facts.server import (last_good_path, parse_record, parse_server_state, read_record_command,
                                  same_deployment, server_state_command)
-from deploy.fanout import for_each_host
+from deploy.fanout import exit_code, for_each_host
 from deploy.playbook import Playbook, PlannedStep
 from deploy.steps import REGISTRY
 from deploy.steps.base import PlannedCommand, StepContext
@@ -114,9 +114,9 @@ def launch_stamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def _context(host: Host, run: Run, settings, conn, draft_tokens: int, stamp: str, progress, memory,
+def _context(host: Host, run: Run, settings, conn, stamp: str, progress, memory,
              cancelled: threading.Event | None = None) -> StepContext:
-    return StepContext(host=host, run=run, settings=settings, conn=conn, draft_tokens=draft_tokens,
+    return StepContext(host=host, run=run, settings=settings, conn=conn,
                        launch_stamp=stamp, progress=progress, memory=memory,
                        cancelled=cancelled or threading.Event())
 
@@ -130,7 +130,7 @@ def network_host(host: Host, address: str) -> Host:
     return host if address == host.address else host.model_copy(update={"address": address})
 
 
-def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host], draft_tokens: int,
+def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host],
                   addresses: dict[str, str] | None = None,
                   lock: bool = False) -> dict[str, list[tuple[str, list[PlannedCommand]]]]:
     """Every command each host would run, in order; touches nothing.
@@ -152,13 +152,13 @@ def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host], draft_tok
         for step in playbook.steps:
             if not step.settings.enabled:
                 continue
-            ctx = _context(host, run, step.settings, None, draft_tokens, stamp, lambda m: None, memory)
+            ctx = _context(host, run, step.settings, None, stamp, lambda m: None, memory)
             steps.append((step.name, step.module.plan(ctx)))
         plans[host.name] = steps
     return plans
 
 
-def _run_steps(steps: Sequence[PlannedStep], host: Host, run: Run, conn, draft_tokens: int, stamp: str,
+def _run_steps(steps: Sequence[PlannedStep], host: Host, run: Run, conn, stamp: str,
                progress: Progress, memory: dict, cancelled: threading.Event, label: str = "") -> tuple[list[StepRecord], DeployError | None, int]:
     """Run steps in order; returns (records, first error, index of the failing step or -1)."""
     records: list[StepRecord] = []
@@ -191,7 +191,7 @@ def _run_steps(steps: Sequence[PlannedStep], host: Host, run: Run, conn, draft_t
         started = time.monotonic()
         for attempt in range(1, step.settings.retries + 2):
             record.attempts = attempt
-            ctx = _context(host, run, step.settings, conn, draft_tokens, stamp,
+            ctx = _context(host, run, step.settings, conn, stamp,
                            lambda m, s=name: progress(host.name, s, m), memory, cancelled)
             progress(host.name, name, "start" if attempt == 1 else f"retry {attempt - 1}")
             try:
@@ -219,7 +219,7 @@ def _server_state(conn, host: Host, run: Run, memory: dict):
     from deploy.steps.base import StatePaths
     from deploy.steps.wait_ready import health_url
 
-    ctx = _context(host, run, None, conn, 0, "", lambda m: None, memory)
+    ctx = _context(host, run, None, conn, "", lambda m: None, memory)
     paths = StatePaths(host.state_dir)
     output = conn.check(server_state_command(host.python, paths.helper("host_ops.py"), paths.root, health_url(ctx)),
                         timeout=30, what="server-state").stdout
@@ -240,7 +240,7 @@ def _died(conn, host: Host, run: Run, memory: dict, error: DeployError, step: st
         return error
     log = memory.get("log") or ""
     tail = conn.run(tail_command(log)).stdout.rstrip() if log else ""
-    ctx = _context(host, run, None, conn, 0, "", lambda m: None, memory)
+    ctx = _context(host, run, None, conn, "", lambda m: None, memory)
     return ServerDied(died_message(ctx, memory["pid"], log, tail, f"(noticed by {step}; it had reported: "
                                    f"{str(error).splitlines()[0][:200]})"))
 
@@ -267,7 +267,7 @@ def _should_roll_back(playbook: Playbook, records: list[StepRecord], failed_at: 
     return failed_at > stop_index and records[stop_index].status in ("ok", "skipped")
 
 
-def _roll_back(report: HostReport, playbook: Playbook, run: Run, conn, draft_tokens: int, stamp: str,
+def _roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str,
                progress: Progress, memory: dict, cancelled: threading.Event) -> None:
     host = report.host
     error = report.error
@@ -288,7 +288,7 @@ def _roll_back(report: HostReport, playbook: Playbook, run: Run, conn, draft_tok
     progress(host.name, "rollback", f"relaunching the last good deployment ({good.get('drafter_path')})")
     rb_memory: dict[str, Any] = {"rollback_record": good, "env_file": good.get("env_file"),
                                  "host_lock": memory.get("host_lock")}
-    records, rb_error, _ = _run_steps(_rollback_steps(playbook), host, run, conn, draft_tokens, stamp, progress,
+    records, rb_error, _ = _run_steps(_rollback_steps(playbook), host, run, conn, stamp, progress,
                                       rb_memory, cancelled, label="rollback/")
     report.rollback = records
     report.cause = error
@@ -309,19 +309,19 @@ def _roll_back(report: HostReport, playbook: Playbook, run: Run, conn, draft_tok
         progress(host.name, "rollback", "FAILED: the host is serving nothing")
 
 
-def _collect_facts(report: HostReport, memory: dict, draft_tokens: int) -> None:
+def _collect_facts(report: HostReport, memory: dict, run: Run) -> None:
     deployment = memory.get("deployment") or {}
     report.facts = {
         "sglang_version": memory.get("sglang_version") or deployment.get("sglang_version"),
         "drafter_fingerprint": memory.get("drafter_fingerprint") or deployment.get("drafter_fingerprint"),
-        "draft_tokens": draft_tokens,
+        "draft_tokens": run.draft_tokens,
         "accept_length": (memory.get("verify") or {}).get("accept_length"),
         "output_tok_s": (memory.get("bench") or {}).get("output_tok_s"),
         "converged": bool(memory.get("converged")),
     }
 
 
-def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, draft_tokens: int, stamp: str,
+def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, stamp: str,
                  progress: Progress, cancelled: threading.Event, jumps: JumpConnections,
                  options: RunOptions | None = None) -> HostReport:
     from deploy.locks import acquire_host_lock
@@ -354,17 +354,17 @@ def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, draft
             progress(host.name, "lock", "held")
             memory["host_lock"] = held
         try:
-            records, error, failed_at = _run_steps(playbook.steps, host, run, conn, draft_tokens, stamp, progress,
+            records, error, failed_at = _run_steps(playbook.steps, host, run, conn, stamp, progress,
                                                    memory, cancelled)
             report.steps = records
-            _collect_facts(report, memory, draft_tokens)
+            _collect_facts(report, memory, run)
             if error is not None and not cancelled.is_set():
                 error = _died(conn, host, run, memory, error, playbook.steps[failed_at].name)
                 records[failed_at].detail = str(error)
                 records[failed_at].exit_code = int(error.exit_code)
             report.error = error
             if error is not None and _should_roll_back(playbook, records, failed_at, error, options, cancelled):
-                _roll_back(report, playbook, run, conn, draft_tokens, stamp, progress, memory, cancelled)
+                _roll_back(report, playbook, run, conn, stamp, progress, memory, cancelled)
             if report.error is not None:
                 try:
                     report.left_running = _server_state(conn, host, run, memory).describe()
@@ -377,13 +377,13 @@ def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, draft
     return report
 
 
-def run_playbook(config: Config, playbook: Playbook, run: Run, hosts: Sequence[Host], draft_tokens: int,
+def run_playbook(config: Config, playbook: Playbook, run: Run, hosts: Sequence[Host],
                  progress: Progress, options: RunOptions | None = None) -> list[HostReport]:
     stamp = launch_stamp()
     cancelled = threading.Event()
     with JumpConnections() as jumps:  # one connection per jump host, shared by its targets
         outcomes = for_each_host(
-            hosts, lambda h: _run_on_host(config, playbook, run, h, draft_tokens, stamp, progress, cancelled, jumps,
+            hosts, lambda h: _run_on_host(config, playbook, run, h, stamp, progress, cancelled, jumps,
                                           options),
             config.ssh.max_parallel, cancel=cancelled,
         )
@@ -396,8 +396,135 @@ def run_playbook(config: Config, playbook: Playbook, run: Run, hosts: Sequence[H
     return reports
 
 
-def exit_code(reports: Sequence[HostReport]) -> ExitCode:
-    for report in reports:
-        if report.error is not None:
-            return ExitCode(report.error.exit_code)
-    return ExitCode.OK
+
+# -- run-level phases the CLI verbs call (the CLI never talks SSH itself) --------------------------
+
+
+def describe_endpoints(hosts: Sequence[Host], config: Config) -> dict[str, dict]:
+    """Per host name: the effective SSH settings and their sources (for plan and gpu-status output)."""
+    from deploy.transport import describe_endpoints as describe
+
+    return describe(hosts, config.ssh)
+
+
+def plan_with_endpoints(playbook: Playbook, run: Run, hosts: Sequence[Host], config: Config,
+                        lock: bool = True) -> tuple[dict[str, list[tuple[str, list[PlannedCommand]]]], dict[str, dict]]:
+    """The plan of every host, with each host's SGLang bind address taken from its ssh_config HostName."""
+    endpoints = describe_endpoints(hosts, config)
+    addresses = {n: e["hostname"]["value"] for n, e in endpoints.items() if "hostname" in e}
+    return plan_playbook(playbook, run, hosts, addresses, lock=lock), endpoints
+
+
+def run_locked(config_path, config: Config, command: str, playbook: Playbook, run: Run, hosts: Sequence[Host],
+               progress: Progress, *, rollback: bool = True, force: bool = False, runner=None):
+    """Run a playbook that changes hosts: local lock per config and run, host locks, history.
+
+    ``runner(options)``: a fleet's run-level phases instead of one parallel playbook
+    (deploy/fleet/); it returns a RunResult, which is what this returns then.
+    """
+    from contextlib import ExitStack
+
+    from deploy import history
+    from deploy.locks import local_lock, owner_info
+
+    owner = owner_info(command, run.name)
+    started = datetime.now(timezone.utc)
+    with ExitStack() as held:
+        try:
+            held.enter_context(local_lock(config_path, run.name, owner))
+        except LockHeld as refused:
+            try:
+                history.append({"time": started.isoformat(timespec="seconds"), "verb": command, "run": run.name,
+                                "host": host.name, "draft_tokens": run.draft_tokens, "outcome": "locked",
+                                "exit_code": int(refused.exit_code), "duration_s": 0.0} for host in hosts)
+            except (OSError, DeployError):
+                pass
+            raise
+        try:
+            options = RunOptions(command=command, lock=True, owner=owner, rollback=rollback, force=force)
+            result: Any
+            if runner is not None:
+                result = runner(options)
+                reports = result.reports
+            else:
+                result = reports = run_playbook(config, playbook, run, hosts, progress, options)
+        except KeyboardInterrupt as interrupt:
+            # Ctrl-C: no rollback, but say what each host was left running, and record it.
+            partial = [o.value for o in getattr(interrupt, "outcomes", []) if o.value is not None]
+            for report in partial:
+                progress(report.host.name, "interrupted", f"left running: {report.left_running or 'unknown'}")
+            try:
+                history.append(history.records_for(command, run.name, partial, started))
+            except (OSError, DeployError):
+                pass
+            raise
+    try:
+        history.append(history.records_for(command, run.name, reports, started))
+    except (OSError, DeployError) as exc:  # history is a record, never a reason to fail the deploy
+        progress("*", "history", f"WARNING: could not append to {history.history_path()}: {exc}")
+    return result
+
+
+def gpu_status(config: Config, hosts: Sequence[Host]) -> list:
+    """nvidia-smi facts of every host, in parallel: HostOutcome[list[GpuRow]] in host order."""
+    from deploy.facts.gpus import read_gpus
+
+    def work(host: Host):
+        with HostConnection(host, config.ssh, jumps) as conn:
+            return read_gpus(conn, host.gpus)
+
+    with JumpConnections() as jumps:
+        return for_each_host(hosts, work, config.ssh.max_parallel)
+
+
+def router_status(config: Config, hosts: Sequence[Host]) -> list[dict[str, Any]]:
+    """Each run's router that runs on one of ``hosts``: PID, alive, its workers (for gpu-status)."""
+    if not any(r.router is not None for r in config.runs):
+        return []
+    from deploy.fleet.plan import router_status as read
+
+    with JumpConnections() as jumps:
+        return read(config, hosts, jumps)
+
+
+def doctor(config: Config, run: Run, hosts: Sequence[Host]) -> list:
+    """The doctor's checks on every host, in parallel (read-only): HostOutcome[list[Check]] in host order."""
+    from deploy.steps.doctor import diagnose
+
+    def work(host: Host):
+        with HostConnection(host, config.ssh) as conn:
+            return diagnose(conn, host, run, fix_keys_will_run=False)[0]
+
+    outcomes = for_each_host(hosts, work, config.ssh.max_parallel)
+    if run.router is not None:
+        from deploy.fleet.doctor import add_router_checks
+
+        add_router_checks(config, run, hosts, outcomes)
+    return outcomes
+
+
+def latest_log_path(host: Host) -> str:
+    from deploy.steps.base import StatePaths
+
+    return StatePaths(host.state_dir).latest_log
+
+
+def read_logs(config: Config, hosts: Sequence[Host], lines: int) -> list:
+    """The last ``lines`` lines of each host's latest server log: HostOutcome[str] in host order."""
+    from deploy.shell import quote_path
+
+    def work(host: Host) -> str:
+        with HostConnection(host, config.ssh, jumps) as conn:
+            return conn.check(f"tail -n {lines} -- {quote_path(latest_log_path(host))}",
+                              what="reading the server log").stdout
+
+    with JumpConnections() as jumps:
+        return for_each_host(hosts, work, config.ssh.max_parallel)
+
+
+def follow_log(config: Config, host: Host, lines: int) -> None:
+    """Print the host's latest server log and follow it (``tail -F``) until Ctrl-C."""
+    from deploy.shell import quote_path
+
+    with HostConnection(host, config.ssh) as conn:
+        conn.stream(f"tail -n {lines} -F -- {quote_path(latest_log_path(host))}")

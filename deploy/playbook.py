@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploy.config.loader import compose_yaml, compose_yaml_bytes, format_validation_error, locate_node
-from deploy.errors import ConfigError
+from deploy.errors import ConfigError, UsageError
 from deploy.steps import REGISTRY
 from deploy.steps.base import StepSettings
 
@@ -46,10 +46,19 @@ class Playbook:
     steps: tuple[PlannedStep, ...]
 
     def with_settings(self, step: str, **updates: Any) -> Playbook:
-        """A copy with settings changed on every step called ``step`` (CLI overrides)."""
-        steps = tuple(
-            PlannedStep(s.name, s.settings.model_copy(update=updates)) if s.name == step else s for s in self.steps
-        )
+        """A copy with settings changed on every step called ``step`` (CLI overrides).
+
+        Validated like the playbook file itself (model_copy would skip it: a NaN threshold from a
+        flag would pass every comparison); a bad value is a usage error naming the step and setting.
+        """
+        def changed(settings: StepSettings) -> StepSettings:
+            try:
+                return type(settings).model_validate({**settings.model_dump(), **updates})
+            except ValidationError as exc:
+                problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+                raise UsageError(f"playbook {self.name!r}, step {step!r}: {problems}") from None
+
+        steps = tuple(PlannedStep(s.name, changed(s.settings)) if s.name == step else s for s in self.steps)
         return Playbook(self.name, self.description, self.path, steps)
 
 
@@ -116,7 +125,3 @@ def load_playbook(name_or_path: str) -> Playbook:
     if problems:
         raise ConfigError(f"{path}: invalid playbook ({len(problems)} problem(s))\n" + "\n".join(problems))
     return Playbook(document.name, document.description, path, tuple(steps))
-
-
-def dump_playbook(playbook: Playbook) -> str:
-    return yaml.safe_dump({"name": playbook.name, "steps": [s.settings.model_dump() for s in playbook.steps]})

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -211,7 +211,7 @@ def bench_table(rounds, out: Console) -> None:
     table = Table(title="bench: sglang.bench_serving per host and draft-token count", title_justify="left")
     for name, justify in (("host", "left"), ("draft tokens", "right"), ("accept length", "right"),
                           ("output tok/s", "right"), ("mean ITL ms", "right"), ("result", "left")):
-        table.add_column(name, justify=justify)
+        table.add_column(name, justify=cast(JustifyMethod, justify))
 
     def fmt(value, spec):
         return format(value, spec) if isinstance(value, (int, float)) else "-"
@@ -265,7 +265,7 @@ def history_table(rows, out: Console) -> None:
     for name, justify in (("time", "left"), ("verb", "left"), ("run", "left"), ("host", "left"),
                           ("SGLang", "left"), ("drafter", "left"), ("T", "right"), ("accept", "right"),
                           ("tok/s", "right"), ("outcome", "left"), ("exit", "right"), ("s", "right")):
-        table.add_column(name, justify=justify)
+        table.add_column(name, justify=cast(JustifyMethod, justify))
 
     def fmt(value, spec=""):
         return format(value, spec) if isinstance(value, (int, float)) else ("-" if value is None else str(value))

@@ -35,14 +35,5 @@ def quote_glob(pattern: str) -> str:
     return prefix + "".join(p if re.fullmatch(r"[*?]+", p) else shlex.quote(p) for p in pieces if p)
 
 
-def join(argv: Iterable[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
-
-
-def join_path_args(argv: Iterable[str], paths: set[int]) -> str:
-    """Like join, but positions in ``paths`` keep a leading ``~/`` expandable."""
-    return " ".join(quote_path(a) if i in paths else shlex.quote(a) for i, a in enumerate(argv))
-
-
 def path_join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/")] + [p.strip("/") for p in parts])

@@ -390,6 +390,7 @@ def resolve_endpoint(host: Host, ssh: SSHSettings, source: SSHConfigSource) -> E
         port = Setting(host.port, "yaml" if "port" in explicit else "default")
     else:
         port = Setting(_port(options["port"], source, alias), "ssh_config")
+    identity: Setting[tuple[str, ...]]
     if host.identity_file:
         identity = Setting((host.identity_file,), "yaml")
     elif options.get("identityfile"):

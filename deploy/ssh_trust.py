@@ -118,7 +118,7 @@ def load_known_hosts(path: Path) -> KnownHosts:
             plain.append(entry)
     known.host_keys = _revocation_aware(known)
     # the same bookkeeping as paramiko's HostKeys.load, for pre-parsed entries
-    known.host_keys._entries.extend(plain)
+    known.host_keys._entries.extend(plain)  # type: ignore[attr-defined]  # paramiko has no public API for it
     return known
 
 
@@ -131,7 +131,7 @@ def load_known_hosts_files(paths: list[Path]) -> KnownHosts:
     for path in paths[1:]:
         more = load_known_hosts(path)
         first.revoked.extend(more.revoked)
-        first.host_keys._entries.extend(more.host_keys._entries)
+        first.host_keys._entries.extend(more.host_keys._entries)  # type: ignore[attr-defined]
     return first
 
 

@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from deploy import ssh_trust
 from deploy.config.models import Host, SSHSettings
@@ -64,27 +64,119 @@ class CommandResult:
         return self.exit_code == 0
 
 
-class Transport(Protocol):
-    """What steps need from a host connection (tests may hand in another implementation)."""
+class ExecTimedOut(Exception):
+    """Raised by a transport's ``_exec`` when its local deadline passed (mapped to StepTimeout)."""
 
-    host: Host
 
-    def run(self, command: str, *, timeout: float | None = None) -> CommandResult: ...
+class Transport:
+    """A connection to one host, as the steps see it.
+
+    The base class owns everything but the wire (invoke's Runner habit): ``check``, the coreutils
+    ``timeout`` wrapper that bounds every command on the host itself, ``~`` resolution, and the
+    mapping of failures to deployctl's errors (exit codes). A concrete transport overrides only
+    ``_exec``, ``_put`` and ``_stream`` (and ``hold``, for the host lock's held channel):
+    :class:`HostConnection` sends them over SSH; the tests' recording transport answers from a script.
+    """
+
+    def __init__(self, host: Host, command_timeout_s: float = 60.0) -> None:
+        self.host = host
+        self.command_timeout_s = command_timeout_s
+        self._home: str | None = None
+
+    @property
+    def label(self) -> str:
+        return _host_label(self.host)
+
+    # -- what a concrete transport provides ---------------------------------------------------
+    def _exec(self, command: str, *, timeout: float) -> tuple[int, str, str]:
+        """Run the (already wrapped) ``command`` under ``sh``: (exit code, stdout, stderr).
+
+        Raises ExecTimedOut when ``timeout`` passes locally, OSError/EOFError when the connection is lost.
+        """
+        raise NotImplementedError
+
+    def _put(self, local: Path, remote: str) -> None:
+        """Upload ``local`` to the absolute path ``remote``; OSError on failure."""
+        raise NotImplementedError
+
+    def _stream(self, command: str) -> int:
+        """Run ``command`` printing its output as it comes, until it ends or Ctrl-C; its exit code."""
+        raise NotImplementedError
+
+    def hold(self, command: str, *, timeout: float | None = None) -> HeldCommand:
+        raise NotImplementedError(f"{type(self).__name__} cannot hold a command open")
+
+    # -- what the steps call ------------------------------------------------------------------
+    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
+        """Run ``command`` under ``sh`` on the host; never raises for a non-zero exit."""
+        timeout = timeout or self.command_timeout_s
+        wrapped = remote_timeout_wrap(command, timeout)
+        started = time.monotonic()
+        try:
+            exit_code, stdout, stderr = self._exec(wrapped, timeout=timeout + 10)
+        except ExecTimedOut:
+            raise StepTimeout(
+                f"{self.label}: command did not finish within {timeout:.0f} s: {command[:200]}"
+            ) from None
+        except (OSError, EOFError) as exc:
+            raise ConnectionFailed(
+                f"{self.label}: connection lost while running a command ({exc}); "
+                "it was not retried because it may have had side effects"
+            ) from None
+        duration = time.monotonic() - started
+        if exit_code == 124 and duration >= timeout - 1:
+            raise StepTimeout(
+                f"{self.label}: command did not finish within {timeout:.0f} s: {command[:200]}"
+            )
+        return CommandResult(command=command, exit_code=exit_code, stdout=stdout, stderr=stderr,
+                             duration_s=duration)
+
+    def check(self, command: str, *, timeout: float | None = None, what: str = "command") -> CommandResult:
+        """Like ``run``, but a non-zero exit is a RemoteCommandFailed naming ``what``."""
+        result = self.run(command, timeout=timeout)
+        if not result.ok:
+            detail = (result.stderr.strip() or result.stdout.strip())[-800:]
+            raise RemoteCommandFailed(
+                f"{self.label}: {what} failed with exit code {result.exit_code}: {detail}"
+            )
+        return result
 
     def stream(self, command: str) -> int:
-        """Run a long-lived command (``tail -F``) printing its output as it comes; Ctrl-C ends it.
+        """Run a long-lived command (``tail -F``) printing its output as it comes; Ctrl-C ends it."""
+        return self._stream(command)
 
-        A pty, so fabric's Ctrl-C handling (it writes ``\x03`` to the channel) reaches the remote
-        command as SIGINT; without one the remote tail never hears it and the call never returns.
-        """
-        result = self._live().run(command, hide=False, warn=True, in_stream=False, pty=True)
-        return result.exited
+    def put(self, local: Path, remote: str) -> None:
+        """Upload to an absolute remote path (SFTP does not expand ``~``: ``resolve`` it first)."""
+        if not remote.startswith("/"):
+            raise ValueError(f"remote path must be absolute, got {remote!r}")
+        try:
+            self._put(local, remote)
+        except OSError as exc:
+            raise RemoteCommandFailed(
+                f"{self.label}: SFTP upload of {local} to {remote} failed: {exc}"
+            ) from None
 
-    def put(self, local: Path, remote: str) -> None: ...
+    @property
+    def home(self) -> str:
+        if self._home is None:
+            result = self.check('printf "%s" "$HOME"', what="reading $HOME")
+            home = result.stdout
+            if not home.startswith("/") or "\n" in home:
+                from deploy.errors import RemoteOutputError
 
-    def hold(self, command: str, *, timeout: float | None = None) -> "HeldCommand": ...
+                raise RemoteOutputError(
+                    f"{self.label}: $HOME is {home!r}; expected an absolute path"
+                )
+            self._home = home.rstrip("/") or "/"
+        return self._home
 
-    def resolve(self, path: str) -> str: ...
+    def resolve(self, path: str) -> str:
+        """Expand a leading ``~`` with the remote user's home (SFTP and quoting never do)."""
+        if path == "~":
+            return self.home
+        if path.startswith("~/"):
+            return f"{self.home}/{path[2:]}"
+        return path
 
 
 class HeldCommand:
@@ -162,11 +254,6 @@ def describe_endpoints(hosts, ssh: SSHSettings) -> dict[str, dict]:
     return out
 
 
-def known_hosts_name(host: Host) -> str:
-    """The name OpenSSH and paramiko use in known_hosts for this host (YAML address and port)."""
-    return host.address if host.port == 22 else f"[{host.address}]:{host.port}"
-
-
 # -- one hop: host key policy, keys, the fabric Connection ----------------------------------------
 
 
@@ -192,7 +279,7 @@ def apply_host_key_policy(client: paramiko.SSHClient, hop: Endpoint, label: str)
         )
     known = ssh_trust.load_known_hosts_files(present) if present else None
     if known is not None:
-        client._host_keys = known.host_keys  # what SSHClient.connect looks keys up in
+        client._host_keys = known.host_keys  # type: ignore[attr-defined]  # what SSHClient.connect looks keys up in
     reject, accept_new = ssh_trust.make_policies(known, files[0], label)
     if hop.host_key_policy.value == "accept-new":
         client.set_missing_host_key_policy(accept_new())
@@ -461,7 +548,7 @@ class JumpConnections:
         self.close()
 
 
-class HostConnection:
+class HostConnection(Transport):
     """One SSH connection to one host, reused by every step of a command.
 
     ``jumps`` is the run's shared :class:`JumpConnections`; without one the connection keeps its
@@ -470,10 +557,9 @@ class HostConnection:
 
     def __init__(self, host: Host, ssh: SSHSettings, jumps: JumpConnections | None = None,
                  ssh_config: SSHConfigSource | None = None):
-        self.host = host
+        super().__init__(host, ssh.command_timeout_s)
         self.ssh = ssh
         self._conn: fabric.Connection | None = None
-        self._home: str | None = None
         self._own_jumps = jumps is None
         self._jumps = jumps if jumps is not None else JumpConnections()
         self._ssh_config = ssh_config
@@ -529,59 +615,24 @@ class HostConnection:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- commands ---------------------------------------------------------------------------
-    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
-        """Run ``command`` under ``sh`` on the host; never raises for a non-zero exit."""
+    # -- the wire ---------------------------------------------------------------------------
+    def _exec(self, command: str, *, timeout: float) -> tuple[int, str, str]:
         from invoke.exceptions import CommandTimedOut
 
         import paramiko
 
-        timeout = timeout or self.ssh.command_timeout_s
         conn = self._live()
-        wrapped = remote_timeout_wrap(command, timeout)
-        started = time.monotonic()
         try:
-            result = conn.run(
-                wrapped, hide=True, warn=True, in_stream=False, pty=False, timeout=timeout + 10
-            )
+            result = conn.run(command, hide=True, warn=True, in_stream=False, pty=False, timeout=timeout)
         except CommandTimedOut:
-            raise StepTimeout(
-                f"{self.label}: command did not finish within {timeout:.0f} s: {command[:200]}"
-            ) from None
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise ConnectionFailed(
-                f"{self.label}: connection lost while running a command ({exc}); "
-                "it was not retried because it may have had side effects"
-            ) from None
-        exit_code = result.exited
-        duration = time.monotonic() - started
-        if exit_code == 124 and duration >= timeout - 1:
-            raise StepTimeout(
-                f"{self.label}: command did not finish within {timeout:.0f} s: {command[:200]}"
-            )
-        return CommandResult(
-            command=command,
-            exit_code=exit_code,
-            stdout=result.stdout,
-            stderr=result.stderr,
-            duration_s=duration,
-        )
+            raise ExecTimedOut(command) from None
+        except paramiko.SSHException as exc:
+            raise ConnectionError(str(exc)) from exc
+        return result.exited, result.stdout, result.stderr
 
-    def check(self, command: str, *, timeout: float | None = None, what: str = "command") -> CommandResult:
-        result = self.run(command, timeout=timeout)
-        if not result.ok:
-            detail = (result.stderr.strip() or result.stdout.strip())[-800:]
-            raise RemoteCommandFailed(
-                f"{self.label}: {what} failed with exit code {result.exit_code}: {detail}"
-            )
-        return result
-
-    def stream(self, command: str) -> int:
-        """Run a long-lived command (``tail -F``) printing its output as it comes; Ctrl-C ends it.
-
-        A pty, so fabric's Ctrl-C handling (it writes ``\x03`` to the channel) reaches the remote
-        command as SIGINT; without one the remote tail never hears it and the call never returns.
-        """
+    def _stream(self, command: str) -> int:
+        """A pty, so fabric's Ctrl-C handling (it writes ``\x03`` to the channel) reaches the remote
+        command as SIGINT; without one the remote tail never hears it and the call never returns."""
         result = self._live().run(command, hide=False, warn=True, in_stream=False, pty=True)
         return result.exited
 
@@ -625,39 +676,12 @@ class HostConnection:
             channel.close()
         return HeldCommand(channel, line, stderr, exit_code)
 
-    def put(self, local: Path, remote: str) -> None:
-        """Upload over SFTP to an absolute remote path (SFTP does not expand ``~``)."""
+    def _put(self, local: Path, remote: str) -> None:
+        """Upload over SFTP to an absolute remote path."""
         import paramiko
 
-        if not remote.startswith("/"):
-            raise ValueError(f"remote path must be absolute, got {remote!r}")
         conn = self._live()
         try:
             conn.put(str(local), remote=remote)
-        except (OSError, paramiko.SSHException) as exc:
-            raise RemoteCommandFailed(
-                f"{self.label}: SFTP upload of {local} to {remote} failed: {exc}"
-            ) from None
-
-    @property
-    def home(self) -> str:
-        if self._home is None:
-            result = self.check('printf "%s" "$HOME"', what="reading $HOME")
-            home = result.stdout
-            if not home.startswith("/") or "\n" in home:
-                from deploy.errors import RemoteOutputError
-
-                raise RemoteOutputError(
-                    f"{self.label}: $HOME is {home!r}; expected an absolute path"
-                )
-            self._home = home.rstrip("/") or "/"
-        return self._home
-
-    def resolve(self, path: str) -> str:
-        """Expand a leading ``~`` with the remote user's home (SFTP and quoting never do)."""
-        if path == "~":
-            return self.home
-        if path.startswith("~/"):
-            return f"{self.home}/{path[2:]}"
-        return path
-
+        except paramiko.SSHException as exc:
+            raise ConnectionError(str(exc)) from exc

@@ -1,6 +1,6 @@
 """Shared pytest fixtures.
 
-``sandbox``: three SIMULATED GPU hosts (sb1, sb2, sb3; a test double, see deploy/sandbox) for the
+``sandbox``: three SIMULATED GPU hosts (sb1, sb2, sb3; a test double, see sandbox) for the
 whole session: real sshd on 127.0.0.10-12, one Unix user each, 8 simulated H200s each. Skipped
 with the reason when this machine cannot run it (not root, no /usr/sbin/sshd, no fuser...).
 
@@ -31,7 +31,7 @@ LOCK_WAIT_S = float(os.environ.get("DEPLOYCTL_TEST_SANDBOX_LOCK_WAIT_S", "600"))
 @pytest.fixture(scope="session")
 def sandbox_machine_lock():
     """Held for the rest of the session by any test that creates sandbox users or addresses."""
-    from deploy.sandbox.hosts import sandbox_unavailable_reason
+    from sandbox.hosts import sandbox_unavailable_reason
 
     reason = sandbox_unavailable_reason()
     if reason:
@@ -55,7 +55,7 @@ def sandbox_machine_lock():
 
 @pytest.fixture(scope="session")
 def sandbox(sandbox_machine_lock):
-    from deploy.sandbox.hosts import start_sandbox, stop_sandbox
+    from sandbox.hosts import start_sandbox, stop_sandbox
 
     sb = start_sandbox(SANDBOX_ROOT, SANDBOX_HOSTS, gpus=8, stop_at_exit=True)
     try:
@@ -77,7 +77,7 @@ def jump_sandbox(sandbox_machine_lock):
     sshd runs at LogLevel DEBUG: OpenSSH 9.2 at VERBOSE does not log forwarded direct-tcpip
     channels; DEBUG logs one ``server_request_direct_tcpip`` line per channel, which tests count.
     """
-    from deploy.sandbox.hosts import start_sandbox, stop_sandbox
+    from sandbox.hosts import start_sandbox, stop_sandbox
 
     sb = start_sandbox(JUMP_SANDBOX_ROOT, JUMP_SANDBOX_HOSTS, gpus=2, address_base=JUMP_ADDRESS_BASE,
                        stop_at_exit=True, log_level="DEBUG")

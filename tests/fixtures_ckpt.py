@@ -1,6 +1,6 @@
 """Build small EAGLE-3 drafter checkpoints with the real safetensors library.
 
-Two conventions (reference section 1): speculators (vLLM's training library) names the decoder
+Two conventions (vllm-project/speculators 0.9.0 vs SpecForge / SGLang): speculators (vLLM's training library) names the decoder
 layer ``layers.0.*`` and nests the Llama fields under ``transformer_layer_config``; SpecForge /
 SGLang name it ``midlayer.*`` with a flat config and ``eagle_config``. Shapes are tiny (H=64 by
 default) but the key set, dtypes and config fields are the real ones. Values are deterministic

@@ -1,9 +1,16 @@
-"""Small pieces shared by the CLI verbs (selection of hosts and runs from the config)."""
+"""What the verbs share: selecting hosts and the run (with its overrides, re-validated) from the
+config, and running or planning a playbook through the orchestrator. No SSH here."""
 
 from __future__ import annotations
 
-from deploy.config.models import Config, Host, Run
+from typing import TYPE_CHECKING, Any
+
+import click
+
 from deploy.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:  # pydantic stays unimported until a verb runs (a fast --help)
+    from deploy.config.models import Config, Host, Run
 
 
 def select_hosts(config: Config, names: list[str], group: str | None) -> list[Host]:
@@ -27,3 +34,104 @@ def select_run(config: Config, name: str | None) -> Run:
         if name is None:
             raise UsageError(f"the config has several runs; pick one with --run (known: {known})") from None
         raise UsageError(f"--run {name!r}: no such run in the config (known: {known})") from None
+
+
+def with_draft_tokens(run: Run, draft_tokens: int | None) -> Run:
+    """The run with ``--draft-tokens`` applied, validated by the config's own rules (exit 2 if not)."""
+    if draft_tokens is None:
+        return run
+    from pydantic import ValidationError
+
+    try:
+        return run.overridden(draft_tokens=draft_tokens)
+    except ValidationError as exc:
+        problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise UsageError(f"--draft-tokens {draft_tokens}: {problems} (run {run.name!r})") from None
+
+
+def run_and_hosts(config: Config, run_name: str | None, host_names: tuple[str, ...] | list[str],
+                  draft_tokens: int | None = None) -> tuple[Run, list[Host]]:
+    """The selected run (overrides applied and re-validated) and its hosts, narrowed by --host."""
+    run = select_run(config, run_name)
+    hosts = config.hosts_of(run)
+    if host_names:
+        unknown = [n for n in host_names if n not in {h.name for h in hosts}]
+        if unknown:
+            raise UsageError(f"--host {unknown[0]!r} is not a host of run {run.name!r} ({', '.join(h.name for h in hosts)})")
+        hosts = [h for h in hosts if h.name in host_names]
+    return with_draft_tokens(run, draft_tokens), hosts
+
+
+def doctor_override(ignore_doctor: bool) -> dict[str, dict[str, Any]]:
+    if ignore_doctor:
+        click.echo("--ignore-doctor: a failing doctor check will not stop this run; the running server may be "
+                   "stopped for a deploy the doctor expects to fail", err=True)
+        return {"doctor": {"ignore": True}}
+    return {}
+
+
+def execute(globals_, command: str, default_playbook: str, run_name, host_names, draft_tokens, playbook_name,
+            dry_run: bool, as_json: bool, overrides: dict | None = None, force: bool = False,
+            no_rollback: bool = False, serial: int | None = None, allow_downtime: bool = False) -> int:
+    """up, restart, down and plan: load, resolve, plan or run the playbook, render.
+
+    A run with a router or ``--serial`` runs as a fleet (batches, router phases); a run with
+    ``nodes`` as one multi-node server (deploy/fleet/).
+    """
+    from deploy import fleet, render
+    from deploy.errors import DeployError
+    from deploy.orchestrator import exit_code, plan_with_endpoints, run_locked
+    from deploy.playbook import load_playbook
+
+    config = globals_.load()
+    run, hosts = run_and_hosts(config, run_name, host_names, draft_tokens)
+    playbook = load_playbook(playbook_name or default_playbook)
+    for step, updates in (overrides or {}).items():
+        playbook = playbook.with_settings(step, **updates)
+    is_fleet = run.router is not None or serial is not None
+    if dry_run:
+        plans, endpoints = plan_with_endpoints(playbook, run, hosts, config)
+        fleet_plan = fleet.plan_fleet(config, run, hosts, command, serial, allow_downtime) if is_fleet else None
+        if as_json:
+            document = render.plan_document(command, run.name, plans, endpoints)
+            if fleet_plan is not None:
+                document["fleet"] = fleet_plan
+            render.print_json(document)
+        else:
+            render.plan_text(command, plans, render.console(), endpoints)
+            if fleet_plan is not None:
+                fleet.print_fleet_plan(fleet_plan)
+        return 0
+    progress = render.progress_printer()
+    result = stopped = None
+    if command != "down" and (run.nodes or is_fleet):
+        if run.nodes and host_names:
+            raise UsageError(f"run {run.name!r} is one server across {', '.join(run.nodes)}: --host cannot pick a node")
+        runner = fleet.nodes_runner(config, playbook, run, hosts, progress) if run.nodes else \
+            fleet.rolling_runner(config, playbook, run, hosts, progress, serial, allow_downtime)
+        result = run_locked(globals_.config_path, config, command, playbook, run, hosts, progress,
+                            rollback=not no_rollback, force=force, runner=runner)
+        reports, code = result.reports, int(result.exit_code())
+    else:
+        reports = run_locked(globals_.config_path, config, command, playbook, run, hosts, progress,
+                             rollback=not no_rollback and command != "down", force=force)
+        code = int(exit_code(reports))
+        if command == "down" and run.router is not None and not host_names:
+            try:
+                stopped = {"host": run.router.host} | fleet.stop_router(config, run, progress)
+            except DeployError as exc:
+                progress(run.router.host, "router", f"FAILED: {exc}")
+                stopped = {"host": run.router.host, "error": str(exc), "exit_code": int(exc.exit_code)}
+                code = code or int(exc.exit_code)
+    if as_json:
+        document = render.report_document(command, run.name, reports)
+        if result is not None:
+            document["fleet"] = fleet.fleet_report(result)
+        if stopped is not None:
+            document["router"] = stopped
+        render.print_json(document)
+    else:
+        render.step_summary_tables(command, reports, render.console())
+        if result is not None:
+            fleet.print_fleet_report(result)
+    return code

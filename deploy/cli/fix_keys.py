@@ -11,7 +11,7 @@ import click
     add_help_option=False,
 )
 @click.pass_context
-def fix_keys(ctx: click.Context) -> int:
+def command(ctx: click.Context) -> int:
     """Convert a speculators EAGLE-3 drafter for SGLang in place (see fix-keys --help)."""
     from deploy.remote import fix_eagle3_keys
 

@@ -4,35 +4,24 @@ from __future__ import annotations
 
 import click
 
+from deploy.cli import options
+
 
 @click.command("gpu-status")
 @click.option("--host", "host_names", multiple=True, help="Only this host (repeatable).")
-@click.option("--group", default=None, help="Only hosts in this group.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON document for scripts.")
+@options.group
+@options.as_json("Print a JSON document for scripts.")
 @click.pass_obj
-def gpu_status(globals_, host_names: tuple[str, ...], group: str | None, as_json: bool) -> int:
+def command(globals_, host_names: tuple[str, ...], group: str | None, as_json: bool) -> int:
     """Show GPU memory, utilisation and holder processes on each host (in parallel)."""
-    from deploy import render
+    from deploy import orchestrator, render
     from deploy.cli.common import select_hosts
-    from deploy.facts.gpus import read_gpus
-    from deploy.fanout import for_each_host, worst_exit_code
-    from deploy.transport import HostConnection, JumpConnections, describe_endpoints
 
     config = globals_.load()
     hosts = select_hosts(config, list(host_names), group)
-
-    def work(host):
-        with HostConnection(host, config.ssh, jumps) as conn:
-            return read_gpus(conn, host.gpus)
-
-    with JumpConnections() as jumps:
-        outcomes = for_each_host(hosts, work, config.ssh.max_parallel)
-        routers = []
-        if any(r.router is not None for r in config.runs):
-            from deploy.fleet.plan import router_status
-
-            routers = router_status(config, hosts, jumps)
-    endpoints = describe_endpoints(hosts, config.ssh)
+    outcomes = orchestrator.gpu_status(config, hosts)
+    routers = orchestrator.router_status(config, hosts)
+    endpoints = orchestrator.describe_endpoints(hosts, config)
     if as_json:
         document = render.gpu_status_document(outcomes, endpoints)
         if routers:
@@ -44,4 +33,4 @@ def gpu_status(globals_, host_names: tuple[str, ...], group: str | None, as_json
             from deploy.fleet.plan import print_router_status
 
             print_router_status(routers)
-    return int(worst_exit_code(outcomes))
+    return int(orchestrator.exit_code(outcomes))

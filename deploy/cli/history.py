@@ -12,7 +12,7 @@ import click
 @click.option("--host", "host_name", default=None, help="Only records of this host.")
 @click.option("-n", "--last", type=click.IntRange(1, 1_000_000), default=None, help="Only the last N records.")
 @click.option("--json", "as_json", is_flag=True, help="The records as a JSON document.")
-def history(run_name, host_name, last, as_json) -> int:
+def command(run_name, host_name, last, as_json) -> int:
     """Show the local history: time, verb, run, host, SGLang version, drafter, numbers, outcome, exit code."""
     from deploy import history as store
     from deploy import render

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,29 +50,33 @@ class Globals:
     help="Record the key of a host not yet in known_hosts (like OpenSSH accept-new). "
     "A changed key is always refused.",
 )
+@click.option(
+    "--traceback",
+    "show_traceback",
+    is_flag=True,
+    help="On an internal error (a bug in deployctl), print its traceback instead of one line.",
+)
 @click.pass_context
-def cli(ctx: click.Context, config_path: Path | None, accept_new_host_keys: bool) -> None:
+def cli(ctx: click.Context, config_path: Path | None, accept_new_host_keys: bool, show_traceback: bool) -> None:
     """Deploy an EAGLE-3 drafter with SGLang on GPU hosts: key fix, GPU cleanup, launch, verify."""
+    from deploy import errors
+
+    errors.show_tracebacks = show_traceback
     if config_path is None:
         config_path = Path(os.environ.get("DEPLOYCTL_CONFIG") or DEFAULT_CONFIG)
     ctx.obj = Globals(config_path=config_path, accept_new_host_keys=accept_new_host_keys)
 
 
-def _register() -> None:
-    from deploy.cli import doctor, fix_keys, gpu_status, history, nightly, sandbox
+#: every verb, one module each under deploy/cli/ (each defines ``command``), in --help order.
+VERBS = ("up", "restart", "down", "plan", "bench", "nightly", "doctor", "gpu_status", "logs", "history",
+         "fix_keys")
 
-    cli.add_command(doctor.doctor)
-    cli.add_command(gpu_status.gpu_status)
-    cli.add_command(history.history)
-    cli.add_command(nightly.nightly)
-    cli.add_command(fix_keys.fix_keys)
-    cli.add_command(sandbox.sandbox)
-    try:
-        from deploy.cli import lifecycle
-    except ImportError:  # pragma: no cover - during bring-up only
-        return
-    for command in lifecycle.COMMANDS:
-        cli.add_command(command)
+
+def _register() -> None:
+    import importlib
+
+    for module in VERBS:
+        cli.add_command(importlib.import_module(f"deploy.cli.{module}").command)
 
 
 _register()
@@ -88,7 +93,7 @@ def _fix_keys_args(args: list[str]) -> list[str] | None:
         token = args[i]
         if token in ("-c", "--config"):
             i += 2
-        elif token.startswith("--config=") or token == "--accept-new-host-keys":
+        elif token.startswith("--config=") or token in ("--accept-new-host-keys", "--traceback"):
             i += 1
         elif token == "fix-keys":
             return args[i + 1:]
@@ -100,6 +105,9 @@ def _fix_keys_args(args: list[str]) -> list[str] | None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; user errors never produce a traceback."""
     raw = list(sys.argv[1:] if argv is None else argv)
+    from deploy import errors
+
+    errors.show_tracebacks = False
     fix_args = _fix_keys_args(raw)
     if fix_args is not None:
         from deploy.remote import fix_eagle3_keys
@@ -121,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return ExitCode.INTERRUPTED
+    except Exception as exc:  # a bug: one line by default, the whole traceback with --traceback
+        if errors.show_tracebacks:
+            traceback.print_exception(exc, file=sys.stderr)
+            click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
+        else:
+            click.echo(f"internal error: {type(exc).__name__}: {exc} (run with --traceback)", err=True)
+        return ExitCode.FAILED
     return int(result or 0)
 
 

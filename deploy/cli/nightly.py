@@ -14,6 +14,8 @@ from datetime import datetime, timezone
 
 import click
 
+from deploy.cli import options
+
 
 def _log_file():
     from deploy.local_state import state_home
@@ -43,31 +45,28 @@ def _progress(log):
 
 
 @click.command("nightly")
-@click.option("--run", "run_name", default=None, help="Run from the config (default: the only one).")
-@click.option("--host", "host_names", multiple=True, help="Only these hosts of the run (repeatable).")
-@click.option("--playbook", "playbook_name", default="nightly", show_default=True)
-@click.option("--force", is_flag=True, help="Redeploy even when the server already runs as desired.")
-@click.option("--no-rollback", "no_rollback", is_flag=True,
-              help="On a failure or regression, leave the new deployment (or nothing) instead of the last good one.")
+@options.run
+@options.hosts
+@options.playbook("nightly")
+@options.force
+@options.no_rollback("On a failure or regression, leave the new deployment (or nothing) instead of the last good one.")
 @click.option("--min-accept-fraction", type=click.FloatRange(0.01, 1.0), default=None,
               help="Regression if accept length < this x the last good one's (playbook default 0.9).")
 @click.option("--min-throughput-fraction", type=click.FloatRange(0.01, 1.0), default=None,
               help="Regression if output tok/s < this x the last good one's (playbook default 0.9).")
-@click.option("--json", "as_json", is_flag=True, help="Print only the JSON report on stdout.")
-@click.option("--serial", type=click.IntRange(1, 4096), default=None,
-              help="Hosts per batch behind the router (default: 1 with a router, all at once without).")
-@click.option("--allow-downtime", is_flag=True, help="Allow a batch that takes the router's last healthy worker out.")
+@options.as_json("Print only the JSON report on stdout.")
+@options.fleet
 @click.pass_obj
-def nightly(globals_, run_name, host_names, playbook_name, force, no_rollback, min_accept_fraction,
+def command(globals_, run_name, host_names, playbook_name, force, no_rollback, min_accept_fraction,
             min_throughput_fraction, as_json, serial, allow_downtime) -> int:
     """Lock, converge to the drafter now at the configured path, verify, benchmark, gate, roll back on failure."""
     from deploy import render
-    from deploy.cli.lifecycle import _run_and_hosts, run_locked
-    from deploy.orchestrator import exit_code
+    from deploy.cli.common import run_and_hosts
+    from deploy.orchestrator import exit_code, run_locked
     from deploy.playbook import load_playbook
 
     config = globals_.load()
-    run, hosts = _run_and_hosts(config, run_name, host_names)
+    run, hosts = run_and_hosts(config, run_name, host_names)
     playbook = load_playbook(playbook_name)
     gate = {k: v for k, v in (("min_accept_fraction", min_accept_fraction),
                               ("min_throughput_fraction", min_throughput_fraction)) if v is not None}
@@ -77,22 +76,21 @@ def nightly(globals_, run_name, host_names, playbook_name, force, no_rollback, m
     with log:
         progress = _progress(log)
         progress("*", "nightly", f"run {run.name}, hosts {', '.join(h.name for h in hosts)}, log {path}")
-        fleet = None
-        if run.router is not None or serial is not None:
-            from deploy.fleet.plan import fleet_report
-            from deploy.fleet.rolling import run_fleet
+        result = None
+        if run.router is not None or serial is not None or run.nodes:
+            from deploy import fleet
 
-            fleet = run_locked(globals_, config, "nightly", playbook, run, hosts, run.draft_tokens, progress,
-                               rollback=not no_rollback, force=force,
-                               runner=lambda options: run_fleet(config, playbook, run, hosts, run.draft_tokens,
-                                                                progress, options, serial, allow_downtime))
-            reports = fleet.reports
+            runner = fleet.nodes_runner(config, playbook, run, hosts, progress) if run.nodes else \
+                fleet.rolling_runner(config, playbook, run, hosts, progress, serial, allow_downtime)
+            result = run_locked(globals_.config_path, config, "nightly", playbook, run, hosts, progress,
+                                rollback=not no_rollback, force=force, runner=runner)
+            reports = result.reports
         else:
-            reports = run_locked(globals_, config, "nightly", playbook, run, hosts, run.draft_tokens, progress,
+            reports = run_locked(globals_.config_path, config, "nightly", playbook, run, hosts, progress,
                                  rollback=not no_rollback, force=force)
         document = render.report_document("nightly", run.name, reports) | {"log_file": str(path)}
-        if fleet is not None:
-            document["fleet"] = fleet_report(fleet)
+        if result is not None:
+            document["fleet"] = fleet.fleet_report(result)
         render.print_json(document, log)
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if as_json:
@@ -102,4 +100,4 @@ def nightly(globals_, run_name, host_names, playbook_name, force, no_rollback, m
         else:
             for line in render.plain_report_lines("nightly", reports, stamp):
                 click.echo(line)
-    return int(fleet.exit_code() if fleet is not None else exit_code(reports))
+    return int(result.exit_code() if result is not None else exit_code(reports))

@@ -110,12 +110,6 @@ def format_validation_error(path: Path, err: ValidationError, root: yaml.Node | 
     return "\n".join(lines)
 
 
-def parse_yaml(path: Path, model: type[BaseModel]) -> BaseModel:
-    """Parse ``path`` as YAML and validate it into ``model``; every failure is a ConfigError."""
-    root, data = compose_yaml(path)
-    return _validate(path, model, root, data)
-
-
 def compose_yaml(path: Path) -> tuple[yaml.Node | None, Any]:
     """Read ``path`` within the size limit and compose it; every failure is a ConfigError."""
     try:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import ipaddress
 import posixpath
 import re
-from typing import Annotated, Literal
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -102,8 +103,38 @@ def reserved_option_for(arg: str) -> str | None:
     return " or ".join(hits) if hits else None
 
 
+def accepts_bool(annotation: Any) -> bool:
+    """Whether a field's type admits a boolean (bool, Any, a bool Literal, or a union with one)."""
+    if annotation is bool or annotation is Any:
+        return True
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return accepts_bool(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return any(accepts_bool(a) for a in get_args(annotation))
+    if origin is Literal:
+        return any(isinstance(a, bool) for a in get_args(annotation))
+    return False
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Every model read from a user's YAML (config and playbook steps).
+
+    YAML reads ``yes``/``no``/``on``/``off``/``true`` as booleans and pydantic's lax mode turns
+    True into 1: ``gpus: yes`` would deploy on one GPU and ``port: on`` dial port 1. NaN and
+    infinity (``.nan``, ``.inf``) pass every range check that compares with them; both are refused.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_other_types(cls, value: Any, info: Any) -> Any:
+        if isinstance(value, bool) and info.field_name in cls.model_fields:
+            if not accepts_bool(cls.model_fields[info.field_name].annotation):
+                raise ValueError(f"expected a value of another type, got the boolean {str(value).lower()} "
+                                 "(YAML reads yes/no/on/off/true/false as booleans)")
+        return value
 
 
 class SSHSettings(Strict):
@@ -134,7 +165,8 @@ class Host(Strict):
     gpu_devices: Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_plain_text)] = "/dev/nvidia*"
     python: HostPath = "python3"
     #: Persistent directory for helpers, PID files and logs. ``~`` is resolved on the host.
-    #: Never under /tmp: the second seed lost its fix script there after a VM crash.
+    #: Never under /tmp: a host's /tmp is wiped by a reboot or VM crash (a hand-run deployment lost its fix
+    #: script that way).
     state_dir: Annotated[str, Field(max_length=MAX_PATH), AfterValidator(_plain_text)] = "~/.deployctl"
     #: doctor fails when the state or logs directory has less free space than this
     min_free_mib: Annotated[int, Field(ge=0)] = 1024
@@ -274,6 +306,11 @@ class Run(Strict):
                 f"speculative_num_steps must be draft_tokens - 1 = {self.draft_tokens - 1} or unset"
             )
         return self
+
+    def overridden(self, **updates: Any) -> Run:
+        """This run with ``updates`` applied and validated again, cross-field rules included (a
+        command-line override is held to the same rules as the YAML); raises ValidationError."""
+        return Run.model_validate({**self.model_dump(), **updates})
 
     @field_validator("speculative_algorithm")
     @classmethod

@@ -2,7 +2,8 @@
 
 Each check returns pass / warn / fail with a one-line reason (more lines may follow) and the fix.
 A check that cannot decide (a file unreadable, the SGLang version unknown) warns and says so; it
-never passes silently. Version boundaries are from ../shared/reference/sglang-eagle3.md.
+never passes silently. Version boundaries are the SGLang releases (0.5.6 - 0.5.23 wheels)
+where each behaviour was seen, with the PR where one is known, cited at each check.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def _version_text(d: DoctorInput) -> str:
 def _base_dims(d: DoctorInput) -> dict[str, Any]:
     """num_hidden_layers / hidden_size / vocab_size of the target (a multimodal config nests them)."""
     config = d.facts.base_model.config or {}
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    nested = config.get("text_config")
+    text: dict = nested if isinstance(nested, dict) else {}
     dims = {}
     for key in ("num_hidden_layers", "hidden_size", "vocab_size"):
         value = text.get(key, config.get(key))

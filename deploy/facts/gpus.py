@@ -1,8 +1,8 @@
 """nvidia-smi facts: the commands to run and strict parsers for their CSV output.
 
-Each query runs as its own remote command. In the seed, ``fuser -k /dev/nvidia*`` ran in the same
-command as nvidia-smi: fuser prints PIDs on stdout without a newline, so the first CSV row arrived
-as ``88882 88882 ... 888820, 0 MiB``. A lenient parser reads that as "GPU 0 free"; ours rejects any
+Each query runs as its own remote command. fuser (psmisc) prints the PIDs it found on stdout without
+a newline and the names on stderr, so ``fuser -k /dev/nvidia*; nvidia-smi ...`` in one command (as
+the hand-run restart procedure did) glues them onto the first CSV row: ``88882 88882 ... 888820, 0 MiB``. A lenient parser reads that as "GPU 0 free"; ours rejects any
 row whose fields are not exactly what was asked for and quotes it.
 """
 

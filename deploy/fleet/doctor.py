@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from deploy.doctor.checks import Check
 from deploy.errors import DeployError
+from deploy.fanout import for_each_host
 from deploy.fleet.router import RouterPaths, ops_command, parse_json_line, router_address
 
 
@@ -36,3 +37,28 @@ def router_checks(conn, host, run) -> list[Check]:
         checks.append(Check("router-port", "fail", f"another process listens on {address}:{spec.port}",
                             "stop it or choose another router.port"))
     return checks
+
+
+def add_router_checks(config, run, hosts, outcomes: list) -> None:
+    """The router host's checks join its entry (or get one: a router host that is no replica).
+
+    Skipped when ``--host`` narrowed the run to hosts that do not include the router host.
+    """
+    from deploy.transport import HostConnection
+
+    router_host = config.host(run.router.host)
+    mine = next((o for o in outcomes if o.host.name == router_host.name), None)
+    if mine is None and len(hosts) != len(config.hosts_of(run)):
+        return
+
+    def work(host):
+        with HostConnection(host, config.ssh) as conn:
+            return router_checks(conn, host, run)
+
+    [extra] = for_each_host([router_host], work, 1)
+    if mine is None:
+        outcomes.append(extra)
+    elif mine.value is not None and extra.value is not None:
+        mine.value = list(mine.value) + extra.value
+    elif mine.error is None:
+        mine.value, mine.error = None, extra.error

@@ -49,11 +49,10 @@ def node_run(run: Run, rank: int, nnodes: int, addr: str) -> Run:
 class NodeSession:
     """One node's connection, host lock and step memory, kept across the run's phases."""
 
-    def __init__(self, config, host: Host, run: Run, rank: int, jumps, options, progress, cancelled, stamp,
-                 tokens: int):
+    def __init__(self, config, host: Host, run: Run, rank: int, jumps, options, progress, cancelled, stamp):
         self.config, self.host, self.run, self.rank = config, host, run, rank
         self.jumps, self.options, self.progress, self.cancelled = jumps, options, progress, cancelled
-        self.stamp, self.tokens = stamp, tokens
+        self.stamp = stamp
         self.report = HostReport(host)
         self.memory: dict[str, Any] = {"force": options.force}
         self.conn: HostConnection | None = None
@@ -75,7 +74,7 @@ class NodeSession:
             self.progress(self.host.name, "lock", "held")
 
     def steps(self, steps: Sequence[PlannedStep]) -> DeployError | None:
-        records, error, failed_at = _run_steps(steps, self.host, self.run, self.conn, self.tokens, self.stamp,
+        records, error, failed_at = _run_steps(steps, self.host, self.run, self.conn, self.stamp,
                                                self.progress, self.memory, self.cancelled)
         self.report.steps.extend(records)
         if error is not None:
@@ -111,14 +110,14 @@ def _slices(playbook) -> dict[str, list[PlannedStep]]:
             "record": [s for s in after if s.name == "record-good"]}
 
 
-def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], draft_tokens: int, progress, options) -> RunResult:
+def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, options) -> RunResult:
     cancelled = threading.Event()
     stamp = launch_stamp()
     slices = _slices(playbook)
     phases: list[PhaseRecord] = []
     error: DeployError | None = None
     with JumpConnections() as jumps:
-        sessions = [NodeSession(config, h, run, r, jumps, options, progress, cancelled, stamp, draft_tokens)
+        sessions = [NodeSession(config, h, run, r, jumps, options, progress, cancelled, stamp)
                     for r, h in enumerate(hosts)]
         by_name = {s.host.name: s for s in sessions}
 
@@ -228,7 +227,7 @@ def _stop_every_node(sessions: Sequence[NodeSession], phases: list[PhaseRecord],
     for s in sessions:
         if s.conn is None:
             continue
-        records, failure, _ = _run_steps([step], s.host, s.run, s.conn, s.tokens, s.stamp, s.progress, {},
+        records, failure, _ = _run_steps([step], s.host, s.run, s.conn, s.stamp, s.progress, {},
                                          threading.Event(), label="group-stop/")
         s.report.rollback.extend(records)
         if failure is not None:

@@ -37,7 +37,6 @@ class RunState:
     config: Config
     run: Run
     playbook: Playbook
-    draft_tokens: int
     options: RunOptions
     progress: Progress
     jumps: JumpConnections
@@ -102,7 +101,7 @@ class RunResult:
 def _host_phase(state: RunState, phase: HostPhase) -> DeployError | None:
     outcomes = for_each_host(
         list(phase.hosts),
-        lambda h: _run_on_host(state.config, state.playbook, state.run, h, state.draft_tokens, state.stamp,
+        lambda h: _run_on_host(state.config, state.playbook, state.run, h, state.stamp,
                                state.progress, state.cancelled, state.jumps, state.options),
         state.config.ssh.max_parallel, cancel=state.cancelled)
     first = None

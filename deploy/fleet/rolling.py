@@ -136,7 +136,7 @@ def with_router_spared(playbook, run):
     return playbook
 
 
-def run_fleet(config, playbook, run, hosts: Sequence[Host], draft_tokens: int, progress, options,
+def run_fleet(config, playbook, run, hosts: Sequence[Host], progress, options,
               serial: int | None, allow_downtime: bool):
     """The playbook over the run's hosts in batches, with the router's phases between them."""
     import threading
@@ -149,7 +149,7 @@ def run_fleet(config, playbook, run, hosts: Sequence[Host], draft_tokens: int, p
     check_serial(serial, hosts, run, allow_downtime)
     playbook = with_router_spared(playbook, run)
     with JumpConnections() as jumps:
-        state = RunState(config, run, playbook, draft_tokens, options, progress, jumps, threading.Event(),
+        state = RunState(config, run, playbook, options, progress, jumps, threading.Event(),
                          launch_stamp())
         try:
             return run_phases(state, hosts, fleet_phases(hosts, serial, run.router is not None, allow_downtime))
@@ -163,7 +163,7 @@ def stop_router(config, run, progress) -> dict:
     from deploy.transport import JumpConnections
 
     with JumpConnections() as jumps:
-        state = RunState(config, run, None, 0, None, progress, jumps, None, "")  # type: ignore[arg-type]
+        state = RunState(config, run, None, None, progress, jumps, None, "")  # type: ignore[arg-type]
         try:
             router = open_router(state)
             result = router.stop()

@@ -201,7 +201,7 @@ class RouterHost:
                               f"{got.get('error') or got.get('body', '')[:200]}")
         return parse_workers(got["body"], self.host.name)
 
-    def wait_members(self, expected: set[str], pid: int | None = None, absent: set[str] = frozenset()) -> None:
+    def wait_members(self, expected: set[str], pid: int | None = None, absent: frozenset[str] = frozenset()) -> None:
         """Poll the worker list until every ``expected`` URL is listed healthy and no ``absent`` one is."""
         deadline = time.monotonic() + self.spec.startup_timeout_s
         last = "no answer yet"
@@ -244,7 +244,7 @@ class RouterHost:
         if got.get("status") not in (200, 202, 204):
             raise RouterError(f"{self.host.name}: router refused to remove {url}: {got.get('status')} "
                               f"{got.get('error') or got.get('body', '')[:200]}")
-        self.wait_members(set(), absent={url})
+        self.wait_members(set(), absent=frozenset({url}))
 
     def in_flight(self, url: str) -> int | None:
         """Requests running or waiting on a worker (SGLang /v1/loads); None when it does not answer."""

@@ -1090,7 +1090,7 @@ def _simulate_load(shapes: Dict[str, List[int]], config: Optional[Dict[str, Any]
         if _is_uint(explicit) and explicit:
             num_aux = explicit
         elif ids_valid:
-            num_aux = len(ids)
+            num_aux = len(ids or ())
     tie = bool(eff.get("tie_word_embeddings", False))
 
     params: List[str] = []
@@ -1205,9 +1205,9 @@ def _simulate_load(shapes: Dict[str, List[int]], config: Optional[Dict[str, Any]
             problems.append("%s has shape %r but SGLang %s builds fc as %r (%d aux hidden states "
                             "of width %d)" % (fc_name, shape, versions, want, num_aux,
                                               target_hidden))
-        elif ids_valid and len(ids) != int(num_aux):
+        elif ids_valid and len(ids or ()) != int(num_aux):
             problems.append("%s takes %d aux hidden states but eagle_config lists %d ids"
-                            % (fc_name, num_aux, len(ids)))
+                            % (fc_name, num_aux, len(ids or ())))
     if result["dropped"]:
         problems.insert(0, "SGLang %s would drop %d tensor(s) without a word: %s"
                         % (versions, len(result["dropped"]), ", ".join(result["dropped"])))
@@ -1973,9 +1973,9 @@ def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:
                            "the original nor the converted version); nothing restored" % json_path)
         link = entry.get("link")
         if link is not None:
-            target = os.path.join(ckpt.dir, link)
+            link_target = os.path.join(ckpt.dir, link)
             try:
-                linked = _read_bounded(target, len(original), os.path.basename(json_path))
+                linked = _read_bounded(link_target, len(original), os.path.basename(json_path))
             except FixError:
                 linked = None
             if linked != original:

@@ -5,9 +5,6 @@ host: that is where the router reaches the workers from, so what works here work
 
     fleet_ops.py request METHOD URL [JSON_BODY] [--timeout S]
         one JSON line: {"status": int|null, "body": str, "error": str|null, "error_kind": ...}
-    fleet_ops.py stream URL JSON_BODY [--timeout S]
-        POST a streaming /generate and read the server-sent events to ``data: [DONE]``:
-        {"status", "events", "done": bool, "text", "error"}
     fleet_ops.py router-version
         {"version": "0.3.2"|null} from the sglang-router package metadata (never imported)
     fleet_ops.py stop-router PIDFILE [--timeout GRACE]
@@ -45,7 +42,7 @@ def request(method: str, url: str, body, timeout: float) -> dict:
     req = urllib.request.Request(url, data=data, method=method)
     if data is not None:
         req.add_header("content-type", "application/json")
-    result = {"status": None, "body": "", "error": None, "error_kind": None}
+    result: dict = {"status": None, "body": "", "error": None, "error_kind": None}
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             result["status"] = resp.status
@@ -59,32 +56,6 @@ def request(method: str, url: str, body, timeout: float) -> dict:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         result["error"] = str(getattr(exc, "reason", exc))[:300]
         result["error_kind"] = _kind(exc)
-    return result
-
-
-def stream(url: str, body, timeout: float) -> dict:
-    body = dict(body, stream=True)
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
-    req.add_header("content-type", "application/json")
-    result = {"status": None, "events": 0, "done": False, "text": "", "error": None}
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            result["status"] = resp.status
-            for raw in resp:
-                line = raw.decode("utf-8", "replace").strip()
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    result["done"] = True
-                    break
-                result["events"] += 1
-                result["text"] = json.loads(payload).get("text", "")[:200]
-    except urllib.error.HTTPError as exc:
-        result["status"] = exc.code
-        result["error"] = exc.read(300).decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        result["error"] = str(getattr(exc, "reason", exc))[:300]
     return result
 
 
@@ -169,8 +140,6 @@ def main(argv) -> int:
     if argv and argv[0] == "request" and len(argv) in (3, 4):
         body = json.loads(argv[3]) if len(argv) == 4 else None
         out = request(argv[1], argv[2], body, timeout)
-    elif argv and argv[0] == "stream" and len(argv) == 3:
-        out = stream(argv[1], json.loads(argv[2]), timeout)
     elif argv and argv[0] == "router-version" and len(argv) == 1:
         out = router_version()
     elif argv and argv[0] == "stop-router" and len(argv) == 2:
@@ -180,7 +149,7 @@ def main(argv) -> int:
     elif argv and argv[0] == "router-state" and len(argv) == 3:
         out = router_state(argv[1], argv[2], timeout)
     else:
-        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | stream URL BODY | router-version | stop-router PIDFILE | router-state PIDFILE URL | port-check ADDRESS PORT PIDFILE\n")
+        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | router-version | stop-router PIDFILE | router-state PIDFILE URL | port-check ADDRESS PORT PIDFILE\n")
         return 2
     sys.stdout.write(json.dumps(out) + "\n")
     return 0

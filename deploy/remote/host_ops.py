@@ -7,7 +7,7 @@ which the orchestrator parses strictly. Importable locally for tests.
 
 Commands:
   stop-processes  SIGTERM, wait up to a grace period, SIGKILL: every python3 process of this user
-                  (the seeds' ``killall python3``) or only the server recorded in a PID file.
+                  (the hand-run ``killall python3``) or only the server recorded in a PID file.
   probe           Is the server PID alive, what does GET /health answer, what is the last log line.
   server-state    The PID file's server: alive, /health, and the deployment record launch wrote.
   accept-check    Greedy /generate requests; the measured speculative accept length.
@@ -16,6 +16,7 @@ Commands:
 from __future__ import annotations
 
 import argparse
+from typing import Any, Dict, List
 import json
 import os
 import re
@@ -55,6 +56,22 @@ def _uid(pid: int) -> int | None:
         if line.startswith("Uid:"):
             return int(line.split()[1])
     return None
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent's PID, or None when the process is gone or its stat is unreadable."""
+    try:
+        stat = _stat(pid)
+    except (ValueError, IndexError):
+        return None
+    return stat[1] if stat is not None else None
+
+
+def real_uid(pid: int) -> int | None:
+    try:
+        return _uid(pid)
+    except (ValueError, IndexError):
+        return None
 
 
 def cmdline(pid: int) -> str:
@@ -213,7 +230,7 @@ def http_status(url: str, timeout: float) -> dict:
     only when uvicorn starts, after the weights are loaded) and ``timeout`` are "still loading";
     anything else (no route, reset, DNS) is an error the caller reports at once.
     """
-    result = {"status": None, "error": None, "error_kind": None, "body": ""}
+    result = {"status": None, "error": None, "error_kind": None, "body": ""}  # type: Dict[str, Any]
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             result["status"] = resp.status
@@ -259,7 +276,7 @@ def cmd_server_state(args) -> dict:
     text = (_read(args.pidfile) or "").strip()
     pid = int(text) if text.isdigit() else None
     running = pid is not None and alive(pid) and "sglang" in cmdline(pid)
-    result = {"pid": pid, "alive": running, "cmdline": cmdline(pid)[:300] if running else "",
+    result = {"pid": pid, "alive": running, "cmdline": cmdline(pid)[:300] if running and pid is not None else "",
               "record": _read_json_file(args.record)}
     result.update(http_status(args.url, args.timeout) if running else
                   {"status": None, "error": None, "error_kind": None, "body": ""})
@@ -328,7 +345,7 @@ def cmd_accept(args) -> dict:
     1.00 means no draft token was ever accepted: the drafter's weights were dropped by the
     loader, or fc was bypassed (single hidden state). Both happened in real deployments.
     """
-    samples = []
+    samples = []  # type: List[Dict[str, Any]]
     for i in range(args.requests):
         payload = {"text": PROMPTS[i % len(PROMPTS)],
                    "sampling_params": {"max_new_tokens": args.max_new_tokens, "temperature": 0}}

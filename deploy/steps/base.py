@@ -12,18 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from deploy.config.models import Host, Run
+from deploy.config.models import Host, Run, Strict
 from deploy.errors import Interrupted
 from deploy.shell import path_join
 from deploy.transport import Transport
 
 
-class StepSettings(BaseModel):
-    """Settings every step accepts in a playbook; each step adds its own."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class StepSettings(Strict):
+    """Settings every step accepts in a playbook; each step adds its own (no booleans for numbers, no NaN)."""
 
     step: str
     enabled: bool = True
@@ -53,10 +51,6 @@ class StatePaths:
     @property
     def pidfile(self) -> str:
         return path_join(self.root, "server.pid")
-
-    @property
-    def launch_record(self) -> str:
-        return path_join(self.root, "launch.json")
 
     @property
     def drafters(self) -> str:
@@ -92,7 +86,6 @@ class StepContext:
     run: Run
     settings: Any
     conn: Transport | None
-    draft_tokens: int
     launch_stamp: str
     progress: Callable[[str], None] = lambda message: None
     #: values one step hands to a later one on the same host (e.g. the launched PID)
@@ -104,6 +97,11 @@ class StepContext:
         """Wait between polls; returns early and raises Interrupted when the command is cancelled."""
         if self.cancelled.wait(max(0.0, seconds)) or self.cancelled.is_set():
             raise Interrupted(f"{self.host.name}: interrupted")
+
+    @property
+    def draft_tokens(self) -> int:
+        """The run's draft tokens: a ``--draft-tokens`` override is already in ``run`` (re-validated)."""
+        return self.run.draft_tokens
 
     @property
     def paths(self) -> StatePaths:

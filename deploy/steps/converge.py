@@ -35,6 +35,7 @@ def differences(desired: dict, recorded: dict | None) -> list[str]:
     if recorded is None:
         return ["no deployment recorded"]
     want, have = identity(desired), identity(recorded)
+    assert want is not None and have is not None  # identity() of a dict is a dict
     return [key.replace("_", " ") for key in want if want[key] != have[key]]
 
 

@@ -33,12 +33,12 @@ def plan(ctx: StepContext) -> list[PlannedCommand]:
     ]
 
 
-def diagnose(conn, ctx_host, run, draft_tokens: int, *, fix_keys_will_run: bool):
+def diagnose(conn, ctx_host, run, *, fix_keys_will_run: bool):
     from deploy.doctor.checks import DoctorInput, run_checks
     from deploy.facts.doctor import read_doctor_facts
 
     facts, sglang, why = read_doctor_facts(conn, ctx_host, run)
-    checks = run_checks(DoctorInput(ctx_host, run, draft_tokens, facts, sglang, fix_keys_will_run=fix_keys_will_run,
+    checks = run_checks(DoctorInput(ctx_host, run, run.draft_tokens, facts, sglang, fix_keys_will_run=fix_keys_will_run,
                                     sglang_error=why))
     return checks, (sglang.version if sglang else None)
 
@@ -59,7 +59,7 @@ def failure_text(host: str, checks) -> str:
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    checks, version = diagnose(ctx.require_conn(), ctx.host, ctx.run, ctx.draft_tokens,
+    checks, version = diagnose(ctx.require_conn(), ctx.host, ctx.run,
                                fix_keys_will_run=ctx.settings.fix_keys_will_run)
     if version:
         ctx.memory["sglang_version"] = version  # fix-keys reuses it: one remote command less

@@ -1,7 +1,7 @@
 """fix-keys: copy the drafter into the host's drafter store, key-fix it there, verified.
 
 SGLang 0.5.6-0.5.11 drops a speculators checkpoint's decoder-layer tensors without a word; the
-drafter then runs randomly initialised and acceptance collapses to 1.00 (the first seed). The
+drafter then runs randomly initialised and acceptance collapses to 1.00 (seen in a real deployment). The
 fixer runs on the host under its python3, from the persistent state dir, and answers in JSON.
 
 The user's checkpoint directory is never modified: it is copied (``cp --reflink=auto``: free on
@@ -14,20 +14,19 @@ own bytes. The store keeps the 2 most recently used drafters plus the last good 
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Literal
 
 from pydantic import Field
 
-from deploy.errors import DeployError, ExitCode, RemoteCommandFailed, RemoteOutputError, VerificationFailed
+from deploy.errors import DeployError, ExitCode, RemoteOutputError, VerificationFailed
+from deploy.facts.fixer import exit_code_of, parse_fixer_summary, parse_sglang_version
 from deploy.facts.server import last_good_path
 from deploy.shell import path_join, quote, quote_path
 from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
 
 NAME = "fix-keys"
 FIXER = "fix_eagle3_keys.py"
-VERSION_RE = re.compile(r"^\d+\.\d+\.\d+([.+\w-]*)$")
 
 
 class Settings(StepSettings):
@@ -102,48 +101,11 @@ def convert_flags(ctx: StepContext, version: str | None) -> list[str]:
 
 
 def parse_version(result, source: str, python: str = "python3") -> str:
-    text = result.stdout.strip()
-    if "No module named 'sglang'" in result.stderr or "PackageNotFoundError" in result.stderr:
-        raise RemoteCommandFailed(
-            f"{source}: SGLang is not installed for {python!r}; set the run's sglang_python to the "
-            "interpreter that has it (a venv's bin/python, say)"
-        )
-    if result.exit_code != 0 or not VERSION_RE.match(text):
-        detail = (result.stderr.strip().splitlines() or [text or "(no output)"])[-1]
-        raise RemoteOutputError(f"{source}: cannot read the installed SGLang version: {detail}")
-    return text
-
-
-def _fixer_failure_text(result) -> str:
-    """What a failed fixer run said, without a Python traceback's frames (the last line is the error)."""
-    text = (result.stderr.strip() or result.stdout.strip())
-    if "Traceback (most recent call last)" in text:
-        last = [ln for ln in text.splitlines() if ln.strip()][-1:]
-        return "the fixer crashed: " + (last[0].strip() if last else "(no message)")
-    return text[-500:] or "(no output)"
-
-
-def fixer_exit_code(value, source: str) -> ExitCode:
-    try:
-        return ExitCode(int(value))
-    except (TypeError, ValueError):
-        raise RemoteOutputError(f"{source}: the key fixer reported exit code {value!r}, not one of deployctl's") from None
+    return parse_sglang_version(result.exit_code, result.stdout, result.stderr, source, python)
 
 
 def parse_fixer_json(result, source: str) -> dict:
-    lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
-    try:
-        document = json.loads("\n".join(lines))
-    except (ValueError, RecursionError):
-        raise RemoteOutputError(
-            f"{source}: the key fixer did not print its JSON summary (exit {result.exit_code}): "
-            f"{_fixer_failure_text(result)}"
-        ) from None
-    if not isinstance(document, dict) or "status" not in document:
-        raise RemoteOutputError(f"{source}: the key fixer's JSON has no 'status': {str(document)[:200]}")
-    if document["status"] == "error" and not isinstance(document.get("error"), str):
-        raise RemoteOutputError(f"{source}: the key fixer's error document has no message: {str(document)[:200]}")
-    return document
+    return parse_fixer_summary(result.exit_code, result.stdout, result.stderr, source)
 
 
 def plan(ctx: StepContext) -> list[PlannedCommand]:
@@ -171,7 +133,7 @@ def _fingerprint(ctx: StepContext, timeout: float) -> str:
     current = parse_fixer_json(conn.run(fixer_command(ctx, "--fingerprint"), timeout=timeout), ctx.host.name)
     if current.get("status") == "error":
         raise DeployError(f"{ctx.host.name}: {ctx.run.drafter}: {current.get('error')}",
-                          exit_code=fixer_exit_code(current.get("code", 1), ctx.host.name))
+                          exit_code=exit_code_of(current.get("code", 1), ctx.host.name))
     fingerprint = current.get("fingerprint")
     if not isinstance(fingerprint, str) or not re.fullmatch(r"[0-9a-f]{32,128}", fingerprint):
         raise RemoteOutputError(f"{ctx.host.name}: the key fixer printed no valid fingerprint for {ctx.run.drafter}")
@@ -184,7 +146,7 @@ def _convert(ctx: StepContext, path: str, version: str | None, timeout: float) -
     result = conn.run(fixer_command(ctx, *convert_flags(ctx, version), path=path), timeout=timeout)
     summary = parse_fixer_json(result, source)
     if summary["status"] == "error":
-        code = fixer_exit_code(summary.get("code", ExitCode.CHECKPOINT), source)
+        code = exit_code_of(summary.get("code", ExitCode.CHECKPOINT), source)
         raise DeployError(f"{source}: key fix of {ctx.run.drafter}: {summary.get('error')}", exit_code=code)
     verification = summary.get("verification") or {}
     if verification.get("ok") is False or result.exit_code == ExitCode.VERIFY:

@@ -61,7 +61,7 @@ def run(ctx: StepContext) -> StepOutcome:
     previous = parse_record(conn.run(read_record_command(last_good_path(ctx.paths.root))).stdout, ctx.host.name,
                             last_good_path(ctx.paths.root))
     metrics = measurements(ctx)
-    if same_deployment(previous, deployment) and isinstance(previous.get("metrics"), dict):
+    if previous is not None and same_deployment(previous, deployment) and isinstance(previous.get("metrics"), dict):
         metrics = metrics | previous["metrics"]  # keep the original bar, fill what it lacked
     record = dict(deployment) | {"metrics": metrics,
                                  "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}

@@ -1,17 +1,16 @@
 """stop-stale: SIGTERM, a grace period, then SIGKILL for stale python3 processes.
 
-Scope ``user`` is the seeds' ``killall python3`` (every python3 process of the deploy user),
+Scope ``user`` is the hand-run procedure's ``killall python3`` (every python3 process of the deploy user),
 which also catches SGLang's renamed TP workers that ``killall`` misses; ``pidfile`` stops only the
 server deployctl launched (and its session). The helper never kills itself or its parents.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from deploy.errors import RemoteOutputError
-from deploy.shell import quote, quote_path
+from deploy.facts.host_helper import parse_stop_report, stop_processes_command
 from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
 
 NAME = "stop-stale"
@@ -35,27 +34,8 @@ def grace(ctx: StepContext) -> float:
 
 
 def command(ctx: StepContext) -> str:
-    parts = [quote(ctx.host.python), quote_path(ctx.paths.helper("host_ops.py")), "stop-processes",
-             "--scope", ctx.settings.scope, "--grace", f"{grace(ctx):g}"]
-    if ctx.settings.scope == "pidfile":
-        parts += ["--pidfile", quote_path(ctx.paths.pidfile)]
-    else:
-        for pattern in ctx.settings.exclude:
-            parts += ["--exclude", quote(pattern)]
-    return " ".join(parts)
-
-
-def parse(output: str, source: str) -> dict:
-    try:
-        document = json.loads(output)
-        processes = document["processes"]
-        for proc in processes:
-            int(proc["pid"]), str(proc["cmdline"]), bool(proc["exited"])
-            if proc["signal"] not in ("TERM", "KILL"):
-                raise ValueError(proc["signal"])
-    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested output
-        raise RemoteOutputError(f"{source}: stop-processes printed unexpected output: {output[:300]!r}") from None
-    return document
+    return stop_processes_command(ctx.host.python, ctx.paths.helper("host_ops.py"), ctx.settings.scope, grace(ctx),
+                                  pidfile=ctx.paths.pidfile, exclude=ctx.settings.exclude)
 
 
 def plan(ctx: StepContext) -> list[PlannedCommand]:
@@ -65,8 +45,8 @@ def plan(ctx: StepContext) -> list[PlannedCommand]:
 def run(ctx: StepContext) -> StepOutcome:
     conn = ctx.require_conn()
     result = conn.check(command(ctx), timeout=ctx.timeout(grace(ctx) + 60), what="stop-processes")
-    document = parse(result.stdout, ctx.host.name)
-    processes = document["processes"]
+    report = parse_stop_report(result.stdout, ctx.host.name)
+    processes = [p.model_dump(exclude_none=True) for p in report.processes]
     for proc in processes:
         ctx.progress(f"SIG{proc['signal']} {proc['pid']} {proc['cmdline'][:120]}")
     survivors = [p for p in processes if not p["exited"]]
@@ -75,6 +55,6 @@ def run(ctx: StepContext) -> StepOutcome:
         raise RemoteOutputError(f"{ctx.host.name}: processes survived SIGKILL: {listing}")
     killed = sum(1 for p in processes if p["signal"] == "KILL")
     detail = f"stopped {len(processes)} process(es)" + (f", {killed} needed SIGKILL" if killed else "")
-    if document.get("note") and not processes:
-        detail = document["note"]
-    return StepOutcome("ok", detail, {"processes": processes, "note": document.get("note")})
+    if report.note and not processes:
+        detail = report.note
+    return StepOutcome("ok", detail, {"processes": processes, "note": report.note})

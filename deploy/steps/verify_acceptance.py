@@ -8,13 +8,11 @@ fails when the measured accept length is under the threshold.
 
 from __future__ import annotations
 
-import json
-
 from pydantic import Field
 
 from deploy.doctor.suspects import likely_causes
-from deploy.errors import RemoteOutputError, VerificationFailed
-from deploy.shell import quote, quote_path
+from deploy.errors import VerificationFailed
+from deploy.facts.host_helper import accept_check_command, parse_accept_check
 from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
 from deploy.steps.launch import probe_address
 
@@ -35,21 +33,8 @@ def base_url(ctx: StepContext) -> str:
 
 def command(ctx: StepContext) -> str:
     s = ctx.settings
-    return " ".join([quote(ctx.host.python), quote_path(ctx.paths.helper("host_ops.py")), "accept-check",
-                     "--base", quote(base_url(ctx)), "--requests", str(s.requests),
-                     "--max-new-tokens", str(s.max_new_tokens)])
-
-
-def parse(output: str, source: str) -> dict:
-    try:
-        document = json.loads(output)
-        if not isinstance(document["ok"], bool):
-            raise TypeError
-        if document["ok"] and not isinstance(document["accept_length"], (int, float)):
-            raise TypeError
-    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested output
-        raise RemoteOutputError(f"{source}: accept-check printed unexpected output: {output[:300]!r}") from None
-    return document
+    return accept_check_command(ctx.host.python, ctx.paths.helper("host_ops.py"), base_url(ctx), s.requests,
+                                s.max_new_tokens)
 
 
 def plan(ctx: StepContext) -> list[PlannedCommand]:
@@ -59,7 +44,8 @@ def plan(ctx: StepContext) -> list[PlannedCommand]:
 
 def run(ctx: StepContext) -> StepOutcome:
     conn = ctx.require_conn()
-    document = parse(conn.check(command(ctx), timeout=ctx.timeout(900), what="accept-check").stdout, ctx.host.name)
+    document = parse_accept_check(conn.check(command(ctx), timeout=ctx.timeout(900), what="accept-check").stdout,
+                                  ctx.host.name).model_dump()
     if not document["ok"]:
         raise VerificationFailed(f"{ctx.host.name}: could not measure acceptance: {document.get('error')}")
     length = float(document["accept_length"])

@@ -1,6 +1,6 @@
 """wait-gpus-free: poll nvidia-smi until every configured GPU is at or under the threshold.
 
-The seeds slept a fixed 2 + 3 seconds and read the output by eye. We poll at a short interval, so
+The hand-run procedure slept a fixed 2 + 3 seconds and read the output by eye. We poll at a short interval, so
 the step ends soon after the GPUs are really free, and fail with the holders named on timeout.
 Anything nvidia-smi prints that does not parse is an error, never "free".
 """

@@ -9,14 +9,14 @@ body excerpt, and a dead server (OOM, a bad flag, the port taken) fails at once 
 
 from __future__ import annotations
 
-import json
 import re
 import time
 
 from pydantic import Field
 
 from deploy.errors import RemoteOutputError, ServerDied, ServerUnhealthy, StepTimeout
-from deploy.shell import quote, quote_path
+from deploy.facts import host_helper
+from deploy.shell import quote_path
 from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
 from deploy.steps.launch import probe_address
 
@@ -42,27 +42,11 @@ def health_url(ctx: StepContext) -> str:
 
 
 def probe_command(ctx: StepContext, pid: int | str, log: str) -> str:
-    return " ".join([quote(ctx.host.python), quote_path(ctx.paths.helper("host_ops.py")), "probe",
-                     "--url", quote(health_url(ctx)), "--pid", str(pid), "--log", quote_path(log)])
+    return host_helper.probe_command(ctx.host.python, ctx.paths.helper("host_ops.py"), health_url(ctx), pid, log)
 
 
 def tail_command(log: str, lines: int = TAIL_LINES) -> str:
     return f"tail -n {lines} -- {quote_path(log)}"
-
-
-def parse_probe(output: str, source: str) -> dict:
-    try:
-        document = json.loads(output)
-        if not isinstance(document["alive"], bool):
-            raise TypeError
-        if document["status"] is not None and (not isinstance(document["status"], int) or isinstance(document["status"], bool)):
-            raise TypeError
-        if document["status"] is None and document.get("error_kind") not in ("refused", "timeout", "other"):
-            raise TypeError
-        str(document.get("last_log_line", ""))
-    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested output
-        raise RemoteOutputError(f"{source}: probe printed unexpected output: {output[:300]!r}") from None
-    return document
 
 
 def died_message(ctx: StepContext, pid: int, log: str, tail: str, when: str) -> str:
@@ -109,7 +93,8 @@ def run(ctx: StepContext) -> StepOutcome:
     started = time.monotonic()
     last_progress = started
     while True:
-        probe = parse_probe(conn.check(probe_command(ctx, pid, log), timeout=30, what="probe").stdout, ctx.host.name)
+        probe = host_helper.parse_probe(conn.check(probe_command(ctx, pid, log), timeout=30, what="probe").stdout,
+                                        ctx.host.name).model_dump()
         elapsed = time.monotonic() - started
         state = classify(probe)
         if state == "ready":

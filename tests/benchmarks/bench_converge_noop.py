@@ -28,7 +28,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from deploy.sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
+from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
 
 ROOT = Path(os.environ.get("DEPLOYCTL_TEST_SANDBOX_ROOT", "/var/tmp/deployctl-test-sandbox"))
 LOCK = Path("/var/tmp/deployctl-test-sandbox.lock")

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from deploy.cli.main import main  # noqa: E402
-from deploy.sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
+from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
 from deploy.transport import HostConnection  # noqa: E402
 from tests.conftest import LOCK_PATH, SANDBOX_ROOT  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Benchmark: the in-place header fix against the seed's load-everything-and-save approach.
+"""Benchmark: the in-place header fix against the hand-written fixer's load-everything-and-save approach.
 
     python tests/benchmarks/bench_fix_keys.py [--sizes-mib 1024 256] [--repeat 3] [--keep]
 
@@ -10,7 +10,7 @@ fresh subprocess:
 
 * seed: ``safetensors.numpy.load_file`` every tensor, rename ``layers.0.`` -> ``midlayer.``,
   move the original to ``model.safetensors.orig`` and ``save_file`` the renamed tensors (what the
-  seed's /tmp/fix_eagle3_keys.py did);
+  hand-written /tmp/fix_eagle3_keys.py did, labelled "seed" in the table);
 * ours: ``python3 deploy/remote/fix_eagle3_keys.py --json DIR`` (header rewrite in place, config
   conversion, backup sidecar, verification, fingerprint: the whole command), restored between
   repetitions with ``--restore``.
@@ -19,7 +19,7 @@ Peak RSS is each child's own VmHWM from /proc/self/status, read as it ends (``ru
 also count the parent's pages: Linux keeps the high-water mark across fork and execve); bytes
 written are the child's ``wchar`` from /proc/self/io. Tensors are F16 rather than BF16 (same two bytes per element) because numpy
 cannot load BF16. The page cache is warm for both (the file was just written), which favours
-the seed's approach. Prints a markdown table; removes its files unless --keep.
+the load-everything approach. Prints a markdown table; removes its files unless --keep.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from deploy.config.models import Host, SSHSettings  # noqa: E402
 from deploy.fanout import for_each_host  # noqa: E402
-from deploy.sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
+from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
 from deploy.ssh_config import load_ssh_config  # noqa: E402
 from deploy.transport import HostConnection, JumpConnections  # noqa: E402
 

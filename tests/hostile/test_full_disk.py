@@ -49,7 +49,7 @@ def ctx_for(module, state_dir: Path) -> StepContext:
     # model_construct: the test's state dir lives under pytest's /tmp, which the validator refuses
     host = Host.model_construct(**{**Host(name="gpu-a", address="10.1.2.3").model_dump(), "state_dir": str(state_dir)})
     run = Run(name="r", hosts=["gpu-a"], base_model="/m", drafter="/d")
-    return StepContext(host=host, run=run, settings=module.Settings(step=module.NAME), conn=None, draft_tokens=16,
+    return StepContext(host=host, run=run, settings=module.Settings(step=module.NAME), conn=None,
                        launch_stamp="20261130T000000Z")
 
 
@@ -65,7 +65,7 @@ def test_drafter_store_copy_on_a_full_disk(full_fs, tmp_path):
     before_drafter = tree_state(drafter)
     ctx = ctx_for(fix_keys, state)
     ctx = StepContext(host=ctx.host, run=ctx.run.model_copy(update={"drafter": str(drafter)}), settings=ctx.settings,
-                      conn=None, draft_tokens=16, launch_stamp=ctx.launch_stamp)
+                      conn=None, launch_stamp=ctx.launch_stamp)
     command = fix_keys.stage_command(ctx, "ab" * 32)
     result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
     assert result.returncode != 0

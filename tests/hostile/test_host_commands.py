@@ -25,7 +25,7 @@ def test_fixer_command_puts_the_drafter_after_double_dash(tmp_path):
     host = Host.model_construct(**{**base, "state_dir": str(tmp_path / "state"), "python": sys.executable})
     run = Run.model_construct(**{**Run(name="r", hosts=["gpu-a"], base_model="/m", drafter="/d").model_dump(),
                                  "drafter": "-x"})
-    ctx = StepContext(host=host, run=run, settings=fix_keys.Settings(step="fix-keys"), conn=None, draft_tokens=16,
+    ctx = StepContext(host=host, run=run, settings=fix_keys.Settings(step="fix-keys"), conn=None,
                       launch_stamp="x")
     command = fix_keys.fixer_command(ctx, "--check", "--json")
     assert command.endswith(" -- -x")

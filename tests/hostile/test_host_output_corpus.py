@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 
 from deploy.errors import ExitCode, RemoteOutputError
-from deploy.steps import fix_keys, stop_stale, verify_acceptance, wait_ready
+from deploy.facts.fixer import exit_code_of
+from deploy.facts.host_helper import parse_accept_check, parse_probe, parse_stop_report
+from deploy.steps import fix_keys
 from deploy.transport import CommandResult
 
-PARSERS = {"verify-acceptance": verify_acceptance.parse, "wait-ready": wait_ready.parse_probe,
-           "stop-stale": stop_stale.parse,
+PARSERS = {"verify-acceptance": parse_accept_check, "wait-ready": parse_probe,
+           "stop-stale": parse_stop_report,
            "fix-keys": lambda out, source: fix_keys.parse_fixer_json(CommandResult("x", 0, out, "", 0.1), source)}
 
 OUTPUTS = [("deep-array", "[" * 100000 + "]" * 100000), ("deep-object", '{"a":' * 50000 + "1" + "}" * 50000),
@@ -40,9 +42,9 @@ def test_a_crashed_fixer_is_reported_without_its_traceback():
 @pytest.mark.parametrize("code", [99, None, [6], -1, "x"])
 def test_fixer_error_with_an_exit_code_deployctl_does_not_have(code):
     with pytest.raises(RemoteOutputError) as err:
-        fix_keys.fixer_exit_code(code, "gpu-a")
+        exit_code_of(code, "gpu-a")
     assert "gpu-a" in str(err.value)
 
 
 def test_fixer_error_exit_code_is_kept():
-    assert fix_keys.fixer_exit_code(6, "gpu-a") == ExitCode.CHECKPOINT
+    assert exit_code_of(6, "gpu-a") == ExitCode.CHECKPOINT

@@ -193,7 +193,7 @@ def test_ignore_doctor_runs_on_and_verify_still_catches_it(clean_sandbox, tmp_pa
 
 
 def test_two_layer_drafter_on_old_sglang_is_refused_before_the_drafter_is_touched(clean_sandbox, tmp_path, capsys):
-    from deploy.sandbox.drafter import write_eagle3_drafter
+    from sandbox.drafter import write_eagle3_drafter
 
     sandbox = clean_sandbox
     host = sandbox.host("sb1")

@@ -68,7 +68,7 @@ def test_up_converts_launches_and_verifies_acceptance(clean_sandbox, tmp_path, c
 
 
 def test_unconverted_drafter_on_legacy_sglang_is_caught_by_verify(clean_sandbox, tmp_path, capsys):
-    """The first seed: skip the key fix and the healthy server accepts nothing (accept len 1.00)."""
+    """A speculators drafter on SGLang 0.5.6-0.5.11: skip the key fix and the healthy server accepts nothing (accept len 1.00)."""
     path = one_host_config(clean_sandbox, tmp_path)
     book = playbook(tmp_path, "name: nofix\nsteps:\n  - step: ensure-helper\n  - step: stop-stale\n    scope: user\n"
                     "  - step: free-gpus\n  - step: wait-gpus-free\n  - step: launch\n  - step: wait-ready\n"
@@ -285,7 +285,7 @@ def test_logs_follow_streams_and_stops_on_ctrl_c(clean_sandbox, tmp_path, capsys
 
 
 def test_bench_sweep_redeploys_per_draft_token_count(clean_sandbox, tmp_path, capsys):
-    """The seed's request: "Deploy and benchmark, first for 16 deep, then 10/5"."""
+    """The original request: "Deploy and benchmark, first for 16 deep, then 10/5"."""
     path = one_host_config(clean_sandbox, tmp_path)
     code, doc = cli_json(capsys, "-c", str(path), "bench", "--json", "--draft-tokens", "16", "--draft-tokens", "5",
                          "--num-prompts", "4", "--output-len", "64", "--input-len", "32")

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from deploy.sandbox import drafter as drafter_mod
+from sandbox import drafter as drafter_mod
 
 REPO = Path(__file__).resolve().parents[2]
-SIM_SMI = REPO / "deploy" / "sandbox" / "sim_nvidia_smi.py"
-SIM_LAUNCH = REPO / "deploy" / "sandbox" / "sim_sglang" / "sglang" / "launch_server.py"
+SIM_SMI = REPO / "sandbox" / "sim_nvidia_smi.py"
+SIM_LAUNCH = REPO / "sandbox" / "sim_sglang" / "sglang" / "launch_server.py"
 H200_MIB = 143771
 
 LAUNCH = ("python3 -m sglang.launch_server --model-path ~/models/Kimi-K2.5 "
@@ -272,7 +272,7 @@ def test_stray_gpu_holder_is_freed_by_fuser_and_nothing_else_dies(clean_sandbox)
         assert [a[0] for a in compute_apps(sb, name)] == [str(pid)]
         assert compute_apps(sb, name)[0][1:3] == ["python3", "512"]
 
-    # The seed's cleanup, verbatim but for the device path: every stray python3 of the host dies.
+    # The hand-run procedure's cleanup, verbatim but for the device path: every stray python3 of the host dies.
     res = sb.run("sb1", "killall python3 2>/dev/null; fuser -k ~/dev/nvidia* 2>/dev/null; "
                         "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader")
     assert res.returncode == 0
@@ -329,7 +329,7 @@ def test_unconverted_speculators_drafter_accepts_nothing(clean_sandbox):
     meta = json.loads(body)["meta_info"]
     assert meta["completion_tokens"] == 64 and meta["spec_verify_ct"] == 64
     info = json.loads(http(f"http://{h.address}:30000/server_info")[1])
-    assert info["internal_states"][0]["avg_spec_accept_length"] == 1.0  # the seeds' bug
+    assert info["internal_states"][0]["avg_spec_accept_length"] == 1.0  # speculators keys on SGLang < 0.5.12: layer dropped silently
     assert info["speculative_num_draft_tokens"] == 16
     log = (h.home / "sglang.log").read_text()
     assert "deployctl sandbox TEST DOUBLE" in log.splitlines()[0]
@@ -448,7 +448,7 @@ def test_sglang_port_taken_and_crash_during_load(clean_sandbox):
 
 @pytest.mark.sandbox
 def test_stop_sandbox_leaves_no_sshd_and_no_users(sandbox_machine_lock):
-    from deploy.sandbox.hosts import _live_pids_of_uid, _pid_alive, _read_state, start_sandbox, stop_sandbox
+    from sandbox.hosts import _live_pids_of_uid, _pid_alive, _read_state, start_sandbox, stop_sandbox
 
     root = Path(tempfile.mkdtemp(prefix="deployctl-stop-test-", dir="/var/tmp"))
     root.chmod(0o755)

@@ -69,3 +69,98 @@ def test_config_from_environment(tmp_path, monkeypatch, capsys):
 def test_logs_refuses_a_host_outside_the_run(capsys):
     assert main(["-c", EXAMPLE, "logs", "--host", "nope"]) == ExitCode.USAGE
     assert "--host 'nope' is not a host of run" in capsys.readouterr().err
+
+
+def _bug(*_args, **_kwargs):
+    raise RuntimeError("simulated bug")
+
+
+def test_a_bug_is_one_line_without_traceback_flag(monkeypatch, capsys):
+    monkeypatch.setattr("deploy.config.load_config", _bug)
+    assert main(["-c", EXAMPLE, "gpu-status"]) == ExitCode.FAILED
+    err = capsys.readouterr().err
+    assert err.strip() == "internal error: RuntimeError: simulated bug (run with --traceback)"
+
+
+def test_traceback_flag_prints_the_traceback(monkeypatch, capsys):
+    monkeypatch.setattr("deploy.config.load_config", _bug)
+    assert main(["--traceback", "-c", EXAMPLE, "gpu-status"]) == ExitCode.FAILED
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "_bug" in err
+    assert err.rstrip().endswith("internal error: RuntimeError: simulated bug")
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_a_bug_on_one_host_keeps_the_others_and_its_traceback(flag, capsys):
+    from deploy import errors
+    from deploy.config import load_config
+    from deploy.fanout import exit_code, for_each_host
+
+    first = load_config(Path(EXAMPLE)).hosts[0]
+    hosts = [first.model_copy(update={"name": f"h{i}"}) for i in range(3)]
+
+    def work(host):
+        if host.name == hosts[0].name:
+            raise KeyError("boom")
+        return host.name
+
+    errors.show_tracebacks = flag
+    try:
+        outcomes = for_each_host(hosts, work, max_parallel=4)
+    finally:
+        errors.show_tracebacks = False
+    assert [o.value for o in outcomes[1:]] == [h.name for h in hosts[1:]]
+    error = outcomes[0].error
+    assert isinstance(error.__cause__, KeyError) and error.exit_code == ExitCode.FAILED
+    assert exit_code(outcomes) == ExitCode.FAILED
+    err = capsys.readouterr().err
+    assert ("(run with --traceback)" in str(error)) is not flag
+    assert ("Traceback (most recent call last)" in err) is flag
+
+
+def test_the_cli_never_talks_ssh_itself():
+    """deploy/cli parses, resolves, calls the orchestrator and renders: no transport, shell or steps."""
+    import ast
+
+    forbidden = ("deploy.transport", "deploy.shell", "deploy.steps", "deploy.fanout", "deploy.facts")
+    cli_dir = REPO / "deploy" / "cli"
+    offenders = []
+    for path in sorted(cli_dir.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{path.name}: {n}" for n in names if n.startswith(forbidden)]
+    assert offenders == []
+    verbs = {p.stem for p in cli_dir.glob("*.py")} - {"__init__", "main", "common", "options"}
+    from deploy.cli.main import VERBS
+
+    assert sorted(VERBS) == sorted(verbs), "one module per verb, each registered once"
+
+
+def _config_with_steps(tmp_path, steps: int) -> str:
+    import yaml
+
+    doc = yaml.safe_load(Path(EXAMPLE).read_text())
+    doc["runs"][0]["speculative_num_steps"] = steps
+    path = tmp_path / "deployctl.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("verb", [["plan"], ["up", "--dry-run"], ["restart", "--dry-run"], ["bench", "--dry-run"]])
+def test_draft_tokens_override_is_validated_like_the_config(tmp_path, capsys, verb):
+    """speculative_num_steps 15 with topk 1 fixes T = 16; --draft-tokens 10 must be refused as the YAML would."""
+    config = _config_with_steps(tmp_path, 15)
+    assert main(["-c", config, *verb, "--draft-tokens", "16"]) == 0
+    capsys.readouterr()
+    assert main(["-c", config, *verb, "--draft-tokens", "10"]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "--draft-tokens 10" in err and "speculative_num_steps must be draft_tokens - 1 = 9" in err
+
+
+@pytest.mark.parametrize("tokens", ["1", "65", "-3"])
+@pytest.mark.parametrize("verb", [["plan"], ["up", "--dry-run"], ["bench", "--dry-run"]])
+def test_draft_tokens_bounds_come_from_the_model(capsys, verb, tokens):
+    assert main(["-c", EXAMPLE, *verb, "--draft-tokens", tokens]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert f"--draft-tokens {tokens}" in err and ("greater than or equal to 2" in err or "less than or equal to 64" in err)

@@ -24,7 +24,7 @@ from deploy.doctor.suspects import likely_causes
 from deploy.errors import RemoteOutputError
 from deploy.facts.doctor import HELPER, base_architectures, HostFacts, SglangFacts, host_spec, parse_host_facts, parse_sglang_facts
 from deploy.remote import doctor_facts
-from deploy.sandbox.drafter import drafter_tensor_specs
+from sandbox.drafter import drafter_tensor_specs
 from deploy.transport import CommandResult
 
 FIXTURES = Path(__file__).resolve().parents[1] / "facts" / "doctor"

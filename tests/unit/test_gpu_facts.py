@@ -15,7 +15,8 @@ BUSY = "\n".join(
 
 BUSY_APPS = f"{UUIDS[3]}, 88882, 120380, /usr/bin/python3\n"
 
-# The seed: `fuser -k /dev/nvidia*` (PIDs on stdout, no newline) chained before nvidia-smi.
+# The hand-run procedure: `fuser -k /dev/nvidia*` (psmisc prints PIDs on stdout, no newline) chained
+# before nvidia-smi in one command.
 SEED_GLUED = "88882 88882 88882 88882 88882 88882 88882 88882 88882 888820, 0 MiB\n1, 0 MiB\n"
 
 DRIVER_FAILED = (

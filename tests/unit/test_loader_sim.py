@@ -1,9 +1,9 @@
 """The replay of SGLang's LlamaForCausalLMEagle3.load_weights: nothing may be dropped silently.
 
-Reference section 2: names are resolved (0.5.12+ legacy map, d2t/t2d, stacked q/k/v and
+SGLang's ``srt/models/llama_eagle3.py`` (0.5.6 - 0.5.23): names are resolved (0.5.12+ legacy map, d2t/t2d, stacked q/k/v and
 gate/up, then ``name`` or ``model.`` + name) and anything unresolved is dropped without a word;
-nothing checks that every parameter received a tensor. Section 3: the aux layer ids must be in the
-draft config's eagle_config.
+nothing checks that every parameter received a tensor. The aux layer ids must be in the
+draft config's eagle_config (the Llama draft path reads only that key).
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ import pytest
 
 from deploy.config.models import Host, Run
 from deploy.errors import ConfigError, RemoteOutputError
+from deploy.facts.fuser import parse_killed
+from deploy.facts.helpers import parse_digests
+from deploy.facts.host_helper import parse_probe, parse_stop_report
 from deploy.orchestrator import plan_playbook
 from deploy.playbook import load_playbook
 from deploy.steps import REGISTRY, ensure_helper, free_gpus, launch, stop_stale, wait_gpus_free, wait_ready
@@ -21,7 +24,7 @@ RUN = Run(name="r", hosts=["kimi-a"], base_model="/data/models/Kimi K2.5", draft
 
 def ctx_for(module, run=RUN, host=HOST, **settings):
     return StepContext(host=host, run=run, settings=module.Settings(step=module.NAME, **settings), conn=None,
-                       draft_tokens=run.draft_tokens, launch_stamp="20261129T000000Z")
+                       launch_stamp="20261129T000000Z")
 
 
 @pytest.mark.parametrize("name", ["up", "restart", "down"])
@@ -136,7 +139,7 @@ def test_stop_stale_user_scope_excludes_distribution_daemons():
 
 
 def test_plan_covers_every_step_in_order():
-    plans = plan_playbook(load_playbook("up"), RUN, [HOST], 16)
+    plans = plan_playbook(load_playbook("up"), RUN, [HOST])
     assert [name for name, _ in plans["kimi-a"]] == [s.name for s in load_playbook("up").steps]
     commands = [c.command for _, cmds in plans["kimi-a"] for c in cmds]
     assert not any("killall" in c for c in commands)
@@ -144,27 +147,27 @@ def test_plan_covers_every_step_in_order():
 
 
 def test_disabled_steps_are_not_planned():
-    plans = plan_playbook(load_playbook("down"), RUN, [HOST], 16)
+    plans = plan_playbook(load_playbook("down"), RUN, [HOST])
     assert [name for name, _ in plans["kimi-a"]] == ["ensure-helper", "stop-stale"]
 
 
 def test_sha256_parser():
     ok = f"{'a' * 64}  /s/helpers/host_ops.py\nmissing /s/helpers/fix_eagle3_keys.py\n"
-    assert ensure_helper.parse_digests(ok, ["host_ops.py", "fix_eagle3_keys.py"], "h") == {
+    assert parse_digests(ok, ["host_ops.py", "fix_eagle3_keys.py"], "h").files == {
         "host_ops.py": "a" * 64, "fix_eagle3_keys.py": None}
     for bad in ("sha256sum: x: Permission denied\n", f"{'a' * 63}  /s/helpers/host_ops.py\n", ""):
         with pytest.raises(RemoteOutputError):
-            ensure_helper.parse_digests(bad, ["host_ops.py", "fix_eagle3_keys.py"], "h")
+            parse_digests(bad, ["host_ops.py", "fix_eagle3_keys.py"], "h")
 
 
 @pytest.mark.parametrize("stdout, pids", [("", []), (" 88882 88882 88883", [88882, 88883]), ("  4321m  12c", [12, 4321])])
 def test_fuser_pid_parser(stdout, pids):
-    assert free_gpus.parse_pids(stdout, "h") == pids
+    assert parse_killed(stdout, "h").pids == pids
 
 
 def test_fuser_unexpected_output_is_an_error():
     with pytest.raises(RemoteOutputError):
-        free_gpus.parse_pids("/dev/nvidia0: 123", "h")
+        parse_killed("/dev/nvidia0: 123", "h")
 
 
 def test_free_gpus_command_quotes_directory_and_keeps_glob():
@@ -176,17 +179,17 @@ def test_stop_stale_command_and_parser():
     ctx = ctx_for(stop_stale, scope="pidfile", grace_s=3)
     assert stop_stale.command(ctx).endswith("--scope pidfile --grace 3 --pidfile '/var/lib/deploy ctl/server.pid'")
     doc = {"processes": [{"pid": 5, "cmdline": "python3 x", "signal": "KILL", "exited": True}], "note": None}
-    assert stop_stale.parse(json.dumps(doc), "h")["processes"][0]["pid"] == 5
+    assert parse_stop_report(json.dumps(doc), "h").processes[0].pid == 5
     for bad in ("", "{}", '{"processes": [{"pid": 1}]}', '{"processes": [{"pid": 1, "cmdline": "", "signal": "HUP", "exited": true}]}'):
         with pytest.raises(RemoteOutputError):
-            stop_stale.parse(bad, "h")
+            parse_stop_report(bad, "h")
 
 
 def test_probe_parser_is_strict():
-    assert wait_ready.parse_probe('{"alive": true, "status": 503, "error": null}', "h")["status"] == 503
+    assert parse_probe('{"alive": true, "status": 503, "error": null}', "h").status == 503
     for bad in ("", "ok", '{"alive": "yes", "status": 200}', '{"alive": true, "status": "200"}'):
         with pytest.raises(RemoteOutputError):
-            wait_ready.parse_probe(bad, "h")
+            parse_probe(bad, "h")
 
 
 def test_health_url_probes_loopback_for_wildcard_bind():

@@ -20,7 +20,8 @@ from deploy.locks import HOST_LOCK_SOURCE, describe_owner, local_lock, owner_inf
 from deploy.remote import host_ops
 from deploy.steps.converge import differences
 from deploy.steps.regression_gate import compare
-from deploy.steps.wait_ready import classify, parse_probe
+from deploy.facts.host_helper import parse_probe
+from deploy.steps.wait_ready import classify
 from deploy.errors import RemoteOutputError
 
 # ---------------------------------------------------------------------------- wait-ready
@@ -347,7 +348,7 @@ def fake_step(name: str, calls: list, fail: DeployError | None = None, skips: bo
 def test_converged_memory_skips_only_the_steps_that_stop_free_or_launch():
     calls: list = []
     steps = [fake_step("a", calls), fake_step("launch", calls, skips=True), fake_step("verify", calls)]
-    records, error, _ = _run_steps(steps, HOST, RUN, None, 16, "s", lambda *a: None, {"converged": True},
+    records, error, _ = _run_steps(steps, HOST, RUN, None, "s", lambda *a: None, {"converged": True},
                                    threading.Event())
     assert calls == ["a", "verify"] and error is None
     assert [r.status for r in records] == ["ok", "skipped", "ok"]
@@ -362,7 +363,7 @@ def test_a_lost_host_lock_stops_before_the_next_step():
         if step == "a" and message.startswith("ok"):
             held.running = False
 
-    records, error, failed_at = _run_steps(steps, HOST, RUN, None, 16, "s", drop_after_a, {"host_lock": held},
+    records, error, failed_at = _run_steps(steps, HOST, RUN, None, "s", drop_after_a, {"host_lock": held},
                                            threading.Event())
     assert calls == ["a"] and failed_at == 1 and error.exit_code == ExitCode.LOCKED
     assert [r.status for r in records] == ["ok", "failed", "not-run"]
@@ -442,7 +443,7 @@ class ScriptedHost:
 
 def wait_ctx(conn):
     return StepContext(host=HOST, run=RUN, settings=wait_ready.Settings(step="wait-ready", interval_s=0.01), conn=conn,
-                       draft_tokens=16, launch_stamp="s", memory={"pid": 7, "log": "/l/sglang-x.log"})
+                       launch_stamp="s", memory={"pid": 7, "log": "/l/sglang-x.log"})
 
 
 @pytest.mark.parametrize("status", [404, 500, 401, 302, 204])

@@ -91,3 +91,18 @@ def test_plan_with_every_builtin_playbook(installed, playbook):
     assert result.returncode == 0, result.stderr
     assert f"{playbook} on h200-a" in result.stdout or "on h200-a" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+def test_the_sandbox_test_double_is_not_in_the_wheel(installed):
+    """The simulated hosts and stand-in SGLang live in sandbox/ at the top of the clone; the
+    wheel has only the deploy package, and no product verb reaches the sandbox."""
+    venv, work, env = installed
+    site = Path(glob.glob(str(venv / "lib" / "python*" / "site-packages"))[0])
+    shipped = [p.relative_to(site).as_posix() for p in site.rglob("*") if p.is_file()]
+    assert [p for p in shipped if "sandbox" in p or "sim_" in p or "sglang" in p] == []
+    assert any(p.startswith("deploy/") for p in shipped)
+    code = "import importlib.util as u; print(u.find_spec('sandbox'), u.find_spec('deploy.sandbox'))"
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["None", "None"], out.stdout + out.stderr
+    assert _run(installed, "sandbox", "--help").returncode != 0

@@ -7,7 +7,7 @@ nodes), ``~/.sim/config.json``, a synthetic speculators-format drafter and a bas
 
 Why a Unix user per host: the hosts share this machine's process table. "Kill stale python3" run
 on a host that logged in as root would kill the test runner and every other host's servers
-(reference section 8). A host's user sees and signals only its own processes.
+(as it did when this sandbox shared one process table). A host's user sees and signals only its own processes.
 
 Why its own 127.0.0.x address: the hosts share one network stack; two servers on port 30000 must
 not collide unless they are on the same host.
@@ -39,7 +39,8 @@ from typing import Sequence
 import yaml
 
 from deploy.errors import DeployError, ExitCode
-from deploy.sandbox import drafter as drafter_mod
+from deploy.remote import host_ops as proc  # the product's /proc reader (not the oracle of any test)
+from sandbox import drafter as drafter_mod
 
 SSHD = "/usr/sbin/sshd"
 USER_PREFIX = "dsb-"
@@ -268,35 +269,15 @@ def _pid_alive(pid: int) -> bool:
     child = _sshd_children.get(pid)
     if child is not None:
         return child.poll() is None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
+    return proc.alive(pid)
 
 
 def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+    return proc.cmdline(pid)
 
 
 def _children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == pid:
-            out.append(int(entry))
-    return out
+    return [child for child in proc.all_pids() if proc.parent_pid(child) == pid]
 
 
 def _wait_gone(pids: list[int], timeout: float) -> list[int]:
@@ -341,20 +322,7 @@ def _user_exists(user: str) -> bool:
 
 def _live_pids_of_uid(uid: int) -> list[int]:
     """Processes of uid that still run (zombies wait for PID 1, which may reap slowly here)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{entry}").st_uid != uid:
-                continue
-            with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in ("Z", "X"):
-            out.append(int(entry))
-    return out
+    return [pid for pid in proc.all_pids() if proc.real_uid(pid) == uid and proc.alive(pid)]
 
 
 def _kill_user_processes(user: str) -> None:
@@ -484,7 +452,7 @@ def _live_conflicts(addresses: set[str], users: set[str], root: Path) -> list[st
             pid = h.get("sshd_pid")
             if pid and _pid_alive(int(pid)) and (h["address"] in addresses or h["user"] in users):
                 conflicts.append(f"{h['user']}@{h['address']} of the sandbox at {other} "
-                                 f"(stop it: python -m deploy.sandbox stop --root {other})")
+                                 f"(stop it: python -m sandbox stop --root {other})")
     return conflicts
 
 
@@ -874,7 +842,7 @@ _ConfigDumper.add_representer(
 
 def _write_deployctl_yaml(path: Path, state: dict) -> None:
     header = ("# deployctl config for the SANDBOX (simulated GPU hosts on this machine; test double).\n"
-              f"# Written by deploy.sandbox.start_sandbox; stop with: python -m deploy.sandbox stop "
+              f"# Written by sandbox.start_sandbox; stop with: python -m sandbox stop "
               f"--root {state['root']}\n")
     config = deployctl_config(state)
     for h in config["hosts"]:

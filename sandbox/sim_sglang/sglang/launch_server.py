@@ -1,7 +1,7 @@
 """SIMULATED ``python3 -m sglang.launch_server``: a TEST DOUBLE from deployctl's sandbox.
 
 It loads no model and uses no GPU. It is a small stdlib HTTP server that behaves like SGLang
-(0.5.6 - 0.5.23, see /work/shared/reference/sglang-eagle3.md) where deployctl depends on it.
+(read from the published wheels 0.5.6 - 0.5.23) where deployctl depends on it.
 
 Faithful (on purpose, because deployctl must cope with it):
 - Flags: the real names and defaults for the subset listed in ``build_parser``; an unknown flag is
@@ -321,7 +321,8 @@ class Resolution:
 
 
 def resolve_eagle3_names(names: list[str], version: tuple[int, int, int], params: set[str]) -> Resolution:
-    """Where each checkpoint tensor lands, in load_weights' order (reference section 2)."""
+    """Where each checkpoint tensor lands, in load_weights' order (``srt/models/llama_eagle3.py``
+    ``LlamaForCausalLMEagle3.load_weights``; legacy ``midlayer`` map from 0.5.12, PR #24663)."""
     res = Resolution(params=params)
     for original in names:
         name = original
@@ -349,7 +350,8 @@ def resolve_eagle3_names(names: list[str], version: tuple[int, int, int], params
 
 
 # --------------------------------------------------------------------------------------------
-# the target's side of EAGLE-3: aux hidden state capture (reference section 3)
+# the target's side of EAGLE-3: aux hidden state capture (``set_eagle3_layers_to_capture``;
+# kimi_k25 gains it in 0.5.10, PR #19689)
 
 _CLASS = re.compile(r"^class\s+(\w+)\s*(?:\(([^)]*)\))?\s*:", re.M)
 _TOP_LEVEL = re.compile(r"^\S", re.M)

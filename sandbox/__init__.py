@@ -11,10 +11,10 @@ its own Unix user, a simulated ``nvidia-smi`` whose numbers come from real proce
 - ``sim_sglang/sglang``: the stand-in SGLang package (stdlib only).
 - ``drafter``: synthetic speculators-format EAGLE-3 drafters and base-model stubs.
 
-CLI: ``python -m deploy.sandbox start|stop|status [--root DIR] [--hosts N]``.
+CLI: ``python -m sandbox start|stop|status [--root DIR] [--hosts N]``.
 """
 
-from deploy.sandbox.hosts import (
+from sandbox.hosts import (
     Sandbox,
     SandboxError,
     SandboxHost,

@@ -32,7 +32,8 @@ from pathlib import Path
 #: bytes per element of the dtypes used here (safetensors dtype names).
 DTYPE_SIZES = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "BOOL": 1}
 
-#: decoder-layer sub-keys of an EAGLE-3 drafter (reference section 1), in speculators' order.
+#: decoder-layer sub-keys of an EAGLE-3 drafter (vllm-project/speculators 0.9.0 and
+#: SpecForge use the same sub-keys), in speculators' order.
 LAYER_SUBKEYS = (
     "hidden_norm.weight",
     "input_layernorm.weight",
@@ -97,7 +98,7 @@ def drafter_tensor_specs(
         }
         for sub in LAYER_SUBKEYS:
             # speculators keeps the pre-attention norm of layer N > 0 as input_layernorm and has
-            # no hidden_norm there (reference section 2).
+            # no hidden_norm there (speculators 0.9.0; SGLang 0.5.12+ reads hidden_norm there).
             if sub == "hidden_norm.weight" and n > 0:
                 continue
             specs[prefix + sub] = ("BF16", shapes[sub])
@@ -135,7 +136,8 @@ def _tensor_bytes(name: str, dtype: str, shape: list[int], rng: random.Random,
 
 def encode_safetensors(tensors: dict[str, tuple[str, list[int], bytes]],
                        metadata: dict[str, str] | None = None) -> bytes:
-    """Serialize name -> (dtype, shape, data) in the safetensors layout (reference section 6)."""
+    """Serialize name -> (dtype, shape, data) in the safetensors layout (huggingface/safetensors
+    README: u64 LE header size, JSON header, contiguous data buffer)."""
     header: dict[str, object] = {}
     if metadata is not None:
         header["__metadata__"] = dict(metadata)

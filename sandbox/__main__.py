@@ -1,6 +1,6 @@
-"""``python -m deploy.sandbox start|stop|status``: run the simulated GPU hosts (SIMULATION ONLY).
+"""``python -m sandbox start|stop|status``: run the simulated GPU hosts (SIMULATION ONLY).
 
-A TEST DOUBLE for real GPU hosts; see deploy/sandbox/__init__.py. Needs root.
+A TEST DOUBLE for real GPU hosts; see sandbox/__init__.py. Needs root.
 The default root is ``<repo>/.sandbox``; the deployctl config for the hosts is written to
 ``<root>/deployctl.yaml``.
 """
@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 from deploy.errors import DeployError, ExitCode
-from deploy.sandbox.hosts import sandbox_status, start_sandbox, stop_sandbox
+from sandbox.hosts import sandbox_status, start_sandbox, stop_sandbox
 
-DEFAULT_ROOT = Path(__file__).resolve().parents[2] / ".sandbox"
+DEFAULT_ROOT = Path(__file__).resolve().parents[1] / ".sandbox"
 # The demo's hosts (demo1.. on 127.0.0.20..) never collide with the test suite's (sb1.. on
 # 127.0.0.10..), so a running demo does not stop the tests from starting their own sandbox.
 DEMO_PREFIX = "demo"
@@ -23,7 +23,7 @@ DEMO_ADDRESS_BASE = 20
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m deploy.sandbox",
+    parser = argparse.ArgumentParser(prog="python -m sandbox",
                                      description="Simulated GPU hosts for deployctl (test double).")
     sub = parser.add_subparsers(dest="verb", required=True)
     start = sub.add_parser("start", help="start the simulated hosts and write deployctl.yaml")

@@ -1,0 +1,39 @@
+"""deployctl logs: the latest SGLang server log of the run's hosts."""
+
+from __future__ import annotations
+
+import click
+
+from deploy.cli import options
+from deploy.cli.common import run_and_hosts
+
+
+@click.command("logs")
+@options.run
+@options.hosts
+@click.option("-n", "--lines", type=click.IntRange(1, 100000), default=50, show_default=True)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (Ctrl-C to stop).")
+@click.pass_obj
+def command(globals_, run_name, host_names, lines: int, follow: bool) -> int:
+    """Show the latest SGLang server log of the run's hosts."""
+    from deploy import orchestrator
+
+    config = globals_.load()
+    _, hosts = run_and_hosts(config, run_name, host_names)
+
+    if follow:
+        if len(hosts) != 1:
+            from deploy.errors import UsageError
+
+            raise UsageError("--follow needs exactly one host (use --host NAME)")
+        orchestrator.follow_log(config, hosts[0], lines)
+        return 0
+
+    outcomes = orchestrator.read_logs(config, hosts, lines)
+    for outcome in outcomes:
+        click.echo(f"==> {outcome.host.name}: {orchestrator.latest_log_path(outcome.host)} <==")
+        if outcome.error is not None:
+            click.echo(f"error: {outcome.error}", err=True)
+        else:
+            click.echo(outcome.value, nl=False)
+    return int(orchestrator.exit_code(outcomes))

@@ -1,0 +1,124 @@
+"""Facts the host-side helper (deploy/remote/host_ops.py) reports as one JSON document each.
+
+Each fact is a command builder (pure: its arguments are the host's python, the helper's path and
+the options) and a strict parser into a pydantic model (``model_validate_json``, strict types, no
+unknown keys). Anything else the host prints is a RemoteOutputError (exit 5) naming the host: never
+read as "fine". Table-tested from captured helper output in tests/facts/<fact>/.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from deploy.errors import RemoteOutputError
+from deploy.shell import quote, quote_path
+
+
+class _Fact(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+M = TypeVar("M", bound=_Fact)
+
+
+def _parse(model: type[M], output: str, source: str, what: str) -> M:
+    try:
+        return model.model_validate_json(output)
+    except (ValidationError, ValueError, RecursionError):  # serde's own depth limit ends deep nesting
+        raise RemoteOutputError(f"{source}: {what} printed unexpected output: {output[:300]!r}") from None
+
+
+# -- stop-processes: SIGTERM, grace, SIGKILL --------------------------------------------------------
+
+
+class StoppedProcess(_Fact):
+    pid: int
+    cmdline: str
+    signal: Literal["TERM", "KILL"]
+    exited: bool
+    error: str | None = None
+
+
+class StopReport(_Fact):
+    scope: Literal["user", "pidfile"] | None = None
+    processes: list[StoppedProcess]
+    note: str | None = None
+    helper_pid: int | None = None
+
+
+def stop_processes_command(python: str, helper: str, scope: str, grace_s: float, pidfile: str | None = None,
+                           exclude: tuple[str, ...] | list[str] = ()) -> str:
+    parts = [quote(python), quote_path(helper), "stop-processes", "--scope", scope, "--grace", f"{grace_s:g}"]
+    if scope == "pidfile":
+        parts += ["--pidfile", quote_path(pidfile or "")]
+    else:
+        for pattern in exclude:
+            parts += ["--exclude", quote(pattern)]
+    return " ".join(parts)
+
+
+def parse_stop_report(output: str, source: str) -> StopReport:
+    return _parse(StopReport, output, source, "stop-processes")
+
+
+# -- probe: PID alive, GET /health, last log line ---------------------------------------------------
+
+
+class Probe(_Fact):
+    pid: int | None = None
+    alive: bool
+    status: int | None
+    error: str | None = None
+    error_kind: Literal["refused", "timeout", "other"] | None = None
+    body: str = ""
+    last_log_line: str = ""
+
+    @model_validator(mode="after")
+    def _why_no_status(self) -> Probe:
+        if self.status is None and self.error_kind is None:
+            raise ValueError("no HTTP status and no error_kind")
+        return self
+
+
+def probe_command(python: str, helper: str, url: str, pid: int | str, log: str) -> str:
+    return " ".join([quote(python), quote_path(helper), "probe", "--url", quote(url), "--pid", str(pid),
+                     "--log", quote_path(log)])
+
+
+def parse_probe(output: str, source: str) -> Probe:
+    return _parse(Probe, output, source, "probe")
+
+
+# -- accept-check: greedy /generate requests, accept length from meta_info --------------------------
+
+
+class AcceptSample(_Fact):
+    completion_tokens: int
+    spec_verify_ct: int
+
+
+class AcceptCheck(_Fact):
+    ok: bool
+    error: str | None = None
+    accept_length: float | None = None
+    completion_tokens: int | None = None
+    spec_verify_ct: int | None = None
+    server_avg_spec_accept_length: float | None = None
+    samples: list[AcceptSample] = []
+
+    @model_validator(mode="after")
+    def _measured(self) -> AcceptCheck:
+        if self.ok and self.accept_length is None:
+            raise ValueError("ok without accept_length")
+        return self
+
+
+def accept_check_command(python: str, helper: str, base_url: str, requests: int, max_new_tokens: int) -> str:
+    return " ".join([quote(python), quote_path(helper), "accept-check", "--base", quote(base_url),
+                     "--requests", str(requests), "--max-new-tokens", str(max_new_tokens)])
+
+
+def parse_accept_check(output: str, source: str) -> AcceptCheck:
+    return _parse(AcceptCheck, output, source, "accept-check")

@@ -1,0 +1,120 @@
+"""Regenerate the captured host outputs under tests/facts/<fact>/ by running the real commands here.
+
+    .venv/bin/python tests/facts/capture.py
+
+Each case is the output of the product's own command builder, run for real on this machine
+(psmisc fuser, coreutils sha256sum, the host-side helpers under deploy/remote/): stored as JSON
+{"command", "exit_code", "stdout", "stderr"} and read by tests/unit/test_facts_table.py, which
+holds the expected facts. Only processes this script starts are signalled (a ``sleep`` it owns).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from deploy.facts import fuser, helpers, host_helper  # noqa: E402
+
+OUT = Path(__file__).resolve().parent
+HOST_OPS = str(ROOT / "deploy" / "remote" / "host_ops.py")
+FIXER = str(ROOT / "deploy" / "remote" / "fix_eagle3_keys.py")
+PY = sys.executable
+
+
+def run(command: str) -> dict:
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+    return {"command": command, "exit_code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+
+
+def save(fact: str, case: str, data: dict, tmp: str, expect: dict) -> None:
+    """``expect`` is what the case must parse to, from what this script set up (never from the parser):
+    {"fact": {field: value, ...}} (the fields given must match) or {"error": "message fragment"}."""
+    text = json.dumps(data | expect, indent=1, sort_keys=True).replace(tmp, "/TMP").replace(PY, "python3").replace(str(ROOT), "/REPO")
+    (OUT / fact).mkdir(exist_ok=True)
+    (OUT / fact / f"{case}.json").write_text(text + "\n")
+
+
+def held_by_sleep(path: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(["sh", "-c", f'exec sleep 60 < "{path}"'])
+    for _ in range(100):  # bounded: until the sleep has the file open
+        if any(os.path.realpath(f"/proc/{proc.pid}/fd/{fd}") == str(path) for fd in os.listdir(f"/proc/{proc.pid}/fd")):
+            break
+        threading.Event().wait(0.02)
+    return proc
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        dev = Path(tmp) / "dev"
+        dev.mkdir()
+        for i in range(2):
+            (dev / f"nvidia{i}").touch()
+        holder = held_by_sleep(dev / "nvidia1")
+        save("fuser_kill", "one_holder", run(fuser.kill_command(f"{dev}/nvidia*")), tmp, {"fact": {"pids": [holder.pid]}})
+        holder.wait(timeout=10)
+        save("fuser_kill", "no_holder", run(fuser.kill_command(f"{dev}/nvidia*")), tmp, {"fact": {"pids": []}})
+        save("fuser_kill", "no_device_files", run(fuser.kill_command(f"{tmp}/none/nvidia*")), tmp,
+             {"error": "no GPU device files match /TMP/none/nvidia*"})
+
+        (Path(tmp) / "host_ops.py").write_bytes(Path(HOST_OPS).read_bytes())
+        save("helper_digests", "one_missing", run(helpers.digest_command([f"{tmp}/host_ops.py", f"{tmp}/fix_eagle3_keys.py"])),
+             tmp, {"fact": {"files": {"host_ops.py": hashlib.sha256(Path(HOST_OPS).read_bytes()).hexdigest(),
+                                      "fix_eagle3_keys.py": None}}})
+        save("python_version", "this_python", run(helpers.python_version_command(PY)), tmp,
+             {"fact": {"major": sys.version_info[0], "minor": sys.version_info[1]}})
+        save("python_version", "not_found", run(helpers.python_version_command("/nonexistent/python3")), tmp,
+             {"error": "cannot run the host's python '/nonexistent/python3'"})
+
+        save("stop_processes", "pidfile_missing", run(host_helper.stop_processes_command(
+            PY, HOST_OPS, "pidfile", 1, pidfile=f"{tmp}/server.pid")), tmp, {"fact": {"scope": "pidfile", "processes": []}})
+        server = subprocess.Popen(["bash", "-c", "exec -a sglang-stand-in sleep 60"])
+        (Path(tmp) / "server.pid").write_text(f"{server.pid}\n")
+        save("stop_processes", "pidfile_term", run(host_helper.stop_processes_command(
+            PY, HOST_OPS, "pidfile", 5, pidfile=f"{tmp}/server.pid")), tmp,
+            {"fact": {"scope": "pidfile", "note": None, "processes": [
+                {"pid": server.pid, "cmdline": "sglang-stand-in 60", "signal": "TERM", "exited": True, "error": None}]}})
+        server.wait(timeout=10)
+
+        class Quiet(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        port = httpd.server_address[1]
+        log = Path(tmp) / "server.log"
+        log.write_text("[2026-11-30 10:00:00] Load weight begin\n[2026-11-30 10:00:01] Uvicorn running\n")
+        save("probe", "http_404", run(host_helper.probe_command(PY, HOST_OPS, f"http://127.0.0.1:{port}/health",
+                                                                os.getpid(), str(log))), tmp,
+             {"fact": {"pid": os.getpid(), "alive": True, "status": 404, "error_kind": None,
+                       "last_log_line": "[2026-11-30 10:00:01] Uvicorn running"}})
+        httpd.shutdown()
+        httpd.server_close()
+        save("probe", "refused_dead_pid", run(host_helper.probe_command(
+            PY, HOST_OPS, f"http://127.0.0.1:{port}/health", 2 ** 22 + 7, str(log))), tmp,
+            {"fact": {"pid": 2 ** 22 + 7, "alive": False, "status": None, "error_kind": "refused"}})
+        save("accept_check", "refused", run(host_helper.accept_check_command(
+            PY, HOST_OPS, f"http://127.0.0.1:{port}", 2, 8)), tmp,
+            {"fact": {"ok": False, "accept_length": None, "samples": []}})
+
+        save("fixer_summary", "no_such_checkpoint", run(f"{PY} {FIXER} --json {tmp}/no-drafter"), tmp,
+             {"fact": {"status": "error", "code": 6, "error": "/TMP/no-drafter does not exist"}})
+        save("fixer_summary", "fingerprint_no_such_dir", run(f"{PY} {FIXER} --fingerprint {tmp}/no-drafter"), tmp,
+             {"fact": {"status": "error", "code": 6}})
+        save("sglang_version", "not_installed", run(
+            f"{PY} -c 'import importlib.metadata as m; print(m.version(\"sglang\"))'"), tmp,
+             {"error": "SGLang is not installed for 'python3'"})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""RecordingTransport: the product's Transport base class with a scripted wire instead of SSH.
+
+Everything above the wire (the coreutils timeout wrapper, ``check``, ``~`` resolution, the mapping
+of failures to exit codes) is the product's own code; only ``_exec``, ``_put`` and ``_stream``
+answer from a script. Each scripted reply matches the (unwrapped) command by regular expression;
+a command no reply matches fails the test, so a step cannot send anything the test did not expect.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploy.config.models import Host
+from deploy.transport import ExecTimedOut, Transport
+
+
+@dataclass
+class Reply:
+    pattern: str
+    exit_code: int = 0
+    stdout: str = ""
+    stderr: str = ""
+    #: how many commands it answers (None: any number); used up replies are skipped
+    times: int | None = None
+    #: raise this instead of answering (ExecTimedOut, ConnectionError, ...)
+    raises: BaseException | None = None
+
+
+class RecordingTransport(Transport):
+    def __init__(self, host: Host, replies: list[Reply], home: str = "/home/deploy",
+                 command_timeout_s: float = 60.0) -> None:
+        super().__init__(host, command_timeout_s)
+        self.replies = list(replies)
+        self.home_dir = home
+        self.wrapped: list[str] = []
+        self.commands: list[str] = []
+        self.timeouts: list[float] = []
+        self.uploads: list[tuple[str, bytes]] = []
+        self.streamed: list[str] = []
+
+    @staticmethod
+    def unwrap(wrapped: str) -> str:
+        argv = shlex.split(wrapped)
+        assert argv[:2] == ["timeout", "--kill-after=5"] and argv[3:5] == ["sh", "-c"], wrapped
+        return argv[5]
+
+    def _answer(self, command: str) -> Reply:
+        if command == 'printf "%s" "$HOME"':
+            return Reply("", stdout=self.home_dir)
+        for reply in self.replies:
+            if reply.times != 0 and re.search(reply.pattern, command):
+                if reply.times is not None:
+                    reply.times -= 1
+                return reply
+        raise AssertionError(f"unexpected command on {self.host.name}: {command}")
+
+    def _exec(self, command: str, *, timeout: float) -> tuple[int, str, str]:
+        self.wrapped.append(command)
+        plain = self.unwrap(command)
+        self.commands.append(plain)
+        self.timeouts.append(timeout)
+        reply = self._answer(plain)
+        if reply.raises is not None:
+            raise reply.raises
+        return reply.exit_code, reply.stdout, reply.stderr
+
+    def _put(self, local: Path, remote: str) -> None:
+        self.uploads.append((remote, Path(local).read_bytes()))
+
+    def _stream(self, command: str) -> int:
+        self.streamed.append(command)
+        return 0
+
+
+__all__ = ["ExecTimedOut", "RecordingTransport", "Reply"]

@@ -1,0 +1,73 @@
+"""Every fact against captured host output (pyinfra's habit): tests/facts/<fact>/<case>.json.
+
+A case holds the product's command, what it printed for real (tests/facts/capture.py ran it) and
+what it must parse to ("fact": the fields given must match) or the error it must raise ("error": a
+fragment of the message). Adding a case is adding a file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from deploy.errors import DeployError
+from deploy.facts import fixer, fuser, helpers, host_helper
+
+CASES = Path(__file__).resolve().parents[1] / "facts"
+SOURCE = "gpu-a"
+
+
+def _model(value):
+    return value.model_dump() if hasattr(value, "model_dump") else value
+
+
+#: fact directory -> (exit_code, stdout, stderr) -> the parsed fact
+PARSERS = {
+    "fuser_kill": lambda c: fuser.parse_kill_result(c["exit_code"], c["stdout"], c["stderr"], SOURCE, "/dev/nvidia*"),
+    "helper_digests": lambda c: helpers.parse_digests(c["stdout"], ["host_ops.py", "fix_eagle3_keys.py"], SOURCE),
+    "python_version": lambda c: helpers.parse_python_version(c["exit_code"], c["stdout"], c["stderr"],
+                                                             c["command"].split(" -c ")[0].strip("'"), SOURCE),
+    "stop_processes": lambda c: host_helper.parse_stop_report(c["stdout"], SOURCE),
+    "probe": lambda c: host_helper.parse_probe(c["stdout"], SOURCE),
+    "accept_check": lambda c: host_helper.parse_accept_check(c["stdout"], SOURCE),
+    "fixer_summary": lambda c: fixer.parse_fixer_summary(c["exit_code"], c["stdout"], c["stderr"], SOURCE),
+    "sglang_version": lambda c: fixer.parse_sglang_version(c["exit_code"], c["stdout"], c["stderr"], SOURCE),
+}
+
+CASE_FILES = sorted(p for d in PARSERS for p in (CASES / d).glob("*.json"))
+
+
+def test_every_fact_has_captured_cases():
+    assert {p.parent.name for p in CASE_FILES} == set(PARSERS)
+
+
+@pytest.mark.parametrize("path", CASE_FILES, ids=[f"{p.parent.name}/{p.stem}" for p in CASE_FILES])
+def test_captured_output_parses_to_the_expected_fact(path):
+    case = json.loads(path.read_text())
+    parse = PARSERS[path.parent.name]
+    if "error" in case:
+        with pytest.raises(DeployError) as exc:
+            parse(case)
+        assert case["error"] in str(exc.value) and SOURCE in str(exc.value)
+        return
+    fact = _model(parse(case))
+    assert {k: fact[k] for k in case["fact"]} == case["fact"]
+
+
+@pytest.mark.parametrize("path", CASE_FILES, ids=[f"{p.parent.name}/{p.stem}" for p in CASE_FILES])
+def test_cut_or_garbled_output_is_never_a_fact(path):
+    """The same captured output cut in half, or with a line of noise in front, is an error or a
+    different fact, never silently the same one (strict parsers)."""
+    case = json.loads(path.read_text())
+    if "error" in case or not case["stdout"].strip():
+        pytest.skip("no output to garble")
+    parse = PARSERS[path.parent.name]
+    for garbled in (case["stdout"][: len(case["stdout"]) // 2], "Warning: something\n" + case["stdout"]):
+        try:
+            fact = _model(parse(case | {"stdout": garbled}))
+        except DeployError as exc:
+            assert SOURCE in str(exc)
+            continue
+        assert {k: fact[k] for k in case["fact"]} != case["fact"], garbled[:80]

@@ -1,0 +1,253 @@
+"""Steps' run() without SSH: the product's Transport base class over a scripted wire (tests/recording.py).
+
+Each test scripts the host's answers (captured formats: fuser, nvidia-smi CSV, host_ops JSON) and
+checks what the step concluded and exactly which commands it sent.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deploy.config.models import Host, Run
+from deploy.errors import ConnectionFailed, RemoteCommandFailed, RemoteOutputError, StepTimeout, VerificationFailed
+from deploy.facts.fuser import NO_DEVICE_FILES
+from deploy.steps import (converge, ensure_helper, free_gpus, record_good, regression_gate, stop_stale, verify_acceptance,
+                          wait_gpus_free, wait_ready)
+from deploy.steps.base import StepContext
+from deploy.steps.launch import desired_record
+from deploy.transport import ExecTimedOut
+from tests.recording import RecordingTransport, Reply
+
+HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/deployctl state")
+RUN = Run(name="r", hosts=["kimi-a"], base_model="/data/models/Kimi K2.5", drafter="/data/drafter")
+UUID = ["GPU-4a1b2c3d-0000-0000-0000-00000000000" + str(i) for i in range(2)]
+
+
+def ctx(module, conn, run=RUN, memory=None, **settings):
+    return StepContext(host=HOST, run=run, settings=module.Settings(step=module.NAME, **settings), conn=conn,
+                       launch_stamp="20261129T000000Z", memory={} if memory is None else memory)
+
+
+# -- the base class: wrapper, error mapping, ~ ------------------------------------------------------
+
+
+def test_every_command_is_bounded_on_the_host_and_locally():
+    conn = RecordingTransport(HOST, [Reply("^true$")])
+    assert conn.run("true", timeout=30).ok
+    assert conn.wrapped == ["timeout --kill-after=5 30 sh -c true"] and conn.timeouts == [40]
+
+
+@pytest.mark.parametrize("raised, error", [(ExecTimedOut("x"), StepTimeout), (ConnectionError("reset"), ConnectionFailed),
+                                           (EOFError(), ConnectionFailed)])
+def test_wire_failures_become_deployctl_errors_naming_the_host(raised, error):
+    conn = RecordingTransport(HOST, [Reply("sleep", raises=raised)])
+    with pytest.raises(error) as exc:
+        conn.run("sleep 100", timeout=5)
+    assert str(exc.value).startswith("kimi-a (")
+
+
+def test_check_names_what_failed_and_its_stderr():
+    conn = RecordingTransport(HOST, [Reply("cat", exit_code=1, stderr="cat: /x: No such file or directory\n")])
+    with pytest.raises(RemoteCommandFailed) as exc:
+        conn.check("cat /x", what="reading /x")
+    assert "reading /x failed with exit code 1: cat: /x: No such file" in str(exc.value)
+
+
+def test_tilde_resolves_with_the_remote_home_and_uploads_need_absolute_paths(tmp_path):
+    conn = RecordingTransport(HOST, [], home="/home/dsb")
+    assert conn.resolve("~/a b") == "/home/dsb/a b" and conn.resolve("~") == "/home/dsb"
+    assert conn.resolve("/abs/~") == "/abs/~"
+    local = tmp_path / "f"
+    local.write_bytes(b"payload")
+    with pytest.raises(ValueError):
+        conn.put(local, "~/f")
+    conn.put(local, conn.resolve("~/f"))
+    assert conn.uploads == [("/home/dsb/f", b"payload")]
+
+
+# -- steps ------------------------------------------------------------------------------------
+
+
+def test_free_gpus_reports_the_pids_fuser_killed():
+    conn = RecordingTransport(HOST, [Reply(r"exec fuser -k", exit_code=0, stdout=" 4242 4243m 4242",
+                                           stderr="/home/x/dev/nvidia0:\n")])
+    outcome = free_gpus.run(ctx(free_gpus, conn))
+    assert outcome.data["killed"] == [4242, 4243] and conn.commands == [free_gpus.command(ctx(free_gpus, None))]
+
+
+def test_free_gpus_with_no_device_files_is_an_error_not_free():
+    conn = RecordingTransport(HOST, [Reply(r"exec fuser -k", exit_code=NO_DEVICE_FILES,
+                                           stderr="no GPU device files match /dev/nvidia*\n")])
+    with pytest.raises(RemoteCommandFailed) as exc:
+        free_gpus.run(ctx(free_gpus, conn))
+    assert "no GPU device files match" in str(exc.value) and "gpu_devices" in str(exc.value)
+
+
+def _stop_output(*processes, note=None):
+    return json.dumps({"processes": list(processes), "note": note})
+
+
+def test_stop_stale_lists_what_it_stopped():
+    out = _stop_output({"pid": 11, "cmdline": "python3 -m sglang.launch_server", "signal": "TERM", "exited": True},
+                       {"pid": 12, "cmdline": "python3 stubborn.py", "signal": "KILL", "exited": True})
+    conn = RecordingTransport(HOST, [Reply(r"host_ops\.py' stop-processes --scope pidfile --grace 30 --pidfile ~/'deployctl state/server\.pid'$", stdout=out)])
+    outcome = stop_stale.run(ctx(stop_stale, conn))
+    assert outcome.detail == "stopped 2 process(es), 1 needed SIGKILL"
+
+
+def test_stop_stale_survivor_of_sigkill_is_an_error():
+    out = _stop_output({"pid": 13, "cmdline": "python3 zombie", "signal": "KILL", "exited": False, "error": "D state"})
+    conn = RecordingTransport(HOST, [Reply(r"stop-processes", stdout=out)])
+    with pytest.raises(RemoteOutputError) as exc:
+        stop_stale.run(ctx(stop_stale, conn))
+    assert "survived SIGKILL: 13 python3 zombie (D state)" in str(exc.value)
+
+
+@pytest.mark.parametrize("output", ["", "not json", '{"processes": [{"pid": 1}]}', '{"processes": [{"pid": 1, '
+                                    '"cmdline": "x", "exited": true, "signal": "HUP"}]}'])
+def test_stop_stale_unexpected_output_is_never_fine(output):
+    conn = RecordingTransport(HOST, [Reply(r"stop-processes", stdout=output)])
+    with pytest.raises(RemoteOutputError):
+        stop_stale.run(ctx(stop_stale, conn))
+
+
+def _gpus(*used):
+    return "".join(f"{i}, {UUID[i]}, {mib}, 143771, {50 if mib else 0}\n" for i, mib in enumerate(used))
+
+
+def test_wait_gpus_free_polls_until_every_gpu_is_free():
+    conn = RecordingTransport(HOST, [
+        Reply(r"--query-gpu", stdout=_gpus(70000, 0), times=2),
+        Reply(r"--query-gpu", stdout=_gpus(0, 0), times=1),
+        Reply(r"--query-compute-apps", stdout=f"{UUID[0]}, 4242, 70000, python3\n", times=2),
+        Reply(r"--query-compute-apps", stdout="", times=1),
+    ])
+    outcome = wait_gpus_free.run(ctx(wait_gpus_free, conn, interval_s=0.01))
+    assert outcome.data["polls"] == 3 and len(conn.commands) == 6
+
+
+def test_wait_gpus_free_times_out_naming_the_holder():
+    conn = RecordingTransport(HOST, [Reply(r"--query-gpu", stdout=_gpus(70000, 0)),
+                                     Reply(r"--query-compute-apps", stdout=f"{UUID[0]}, 4242, 70000, python3\n")])
+    with pytest.raises(StepTimeout) as exc:
+        wait_gpus_free.run(ctx(wait_gpus_free, conn, interval_s=0.01, timeout_s=0.05))
+    assert "4242" in str(exc.value)
+
+
+def test_regression_gate_without_a_last_good_record_makes_this_the_baseline():
+    conn = RecordingTransport(HOST, [Reply(r"last-good\.json", stdout="")])
+    outcome = regression_gate.run(ctx(regression_gate, conn, memory={"verify": {"accept_length": 3.1}}))
+    assert "becomes the baseline" in outcome.detail and conn.commands[0].count("/home/deploy/") == 0
+
+
+def test_record_good_is_skipped_without_a_deployment():
+    conn = RecordingTransport(HOST, [])
+    assert record_good.run(ctx(record_good, conn)).status == "skipped" and conn.commands == []
+
+
+def _probe(**fields):
+    return json.dumps({"pid": 7, "alive": True, "status": None, "error": None, "error_kind": "refused", "body": "",
+                       "last_log_line": ""} | fields)
+
+
+def test_wait_ready_reads_the_pidfile_then_polls_until_healthy():
+    conn = RecordingTransport(HOST, [
+        Reply(r"^cat -- ~/'deployctl state/server\.pid'$", stdout="7\n"),
+        Reply(r"host_ops\.py' probe --url http://10\.1\.230\.174:30000/health --pid 7 ", stdout=_probe(), times=2),
+        Reply(r" probe ", stdout=_probe(status=503, error_kind=None), times=1),
+        Reply(r" probe ", stdout=_probe(status=200, error_kind=None), times=1),
+    ])
+    outcome = wait_ready.run(ctx(wait_ready, conn, interval_s=0.01))
+    assert outcome.status == "ok" and len(conn.commands) == 5
+
+
+def test_wait_ready_without_a_recorded_pid_says_launch_first():
+    conn = RecordingTransport(HOST, [Reply(r"^cat -- ", exit_code=1, stderr="cat: No such file or directory\n")])
+    with pytest.raises(RemoteOutputError) as exc:
+        wait_ready.run(ctx(wait_ready, conn))
+    assert "no server PID recorded" in str(exc.value) and "(launch first)" in str(exc.value)
+
+
+def _accept(**fields):
+    return json.dumps({"ok": True, "accept_length": 3.02, "completion_tokens": 1024, "spec_verify_ct": 339,
+                       "server_avg_spec_accept_length": 3.0, "samples": []} | fields)
+
+
+def test_verify_acceptance_records_the_measured_accept_length():
+    conn = RecordingTransport(HOST, [Reply(r"host_ops\.py' accept-check --base http://10\.1\.230\.174:30000 "
+                                           r"--requests 4 --max-new-tokens 256$", stdout=_accept())])
+    memory: dict = {}
+    outcome = verify_acceptance.run(ctx(verify_acceptance, conn, memory=memory))
+    assert outcome.status == "ok" and memory["verify"]["accept_length"] == 3.02
+
+
+def test_verify_acceptance_of_one_point_zero_fails_with_likely_causes():
+    conn = RecordingTransport(HOST, [Reply(r"accept-check", stdout=_accept(accept_length=1.0))])
+    with pytest.raises(VerificationFailed) as exc:
+        verify_acceptance.run(ctx(verify_acceptance, conn))
+    assert "no draft token was accepted" in str(exc.value)
+
+
+def test_ensure_helper_uploads_a_missing_helper_then_checks_its_sha256():
+    from deploy.steps.ensure_helper import HELPER_FILES, local_digests
+
+    digests = local_digests()
+    helpers_dir = "/home/deploy/deployctl state/helpers"
+    before = "".join(f"{digests[n]}  {helpers_dir}/{n}\n" if n != "host_ops.py" else f"missing {helpers_dir}/{n}\n"
+                     for n in HELPER_FILES)
+    after = "".join(f"{digests[n]}  {helpers_dir}/{n}\n" for n in HELPER_FILES)
+    conn = RecordingTransport(HOST, [
+        Reply(r"sys\.version_info", stdout="3.11"),
+        Reply(r"^mkdir -p -m 700 -- ~/'deployctl state/helpers'$"),
+        Reply(r"sha256sum", stdout=before, times=1),
+        Reply(r"^mv -f -- '/home/deploy/deployctl state/helpers/host_ops\.py\.upload' "
+              r"'/home/deploy/deployctl state/helpers/host_ops\.py'$"),
+        Reply(r"sha256sum", stdout=after, times=1),
+    ])
+    outcome = ensure_helper.run(ctx(ensure_helper, conn))
+    assert outcome.data["uploaded"] == ["host_ops.py"]
+    [(remote, payload)] = conn.uploads
+    assert remote == f"{helpers_dir}/host_ops.py.upload"
+    assert payload == (ensure_helper.HELPERS_DIR / "host_ops.py").read_bytes()
+
+
+def test_ensure_helper_refuses_an_old_host_python():
+    conn = RecordingTransport(HOST, [Reply(r"sys\.version_info", stdout="3.6")])
+    with pytest.raises(RemoteCommandFailed) as exc:
+        ensure_helper.run(ctx(ensure_helper, conn))
+    assert "need 3.8+" in str(exc.value) and conn.uploads == []
+
+
+def _state(**fields):
+    return json.dumps({"pid": None, "alive": False, "cmdline": "", "record": None, "status": None,
+                       "error": "refused"} | fields)
+
+
+LEGACY_RUN = RUN.model_copy(update={"sglang_generation": "legacy"})  # no version read: one command
+
+
+def test_converge_redeploys_when_nothing_is_recorded():
+    conn = RecordingTransport(HOST, [Reply(r"host_ops\.py' server-state ", stdout=_state())])
+    outcome = converge.run(ctx(converge, conn, run=LEGACY_RUN))
+    assert outcome.data["converged"] is False and "no deployment recorded" in outcome.detail
+    assert len(conn.commands) == 1
+
+
+def test_converge_leaves_a_server_running_as_desired_alone():
+    probe = ctx(converge, None, run=LEGACY_RUN)
+    record = desired_record(probe) | {"log": "/l/sglang-x.log"}
+    conn = RecordingTransport(HOST, [Reply(r" server-state ", stdout=_state(pid=4242, alive=True, status=200,
+                                                                             error=None, record=record))])
+    memory: dict = {}
+    outcome = converge.run(ctx(converge, conn, run=LEGACY_RUN, memory=memory))
+    assert outcome.data["converged"] is True and memory["pid"] == 4242 and memory["log"] == "/l/sglang-x.log"
+
+
+def test_converge_redeploys_a_recorded_server_that_answers_500():
+    record = desired_record(ctx(converge, None, run=LEGACY_RUN))
+    conn = RecordingTransport(HOST, [Reply(r" server-state ", stdout=_state(pid=4242, alive=True, status=500,
+                                                                             error=None, record=record))])
+    outcome = converge.run(ctx(converge, conn, run=LEGACY_RUN))
+    assert outcome.data["converged"] is False and "/health 500" in outcome.detail
