@@ -12,6 +12,8 @@ command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)
 command -v fuser >/dev/null 2>&1 || missing+=(psmisc)
 command -v useradd >/dev/null 2>&1 || missing+=(passwd)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+# the sglang-router venv below is made from the system python (the sandbox users must run it)
+/usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3 python3-venv)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "bootstrap: installing ${missing[*]}" >&2
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
