@@ -122,3 +122,40 @@ def accept_check_command(python: str, helper: str, base_url: str, requests: int,
 
 def parse_accept_check(output: str, source: str) -> AcceptCheck:
     return _parse(AcceptCheck, output, source, "accept-check")
+
+
+# -- watch-health: wait-ready's poll on the host, one probe JSON line per change ------------------
+
+
+def watch_health_command(python: str, helper: str, url: str, pid: int | str, log: str, *, interval_s: float,
+                         every_s: float, for_s: float) -> str:
+    """Each line it prints is a probe (``parse_probe``); it stops by itself after ``for_s``."""
+    return " ".join([quote(python), quote_path(helper), "watch-health", "--url", quote(url), "--pid", str(pid),
+                     "--log", quote_path(log), "--interval", f"{interval_s:g}", "--every", f"{every_s:g}",
+                     "--for", f"{for_s:g}"])
+
+
+# -- watch-gpus: wait-gpus-free's poll on the host, both nvidia-smi answers per change ------------
+
+
+class QueryAnswer(_Fact):
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+class GpuSample(_Fact):
+    gpus: QueryAnswer
+    apps: QueryAnswer
+
+
+def watch_gpus_command(python: str, helper: str, gpu_query: str, apps_query: str, *, interval_s: float,
+                       every_s: float, for_s: float) -> str:
+    """Each line it prints is a GpuSample: the raw answers of the two queries, parsed by facts.gpus."""
+    return " ".join([quote(python), quote_path(helper), "watch-gpus", "--gpu-query", quote(gpu_query),
+                     "--apps-query", quote(apps_query), "--interval", f"{interval_s:g}", "--every", f"{every_s:g}",
+                     "--for", f"{for_s:g}"])
+
+
+def parse_gpu_sample(output: str, source: str) -> GpuSample:
+    return _parse(GpuSample, output, source, "watch-gpus")
