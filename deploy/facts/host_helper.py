@@ -12,7 +12,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from deploy.errors import RemoteOutputError
+from deploy.errors import RemoteCommandFailed, RemoteOutputError
 from deploy.shell import quote, quote_path
 
 
@@ -155,6 +155,15 @@ def watch_gpus_command(python: str, helper: str, gpu_query: str, apps_query: str
     return " ".join([quote(python), quote_path(helper), "watch-gpus", "--gpu-query", quote(gpu_query),
                      "--apps-query", quote(apps_query), "--interval", f"{interval_s:g}", "--every", f"{every_s:g}",
                      "--for", f"{for_s:g}"])
+
+
+def check_watch_ended(exit_code: int | None, stderr: str, source: str, what: str) -> None:
+    """A watch that ended by itself must have exited 0 (its deadline); anything else is its failure."""
+    if exit_code in (None, 0):
+        return
+    missing = "can't open file" in stderr or "No such file" in stderr
+    hint = " (the host-side helper is missing: run ensure-helper before this step)" if missing else ""
+    raise RemoteCommandFailed(f"{source}: {what} failed with exit code {exit_code}{hint}: {stderr.strip()[-800:]}")
 
 
 def parse_gpu_sample(output: str, source: str) -> GpuSample:

@@ -82,7 +82,8 @@ def run(ctx: StepContext) -> StepOutcome:
         return False
 
     # the host loop ends itself at the deadline; the channel gets a little longer for the last line
-    conn.watch(watch_command(ctx), on_line, timeout=timeout + 5, cancelled=ctx.cancelled)
+    watched = conn.watch(watch_command(ctx), on_line, timeout=timeout + 5, cancelled=ctx.cancelled)
+    host_helper.check_watch_ended(watched.exit_code, watched.stderr, ctx.host.name, "watch-gpus")
     elapsed = time.monotonic() - started
     if seen["free"] is not None:
         return StepOutcome(

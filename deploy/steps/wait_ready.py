@@ -114,7 +114,8 @@ def run(ctx: StepContext) -> StepOutcome:
         return state != "loading"
 
     # the host loop ends itself at the deadline; the channel gets a little longer for the last line
-    conn.watch(watch_command(ctx, pid, log), on_line, timeout=timeout + 10, cancelled=ctx.cancelled)
+    watched = conn.watch(watch_command(ctx, pid, log), on_line, timeout=timeout + 10, cancelled=ctx.cancelled)
+    host_helper.check_watch_ended(watched.exit_code, watched.stderr, ctx.host.name, "watch-health")
     elapsed = time.monotonic() - started
     probe, state = seen["probe"], seen["state"]
     if state == "ready":

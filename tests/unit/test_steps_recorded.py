@@ -141,6 +141,15 @@ def test_wait_gpus_free_times_out_naming_the_holder():
     assert "4242" in str(exc.value)
 
 
+@pytest.mark.parametrize("step", [wait_gpus_free, wait_ready])
+def test_a_watch_that_fails_on_the_host_is_its_error_never_a_timeout(step):
+    missing = "python3: can't open file '/home/deploy/deployctl state/helpers/host_ops.py': [Errno 2] No such file or directory\n"
+    conn = RecordingTransport(HOST, [Reply(r" watch-", exit_code=2, stderr=missing)])
+    with pytest.raises(RemoteCommandFailed) as exc:
+        step.run(ctx(step, conn, memory={"pid": 7, "log": "/l/x.log"}))
+    assert "exit code 2" in str(exc.value) and "run ensure-helper before this step" in str(exc.value)
+
+
 @pytest.mark.parametrize("line", ["", "ok", "{}", '{"gpus": {"exit_code": 0, "stdout": "", "stderr": ""}}',
                                   '{"gpus": {"exit_code": "0", "stdout": "", "stderr": ""}, "apps": {"exit_code": 0, "stdout": "", "stderr": ""}}',
                                   _sample("0, GPU-x, lots, 1, 0\n", "")])
