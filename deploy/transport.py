@@ -32,11 +32,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from deploy import ssh_trust
 from deploy.config.models import Host, SSHSettings
-from deploy.errors import DeployError, ConnectionFailed, HostKeyRejected, RemoteCommandFailed, StepTimeout
+from deploy.errors import (DeployError, ConnectionFailed, HostKeyRejected, Interrupted, RemoteCommandFailed,
+                           StepTimeout)
 from deploy.ssh_config import (
     Endpoint,
     SSHConfigSource,
@@ -62,6 +63,14 @@ class CommandResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+
+@dataclass
+class WatchResult:
+    command: str
+    #: None: deployctl stopped it (it had its answer)
+    exit_code: int | None
+    stderr: str
 
 
 class ExecTimedOut(Exception):
@@ -103,6 +112,16 @@ class Transport:
         """Run ``command`` printing its output as it comes, until it ends or Ctrl-C; its exit code."""
         raise NotImplementedError
 
+    def _watch(self, command: str, on_line: Callable[[str], bool], *, timeout: float,
+               cancelled: threading.Event) -> tuple[int | None, str]:
+        """Run the (already wrapped) ``command``, calling ``on_line`` with each stdout line as it comes.
+
+        Returns (exit code, stderr) when the command ends, or (None, "") once ``on_line`` returned
+        True or ``cancelled`` is set: the channel is then closed (the host-side loop dies on its
+        next write). Raises like ``_exec``.
+        """
+        raise NotImplementedError
+
     def hold(self, command: str, *, timeout: float | None = None) -> HeldCommand:
         raise NotImplementedError(f"{type(self).__name__} cannot hold a command open")
 
@@ -140,6 +159,24 @@ class Transport:
                 f"{self.label}: {what} failed with exit code {result.exit_code}: {detail}"
             )
         return result
+
+    def watch(self, command: str, on_line: Callable[[str], bool], *, timeout: float,
+              cancelled: threading.Event) -> WatchResult:
+        """Run a host-side poll loop on one channel; ``on_line(line) -> True`` means "answered, stop".
+
+        Bounded on the host (coreutils ``timeout``) and locally; Ctrl-C (``cancelled``) closes the
+        channel at once and raises Interrupted.
+        """
+        wrapped = remote_timeout_wrap(command, timeout)
+        try:
+            exit_code, stderr = self._watch(wrapped, on_line, timeout=timeout + 10, cancelled=cancelled)
+        except ExecTimedOut:
+            raise StepTimeout(f"{self.label}: command did not finish within {timeout:.0f} s: {command[:200]}") from None
+        except (OSError, EOFError) as exc:
+            raise ConnectionFailed(f"{self.label}: connection lost while waiting on the host ({exc})") from None
+        if cancelled.is_set():
+            raise Interrupted(f"{self.host.name}: interrupted")
+        return WatchResult(command=command, exit_code=exit_code, stderr=stderr)
 
     def stream(self, command: str) -> int:
         """Run a long-lived command (``tail -F``) printing its output as it comes; Ctrl-C ends it."""
@@ -635,6 +672,49 @@ class HostConnection(Transport):
         command as SIGINT; without one the remote tail never hears it and the call never returns."""
         result = self._live().run(command, hide=False, warn=True, in_stream=False, pty=True)
         return result.exited
+
+    def _watch(self, command: str, on_line: Callable[[str], bool], *, timeout: float,
+               cancelled: threading.Event) -> tuple[int | None, str]:
+        import paramiko
+
+        deadline = time.monotonic() + timeout
+        try:
+            channel = self._live().client.get_transport().open_session(timeout=self.ssh.connect_timeout_s)
+        except paramiko.SSHException as exc:
+            raise ConnectionError(str(exc)) from exc
+        try:
+            # short reads, so Ctrl-C and the local deadline are noticed within 0.1 s
+            channel.settimeout(0.1)
+            channel.exec_command(command)
+            pending = b""
+            while True:
+                if cancelled.is_set():
+                    return None, ""
+                if time.monotonic() > deadline:
+                    raise ExecTimedOut(command)
+                try:
+                    chunk = channel.recv(65536)
+                except socket.timeout:
+                    continue
+                if not chunk:
+                    break
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    if on_line(line.decode("utf-8", "replace")):
+                        return None, ""
+            if pending.strip() and on_line(pending.decode("utf-8", "replace")):
+                return None, ""
+            if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
+                raise ExecTimedOut(command)
+            stderr = b""
+            while channel.recv_stderr_ready():
+                stderr += channel.recv_stderr(65536)
+            return channel.recv_exit_status(), stderr.decode("utf-8", "replace")
+        except paramiko.SSHException as exc:
+            raise ConnectionError(str(exc)) from exc
+        finally:
+            channel.close()
 
     def hold(self, command: str, *, timeout: float | None = None) -> HeldCommand:
         """Start ``command`` on its own channel and return once it printed its first line.

@@ -2,7 +2,7 @@
 
 Everything above the wire (the coreutils timeout wrapper, ``check``, ``~`` resolution, the mapping
 of failures to exit codes) is the product's own code; only ``_exec``, ``_put`` and ``_stream``
-answer from a script. Each scripted reply matches the (unwrapped) command by regular expression;
+answer from a script (and ``_watch``, whose reply's stdout is handed over line by line). Each scripted reply matches the (unwrapped) command by regular expression;
 a command no reply matches fails the test, so a step cannot send anything the test did not expect.
 """
 
@@ -40,6 +40,9 @@ class RecordingTransport(Transport):
         self.timeouts: list[float] = []
         self.uploads: list[tuple[str, bytes]] = []
         self.streamed: list[str] = []
+        self.watched: list[str] = []
+        #: watch lines handed to the step (it stops reading once it has its answer)
+        self.lines_read = 0
 
     @staticmethod
     def unwrap(wrapped: str) -> str:
@@ -66,6 +69,24 @@ class RecordingTransport(Transport):
         if reply.raises is not None:
             raise reply.raises
         return reply.exit_code, reply.stdout, reply.stderr
+
+    def _watch(self, command, on_line, *, timeout, cancelled):
+        """A watch answers with its reply's stdout, one line at a time, until on_line says stop."""
+        self.wrapped.append(command)
+        plain = self.unwrap(command)
+        self.commands.append(plain)
+        self.timeouts.append(timeout)
+        self.watched.append(plain)
+        reply = self._answer(plain)
+        if reply.raises is not None:
+            raise reply.raises
+        for line in reply.stdout.splitlines():
+            if cancelled.is_set():
+                return None, ""
+            self.lines_read += 1
+            if on_line(line):
+                return None, ""
+        return reply.exit_code, reply.stderr
 
     def _put(self, local: Path, remote: str) -> None:
         self.uploads.append((remote, Path(local).read_bytes()))

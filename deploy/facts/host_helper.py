@@ -12,7 +12,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from deploy.errors import RemoteOutputError
+from deploy.errors import RemoteCommandFailed, RemoteOutputError
 from deploy.shell import quote, quote_path
 
 
@@ -122,3 +122,49 @@ def accept_check_command(python: str, helper: str, base_url: str, requests: int,
 
 def parse_accept_check(output: str, source: str) -> AcceptCheck:
     return _parse(AcceptCheck, output, source, "accept-check")
+
+
+# -- watch-health: wait-ready's poll on the host, one probe JSON line per change ------------------
+
+
+def watch_health_command(python: str, helper: str, url: str, pid: int | str, log: str, *, interval_s: float,
+                         every_s: float, for_s: float) -> str:
+    """Each line it prints is a probe (``parse_probe``); it stops by itself after ``for_s``."""
+    return " ".join([quote(python), quote_path(helper), "watch-health", "--url", quote(url), "--pid", str(pid),
+                     "--log", quote_path(log), "--interval", f"{interval_s:g}", "--every", f"{every_s:g}",
+                     "--for", f"{for_s:g}"])
+
+
+# -- watch-gpus: wait-gpus-free's poll on the host, both nvidia-smi answers per change ------------
+
+
+class QueryAnswer(_Fact):
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+class GpuSample(_Fact):
+    gpus: QueryAnswer
+    apps: QueryAnswer
+
+
+def watch_gpus_command(python: str, helper: str, gpu_query: str, apps_query: str, *, interval_s: float,
+                       every_s: float, for_s: float) -> str:
+    """Each line it prints is a GpuSample: the raw answers of the two queries, parsed by facts.gpus."""
+    return " ".join([quote(python), quote_path(helper), "watch-gpus", "--gpu-query", quote(gpu_query),
+                     "--apps-query", quote(apps_query), "--interval", f"{interval_s:g}", "--every", f"{every_s:g}",
+                     "--for", f"{for_s:g}"])
+
+
+def check_watch_ended(exit_code: int | None, stderr: str, source: str, what: str) -> None:
+    """A watch that ended by itself must have exited 0 (its deadline); anything else is its failure."""
+    if exit_code in (None, 0):
+        return
+    missing = "can't open file" in stderr or "No such file" in stderr
+    hint = " (the host-side helper is missing: run ensure-helper before this step)" if missing else ""
+    raise RemoteCommandFailed(f"{source}: {what} failed with exit code {exit_code}{hint}: {stderr.strip()[-800:]}")
+
+
+def parse_gpu_sample(output: str, source: str) -> GpuSample:
+    return _parse(GpuSample, output, source, "watch-gpus")

@@ -11,6 +11,13 @@ Commands:
   probe           Is the server PID alive, what does GET /health answer, what is the last log line.
   server-state    The PID file's server: alive, /health, and the deployment record launch wrote.
   accept-check    Greedy /generate requests; the measured speculative accept length.
+  watch-health    Probe every --interval s until --timeout; one probe JSON line per change (and a
+                  heartbeat every --every s): wait-ready's poll, on the host, over one channel.
+  watch-gpus      Run the given nvidia-smi queries every --interval s until --timeout; one JSON line
+                  per change (and a heartbeat): wait-gpus-free's poll, on the host, over one channel.
+
+The watch commands print JSON lines and never decide: the orchestrator parses each line strictly
+and closes the channel once it has its answer (the next line then ends the loop on a broken pipe).
 """
 
 from __future__ import annotations
@@ -20,8 +27,10 @@ from typing import Any, Dict, List
 import json
 import os
 import re
+import shlex
 import signal
 import socket
+import subprocess
 import sys
 import time
 import urllib.error
@@ -260,6 +269,59 @@ def cmd_probe(args) -> dict:
     return result
 
 
+def _emit(document: dict) -> bool:
+    """One JSON line, flushed at once; False when the reader went away (channel closed)."""
+    try:
+        sys.stdout.write(json.dumps(document) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        # no "Exception ignored" noise when the interpreter flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return False
+    return True
+
+
+def watch(sample, key, interval_s: float, every_s: float, timeout_s: float) -> int:
+    """Sample every ``interval_s``; emit when ``key(sample)`` changes or ``every_s`` passed; stop at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last_key, last_emit = None, 0.0
+    while True:
+        document = sample()
+        now = time.monotonic()
+        if key(document) != last_key or now - last_emit >= every_s:
+            if not _emit(document):
+                return 0
+            last_key, last_emit = key(document), now
+        if now >= deadline:
+            return 0
+        time.sleep(min(interval_s, max(0.0, deadline - now)))
+
+
+def cmd_watch_health(args) -> int:
+    def sample() -> dict:
+        return cmd_probe(args)
+
+    return watch(sample, lambda d: (d["alive"], d["status"], d["error_kind"]), args.interval, args.every, args.timeout_total)
+
+
+def _run_query(command: str) -> dict:
+    try:
+        done = subprocess.run(shlex.split(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+    except FileNotFoundError as exc:
+        return {"exit_code": 127, "stdout": "", "stderr": str(exc)[:300]}
+    except subprocess.TimeoutExpired:
+        return {"exit_code": 124, "stdout": "", "stderr": "nvidia-smi did not answer within 30 s"}
+    return {"exit_code": done.returncode, "stdout": done.stdout.decode("utf-8", "replace"),
+            "stderr": done.stderr.decode("utf-8", "replace")[-2000:]}
+
+
+def cmd_watch_gpus(args) -> int:
+    def sample() -> dict:
+        return {"gpus": _run_query(args.gpu_query), "apps": _run_query(args.apps_query)}
+
+    return watch(sample, lambda d: json.dumps(d, sort_keys=True), args.interval, args.every, args.timeout_total)
+
+
 def _read_json_file(path: str):
     text = _read(path)
     if text is None:
@@ -406,7 +468,25 @@ def main(argv=None) -> int:
     accept.add_argument("--requests", type=int, default=4)
     accept.add_argument("--max-new-tokens", type=int, default=256)
     accept.add_argument("--timeout", type=float, default=300.0)
+    health = sub.add_parser("watch-health")
+    health.add_argument("--url", required=True)
+    health.add_argument("--pid", type=int, required=True)
+    health.add_argument("--log", default="")
+    health.add_argument("--timeout", type=float, default=5.0, help="one GET's timeout")
+    health.add_argument("--interval", type=float, default=0.2)
+    health.add_argument("--every", type=float, default=1.0, help="heartbeat: emit at least this often")
+    health.add_argument("--for", dest="timeout_total", type=float, required=True, help="the whole wait's deadline")
+    gpus = sub.add_parser("watch-gpus")
+    gpus.add_argument("--gpu-query", required=True, help="the nvidia-smi command line of the GPU rows")
+    gpus.add_argument("--apps-query", required=True, help="the nvidia-smi command line of the holders")
+    gpus.add_argument("--interval", type=float, default=0.1)
+    gpus.add_argument("--every", type=float, default=1.0, help="heartbeat: emit at least this often")
+    gpus.add_argument("--for", dest="timeout_total", type=float, required=True, help="the whole wait's deadline")
     args = parser.parse_args(argv)
+    if args.command == "watch-health":
+        return cmd_watch_health(args)
+    if args.command == "watch-gpus":
+        return cmd_watch_gpus(args)
     if args.command == "accept-check":
         document = cmd_accept(args)
     elif args.command == "stop-processes":

@@ -1,8 +1,10 @@
 """wait-gpus-free: poll nvidia-smi until every configured GPU is at or under the threshold.
 
-The hand-run procedure slept a fixed 2 + 3 seconds and read the output by eye. We poll at a short interval, so
-the step ends soon after the GPUs are really free, and fail with the holders named on timeout.
-Anything nvidia-smi prints that does not parse is an error, never "free".
+The hand-run procedure slept a fixed 2 + 3 seconds and read the output by eye. The poll runs on the host
+(host_ops.py watch-gpus: both nvidia-smi queries every ``interval_s``, one JSON line per change) over ONE
+exec channel, so the step ends within about one interval of the GPUs being really free and fails with
+the holders named on timeout. Every line is parsed here, strictly, by facts.gpus: anything nvidia-smi
+prints that does not parse is an error, never "free".
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import time
 from pydantic import Field
 
 from deploy.errors import StepTimeout
-from deploy.facts.gpus import COMPUTE_APPS_COMMAND, GPU_QUERY_COMMAND, GpuRow, busy_gpus, read_gpus
+from deploy.facts import host_helper
+from deploy.facts.gpus import (COMPUTE_APPS_COMMAND, GPU_QUERY_COMMAND, GpuRow, attach_holders, busy_gpus,
+                               check_nvidia_smi, parse_compute_apps, parse_gpu_rows)
 from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
 
 NAME = "wait-gpus-free"
@@ -24,7 +28,9 @@ CONVERGE_SKIPS = True
 
 class Settings(StepSettings):
     threshold_mib: int = Field(default=0, ge=0)
-    interval_s: float = Field(default=0.5, gt=0, le=60)
+    interval_s: float = Field(default=0.1, gt=0, le=60)
+    #: the host-side loop reports at least this often even when nothing changed (progress, liveness)
+    heartbeat_s: float = Field(default=1.0, gt=0, le=60)
 
 
 def describe_busy(rows: list[GpuRow]) -> str:
@@ -35,32 +41,56 @@ def describe_busy(rows: list[GpuRow]) -> str:
     return "; ".join(parts)
 
 
+def watch_command(ctx: StepContext) -> str:
+    return host_helper.watch_gpus_command(
+        ctx.host.python, ctx.paths.helper("host_ops.py"), GPU_QUERY_COMMAND, COMPUTE_APPS_COMMAND,
+        interval_s=ctx.settings.interval_s, every_s=ctx.settings.heartbeat_s,
+        for_s=ctx.timeout(ctx.run.timeouts.gpus_free_s))
+
+
+def read_sample(line: str, expected_gpus: int, source: str) -> list[GpuRow]:
+    """One watch-gpus line -> the GPU rows with their holders (strict: facts.gpus parsers)."""
+    sample = host_helper.parse_gpu_sample(line, source)
+    check_nvidia_smi(sample.gpus.exit_code, sample.gpus.stdout, sample.gpus.stderr, source)
+    rows = parse_gpu_rows(sample.gpus.stdout, expected_gpus, source=source)
+    check_nvidia_smi(sample.apps.exit_code, sample.apps.stdout, sample.apps.stderr, source)
+    return attach_holders(rows, parse_compute_apps(sample.apps.stdout, source=source), source=source)
+
+
 def plan(ctx: StepContext) -> list[PlannedCommand]:
-    every = f"every {ctx.settings.interval_s:g} s, up to {ctx.timeout(ctx.run.timeouts.gpus_free_s):g} s"
-    return [
-        PlannedCommand(f"poll GPU memory ({every})", GPU_QUERY_COMMAND),
-        PlannedCommand("poll GPU holders (same interval)", COMPUTE_APPS_COMMAND),
-    ]
+    every = f"every {ctx.settings.interval_s:g} s on the host, up to {ctx.timeout(ctx.run.timeouts.gpus_free_s):g} s"
+    return [PlannedCommand(f"poll GPU memory and holders ({every}), one line per change", watch_command(ctx))]
 
 
 def run(ctx: StepContext) -> StepOutcome:
     conn = ctx.require_conn()
     timeout = ctx.timeout(ctx.run.timeouts.gpus_free_s)
     started = time.monotonic()
-    polls = 0
-    while True:
-        rows = read_gpus(conn, ctx.host.gpus)
-        polls += 1
+    seen: dict = {"samples": 0, "busy": None, "free": None}
+
+    def on_line(line: str) -> bool:
+        rows = read_sample(line, ctx.host.gpus, ctx.host.name)
+        seen["samples"] += 1
         busy = busy_gpus(rows, ctx.settings.threshold_mib)
-        elapsed = time.monotonic() - started
         if not busy:
-            return StepOutcome(
-                "ok",
-                f"all {len(rows)} GPUs at <= {ctx.settings.threshold_mib} MiB after {elapsed:.1f} s",
-                {"polls": polls, "elapsed_s": round(elapsed, 2)},
-            )
-        if elapsed >= timeout:
-            raise StepTimeout(f"{ctx.host.name}: GPUs still in use after {timeout:g} s: {describe_busy(busy)}")
-        if polls == 1 or polls % 10 == 0:
+            seen["free"] = rows
+            return True
+        seen["busy"] = busy
+        if seen["samples"] == 1 or seen["samples"] % 10 == 0:
+            elapsed = time.monotonic() - started
             ctx.progress(f"{len(busy)} GPU(s) busy after {elapsed:.1f} s: {describe_busy(busy)[:160]}")
-        ctx.pause(min(ctx.settings.interval_s, max(0.0, timeout - elapsed)))
+        return False
+
+    # the host loop ends itself at the deadline; the channel gets a little longer for the last line
+    watched = conn.watch(watch_command(ctx), on_line, timeout=timeout + 5, cancelled=ctx.cancelled)
+    host_helper.check_watch_ended(watched.exit_code, watched.stderr, ctx.host.name, "watch-gpus")
+    elapsed = time.monotonic() - started
+    if seen["free"] is not None:
+        return StepOutcome(
+            "ok",
+            f"all {len(seen['free'])} GPUs at <= {ctx.settings.threshold_mib} MiB after {elapsed:.1f} s",
+            {"polls": seen["samples"], "elapsed_s": round(elapsed, 2)},
+        )
+    if seen["busy"] is None:
+        raise StepTimeout(f"{ctx.host.name}: no GPU reading from the host within {timeout:g} s")
+    raise StepTimeout(f"{ctx.host.name}: GPUs still in use after {timeout:g} s: {describe_busy(seen['busy'])}")

@@ -5,6 +5,11 @@ starts (after the weights are loaded); a 1T-parameter model loads for many minut
 default timeout is the run's ``timeouts.ready_s`` (30 min). Those two answers are "loading";
 any other status (404: something else owns the port; 500) fails at once with the status and a
 body excerpt, and a dead server (OOM, a bad flag, the port taken) fails at once with its log tail.
+
+The poll runs on the host (host_ops.py watch-health: PID liveness + GET /health every ``interval_s``,
+one probe JSON line per change and a heartbeat): one exec channel for the whole wait, however long
+the load, and no python started per poll. Each line is parsed strictly (facts.host_helper.parse_probe)
+and classified here; once classified as anything but "loading" the channel is closed.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ LOADING_ERRORS = ("refused", "timeout")
 
 
 class Settings(StepSettings):
-    interval_s: float = Field(default=1.0, gt=0, le=60)
+    interval_s: float = Field(default=0.2, gt=0, le=60)
     progress_every_s: float = Field(default=10.0, gt=0)
+    #: the host-side loop reports at least this often even when nothing changed (progress, liveness)
+    heartbeat_s: float = Field(default=1.0, gt=0, le=60)
 
 
 def health_url(ctx: StepContext) -> str:
@@ -41,8 +48,11 @@ def health_url(ctx: StepContext) -> str:
     return f"http://{host}:{ctx.run.port}/health"
 
 
-def probe_command(ctx: StepContext, pid: int | str, log: str) -> str:
-    return host_helper.probe_command(ctx.host.python, ctx.paths.helper("host_ops.py"), health_url(ctx), pid, log)
+def watch_command(ctx: StepContext, pid: int | str, log: str) -> str:
+    return host_helper.watch_health_command(
+        ctx.host.python, ctx.paths.helper("host_ops.py"), health_url(ctx), pid, log,
+        interval_s=ctx.settings.interval_s, every_s=ctx.settings.heartbeat_s,
+        for_s=ctx.timeout(ctx.run.timeouts.ready_s))
 
 
 def tail_command(log: str, lines: int = TAIL_LINES) -> str:
@@ -80,8 +90,8 @@ def _pid_and_log(ctx: StepContext) -> tuple[int, str]:
 def plan(ctx: StepContext) -> list[PlannedCommand]:
     timeout = ctx.timeout(ctx.run.timeouts.ready_s)
     return [
-        PlannedCommand(f"poll {health_url(ctx)} every {ctx.settings.interval_s:g} s up to {timeout:g} s, PID alive",
-                       probe_command(ctx, "<pid>", ctx.paths.latest_log)),
+        PlannedCommand(f"poll {health_url(ctx)} and the PID on the host every {ctx.settings.interval_s:g} s "
+                       f"up to {timeout:g} s, one line per change", watch_command(ctx, "<pid>", ctx.paths.latest_log)),
         PlannedCommand(f"on failure: show the last {TAIL_LINES} log lines", tail_command(ctx.paths.latest_log)),
     ]
 
@@ -91,33 +101,39 @@ def run(ctx: StepContext) -> StepOutcome:
     pid, log = _pid_and_log(ctx)
     timeout = ctx.timeout(ctx.run.timeouts.ready_s)
     started = time.monotonic()
-    last_progress = started
-    while True:
-        probe = host_helper.parse_probe(conn.check(probe_command(ctx, pid, log), timeout=30, what="probe").stdout,
-                                        ctx.host.name).model_dump()
-        elapsed = time.monotonic() - started
+    seen: dict = {"probe": None, "state": None, "last_progress": started}
+
+    def on_line(line: str) -> bool:
+        probe = host_helper.parse_probe(line, ctx.host.name).model_dump()
         state = classify(probe)
-        if state == "ready":
-            return StepOutcome("ok", f"healthy after {elapsed:.1f} s", {"elapsed_s": round(elapsed, 2), "url": health_url(ctx)})
-        if state == "dead":
-            tail = conn.run(tail_command(log)).stdout.rstrip()
-            raise ServerDied(died_message(ctx, pid, log, tail, f"during startup after {elapsed:.1f} s"))
-        if state == "unhealthy":
-            answer = f"HTTP {probe['status']}" if probe["status"] is not None else f"error: {probe.get('error')}"
-            body = " ".join(str(probe.get("body") or "").split())[:200]
-            raise ServerUnhealthy(
-                f"{ctx.host.name}: {health_url(ctx)} answered {answer}"
-                f"{f' ({body!r})' if body else ''} while SGLang (pid {pid}) is starting; only 503 and a "
-                f"refused connection mean 'loading' (is something else listening on port {ctx.run.port}?)"
-            )
-        if elapsed >= timeout:
-            tail = conn.run(tail_command(log)).stdout.rstrip()
-            raise StepTimeout(
-                f"{ctx.host.name}: SGLang (pid {pid}) not healthy after {timeout:g} s "
-                f"(last /health: {probe['status'] or probe['error']}). Last {TAIL_LINES} lines of {log}:\n{tail}"
-            )
+        seen["probe"], seen["state"] = probe, state
         now = time.monotonic()
-        if now - last_progress >= ctx.settings.progress_every_s:
-            last_progress = now
-            ctx.progress(f"{elapsed:.0f} s, /health {probe['status'] or 'no answer'}: {probe.get('last_log_line', '')}")
-        ctx.pause(min(ctx.settings.interval_s, max(0.0, timeout - elapsed)))
+        if state == "loading" and now - seen["last_progress"] >= ctx.settings.progress_every_s:
+            seen["last_progress"] = now
+            ctx.progress(f"{now - started:.0f} s, /health {probe['status'] or 'no answer'}: {probe.get('last_log_line', '')}")
+        return state != "loading"
+
+    # the host loop ends itself at the deadline; the channel gets a little longer for the last line
+    watched = conn.watch(watch_command(ctx, pid, log), on_line, timeout=timeout + 10, cancelled=ctx.cancelled)
+    host_helper.check_watch_ended(watched.exit_code, watched.stderr, ctx.host.name, "watch-health")
+    elapsed = time.monotonic() - started
+    probe, state = seen["probe"], seen["state"]
+    if state == "ready":
+        return StepOutcome("ok", f"healthy after {elapsed:.1f} s", {"elapsed_s": round(elapsed, 2), "url": health_url(ctx)})
+    if state == "dead":
+        tail = conn.run(tail_command(log)).stdout.rstrip()
+        raise ServerDied(died_message(ctx, pid, log, tail, f"during startup after {elapsed:.1f} s"))
+    if state == "unhealthy":
+        answer = f"HTTP {probe['status']}" if probe["status"] is not None else f"error: {probe.get('error')}"
+        body = " ".join(str(probe.get("body") or "").split())[:200]
+        raise ServerUnhealthy(
+            f"{ctx.host.name}: {health_url(ctx)} answered {answer}"
+            f"{f' ({body!r})' if body else ''} while SGLang (pid {pid}) is starting; only 503 and a "
+            f"refused connection mean 'loading' (is something else listening on port {ctx.run.port}?)"
+        )
+    tail = conn.run(tail_command(log)).stdout.rstrip()
+    last = (probe["status"] or probe["error"]) if probe is not None else "no probe"
+    raise StepTimeout(
+        f"{ctx.host.name}: SGLang (pid {pid}) not healthy after {timeout:g} s "
+        f"(last /health: {last}). Last {TAIL_LINES} lines of {log}:\n{tail}"
+    )

@@ -100,7 +100,8 @@ def test_gpu_that_never_frees_times_out_naming_its_holder(clean_sandbox, tmp_pat
     holder = start_stray(clean_sandbox, "sb1", hold_gpu_program(home, 4))
     wait_until(lambda: gpu_used(clean_sandbox, "sb1")[4] > 0, what="GPU 4 held")
     path = one_host_config(clean_sandbox, tmp_path)
-    book = playbook(tmp_path, "name: wait\nsteps:\n  - step: wait-gpus-free\n    timeout_s: 1.5\n    interval_s: 0.2\n")
+    book = playbook(tmp_path, "name: wait\nsteps:\n  - step: ensure-helper\n  - step: wait-gpus-free\n    timeout_s: 1.5\n"
+                    "    interval_s: 0.2\n")
     code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--playbook", book)
     assert code == ExitCode.TIMEOUT
     detail = steps_of(doc, "sb1")["wait-gpus-free"]["detail"]
@@ -113,7 +114,8 @@ def test_free_gpus_kills_holders_that_are_not_python(clean_sandbox, tmp_path, ca
     sleeper = int(result.stdout)
     wait_until(lambda: gpu_used(clean_sandbox, "sb1")[1] > 0, what="GPU 1 held by sleep")
     path = one_host_config(clean_sandbox, tmp_path)
-    book = playbook(tmp_path, "name: free\nsteps:\n  - step: free-gpus\n  - step: wait-gpus-free\n    timeout_s: 20\n")
+    book = playbook(tmp_path, "name: free\nsteps:\n  - step: ensure-helper\n  - step: free-gpus\n  - step: wait-gpus-free\n"
+                    "    timeout_s: 20\n")
     code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--playbook", book)
     assert code == 0, json.dumps(doc, indent=1)
     assert sleeper in steps_of(doc, "sb1")["free-gpus"]["data"]["killed"]

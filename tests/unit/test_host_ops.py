@@ -115,3 +115,70 @@ def test_probe_reports_status_alive_and_last_log_line(tmp_path):
         server.shutdown()
     doc = run_helper("probe", "--url", "http://127.0.0.1:9/health", "--pid", "999999999")
     assert doc["alive"] is False and doc["status"] is None and doc["error"] and doc["error_kind"] == "refused"
+
+
+HELPER = host_ops.__file__
+
+
+def _watch(*args, timeout=20):
+    done = subprocess.run([sys.executable, HELPER, *args], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_watch_health_prints_a_probe_per_change_and_stops_at_its_own_deadline():
+    answers = iter([503, 503, 503, 200])
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(next(answers, 200))
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    started = time.monotonic()
+    try:
+        lines = _watch("watch-health", "--url", f"http://127.0.0.1:{server.server_port}/health", "--pid",
+                       str(os.getpid()), "--interval", "0.05", "--every", "60", "--for", "1")
+    finally:
+        server.shutdown()
+    # 503 three times is one change, then 200: two lines, not one per poll; ends by itself after --for
+    assert [line["status"] for line in lines] == [503, 200]
+    assert 1 <= time.monotonic() - started < 10
+
+
+def test_watch_health_heartbeat_and_a_dead_pid():
+    lines = _watch("watch-health", "--url", "http://127.0.0.1:9/health", "--pid", "999999999", "--interval", "0.05",
+                   "--every", "0.2", "--for", "0.7")
+    assert all(line["alive"] is False and line["error_kind"] == "refused" for line in lines)
+    assert 3 <= len(lines) <= 6  # a heartbeat every 0.2 s over 0.7 s, nothing in between
+
+
+def test_watch_gpus_runs_the_given_queries_and_reports_exit_codes(tmp_path):
+    counter = tmp_path / "n"
+    counter.write_text("0")
+    # a query whose answer changes once: the third sample onwards reads "free"
+    query = (f"{sys.executable} -c \"import pathlib; p = pathlib.Path('{counter}'); n = int(p.read_text()) + 1; "
+             f"p.write_text(str(n)); print('busy' if n < 3 else 'free')\"")
+    lines = _watch("watch-gpus", "--gpu-query", query, "--apps-query", "false", "--interval", "0.05",
+                   "--every", "60", "--for", "0.5")
+    assert [line["gpus"]["stdout"] for line in lines] == ["busy\n", "free\n"]
+    assert all(line["apps"]["exit_code"] == 1 for line in lines)
+    missing = _watch("watch-gpus", "--gpu-query", "no-such-nvidia-smi", "--apps-query", "true", "--for", "0")
+    assert missing[0]["gpus"]["exit_code"] == 127 and "no-such-nvidia-smi" in missing[0]["gpus"]["stderr"]
+
+
+def test_watch_ends_when_its_reader_goes_away():
+    """deployctl closes the channel once it has its answer: the host loop must not run on to --for."""
+    proc = subprocess.Popen([sys.executable, HELPER, "watch-health", "--url", "http://127.0.0.1:9/health", "--pid", "1",
+                             "--interval", "0.05", "--every", "0.05", "--for", "60"], stdout=subprocess.PIPE)
+    try:
+        assert json.loads(proc.stdout.readline())["error_kind"] == "refused"
+        proc.stdout.close()
+        assert proc.wait(10) is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -206,23 +206,33 @@ def test_describe_busy_names_holders():
 
 
 class BusyHost:
-    """A transport whose nvidia-smi always shows GPU 0 busy (no SSH: the step's logic only)."""
+    """A transport whose host-side GPU watch shows GPU 0 busy, a line every 0.02 s until the deadline
+    or the channel is closed (no SSH: the step's logic only)."""
 
     host = HOST
 
-    def __init__(self):
+    def __init__(self, for_s: float = 60.0):
         self.calls = 0
+        self.for_s = for_s
 
-    def run(self, command, *, timeout=None):
-        from deploy.facts import gpus
-        from deploy.transport import CommandResult
+    def watch(self, command, on_line, *, timeout, cancelled):
+        import json
+        import time
+
+        from deploy.errors import Interrupted
+        from deploy.transport import WatchResult
 
         self.calls += 1
-        if command == gpus.GPU_QUERY_COMMAND:
-            out = "\n".join(f"{i}, GPU-{i:04d}, {500 if i == 0 else 0}, 143771, 0" for i in range(8))
-        else:
-            out = "GPU-0000, 4242, 500, python3\n"
-        return CommandResult(command, 0, out, "", 0.0)
+        gpus = "".join(f"{i}, GPU-{i:04d}, {500 if i == 0 else 0}, 143771, 0\n" for i in range(8))
+        line = json.dumps({"gpus": {"exit_code": 0, "stdout": gpus, "stderr": ""},
+                           "apps": {"exit_code": 0, "stdout": "GPU-0000, 4242, 500, python3\n", "stderr": ""}})
+        deadline = time.monotonic() + self.for_s
+        while time.monotonic() < deadline:
+            if cancelled.wait(0.02):
+                raise Interrupted(f"{self.host.name}: interrupted")
+            if on_line(line):
+                return WatchResult(command, None, "")
+        return WatchResult(command, 0, "")
 
 
 def test_cancel_stops_a_polling_step_promptly():
@@ -239,14 +249,14 @@ def test_cancel_stops_a_polling_step_promptly():
     with pytest.raises(Interrupted):
         wait_gpus_free.run(ctx)
     assert time.monotonic() - started < 10  # not the 30 s poll interval
-    assert ctx.conn.calls == 2  # one poll: GPU query + holders
+    assert ctx.conn.calls == 1  # one host-side watch: one exec channel
 
 
 def test_wait_gpus_free_times_out_naming_holder_without_ssh():
     from deploy.errors import StepTimeout
 
     ctx = ctx_for(wait_gpus_free, interval_s=0.01, timeout_s=0.05)
-    ctx.conn = BusyHost()
+    ctx.conn = BusyHost(for_s=0.05)
     with pytest.raises(StepTimeout, match="GPU 0: 500 MiB held by pid 4242 python3"):
         wait_gpus_free.run(ctx)
 

@@ -422,7 +422,8 @@ from deploy.transport import CommandResult  # noqa: E402
 
 
 class ScriptedHost:
-    """Answers probe commands from a script of probe documents; tail with a fixed log."""
+    """Its host-side watch prints the script's probe documents, one line each, until the step has its
+    answer (then the channel is closed); tail answers with a fixed log."""
 
     host = HOST
 
@@ -439,6 +440,17 @@ class ScriptedHost:
 
     def check(self, command, *, timeout=None, what=""):
         return self.run(command, timeout=timeout)
+
+    def watch(self, command, on_line, *, timeout, cancelled):
+        from deploy.transport import WatchResult
+
+        self.commands.append(command)
+        assert " watch-health " in command, command
+        while self.probes:
+            document = {"pid": 7, "error": None, "error_kind": None, "body": "", "last_log_line": ""} | self.probes.pop(0)
+            if on_line(json.dumps(document)):
+                return WatchResult(command, None, "")
+        return WatchResult(command, 0, "")
 
 
 def wait_ctx(conn):

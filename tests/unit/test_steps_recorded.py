@@ -117,23 +117,46 @@ def _gpus(*used):
     return "".join(f"{i}, {UUID[i]}, {mib}, 143771, {50 if mib else 0}\n" for i, mib in enumerate(used))
 
 
-def test_wait_gpus_free_polls_until_every_gpu_is_free():
+def _sample(gpus, apps):
+    return json.dumps({"gpus": {"exit_code": 0, "stdout": gpus, "stderr": ""},
+                       "apps": {"exit_code": 0, "stdout": apps, "stderr": ""}}) + "\n"
+
+
+def test_wait_gpus_free_watches_on_the_host_until_every_gpu_is_free():
+    busy = _sample(_gpus(70000, 0), f"{UUID[0]}, 4242, 70000, python3\n")
     conn = RecordingTransport(HOST, [
-        Reply(r"--query-gpu", stdout=_gpus(70000, 0), times=2),
-        Reply(r"--query-gpu", stdout=_gpus(0, 0), times=1),
-        Reply(r"--query-compute-apps", stdout=f"{UUID[0]}, 4242, 70000, python3\n", times=2),
-        Reply(r"--query-compute-apps", stdout="", times=1),
+        Reply(r"^python3 ~/'deployctl state/helpers/host_ops\.py' watch-gpus --gpu-query 'nvidia-smi --query-gpu=.*"
+              r" --apps-query 'nvidia-smi --query-compute-apps=.* --interval 0\.01 --every 1 --for 120$",
+              stdout=busy * 2 + _sample(_gpus(0, 0), "") + busy),
     ])
     outcome = wait_gpus_free.run(ctx(wait_gpus_free, conn, interval_s=0.01))
-    assert outcome.data["polls"] == 3 and len(conn.commands) == 6
+    # one exec channel for the whole wait; the step stops reading at the first free sample
+    assert outcome.data["polls"] == 3 and len(conn.commands) == 1 and conn.lines_read == 3
 
 
 def test_wait_gpus_free_times_out_naming_the_holder():
-    conn = RecordingTransport(HOST, [Reply(r"--query-gpu", stdout=_gpus(70000, 0)),
-                                     Reply(r"--query-compute-apps", stdout=f"{UUID[0]}, 4242, 70000, python3\n")])
+    conn = RecordingTransport(HOST, [Reply(r" watch-gpus ", stdout=_sample(_gpus(70000, 0), f"{UUID[0]}, 4242, 70000, python3\n"))])
     with pytest.raises(StepTimeout) as exc:
         wait_gpus_free.run(ctx(wait_gpus_free, conn, interval_s=0.01, timeout_s=0.05))
     assert "4242" in str(exc.value)
+
+
+@pytest.mark.parametrize("step", [wait_gpus_free, wait_ready])
+def test_a_watch_that_fails_on_the_host_is_its_error_never_a_timeout(step):
+    missing = "python3: can't open file '/home/deploy/deployctl state/helpers/host_ops.py': [Errno 2] No such file or directory\n"
+    conn = RecordingTransport(HOST, [Reply(r" watch-", exit_code=2, stderr=missing)])
+    with pytest.raises(RemoteCommandFailed) as exc:
+        step.run(ctx(step, conn, memory={"pid": 7, "log": "/l/x.log"}))
+    assert "exit code 2" in str(exc.value) and "run ensure-helper before this step" in str(exc.value)
+
+
+@pytest.mark.parametrize("line", ["", "ok", "{}", '{"gpus": {"exit_code": 0, "stdout": "", "stderr": ""}}',
+                                  '{"gpus": {"exit_code": "0", "stdout": "", "stderr": ""}, "apps": {"exit_code": 0, "stdout": "", "stderr": ""}}',
+                                  _sample("0, GPU-x, lots, 1, 0\n", "")])
+def test_wait_gpus_free_unexpected_watch_output_is_never_free(line):
+    conn = RecordingTransport(HOST, [Reply(r" watch-gpus ", stdout=line if line.strip() else "\n")])
+    with pytest.raises(RemoteOutputError):
+        wait_gpus_free.run(ctx(wait_gpus_free, conn, interval_s=0.01))
 
 
 def test_regression_gate_without_a_last_good_record_makes_this_the_baseline():
@@ -152,15 +175,16 @@ def _probe(**fields):
                        "last_log_line": ""} | fields)
 
 
-def test_wait_ready_reads_the_pidfile_then_polls_until_healthy():
+def test_wait_ready_reads_the_pidfile_then_watches_until_healthy():
     conn = RecordingTransport(HOST, [
         Reply(r"^cat -- ~/'deployctl state/server\.pid'$", stdout="7\n"),
-        Reply(r"host_ops\.py' probe --url http://10\.1\.230\.174:30000/health --pid 7 ", stdout=_probe(), times=2),
-        Reply(r" probe ", stdout=_probe(status=503, error_kind=None), times=1),
-        Reply(r" probe ", stdout=_probe(status=200, error_kind=None), times=1),
+        Reply(r"host_ops\.py' watch-health --url http://10\.1\.230\.174:30000/health --pid 7 .* --interval 0\.01 --every 1 --for 1800$",
+              stdout="\n".join([_probe(), _probe(), _probe(status=503, error_kind=None), _probe(status=200, error_kind=None),
+                                _probe(status=503, error_kind=None)])),
     ])
     outcome = wait_ready.run(ctx(wait_ready, conn, interval_s=0.01))
-    assert outcome.status == "ok" and len(conn.commands) == 5
+    # pidfile + one exec channel for the whole wait, read up to the first 200
+    assert outcome.status == "ok" and len(conn.commands) == 2 and conn.lines_read == 4
 
 
 def test_wait_ready_without_a_recorded_pid_says_launch_first():
