@@ -279,6 +279,58 @@ def test_rank1_dying_during_load_tears_down_both_nodes(clean_sandbox, tmp_path, 
     assert not running(sb, "sb1") and not running(sb, "sb2")
 
 
+def health(sandbox, host: str, port: int = 30000) -> int:
+    with urllib.request.urlopen(f"http://{sandbox.host(host).address}:{port}/health", timeout=10) as resp:
+        return resp.status
+
+
+def test_node_group_with_a_drafter_crashing_during_load_rolls_back_every_node(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = nodes_config(sb, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    good = {h: json.loads(sb.run(h, "cat ~/.deployctl/last-good.json").stdout) for h in ("sb1", "sb2")}
+    group = {h: good[h]["node_group"] for h in good}
+    assert group["sb1"]["id"] == group["sb2"]["id"] and [group[h]["rank"] for h in ("sb1", "sb2")] == [0, 1]
+    assert group["sb1"]["dist_init_addr"] == f"{sb.host('sb1').address}:30001"
+    good_argv = {h: argv_of(sb, h) for h in ("sb1", "sb2")}
+    old = {h: server_pid(sb, h) for h in ("sb1", "sb2")}
+    for host in ("sb1", "sb2"):  # the new checkpoint lands on every node; it crashes while loading
+        new_checkpoint(sb, host, marker="crash-during-load")
+    code, doc = cli_json(capsys, "-c", str(path), "restart", "--json")
+    assert code == ExitCode.ROLLED_BACK, summary(doc)
+    names = [p["phase"] for p in doc["fleet"]["phases"]]
+    phases = {p["phase"]: p for p in doc["fleet"]["phases"]}
+    assert phases["rank 0 ready and verified sb1"]["status"] == "failed"
+    assert names.index("rollback: rank 0 launch sb1") < names.index("rollback: ranks 1+ launch sb2") < \
+        names.index("rollback: rank 0 ready and verified sb1") < names.index("rollback: ranks 1+ alive")
+    assert all(phases[n]["status"] == "ok" for n in names if n.startswith("rollback:")), phases
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    assert {h: hosts[h]["outcome"] for h in hosts} == {"sb1": "rolled-back", "sb2": "rolled-back"}
+    assert "previous deployment restored and verified on every node" in hosts["sb1"]["error"]
+    assert "server died" in hosts["sb1"]["cause"]
+    # both nodes run the previous deployment again: each its own argv (rank, bind address), the
+    # previous drafter store path, the same dist-init address; relaunched, not left over
+    for host in ("sb1", "sb2"):
+        assert argv_of(sb, host) == good_argv[host]
+        assert server_pid(sb, host) != old[host]
+        line = running(sb, host)
+        assert good[host]["drafter_path"].replace("~/", "") in line and \
+            f"--dist-init-addr {sb.host('sb1').address}:30001" in line, line
+    assert health(sb, "sb1") == 200
+    assert "--node-rank 1" in running(sb, "sb2")
+    # the last good records were not replaced by the failed deployment
+    assert {h: json.loads(sb.run(h, "cat ~/.deployctl/last-good.json").stdout)["node_group"] for h in good} == group
+
+    # --no-rollback keeps the old behaviour: every node stopped, exit 1
+    code, doc = cli_json(capsys, "-c", str(path), "restart", "--no-rollback", "--json")
+    assert code == ExitCode.FAILED, summary(doc)
+    phases = {p["phase"]: p for p in doc["fleet"]["phases"]}
+    assert phases["stop every node"]["status"] == "ok" and "--no-rollback" in phases["stop every node"]["detail"]
+    assert not any(n.startswith("rollback:") for n in phases)
+    assert not running(sb, "sb1") and not running(sb, "sb2")
+
+
 def test_doctor_fails_a_router_host_without_sglang_router(clean_sandbox, tmp_path, capsys):
     sb = clean_sandbox
     path = write_config(sb, tmp_path, run={"env": FAST, "router": {"host": "sb2", "port": ROUTER_PORT,
