@@ -5,6 +5,7 @@ Every node gets the same argv plus ``--nnodes N --node-rank R --dist-init-addr R
 whole run; the playbook's steps run in slices with barriers between them:
 
 1. every node: the steps before ``stop-stale`` (doctor, helpers, fix-keys, converge);
+   then rank 0's dist-init port must be free (or held by our own rank 0): nothing is stopped otherwise;
 2. the group converges as one deployment: unless every node runs as desired, every node is redeployed;
 3. every node: ``stop-stale``, ``free-gpus``, ``wait-gpus-free`` (GPU cleanup on every node);
 4. rank 0 launches first, then the other ranks (they wait for rank 0's rendezvous port);
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deploy.config.models import Host, Run
-from deploy.errors import DeployError, ExitCode, LockHeld, ServerDied
+from deploy.errors import DeployError, ExitCode, LockHeld, ServerDied, VerificationFailed
 from deploy.facts.server import identity, last_good_path, parse_record, read_record_command
 from deploy.fanout import for_each_host
 from deploy.fleet.phases import PhaseRecord, RunResult
@@ -214,6 +215,7 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
                     s.run = node_run(run, s.rank, len(sessions), addr)
             each(sessions, "every node: " + ", ".join(p.name for p in slices["prepare"]),
                  lambda s: s.steps(slices["prepare"]))
+            each(sessions[:1], f"rank 0 dist-init port {sessions[0].host.name}", _dist_init_port_problem)
             if error is None:
                 for s in sessions[1:]:
                     _converged_without_http(s)
@@ -263,6 +265,26 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
     if error is not None and not any(r.error for r in reports):
         result.error = error
     return result
+
+
+def _dist_init_port_problem(s: NodeSession) -> DeployError | None:
+    """Rank 0's rendezvous port must be free, or held by our own rank 0 (converging, or about to be
+    stopped by stop-stale): anything else makes every rank hang in the rendezvous or fail to bind,
+    so it is refused before any node is stopped. The doctor's own serve-port facts and judgement
+    (/proc/net/tcp listeners and their holders; our server by its PID file and session)."""
+    from deploy.doctor.checks import DoctorInput, check_serve_port
+    from deploy.facts.doctor import host_command, parse_host_facts
+
+    addr = _flag(s.run.extra_args, "--dist-init-addr") or ""
+    port = int(addr.rsplit(":", 1)[1])
+    probe = s.run.model_copy(update={"port": port, "serve_host": addr.rsplit(":", 1)[0]})
+    facts = parse_host_facts(s.conn.run(host_command(s.host, probe), timeout=60), s.host.name)
+    check = check_serve_port(DoctorInput(s.host, probe, s.run.draft_tokens, facts, None))
+    if check.status == "fail":
+        return VerificationFailed(f"{s.host.name}: the node group's --dist-init-addr {addr}: {check.reason} "
+                                  "(nothing was stopped); stop that process or set the run's dist_init_port to a free one")
+    s.progress(s.host.name, "dist-init-port", check.reason.replace(f":{port}", f":{port} (dist-init)", 1))
+    return None
 
 
 def _converged_without_http(s: NodeSession) -> None:

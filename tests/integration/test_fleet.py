@@ -14,7 +14,7 @@ import yaml
 from deploy.errors import ExitCode
 from tests.integration.fleet_client import StreamingClient, stream_once
 from deploy.cli.main import main
-from tests.integration.helpers import cli_json, write_config
+from tests.integration.helpers import cli_json, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
@@ -329,6 +329,30 @@ def test_node_group_with_a_drafter_crashing_during_load_rolls_back_every_node(cl
     assert phases["stop every node"]["status"] == "ok" and "--no-rollback" in phases["stop every node"]["detail"]
     assert not any(n.startswith("rollback:") for n in phases)
     assert not running(sb, "sb1") and not running(sb, "sb2")
+
+
+def test_a_held_dist_init_port_is_refused_before_any_node_is_stopped(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = nodes_config(sb, tmp_path)
+    address = sb.host("sb1").address
+    holder = int(sb.run("sb1", f"setsid nohup python3 -c \"import socket,time; s=socket.socket(); "
+                               # SO_REUSEADDR: the earlier tests' rendezvous connections may sit in TIME_WAIT
+                               f"s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                               f"s.bind(('{address}', 30001)); s.listen(); time.sleep(120)\" "
+                               "> ~/stray-listener.log 2>&1 < /dev/null & echo $!").stdout.strip())
+    probe = f"python3 -c \"import socket; socket.create_connection(('{address}', 30001), 1)\""
+    try:
+        wait_until(lambda: sb.run("sb1", probe).returncode == 0, what="the stray listener (~/stray-listener.log)")
+        code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    finally:
+        sb.run("sb1", f"kill {holder}")
+    assert code == ExitCode.VERIFY, summary(doc)
+    phases = {p["phase"]: p for p in doc["fleet"]["phases"]}
+    check = phases["rank 0 dist-init port sb1"]
+    assert check["status"] == "failed" and f"pid {holder}" in check["detail"] and "30001" in check["detail"], check
+    assert phases["every node: stop-stale, free GPUs"]["status"] == "not-run", phases
+    for host in ("sb1", "sb2"):
+        assert sb.run(host, "test -e ~/.deployctl/server.pid").returncode != 0 and not running(sb, host)
 
 
 def test_doctor_fails_a_router_host_without_sglang_router(clean_sandbox, tmp_path, capsys):
