@@ -116,6 +116,31 @@ def test_up_with_router_reaches_every_replica_and_down_stops_all(clean_sandbox, 
         assert left == "", (host, left)
 
 
+def test_down_of_some_replicas_takes_them_out_of_the_router_which_keeps_serving(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = fleet_config(sb, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    pid = int(sb.run("sb1", "cat ~/.deployctl/router/router.pid").stdout)
+    # sb1 is the router host AND a replica: its replica goes, the router stays for sb2 and sb3
+    code, doc = cli_json(capsys, "-c", str(path), "down", "--host", "sb1", "--host", "sb3", "--json")
+    assert code == 0, summary(doc)
+    assert doc["router"]["stopped"] is False and sorted(doc["router"]["removed"]) == sorted(
+        worker_url(sb, h) for h in ("sb1", "sb3")), doc["router"]
+    assert int(sb.run("sb1", "cat ~/.deployctl/router/router.pid").stdout) == pid
+    assert sb.run("sb1", f"ps -o stat= -p {pid}").stdout.strip()[:1] in ("S", "R")
+    assert [w["url"] for w in router_workers(sb)] == [worker_url(sb, "sb2")]
+    assert not running(sb, "sb1") and not running(sb, "sb3") and running(sb, "sb2")
+    before = generate_lines(sb, "sb2")
+    for _ in range(3):  # nothing goes to a stopped worker
+        assert generate_via_router(sb)["text"]
+    assert generate_lines(sb, "sb2") >= before + 3
+    # the whole run brought down: the router stops too
+    code, doc = cli_json(capsys, "-c", str(path), "down", "--json")
+    assert code == 0, summary(doc)
+    assert doc["router"]["stopped"] is True and doc["router"]["pid"] == pid
+
+
 def new_checkpoint(sandbox, host: str, marker: str | None = None) -> None:
     """A new checkpoint lands on the host's configured drafter path (same file, last 64 tensor bytes
     and mtime changed), maybe marked bad by a SIMULATION marker file."""
