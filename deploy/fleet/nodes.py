@@ -275,6 +275,7 @@ def _dist_init_port_problem(s: NodeSession) -> DeployError | None:
     from deploy.doctor.checks import DoctorInput, check_serve_port
     from deploy.facts.doctor import host_command, parse_host_facts
 
+    assert s.conn is not None
     addr = _flag(s.run.extra_args, "--dist-init-addr") or ""
     port = int(addr.rsplit(":", 1)[1])
     probe = s.run.model_copy(update={"port": port, "serve_host": addr.rsplit(":", 1)[0]})
