@@ -113,10 +113,13 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
                             rollback=not no_rollback, force=force, runner=runner)
         reports, code = result.reports, int(result.exit_code())
     else:
+        whole = not host_names or {h.name for h in hosts} == {h.name for h in config.hosts_of(run)}
+        if command == "down" and run.router is not None and not whole:
+            stopped = {"host": run.router.host} | fleet.remove_from_router(config, run, hosts, progress)
         reports = run_locked(globals_.config_path, config, command, playbook, run, hosts, progress,
                              rollback=not no_rollback and command != "down", force=force)
         code = int(exit_code(reports))
-        if command == "down" and run.router is not None and not host_names:
+        if command == "down" and run.router is not None and whole:
             try:
                 stopped = {"host": run.router.host} | fleet.stop_router(config, run, progress)
             except DeployError as exc:

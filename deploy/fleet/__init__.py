@@ -37,6 +37,12 @@ def stop_router(*args: Any, **kw: Any):
     return impl(*args, **kw)
 
 
+def remove_from_router(*args: Any, **kw: Any):
+    from deploy.fleet.rolling import remove_from_router as impl
+
+    return impl(*args, **kw)
+
+
 def rolling_runner(config, playbook, run, hosts, progress, serial, allow_downtime):
     """run_locked's runner for a run with a router or --serial."""
     from deploy.fleet.rolling import run_fleet

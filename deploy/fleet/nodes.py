@@ -5,6 +5,7 @@ Every node gets the same argv plus ``--nnodes N --node-rank R --dist-init-addr R
 whole run; the playbook's steps run in slices with barriers between them:
 
 1. every node: the steps before ``stop-stale`` (doctor, helpers, fix-keys, converge);
+   then rank 0's dist-init port must be free (or held by our own rank 0): nothing is stopped otherwise;
 2. the group converges as one deployment: unless every node runs as desired, every node is redeployed;
 3. every node: ``stop-stale``, ``free-gpus``, ``wait-gpus-free`` (GPU cleanup on every node);
 4. rank 0 launches first, then the other ranks (they wait for rank 0's rendezvous port);
@@ -12,23 +13,33 @@ whole run; the playbook's steps run in slices with barriers between them:
    other rank must still be alive;
 6. every node: ``record-good``.
 
-A node that fails at or after the launch stops every node (by PID file): a partial server only
-hangs. Rolling a node group back to its last good deployment is not done (the report says so).
+The group is one deployment for rollback too. ``record-good`` writes every node's own last good
+record (its argv with its ``--node-rank``, the shared ``--dist-init-addr``, drafter store path and
+fingerprint, env file) with a ``node_group`` field: the group's id (a fingerprint of every node's
+deployment identity, in rank order), the node's rank and the group's hosts. When the group fails
+after ``stop-stale``, every node is stopped and every node's last good argv relaunched (rank 0
+first), rank 0 waited for and verified, the other ranks checked alive (exit 11), but only when
+every node's record belongs to the same group deployment: a node's record from another group (or
+none) means there is nothing consistent to go back to, and every node is stopped. A failed
+rollback stops every node too: a partial server only hangs.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from deploy.config.models import Host, Run
-from deploy.errors import DeployError, ExitCode, ServerDied
+from deploy.errors import DeployError, ExitCode, LockHeld, ServerDied, VerificationFailed
+from deploy.facts.server import identity, last_good_path, parse_record, read_record_command
 from deploy.fanout import for_each_host
 from deploy.fleet.phases import PhaseRecord, RunResult
-from deploy.orchestrator import (HostReport, StepRecord, _died, _run_steps, _server_state, launch_stamp,
-                                 network_host)
+from deploy.orchestrator import (HostReport, RolledBack, StepRecord, _died, _rollback_steps, _run_steps,
+                                 _server_state, launch_stamp, network_host)
 from deploy.playbook import PlannedStep
 from deploy.steps import REGISTRY
 from deploy.transport import HostConnection, JumpConnections
@@ -44,6 +55,52 @@ def node_run(run: Run, rank: int, nnodes: int, addr: str) -> Run:
     """The run as node ``rank`` launches it: the same argv plus SGLang's multi-node flags."""
     flags = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--dist-init-addr", addr]
     return run.model_copy(update={"extra_args": [*run.extra_args, *flags]})
+
+
+def group_id(deployments: Sequence[dict | None]) -> str:
+    """One id for a node group's deployment: every node's deployment identity, in rank order."""
+    text = json.dumps([identity(d) for d in deployments], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def group_fields(deployments: Sequence[dict], hosts: Sequence[str], addr: str) -> list[dict]:
+    """Per rank: the ``node_group`` field its last good record carries."""
+    gid = group_id(deployments)
+    return [{"id": gid, "rank": rank, "nnodes": len(hosts), "hosts": list(hosts), "dist_init_addr": addr}
+            for rank in range(len(hosts))]
+
+
+def _flag(argv: list, name: str) -> Any:
+    return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) else None
+
+
+def matching_group(records: Sequence[dict | None], hosts: Sequence[str]) -> tuple[list[dict] | None, str]:
+    """The nodes' last good records when they are ONE group deployment of these hosts in this rank
+    order, else (None, why not). A node redeployed alone since, or a group of other hosts, does
+    not match: relaunching such a mix would only hang in the rendezvous."""
+    ids = set()
+    for rank, (host, record) in enumerate(zip(hosts, records, strict=True)):
+        if record is None:
+            return None, f"{host}: no last good deployment is recorded"
+        group = record.get("node_group")
+        if not isinstance(group, dict):
+            return None, f"{host}: its last good deployment is not one of a node group"
+        if group.get("hosts") != list(hosts) or group.get("nnodes") != len(hosts) or group.get("rank") != rank:
+            return None, (f"{host}: its last good deployment is rank {group.get('rank')} of nodes "
+                          f"{group.get('hosts')}, not rank {rank} of {list(hosts)}")
+        argv = record.get("argv") or []
+        if _flag(argv, "--node-rank") != str(rank) or _flag(argv, "--nnodes") != str(len(hosts)) or \
+                _flag(argv, "--dist-init-addr") != group.get("dist_init_addr"):
+            return None, f"{host}: its last good argv does not match its node_group record (rank {rank})"
+        ids.add(group.get("id"))
+    if len(ids) != 1:
+        return None, "the nodes' last good deployments belong to different group deployments"
+    addrs = {r["node_group"]["dist_init_addr"] for r in records}  # type: ignore[index]
+    if len(addrs) != 1:
+        return None, f"the nodes' last good deployments name different --dist-init-addr: {sorted(addrs)}"
+    if group_id(records) != ids.pop():
+        return None, "the nodes' last good deployments do not add up to the group deployment they name"
+    return list(records), ""  # type: ignore[arg-type]
 
 
 class NodeSession:
@@ -158,6 +215,7 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
                     s.run = node_run(run, s.rank, len(sessions), addr)
             each(sessions, "every node: " + ", ".join(p.name for p in slices["prepare"]),
                  lambda s: s.steps(slices["prepare"]))
+            each(sessions[:1], f"rank 0 dist-init port {sessions[0].host.name}", _dist_init_port_problem)
             if error is None:
                 for s in sessions[1:]:
                     _converged_without_http(s)
@@ -186,11 +244,16 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
                 return None
 
             each(sessions[1:], "ranks 1+ alive", still_alive)
+            if error is None:
+                _mark_group(sessions)
             each(sessions, "every node: record-good", lambda s: s.steps(slices["record"]))
-            launch_tried = any(p.name.startswith("rank 0 launch") and p.status != "not-run" for p in phases)
+            cleared = any(p.name.startswith("every node: stop-stale") and p.status != "not-run" for p in phases)
             redeployed = not all(s.memory.get("converged") for s in sessions)
-            if error is not None and launch_tried and redeployed:
-                _stop_every_node(sessions, phases, progress)
+            if error is not None and cleared and redeployed:
+                if options.rollback and not cancelled.is_set() and not isinstance(error, LockHeld):
+                    _roll_back_group(sessions, playbook, error, phases, progress, config.ssh.max_parallel)
+                else:
+                    _stop_every_node(sessions, phases, progress, "--no-rollback" if not options.rollback else "")
         finally:
             for s in sessions:
                 s.close()
@@ -202,6 +265,27 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
     if error is not None and not any(r.error for r in reports):
         result.error = error
     return result
+
+
+def _dist_init_port_problem(s: NodeSession) -> DeployError | None:
+    """Rank 0's rendezvous port must be free, or held by our own rank 0 (converging, or about to be
+    stopped by stop-stale): anything else makes every rank hang in the rendezvous or fail to bind,
+    so it is refused before any node is stopped. The doctor's own serve-port facts and judgement
+    (/proc/net/tcp listeners and their holders; our server by its PID file and session)."""
+    from deploy.doctor.checks import DoctorInput, check_serve_port
+    from deploy.facts.doctor import host_command, parse_host_facts
+
+    assert s.conn is not None
+    addr = _flag(s.run.extra_args, "--dist-init-addr") or ""
+    port = int(addr.rsplit(":", 1)[1])
+    probe = s.run.model_copy(update={"port": port, "serve_host": addr.rsplit(":", 1)[0]})
+    facts = parse_host_facts(s.conn.run(host_command(s.host, probe), timeout=60), s.host.name)
+    check = check_serve_port(DoctorInput(s.host, probe, s.run.draft_tokens, facts, None))
+    if check.status == "fail":
+        return VerificationFailed(f"{s.host.name}: the node group's --dist-init-addr {addr}: {check.reason} "
+                                  "(nothing was stopped); stop that process or set the run's dist_init_port to a free one")
+    s.progress(s.host.name, "dist-init-port", check.reason.replace(f":{port}", f":{port} (dist-init)", 1))
+    return None
 
 
 def _converged_without_http(s: NodeSession) -> None:
@@ -218,11 +302,24 @@ def _converged_without_http(s: NodeSession) -> None:
         record.detail = f"already running as desired (pid {state.pid}; node rank {s.rank} serves no HTTP)"
 
 
-def _stop_every_node(sessions: Sequence[NodeSession], phases: list[PhaseRecord], progress) -> None:
+def _mark_group(sessions: Sequence[NodeSession]) -> None:
+    """Every node's deployment (launched now or converged) carries its node group, so that its last
+    good record says which group deployment it belongs to."""
+    deployments = [{k: v for k, v in (s.memory.get("deployment") or {}).items() if k != "node_group"}
+                   for s in sessions]
+    addr = _flag(sessions[0].run.extra_args, "--dist-init-addr")
+    fields = group_fields(deployments, [s.host.name for s in sessions], addr)
+    for s, deployment, group in zip(sessions, deployments, fields, strict=True):
+        if s.memory.get("deployment") is not None:
+            s.memory["deployment"] = deployment | {"node_group": group}
+
+
+def _stop_every_node(sessions: Sequence[NodeSession], phases: list[PhaseRecord], progress, why: str = "",
+                     name: str = "stop every node") -> list[str]:
     """A node group with a failed node only hangs: stop every node's server (by its PID file)."""
     step = PlannedStep("stop-stale", REGISTRY["stop-stale"].Settings(step="stop-stale", scope="pidfile", grace_s=10))
     started = time.monotonic()
-    progress("*", "stop every node", "a node failed: stopping the server on every node")
+    progress("*", name, "a node failed: stopping the server on every node")
     problems = []
     for s in sessions:
         if s.conn is None:
@@ -232,6 +329,99 @@ def _stop_every_node(sessions: Sequence[NodeSession], phases: list[PhaseRecord],
         s.report.rollback.extend(records)
         if failure is not None:
             problems.append(f"{s.host.name}: {failure}")
-    phases.append(PhaseRecord("stop every node", "failed" if problems else "ok", "; ".join(problems)
-                              or "every node's server stopped (no rollback for a node group)",
+    done = "every node's server stopped" + (f" ({why})" if why else "")
+    phases.append(PhaseRecord(name, "failed" if problems else "ok", "; ".join(problems) or done,
                               time.monotonic() - started, int(ExitCode.FAILED) if problems else 0))
+    return problems
+
+
+def _roll_back_group(sessions: Sequence[NodeSession], playbook, error: DeployError, phases: list[PhaseRecord],
+                     progress, parallel: int) -> None:
+    """The group failed after stop-stale: relaunch every node's last good deployment of ONE group
+    deployment (rank 0 first), rank 0 ready and verified, the other ranks alive: exit 11. Anything
+    else stops every node."""
+    names = [s.host.name for s in sessions]
+    goods: list[dict | None] = []
+    try:
+        for s in sessions:
+            assert s.conn is not None
+            path = last_good_path(s.host.state_dir)
+            goods.append(parse_record(s.conn.run(read_record_command(path)).stdout, s.host.name, path))
+        records, why = matching_group(goods, names)
+    except DeployError as exc:
+        records, why = None, str(exc)
+    if records is None:
+        progress("*", "rollback", f"no rollback for the node group: {why}")
+        for s in sessions:
+            s.report.warnings.append(f"no rollback: {why}")
+        _stop_every_node(sessions, phases, progress, f"no last good deployment of this node group: {why}")
+        return
+    drafter = records[0].get("drafter_path")
+    progress("*", "rollback", f"relaunching the node group's last good deployment ({drafter})")
+    steps = _rollback_steps(playbook)
+    clear = [p for p in steps if p.name in ("stop-stale", "free-gpus", "wait-gpus-free")]
+    launch = [p for p in steps if p.name == "launch"]
+    verify = [p for p in steps if p.name in ("wait-ready", "verify-acceptance")]
+    memories = {s.host.name: {"rollback_record": good, "env_file": good.get("env_file"),
+                              "host_lock": s.memory.get("host_lock")} for s, good in zip(sessions, records, strict=True)}
+    failed: list[DeployError] = []
+
+    def on(group: Sequence[NodeSession], name: str, work) -> bool:
+        if failed:
+            phases.append(PhaseRecord(name, "not-run"))
+            return False
+        started = time.monotonic()
+        progress("*", name, "start")
+        by_name = {s.host.name: s for s in group}
+        outcomes = for_each_host([s.host for s in group], lambda h: work(by_name[h.name]), parallel)
+        problem = next((o.error or o.value for o in outcomes if (o.error or o.value) is not None), None)
+        if problem is not None:
+            failed.append(problem)
+            phases.append(PhaseRecord(name, "failed", str(problem).splitlines()[0], time.monotonic() - started,
+                                      int(problem.exit_code)))
+            progress("*", name, f"FAILED: {str(problem).splitlines()[0][:300]}")
+            return False
+        phases.append(PhaseRecord(name, "ok", "", time.monotonic() - started))
+        return True
+
+    def steps_on(s: NodeSession, planned: Sequence[PlannedStep]) -> DeployError | None:
+        memory = memories[s.host.name]
+        done, failure, at = _run_steps(planned, s.host, s.run, s.conn, s.stamp, s.progress, memory,
+                                       threading.Event(), label="rollback/")
+        s.report.rollback.extend(done)
+        if failure is not None:
+            failure = _died(s.conn, s.host, s.run, memory, failure, planned[at].name)
+        return failure
+
+    def alive(s: NodeSession) -> DeployError | None:
+        memory = memories[s.host.name]
+        state = _server_state(s.conn, s.host, s.run, memory)
+        if not (state.alive and state.pid == memory.get("pid")):
+            return ServerDied(f"{s.host.name}: node rank {s.rank} (pid {memory.get('pid')}) is not running after "
+                              f"rank 0 became ready: {state.describe()}")
+        return None
+
+    on(sessions, "rollback: every node stop-stale, free GPUs", lambda s: steps_on(s, clear))
+    on(sessions[:1], f"rollback: rank 0 launch {names[0]}", lambda s: steps_on(s, launch))
+    on(sessions[1:], "rollback: ranks 1+ launch " + ",".join(names[1:]), lambda s: steps_on(s, launch))
+    on(sessions[:1], f"rollback: rank 0 ready and verified {names[0]}", lambda s: steps_on(s, verify))
+    on(sessions[1:], "rollback: ranks 1+ alive", alive)
+    first = str(error).splitlines()[0]
+    if not failed:
+        addr = records[0]["node_group"]["dist_init_addr"]
+        restored = (f"previous deployment restored and verified on every node ({drafter}, --dist-init-addr "
+                    f"{addr}, pids " + ", ".join(f"{n} {memories[n].get('pid')}" for n in names) + ")")
+        for s in sessions:
+            s.report.cause = s.report.error
+            s.report.error = RolledBack(f"failed: {first}\n-> {restored}")
+        progress("*", "rollback", restored)
+        return
+    problems = _stop_every_node(sessions, phases, progress, "the rollback failed")
+    told = f"; stopping failed on {'; '.join(problems)}" if problems else ""
+    for s in sessions:
+        s.report.cause = s.report.error
+        s.report.error = DeployError(
+            f"failed: {first}\n-> the rollback to the node group's last good deployment ({drafter}) failed too: "
+            f"{str(failed[0]).splitlines()[0]}{told}\nTHE NODE GROUP IS SERVING NOTHING (every node was stopped)",
+            exit_code=ExitCode.FAILED)
+    progress("*", "rollback", "FAILED: the node group is serving nothing")

@@ -174,3 +174,32 @@ def stop_router(config, run, progress) -> dict:
     if not result.get("stopped") and result.get("signal"):
         raise DeployError(f"{run.router.host}: the router (pid {result['pid']}) survived SIGKILL", exit_code=ExitCode.FAILED)
     return result
+
+
+def remove_from_router(config, run, hosts, progress) -> dict:
+    """``down --host``: the router keeps serving the run's other replicas, so the downed ones leave
+    it first (a stopped worker would still get requests until the router's health checks caught
+    up). The router itself stops only when the whole run is brought down."""
+    from deploy.fleet.phases import RunState, close_router, open_router
+    from deploy.orchestrator import describe_endpoints, network_host
+    from deploy.transport import JumpConnections
+
+    endpoints = describe_endpoints(hosts, config)
+    urls = [worker_url(run, network_host(h, endpoints.get(h.name, {}).get("hostname", {}).get("value", h.address)))
+            for h in hosts]
+    with JumpConnections() as jumps:
+        state = RunState(config, run, None, None, progress, jumps, None, "")  # type: ignore[arg-type]
+        try:
+            router = open_router(state)
+            if not router.running():
+                progress(run.router.host, "router", "not running: no worker to remove")
+                return {"stopped": False, "removed": [], "note": "the router is not running"}
+            listed = {w["url"] for w in router.workers()}
+            removed = [u for u in urls if u in listed]
+            for url in removed:
+                router.remove(url)
+                progress(run.router.host, "router", f"removed {url} (its server is being stopped)")
+        finally:
+            close_router(state)
+    return {"stopped": False, "removed": removed,
+            "note": "the router keeps serving the run's other replicas; stopped only by a down of the whole run"}

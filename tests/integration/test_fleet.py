@@ -14,7 +14,7 @@ import yaml
 from deploy.errors import ExitCode
 from tests.integration.fleet_client import StreamingClient, stream_once
 from deploy.cli.main import main
-from tests.integration.helpers import cli_json, write_config
+from tests.integration.helpers import cli_json, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
@@ -114,6 +114,31 @@ def test_up_with_router_reaches_every_replica_and_down_stops_all(clean_sandbox, 
     for host in HOSTS:
         left = sb.run(host, "ps -u $(id -u) -o stat=,args= | grep -v '^Z' | grep -E 'sglang.launch_server|sglang_router|sglang::router' | grep -v grep || true").stdout.strip()
         assert left == "", (host, left)
+
+
+def test_down_of_some_replicas_takes_them_out_of_the_router_which_keeps_serving(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = fleet_config(sb, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    pid = int(sb.run("sb1", "cat ~/.deployctl/router/router.pid").stdout)
+    # sb1 is the router host AND a replica: its replica goes, the router stays for sb2 and sb3
+    code, doc = cli_json(capsys, "-c", str(path), "down", "--host", "sb1", "--host", "sb3", "--json")
+    assert code == 0, summary(doc)
+    assert doc["router"]["stopped"] is False and sorted(doc["router"]["removed"]) == sorted(
+        worker_url(sb, h) for h in ("sb1", "sb3")), doc["router"]
+    assert int(sb.run("sb1", "cat ~/.deployctl/router/router.pid").stdout) == pid
+    assert sb.run("sb1", f"ps -o stat= -p {pid}").stdout.strip()[:1] in ("S", "R")
+    assert [w["url"] for w in router_workers(sb)] == [worker_url(sb, "sb2")]
+    assert not running(sb, "sb1") and not running(sb, "sb3") and running(sb, "sb2")
+    before = generate_lines(sb, "sb2")
+    for _ in range(3):  # nothing goes to a stopped worker
+        assert generate_via_router(sb)["text"]
+    assert generate_lines(sb, "sb2") >= before + 3
+    # the whole run brought down: the router stops too
+    code, doc = cli_json(capsys, "-c", str(path), "down", "--json")
+    assert code == 0, summary(doc)
+    assert doc["router"]["stopped"] is True and doc["router"]["pid"] == pid
 
 
 def new_checkpoint(sandbox, host: str, marker: str | None = None) -> None:
@@ -277,6 +302,82 @@ def test_rank1_dying_during_load_tears_down_both_nodes(clean_sandbox, tmp_path, 
         "died" in phases["rank 0 ready and verified sb1"]["detail"], phases
     assert phases["stop every node"]["status"] == "ok"
     assert not running(sb, "sb1") and not running(sb, "sb2")
+
+
+def health(sandbox, host: str, port: int = 30000) -> int:
+    with urllib.request.urlopen(f"http://{sandbox.host(host).address}:{port}/health", timeout=10) as resp:
+        return resp.status
+
+
+def test_node_group_with_a_drafter_crashing_during_load_rolls_back_every_node(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = nodes_config(sb, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    good = {h: json.loads(sb.run(h, "cat ~/.deployctl/last-good.json").stdout) for h in ("sb1", "sb2")}
+    group = {h: good[h]["node_group"] for h in good}
+    assert group["sb1"]["id"] == group["sb2"]["id"] and [group[h]["rank"] for h in ("sb1", "sb2")] == [0, 1]
+    assert group["sb1"]["dist_init_addr"] == f"{sb.host('sb1').address}:30001"
+    good_argv = {h: argv_of(sb, h) for h in ("sb1", "sb2")}
+    old = {h: server_pid(sb, h) for h in ("sb1", "sb2")}
+    for host in ("sb1", "sb2"):  # the new checkpoint lands on every node; it crashes while loading
+        new_checkpoint(sb, host, marker="crash-during-load")
+    code, doc = cli_json(capsys, "-c", str(path), "restart", "--json")
+    assert code == ExitCode.ROLLED_BACK, summary(doc)
+    names = [p["phase"] for p in doc["fleet"]["phases"]]
+    phases = {p["phase"]: p for p in doc["fleet"]["phases"]}
+    assert phases["rank 0 ready and verified sb1"]["status"] == "failed"
+    assert names.index("rollback: rank 0 launch sb1") < names.index("rollback: ranks 1+ launch sb2") < \
+        names.index("rollback: rank 0 ready and verified sb1") < names.index("rollback: ranks 1+ alive")
+    assert all(phases[n]["status"] == "ok" for n in names if n.startswith("rollback:")), phases
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    assert {h: hosts[h]["outcome"] for h in hosts} == {"sb1": "rolled-back", "sb2": "rolled-back"}
+    assert "previous deployment restored and verified on every node" in hosts["sb1"]["error"]
+    assert "server died" in hosts["sb1"]["cause"]
+    # both nodes run the previous deployment again: each its own argv (rank, bind address), the
+    # previous drafter store path, the same dist-init address; relaunched, not left over
+    for host in ("sb1", "sb2"):
+        assert argv_of(sb, host) == good_argv[host]
+        assert server_pid(sb, host) != old[host]
+        line = running(sb, host)
+        assert good[host]["drafter_path"].replace("~/", "") in line and \
+            f"--dist-init-addr {sb.host('sb1').address}:30001" in line, line
+    assert health(sb, "sb1") == 200
+    assert "--node-rank 1" in running(sb, "sb2")
+    # the last good records were not replaced by the failed deployment
+    assert {h: json.loads(sb.run(h, "cat ~/.deployctl/last-good.json").stdout)["node_group"] for h in good} == group
+
+    # --no-rollback keeps the old behaviour: every node stopped, exit 1
+    code, doc = cli_json(capsys, "-c", str(path), "restart", "--no-rollback", "--json")
+    assert code == ExitCode.FAILED, summary(doc)
+    phases = {p["phase"]: p for p in doc["fleet"]["phases"]}
+    assert phases["stop every node"]["status"] == "ok" and "--no-rollback" in phases["stop every node"]["detail"]
+    assert not any(n.startswith("rollback:") for n in phases)
+    assert not running(sb, "sb1") and not running(sb, "sb2")
+
+
+def test_a_held_dist_init_port_is_refused_before_any_node_is_stopped(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = nodes_config(sb, tmp_path)
+    address = sb.host("sb1").address
+    holder = int(sb.run("sb1", f"setsid nohup python3 -c \"import socket,time; s=socket.socket(); "
+                               # SO_REUSEADDR: the earlier tests' rendezvous connections may sit in TIME_WAIT
+                               f"s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                               f"s.bind(('{address}', 30001)); s.listen(); time.sleep(120)\" "
+                               "> ~/stray-listener.log 2>&1 < /dev/null & echo $!").stdout.strip())
+    probe = f"python3 -c \"import socket; socket.create_connection(('{address}', 30001), 1)\""
+    try:
+        wait_until(lambda: sb.run("sb1", probe).returncode == 0, what="the stray listener (~/stray-listener.log)")
+        code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    finally:
+        sb.run("sb1", f"kill {holder}")
+    assert code == ExitCode.VERIFY, summary(doc)
+    phases = {p["phase"]: p for p in doc["fleet"]["phases"]}
+    check = phases["rank 0 dist-init port sb1"]
+    assert check["status"] == "failed" and f"pid {holder}" in check["detail"] and "30001" in check["detail"], check
+    assert phases["every node: stop-stale, free GPUs"]["status"] == "not-run", phases
+    for host in ("sb1", "sb2"):
+        assert sb.run(host, "test -e ~/.deployctl/server.pid").returncode != 0 and not running(sb, host)
 
 
 def test_doctor_fails_a_router_host_without_sglang_router(clean_sandbox, tmp_path, capsys):

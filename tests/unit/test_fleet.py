@@ -3,6 +3,7 @@ batches, the router argv, the multi-node flags."""
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 from deploy.config import load_config
 from deploy.config.models import Host, Run
 from deploy.errors import ConfigError, ExitCode, RemoteOutputError
-from deploy.fleet.nodes import dist_init_addr, node_run
+from deploy.fleet.nodes import dist_init_addr, group_fields, matching_group, node_run
 from deploy.fleet.phases import batches, check_serial, default_serial
 from deploy.fleet.router import (FLEET_OPS, modern_api, parse_loads, parse_workers, router_argv, start_command,
                                  worker_url)
@@ -217,3 +218,80 @@ def test_router_fields_refuse_yaml_booleans_and_non_finite_numbers(tmp_path, fie
     with pytest.raises(ConfigError) as err:
         load(tmp_path, f"    group: g\n    router: {{host: a, {field}: {word}}}\n")
     assert "router" in str(err.value) and field in str(err.value), str(err.value)
+
+
+def group_records(drafter_fp: str = "fp-old", addr: str = "10.0.0.1:30001", names=("h0", "h1")) -> list[dict]:
+    """Last good records of one two-node group deployment, as record-good writes them."""
+    run = Run(name="r", nodes=list(names), base_model="/m", drafter="/d", port=30000)
+    deployments = []
+    for rank, name in enumerate(names):
+        argv = ["python3", "-m", "sglang.launch_server", "--host", f"10.0.0.{rank + 1}",
+                *node_run(run, rank, len(names), addr).extra_args]
+        deployments.append({"argv": argv, "drafter_fingerprint": drafter_fp, "drafter_path": f"/store/{drafter_fp}",
+                            "env_hash": "e", "sglang_version": "0.5.4", "pid": 100 + rank})
+    fields = group_fields(deployments, list(names), addr)
+    return [d | {"node_group": f, "metrics": {"accept_length": 3.0}} for d, f in zip(deployments, fields)]
+
+
+def test_node_group_records_of_one_group_deployment_match():
+    records = group_records()
+    found, why = matching_group(records, ["h0", "h1"])
+    assert found == records and why == ""
+    assert records[0]["node_group"]["id"] == records[1]["node_group"]["id"]
+    # another drafter is another group deployment
+    assert group_records("fp-new")[0]["node_group"]["id"] != records[0]["node_group"]["id"]
+    # pid, metrics, times are bookkeeping: the same deployment relaunched is the same group
+    relaunched = copy.deepcopy(records)
+    for r in relaunched:
+        r["pid"] += 50
+    assert matching_group(relaunched, ["h0", "h1"])[0] == relaunched
+
+
+def _missing(records):
+    records[1] = None
+
+
+def _single_host(records):
+    del records[1]["node_group"]
+
+
+def _newer_group_on_rank1(records):
+    records[1] = group_records("fp-new")[1]
+
+
+def _other_hosts(records):
+    records[:] = group_records(names=("h0", "h2"))
+
+
+def _swapped_ranks(records):
+    records.reverse()
+
+
+def _argv_rank_tampered(records):
+    argv = records[1]["argv"]
+    argv[argv.index("--node-rank") + 1] = "0"
+
+
+def _other_dist_init(records):
+    records[1] = group_records(addr="10.0.0.1:40000")[1]
+
+
+def _forged_id(records):
+    records[1]["drafter_fingerprint"] = "fp-new"  # same group id, other bytes
+
+
+def _three_nodes(records):
+    records[:] = group_records(names=("h0", "h1", "h2"))[:2]
+
+
+MISMATCHES = {f.__name__[1:]: f for f in (_missing, _single_host, _newer_group_on_rank1, _other_hosts, _swapped_ranks,
+                                          _argv_rank_tampered, _other_dist_init, _forged_id, _three_nodes)}
+
+
+@pytest.mark.parametrize("mutation", sorted(MISMATCHES))
+def test_node_group_records_that_are_not_one_group_deployment_are_refused(mutation):
+    records = group_records()
+    MISMATCHES[mutation](records)
+    found, why = matching_group(records, ["h0", "h1"])
+    assert found is None, mutation
+    assert why and ("h0" in why or "h1" in why or "group deployment" in why or "dist-init" in why), why
