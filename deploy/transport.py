@@ -689,6 +689,7 @@ class HostConnection(Transport):
             pending = b""
             while True:
                 if cancelled.is_set():
+                    self._end_watch(channel, wait_s=0.5)
                     return None, ""
                 if time.monotonic() > deadline:
                     raise ExecTimedOut(command)
@@ -702,6 +703,7 @@ class HostConnection(Transport):
                 while b"\n" in pending:
                     line, pending = pending.split(b"\n", 1)
                     if on_line(line.decode("utf-8", "replace")):
+                        self._end_watch(channel)
                         return None, ""
             if pending.strip() and on_line(pending.decode("utf-8", "replace")):
                 return None, ""
@@ -715,6 +717,16 @@ class HostConnection(Transport):
             raise ConnectionError(str(exc)) from exc
         finally:
             channel.close()
+
+    @staticmethod
+    def _end_watch(channel, wait_s: float = 3.0) -> None:
+        """EOF on the loop's stdin (it stops at once, ``--until-stdin-eof``), then wait (bounded) for its
+        exit, so no host-side poller outlives the step that started it."""
+        try:
+            channel.shutdown_write()
+            channel.status_event.wait(wait_s)
+        except Exception:  # noqa: BLE001 - a dead channel has no poller left to stop
+            pass
 
     def hold(self, command: str, *, timeout: float | None = None) -> HeldCommand:
         """Start ``command`` on its own channel and return once it printed its first line.

@@ -132,7 +132,7 @@ def watch_health_command(python: str, helper: str, url: str, pid: int | str, log
     """Each line it prints is a probe (``parse_probe``); it stops by itself after ``for_s``."""
     return " ".join([quote(python), quote_path(helper), "watch-health", "--url", quote(url), "--pid", str(pid),
                      "--log", quote_path(log), "--interval", f"{interval_s:g}", "--every", f"{every_s:g}",
-                     "--for", f"{for_s:g}"])
+                     "--for", f"{for_s:g}", "--until-stdin-eof"])
 
 
 # -- watch-gpus: wait-gpus-free's poll on the host, both nvidia-smi answers per change ------------
@@ -154,7 +154,7 @@ def watch_gpus_command(python: str, helper: str, gpu_query: str, apps_query: str
     """Each line it prints is a GpuSample: the raw answers of the two queries, parsed by facts.gpus."""
     return " ".join([quote(python), quote_path(helper), "watch-gpus", "--gpu-query", quote(gpu_query),
                      "--apps-query", quote(apps_query), "--interval", f"{interval_s:g}", "--every", f"{every_s:g}",
-                     "--for", f"{for_s:g}"])
+                     "--for", f"{for_s:g}", "--until-stdin-eof"])
 
 
 def check_watch_ended(exit_code: int | None, stderr: str, source: str, what: str) -> None:

@@ -27,6 +27,7 @@ from typing import Any, Dict, List
 import json
 import os
 import re
+import select
 import shlex
 import signal
 import socket
@@ -281,8 +282,13 @@ def _emit(document: dict) -> bool:
     return True
 
 
-def watch(sample, key, interval_s: float, every_s: float, timeout_s: float) -> int:
-    """Sample every ``interval_s``; emit when ``key(sample)`` changes or ``every_s`` passed; stop at the deadline."""
+def watch(sample, key, interval_s: float, every_s: float, timeout_s: float, until_stdin_eof: bool = False) -> int:
+    """Sample every ``interval_s``; emit when ``key(sample)`` changes or ``every_s`` passed; stop at the deadline.
+
+    ``until_stdin_eof``: also stop at once when stdin reaches EOF. deployctl closes its side of the
+    channel when it has its answer and waits for this loop to exit, so no poller outlives the step
+    (a stray python3 of the deploy user, seen by the next step or the next deployctl).
+    """
     deadline = time.monotonic() + timeout_s
     last_key, last_emit = None, 0.0
     while True:
@@ -294,14 +300,21 @@ def watch(sample, key, interval_s: float, every_s: float, timeout_s: float) -> i
             last_key, last_emit = key(document), now
         if now >= deadline:
             return 0
-        time.sleep(min(interval_s, max(0.0, deadline - now)))
+        wait = min(interval_s, max(0.0, deadline - now))
+        if until_stdin_eof:
+            readable, _, _ = select.select([0], [], [], wait)
+            if readable and not os.read(0, 4096):
+                return 0
+        else:
+            time.sleep(wait)
 
 
 def cmd_watch_health(args) -> int:
     def sample() -> dict:
         return cmd_probe(args)
 
-    return watch(sample, lambda d: (d["alive"], d["status"], d["error_kind"]), args.interval, args.every, args.timeout_total)
+    return watch(sample, lambda d: (d["alive"], d["status"], d["error_kind"]), args.interval, args.every, args.timeout_total,
+                 args.until_stdin_eof)
 
 
 def _run_query(command: str) -> dict:
@@ -319,7 +332,8 @@ def cmd_watch_gpus(args) -> int:
     def sample() -> dict:
         return {"gpus": _run_query(args.gpu_query), "apps": _run_query(args.apps_query)}
 
-    return watch(sample, lambda d: json.dumps(d, sort_keys=True), args.interval, args.every, args.timeout_total)
+    return watch(sample, lambda d: json.dumps(d, sort_keys=True), args.interval, args.every, args.timeout_total,
+                 args.until_stdin_eof)
 
 
 def _read_json_file(path: str):
@@ -476,12 +490,14 @@ def main(argv=None) -> int:
     health.add_argument("--interval", type=float, default=0.2)
     health.add_argument("--every", type=float, default=1.0, help="heartbeat: emit at least this often")
     health.add_argument("--for", dest="timeout_total", type=float, required=True, help="the whole wait's deadline")
+    health.add_argument("--until-stdin-eof", action="store_true", help="stop when stdin reaches EOF (the reader is done)")
     gpus = sub.add_parser("watch-gpus")
     gpus.add_argument("--gpu-query", required=True, help="the nvidia-smi command line of the GPU rows")
     gpus.add_argument("--apps-query", required=True, help="the nvidia-smi command line of the holders")
     gpus.add_argument("--interval", type=float, default=0.1)
     gpus.add_argument("--every", type=float, default=1.0, help="heartbeat: emit at least this often")
     gpus.add_argument("--for", dest="timeout_total", type=float, required=True, help="the whole wait's deadline")
+    gpus.add_argument("--until-stdin-eof", action="store_true", help="stop when stdin reaches EOF (the reader is done)")
     args = parser.parse_args(argv)
     if args.command == "watch-health":
         return cmd_watch_health(args)

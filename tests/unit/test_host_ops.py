@@ -182,3 +182,21 @@ def test_watch_ends_when_its_reader_goes_away():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize("verb,args", [
+    ("watch-health", ["--url", "http://127.0.0.1:9/health", "--pid", "1"]),
+    ("watch-gpus", ["--gpu-query", "true", "--apps-query", "true"]),
+])
+def test_watch_stops_at_once_when_its_stdin_ends(verb, args):
+    """deployctl sends EOF when it has its answer and waits for the loop to exit: with a heartbeat of
+    60 s (no write to fail on), only the stdin EOF can end it before --for."""
+    proc = subprocess.Popen([sys.executable, HELPER, verb, *args, "--interval", "0.05", "--every", "60", "--for", "60",
+                             "--until-stdin-eof"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert json.loads(proc.stdout.readline())  # the first sample is always emitted
+        proc.stdin.close()
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -126,7 +126,7 @@ def test_wait_gpus_free_watches_on_the_host_until_every_gpu_is_free():
     busy = _sample(_gpus(70000, 0), f"{UUID[0]}, 4242, 70000, python3\n")
     conn = RecordingTransport(HOST, [
         Reply(r"^python3 ~/'deployctl state/helpers/host_ops\.py' watch-gpus --gpu-query 'nvidia-smi --query-gpu=.*"
-              r" --apps-query 'nvidia-smi --query-compute-apps=.* --interval 0\.01 --every 1 --for 120$",
+              r" --apps-query 'nvidia-smi --query-compute-apps=.* --interval 0\.01 --every 1 --for 120 --until-stdin-eof$",
               stdout=busy * 2 + _sample(_gpus(0, 0), "") + busy),
     ])
     outcome = wait_gpus_free.run(ctx(wait_gpus_free, conn, interval_s=0.01))
@@ -178,7 +178,7 @@ def _probe(**fields):
 def test_wait_ready_reads_the_pidfile_then_watches_until_healthy():
     conn = RecordingTransport(HOST, [
         Reply(r"^cat -- ~/'deployctl state/server\.pid'$", stdout="7\n"),
-        Reply(r"host_ops\.py' watch-health --url http://10\.1\.230\.174:30000/health --pid 7 .* --interval 0\.01 --every 1 --for 1800$",
+        Reply(r"host_ops\.py' watch-health --url http://10\.1\.230\.174:30000/health --pid 7 .* --interval 0\.01 --every 1 --for 1800 --until-stdin-eof$",
               stdout="\n".join([_probe(), _probe(), _probe(status=503, error_kind=None), _probe(status=200, error_kind=None),
                                 _probe(status=503, error_kind=None)])),
     ])
