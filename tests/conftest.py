@@ -15,16 +15,13 @@ the next one (start_sandbox first stops what sandbox.json under the root records
 
 from __future__ import annotations
 
-import fcntl
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 SANDBOX_ROOT = Path(os.environ.get("DEPLOYCTL_TEST_SANDBOX_ROOT", "/var/tmp/deployctl-test-sandbox"))
 SANDBOX_HOSTS = ("sb1", "sb2", "sb3")
-LOCK_PATH = Path("/var/tmp/deployctl-test-sandbox.lock")
 LOCK_WAIT_S = float(os.environ.get("DEPLOYCTL_TEST_SANDBOX_LOCK_WAIT_S", "600"))
 
 
@@ -36,21 +33,13 @@ def sandbox_machine_lock():
     reason = sandbox_unavailable_reason()
     if reason:
         pytest.skip(f"sandbox unavailable: {reason}")
-    with open(LOCK_PATH, "a") as lock:
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"another test session held {LOCK_PATH} for {LOCK_WAIT_S:.0f} s "
-                                "(its sandbox uses the same addresses and users)")
-                time.sleep(0.2)
-        try:
+    from sandbox.machine_lock import MachineLockTimeout, machine_lock
+
+    try:
+        with machine_lock(LOCK_WAIT_S):
             yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    except MachineLockTimeout as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="session")

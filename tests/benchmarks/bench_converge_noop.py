@@ -13,7 +13,6 @@ history: everything a user waits for) and checks the server PID never changed. G
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import statistics
@@ -28,10 +27,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from sandbox.machine_lock import machine_lock
 from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
 
 ROOT = Path(os.environ.get("DEPLOYCTL_TEST_SANDBOX_ROOT", "/var/tmp/deployctl-test-sandbox"))
-LOCK = Path("/var/tmp/deployctl-test-sandbox.lock")
 
 
 def deployctl(config: Path, *argv: str) -> tuple[float, dict]:
@@ -49,16 +48,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--lock-wait-s", type=float, default=2400)
     args = parser.parse_args()
-    with open(LOCK, "a") as lock:
-        deadline = time.monotonic() + args.lock_wait_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{LOCK} stayed locked for {args.lock_wait_s:.0f} s")
-                time.sleep(0.5)
+    with machine_lock(args.lock_wait_s, poll_s=0.5):
         sandbox = start_sandbox(ROOT, ("sb1",), gpus=8, stop_at_exit=True)
         try:
             with tempfile.TemporaryDirectory() as tmp:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import fcntl
 import io
 import json
 import os
@@ -33,10 +32,10 @@ sys.path.insert(0, str(REPO))
 
 from deploy import transport  # noqa: E402
 from deploy.cli.main import main as deployctl_main  # noqa: E402
+from sandbox.machine_lock import machine_lock
 from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
 
 ROOT = Path(os.environ.get("DEPLOYCTL_TEST_SANDBOX_ROOT", "/var/tmp/deployctl-test-sandbox"))
-LOCK = Path("/var/tmp/deployctl-test-sandbox.lock")
 COUNTS: collections.Counter = collections.Counter()
 
 
@@ -70,16 +69,7 @@ def main() -> int:
     args = parser.parse_args()
     for name in ("_exec", "_watch", "hold", "_put", "_stream"):
         _counted(name)
-    with open(LOCK, "a") as lock:
-        deadline = time.monotonic() + args.lock_wait_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{LOCK} stayed locked for {args.lock_wait_s:.0f} s")
-                time.sleep(0.5)
+    with machine_lock(args.lock_wait_s, poll_s=0.5):
         sandbox = start_sandbox(ROOT, ("sb1",), gpus=8, stop_at_exit=True)
         try:
             with tempfile.TemporaryDirectory() as tmp:

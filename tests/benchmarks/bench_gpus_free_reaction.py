@@ -13,7 +13,6 @@ time from the kill until the step returned "ok". The issue's goal: within 0.2 s.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import signal
 import statistics
@@ -29,11 +28,11 @@ from deploy.config import load_config  # noqa: E402
 from deploy.steps import ensure_helper, wait_gpus_free  # noqa: E402
 from deploy.steps.base import StepContext  # noqa: E402
 from deploy.transport import HostConnection  # noqa: E402
+from sandbox.machine_lock import machine_lock
 from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
 from tests.integration.helpers import gpu_used, hold_gpu_program, start_stray  # noqa: E402
 
 ROOT = Path(os.environ.get("DEPLOYCTL_TEST_SANDBOX_ROOT", "/var/tmp/deployctl-test-sandbox"))
-LOCK = Path("/var/tmp/deployctl-test-sandbox.lock")
 
 
 def context(module, host, run, conn, **settings) -> StepContext:
@@ -71,16 +70,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--lock-wait-s", type=float, default=2400)
     args = parser.parse_args()
-    with open(LOCK, "a") as lock:
-        deadline = time.monotonic() + args.lock_wait_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{LOCK} stayed locked for {args.lock_wait_s:.0f} s")
-                time.sleep(0.5)
+    with machine_lock(args.lock_wait_s, poll_s=0.5):
         sandbox = start_sandbox(ROOT, ("sb1",), gpus=8, stop_at_exit=True)
         try:
             config = load_config(sandbox.config_path)

@@ -15,7 +15,6 @@ Prints wall time (median of --repeat) and the bastion logins counted in its sshd
 from __future__ import annotations
 
 import argparse
-import fcntl
 import statistics
 import sys
 import tempfile
@@ -27,11 +26,11 @@ sys.path.insert(0, str(REPO))
 
 from deploy.config.models import Host, SSHSettings  # noqa: E402
 from deploy.fanout import for_each_host  # noqa: E402
+from sandbox.machine_lock import machine_lock
 from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
 from deploy.ssh_config import load_ssh_config  # noqa: E402
 from deploy.transport import HostConnection, JumpConnections  # noqa: E402
 
-LOCK = Path("/var/tmp/deployctl-test-sandbox.lock")
 ROOT = Path("/var/tmp/deployctl-test-sandbox-jump")
 
 
@@ -40,17 +39,7 @@ def main() -> int:
     parser.add_argument("--targets", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    with open(LOCK, "a") as lock:
-        deadline = time.monotonic() + 1800
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    print("the sandbox lock stayed taken for 30 min", file=sys.stderr)
-                    return 1
-                time.sleep(0.5)
+    with machine_lock(1800, poll_s=0.5):
         sb = start_sandbox(ROOT, ("jump", "jt1", "jt2"), gpus=1, address_base=30, log_level="DEBUG")
         try:
             return run(sb, args.targets, args.repeat)

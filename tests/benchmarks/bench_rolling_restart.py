@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import fcntl
 import json
 import os
 import subprocess
@@ -34,11 +33,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from sandbox.machine_lock import machine_lock
 from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
 from tests.integration.fleet_client import StreamingClient  # noqa: E402
 
 ROOT = Path(os.environ.get("DEPLOYCTL_TEST_SANDBOX_ROOT", "/var/tmp/deployctl-test-sandbox"))
-LOCK = Path("/var/tmp/deployctl-test-sandbox.lock")
 ROUTER_PYTHON = REPO / ".router-venv" / "bin" / "python"
 HOSTS = ("sb1", "sb2", "sb3")
 PORT = 30080
@@ -86,16 +85,7 @@ def main() -> int:
     args = parser.parse_args()
     if not ROUTER_PYTHON.is_file():
         raise SystemExit(f"{ROUTER_PYTHON} missing: run tests/bootstrap.sh")
-    with open(LOCK, "a") as lock:
-        deadline = time.monotonic() + args.lock_wait_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{LOCK} stayed locked for {args.lock_wait_s:.0f} s")
-                time.sleep(0.5)
+    with machine_lock(args.lock_wait_s, poll_s=0.5):
         sandbox = start_sandbox(ROOT, HOSTS, gpus=8, stop_at_exit=True)
         try:
             with tempfile.TemporaryDirectory() as tmp:
