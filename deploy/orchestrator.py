@@ -25,7 +25,7 @@ from deploy.facts.server import (last_good_path, parse_record, parse_server_stat
 from deploy.fanout import exit_code, for_each_host
 from deploy.playbook import Playbook, PlannedStep
 from deploy.steps import REGISTRY
-from deploy.steps.base import PlannedCommand, StepContext
+from deploy.steps.base import Action, Command, StepContext
 from deploy.transport import HostConnection, JumpConnections
 
 #: what a rollback runs, with the playbook's settings for each step where it has them
@@ -115,10 +115,12 @@ def launch_stamp() -> str:
 
 
 def _context(host: Host, run: Run, settings, conn, stamp: str, progress, memory,
-             cancelled: threading.Event | None = None) -> StepContext:
+             cancelled: threading.Event | None = None, step: str = "") -> StepContext:
+    # the journal lives in the host's memory: every step (and a rollback's) appends to one list
+    journal = memory.setdefault("journal", [])
     return StepContext(host=host, run=run, settings=settings, conn=conn,
                        launch_stamp=stamp, progress=progress, memory=memory,
-                       cancelled=cancelled or threading.Event())
+                       cancelled=cancelled or threading.Event(), journal=journal, step=step)
 
 
 def network_host(host: Host, address: str) -> Host:
@@ -132,7 +134,7 @@ def network_host(host: Host, address: str) -> Host:
 
 def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host],
                   addresses: dict[str, str] | None = None,
-                  lock: bool = False) -> dict[str, list[tuple[str, list[PlannedCommand]]]]:
+                  lock: bool = False) -> dict[str, list[tuple[str, list[Action]]]]:
     """Every command each host would run, in order; touches nothing.
 
     ``addresses``: host name -> network address (the ssh_config HostName), where known.
@@ -140,19 +142,19 @@ def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host],
     from deploy.locks import host_lock_path
 
     stamp = launch_stamp()
-    plans: dict[str, list[tuple[str, list[PlannedCommand]]]] = {}
+    plans: dict[str, list[tuple[str, list[Action]]]] = {}
     for host in hosts:
         host = network_host(host, (addresses or {}).get(host.name, host.address))
         memory: dict[str, Any] = {}
         steps = []
         if lock:
-            steps.append(("host-lock", [PlannedCommand(
-                "hold the host lock (flock) for the whole run, on its own SSH channel; held elsewhere: exit 9",
-                f"{host.python} -c <deploy/remote/host_lock.py> deployctl-host-lock {host_lock_path(host)} <owner>")]))
+            steps.append(("host-lock", [Command(
+                description="hold the host lock (flock) for the whole run, on its own SSH channel; held elsewhere: exit 9",
+                command=f"{host.python} -c <deploy/remote/host_lock.py> deployctl-host-lock {host_lock_path(host)} <owner>")]))
         for step in playbook.steps:
             if not step.settings.enabled:
                 continue
-            ctx = _context(host, run, step.settings, None, stamp, lambda m: None, memory)
+            ctx = _context(host, run, step.settings, None, stamp, lambda m: None, memory, step=step.name)
             steps.append((step.name, step.module.plan(ctx)))
         plans[host.name] = steps
     return plans
@@ -192,7 +194,7 @@ def _run_steps(steps: Sequence[PlannedStep], host: Host, run: Run, conn, stamp: 
         for attempt in range(1, step.settings.retries + 2):
             record.attempts = attempt
             ctx = _context(host, run, step.settings, conn, stamp,
-                           lambda m, s=name: progress(host.name, s, m), memory, cancelled)
+                           lambda m, s=name: progress(host.name, s, m), memory, cancelled, step=name)
             progress(host.name, name, "start" if attempt == 1 else f"retry {attempt - 1}")
             try:
                 outcome = step.module.run(ctx)
@@ -408,7 +410,7 @@ def describe_endpoints(hosts: Sequence[Host], config: Config) -> dict[str, dict]
 
 
 def plan_with_endpoints(playbook: Playbook, run: Run, hosts: Sequence[Host], config: Config,
-                        lock: bool = True) -> tuple[dict[str, list[tuple[str, list[PlannedCommand]]]], dict[str, dict]]:
+                        lock: bool = True) -> tuple[dict[str, list[tuple[str, list[Action]]]], dict[str, dict]]:
     """The plan of every host, with each host's SGLang bind address taken from its ssh_config HostName."""
     endpoints = describe_endpoints(hosts, config)
     addresses = {n: e["hostname"]["value"] for n, e in endpoints.items() if "hostname" in e}

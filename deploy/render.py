@@ -186,7 +186,9 @@ def plan_text(command: str, plans: dict, out: Console, endpoints: dict | None = 
             for planned in commands:
                 n += 1
                 out.print(f"    {n}. {planned.description}", markup=False)
-                out.print(f"       $ {planned.command}", markup=False, style="dim")
+                if planned.when:
+                    out.print(f"       (only when {planned.when})", markup=False)
+                out.print(f"       {'$' if planned.kind != 'upload' else '>'} {planned.shown}", markup=False, style="dim")
 
 
 def _bench_rows(rounds):

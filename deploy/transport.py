@@ -112,6 +112,12 @@ class Transport:
         """Run ``command`` printing its output as it comes, until it ends or Ctrl-C; its exit code."""
         raise NotImplementedError
 
+    def _upload(self, directory: str, files: list[tuple[bytes, str, int]]) -> None:
+        """Over one SFTP session: create ``directory`` (0700) when missing, then write each
+        (content, path, mode) under a temporary name, check its size and rename it into place.
+        Paths are absolute or start with ``~/`` (the session's home). OSError on failure."""
+        raise NotImplementedError
+
     def _watch(self, command: str, on_line: Callable[[str], bool], *, timeout: float,
                cancelled: threading.Event) -> tuple[int | None, str]:
         """Run the (already wrapped) ``command``, calling ``on_line`` with each stdout line as it comes.
@@ -192,6 +198,18 @@ class Transport:
             raise RemoteCommandFailed(
                 f"{self.label}: SFTP upload of {local} to {remote} failed: {exc}"
             ) from None
+
+    def upload(self, directory: str, files: list[tuple[bytes, str, int]]) -> None:
+        """Install files on the host over SFTP (see ``_upload``); a failure is RemoteCommandFailed
+        and leaves no partial file under the final name."""
+        for path in [directory] + [remote for _, remote, _ in files]:
+            if not (path.startswith("/") or path.startswith("~/")):
+                raise ValueError(f"remote path must be absolute or start with ~/, got {path!r}")
+        try:
+            self._upload(directory, files)
+        except OSError as exc:
+            names = ", ".join(remote for _, remote, _ in files)
+            raise RemoteCommandFailed(f"{self.label}: SFTP upload of {names} failed: {exc}") from None
 
     @property
     def home(self) -> str:
@@ -767,6 +785,50 @@ class HostConnection(Transport):
                 pass
             channel.close()
         return HeldCommand(channel, line, stderr, exit_code)
+
+    def _upload(self, directory: str, files: list[tuple[bytes, str, int]]) -> None:
+        import io
+        import stat as stat_module
+
+        import paramiko
+
+        try:
+            sftp = self._live().sftp()
+            if self._home is None:
+                self._home = (sftp.normalize(".").rstrip("/") or "/")
+
+            def absolute(path: str) -> str:
+                return f"{self._home}/{path[2:]}" if path.startswith("~/") else path
+
+            target = absolute(directory).rstrip("/") or "/"
+            parts = [p for p in target.split("/") if p]
+            for depth in range(1, len(parts) + 1):
+                path = "/" + "/".join(parts[:depth])
+                try:
+                    if not stat_module.S_ISDIR(sftp.stat(path).st_mode or 0):
+                        raise NotADirectoryError(f"{path} exists and is not a directory")
+                except FileNotFoundError:
+                    sftp.mkdir(path, 0o700)
+            for content, remote, mode in files:
+                final = absolute(remote)
+                temporary = final + ".upload"
+                try:
+                    with sftp.open(temporary, "wb") as handle:
+                        handle.chmod(mode)  # before any byte is written: a secret is never world-readable
+                        handle.set_pipelined(True)
+                        handle.write(content)
+                    size = sftp.stat(temporary).st_size
+                    if size != len(content):
+                        raise OSError(f"{temporary}: {size} bytes written of {len(content)}")
+                    sftp.posix_rename(temporary, final)
+                except (OSError, paramiko.SSHException):
+                    try:
+                        sftp.remove(temporary)
+                    except (OSError, paramiko.SSHException):
+                        pass
+                    raise
+        except paramiko.SSHException as exc:
+            raise ConnectionError(str(exc)) from exc
 
     def _put(self, local: Path, remote: str) -> None:
         """Upload over SFTP to an absolute remote path."""

@@ -39,6 +39,8 @@ class RecordingTransport(Transport):
         self.commands: list[str] = []
         self.timeouts: list[float] = []
         self.uploads: list[tuple[str, bytes]] = []
+        self.upload_dirs: list[str] = []
+        self.upload_modes: dict[str, int] = {}
         self.streamed: list[str] = []
         self.watched: list[str] = []
         #: watch lines handed to the step (it stops reading once it has its answer)
@@ -90,6 +92,20 @@ class RecordingTransport(Transport):
 
     def _put(self, local: Path, remote: str) -> None:
         self.uploads.append((remote, Path(local).read_bytes()))
+
+    def _upload(self, directory: str, files: list[tuple[bytes, str, int]]) -> None:
+        """Uploads are recorded as (absolute path, content, mode); a reply whose pattern matches
+        ``upload <path>`` and that raises makes the upload fail."""
+        def absolute(path: str) -> str:
+            return f"{self.home_dir}/{path[2:]}" if path.startswith("~/") else path
+
+        self.upload_dirs.append(absolute(directory))
+        for content, remote, mode in files:
+            for reply in self.replies:
+                if reply.raises is not None and re.search(reply.pattern, f"upload {absolute(remote)}"):
+                    raise reply.raises
+            self.uploads.append((absolute(remote), content))
+            self.upload_modes[absolute(remote)] = mode
 
     def _stream(self, command: str) -> int:
         self.streamed.append(command)

@@ -1,23 +1,34 @@
-"""What every playbook step shares: its context, its planned commands and its outcome.
+"""What every playbook step shares: its context, the actions it performs and its outcome.
 
 A step module exposes ``NAME``, a pydantic ``Settings`` model (its playbook settings), and two
-functions: ``plan(ctx) -> list[PlannedCommand]`` (pure: what it would run) and
-``run(ctx) -> StepOutcome`` (a few lines that send those commands through the transport).
+functions built from the same pure action builders:
+
+- ``plan(ctx) -> list[Action]``: every action the step may perform on the host, in order. An action
+  that only runs under a condition says so (``when``); a value known only at run time (the PID the
+  launch printed, the drafter's store path) is a ``<placeholder>``.
+- ``run(ctx) -> StepOutcome``: performs some of exactly those actions, each through
+  ``ctx.execute(action)`` (the only way a step reaches the host), and parses their output with facts.
+
+``Command`` is one exec channel, ``Watch`` one exec channel whose lines stream back (a host-side poll
+loop), ``Upload`` one SFTP session (files written under a temporary name, then renamed). The plan of
+``deployctl plan`` is those actions as data; tests/integration/test_plan_is_run.py checks, for every
+built-in playbook, that what ``run`` executed is what ``plan`` listed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from deploy.config.models import Host, Run, Strict
 from deploy.errors import Interrupted
 from deploy.shell import path_join
-from deploy.transport import Transport
+from deploy.transport import CommandResult, Transport, WatchResult
 
 
 class StepSettings(Strict):
@@ -60,17 +71,96 @@ class StatePaths:
         return path_join(self.helpers, filename)
 
 
-@dataclass(frozen=True)
-class PlannedCommand:
+@dataclass(frozen=True, kw_only=True)
+class Action:
+    """Something a step does on a host; ``plan`` lists it, ``run`` performs it via ``ctx.execute``."""
+
+    kind: ClassVar[str] = "action"
     description: str
-    command: str
-    argv: list[str] | None = None
+    #: None: performed every time the step runs; otherwise the condition under which it is
+    when: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"description": self.description, "command": self.command}
+        data: dict[str, Any] = {"kind": self.kind, "description": self.description}
+        if self.when is not None:
+            data["when"] = self.when
+        return data
+
+    @property
+    def shown(self) -> str:
+        """The one line ``deployctl plan`` prints under the description."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Command(Action):
+    """One remote command (one exec channel), bounded on the host by coreutils ``timeout``."""
+
+    kind: ClassVar[str] = "command"
+    command: str
+    argv: list[str] | None = None
+    timeout_s: float | None = None
+    #: a non-zero exit raises RemoteCommandFailed naming this; None: the step judges the exit code
+    what: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict() | {"command": self.command}
         if self.argv is not None:
             data["argv"] = self.argv
         return data
+
+    @property
+    def shown(self) -> str:
+        return self.command
+
+
+@dataclass(frozen=True, kw_only=True)
+class Watch(Action):
+    """A host-side poll loop on one exec channel: each stdout line goes to the step's parser."""
+
+    kind: ClassVar[str] = "watch"
+    command: str
+    timeout_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return super().to_dict() | {"command": self.command}
+
+    @property
+    def shown(self) -> str:
+        return self.command
+
+
+@dataclass(frozen=True, kw_only=True)
+class UploadFile:
+    remote: str
+    content: bytes = field(repr=False)
+    mode: int = 0o600
+
+
+@dataclass(frozen=True, kw_only=True)
+class Upload(Action):
+    """Files written over one SFTP session into ``directory`` (created 0700 when missing): each under
+    a temporary name, size-checked, then renamed into place, so a full disk never leaves a truncated file."""
+
+    kind: ClassVar[str] = "upload"
+    directory: str
+    files: tuple[UploadFile, ...]
+    #: the content is a secret (the run's environment): its digest is not shown either
+    secret: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        files = []
+        for f in self.files:
+            entry: dict[str, Any] = {"remote": f.remote, "mode": f"{f.mode:04o}"}
+            if not self.secret:
+                entry |= {"bytes": len(f.content), "sha256": hashlib.sha256(f.content).hexdigest()}
+            files.append(entry)
+        return super().to_dict() | {"directory": self.directory, "files": files}
+
+    @property
+    def shown(self) -> str:
+        names = " ".join(f.remote for f in self.files)
+        return f"sftp: mkdir -p {self.directory}; put {names} (temporary name, then rename)"
 
 
 @dataclass
@@ -92,6 +182,9 @@ class StepContext:
     memory: dict[str, Any] = field(default_factory=dict)
     #: set on Ctrl-C: polling steps stop at their next poll
     cancelled: threading.Event = field(default_factory=threading.Event)
+    #: (step, action) for every action performed on this host, in order (shared by the host's steps)
+    journal: list[tuple[str, Action]] = field(default_factory=list)
+    step: str = ""
 
     def pause(self, seconds: float) -> None:
         """Wait between polls; returns early and raises Interrupted when the command is cancelled."""
@@ -113,3 +206,28 @@ class StepContext:
     def require_conn(self) -> Transport:
         assert self.conn is not None, "step run without a connection"
         return self.conn
+
+    def execute(self, action: Command) -> CommandResult:
+        """Perform one planned command; the only way a step sends a command to its host."""
+        conn = self.require_conn()
+        self.journal.append((self.step, action))
+        if action.what is not None:
+            return conn.check(action.command, timeout=action.timeout_s, what=action.what)
+        return conn.run(action.command, timeout=action.timeout_s)
+
+    def execute_watch(self, action: Watch, on_line: Callable[[str], bool]) -> WatchResult:
+        """Perform one planned host-side poll loop; ``on_line`` returns True once it has its answer."""
+        conn = self.require_conn()
+        self.journal.append((self.step, action))
+        return conn.watch(action.command, on_line, timeout=action.timeout_s, cancelled=self.cancelled)
+
+    def execute_upload(self, action: Upload) -> None:
+        """Perform one planned SFTP upload (temporary names, then renamed into place)."""
+        conn = self.require_conn()
+        self.journal.append((self.step, action))
+        conn.upload(action.directory, [(f.content, f.remote, f.mode) for f in action.files])
+
+
+def PlannedCommand(description: str, command: str, argv: list[str] | None = None) -> Command:  # noqa: N802
+    """A command that always runs (the older spelling, kept for steps not yet rewritten)."""
+    return Command(description=description, command=command, argv=argv)

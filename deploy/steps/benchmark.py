@@ -13,7 +13,7 @@ from pydantic import Field
 from deploy.errors import RemoteCommandFailed, RemoteOutputError
 from deploy.facts.bench import parse_bench_result
 from deploy.shell import path_join, quote, quote_path
-from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 from deploy.steps.verify_acceptance import base_url
 
 NAME = "benchmark"
@@ -42,15 +42,18 @@ def command(ctx: StepContext) -> str:
             + " ".join(quote(a) for a in argv) + f" --output-file {quote_path(out)}")
 
 
-def plan(ctx: StepContext) -> list[PlannedCommand]:
+def action(ctx: StepContext) -> Command:
     s = ctx.settings
-    return [PlannedCommand(f"bench_serving: {s.num_prompts} prompts, {s.input_len} in / {s.output_len} out, "
-                           f"concurrency {s.max_concurrency}", command(ctx))]
+    return Command(description=f"bench_serving: {s.num_prompts} prompts, {s.input_len} in / {s.output_len} out, "
+                               f"concurrency {s.max_concurrency}", command=command(ctx), timeout_s=ctx.timeout(3600))
+
+
+def plan(ctx: StepContext) -> list[Command]:
+    return [action(ctx)]
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    conn = ctx.require_conn()
-    result = conn.run(command(ctx), timeout=ctx.timeout(3600))
+    result = ctx.execute(action(ctx))
     if result.exit_code != 0:
         tail = (result.stderr.strip() or result.stdout.strip())[-600:]
         raise RemoteCommandFailed(f"{ctx.host.name}: bench_serving failed (exit {result.exit_code}): {tail}")

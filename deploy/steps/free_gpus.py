@@ -11,7 +11,7 @@ config requires an absolute path, and exit 1 with a usage message is an error.
 from __future__ import annotations
 
 from deploy.facts.fuser import kill_command, parse_kill_result
-from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 
 NAME = "free-gpus"
 #: skipped when converge found the server already running as desired
@@ -26,13 +26,17 @@ def command(ctx: StepContext) -> str:
     return kill_command(ctx.host.gpu_devices)
 
 
-def plan(ctx: StepContext) -> list[PlannedCommand]:
-    return [PlannedCommand(f"kill every process holding {ctx.host.gpu_devices}", command(ctx))]
+def action(ctx: StepContext) -> Command:
+    return Command(description=f"kill every process holding {ctx.host.gpu_devices}", command=command(ctx),
+                   timeout_s=ctx.timeout(60))
+
+
+def plan(ctx: StepContext) -> list[Command]:
+    return [action(ctx)]
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    conn = ctx.require_conn()
-    result = conn.run(command(ctx), timeout=ctx.timeout(60))
+    result = ctx.execute(action(ctx))
     killed = parse_kill_result(result.exit_code, result.stdout, result.stderr, ctx.host.name, ctx.host.gpu_devices)
     pids, denied = killed.pids, killed.not_permitted
     for line in denied:

@@ -16,18 +16,15 @@ suffix (two launches in the same second never share a log); only the newest 20 a
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
-import tempfile
 from datetime import datetime, timezone
-from pathlib import Path
 
 from deploy.config.models import Host, Run
-from deploy.errors import RemoteCommandFailed, RemoteOutputError
+from deploy.errors import RemoteOutputError
 from deploy.facts.server import deployment_path, env_hash
 from deploy.shell import path_join, quote, quote_path
-from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings, Upload, UploadFile
 
 NAME = "launch"
 
@@ -130,102 +127,99 @@ def log_path(ctx: StepContext) -> str:
 
 
 def prune_logs_command(ctx: StepContext) -> str:
-    # Our names sort by time; anything else in logs/ is left alone.
-    return (f"cd {quote_path(ctx.paths.logs)} && ls -1 | grep -E '^sglang-[0-9]{{8}}T[0-9.]+Z(-[0-9a-f]+)?\\.log$' "
-            f"| sort -r | tail -n +{KEEP_LOGS + 1} | while IFS= read -r f; do rm -f -- \"$f\"; done; true")
+    # Our names sort by time; anything else in logs/ is left alone. A subshell: the cd stays in it.
+    return (f"( cd {quote_path(ctx.paths.logs)} && ls -1 | grep -E '^sglang-[0-9]{{8}}T[0-9.]+Z(-[0-9a-f]+)?\\.log$' "
+            f"| sort -r | tail -n +{KEEP_LOGS + 1} | while IFS= read -r f; do rm -f -- \"$f\"; done ); true")
 
 
-def record_command(ctx: StepContext, record: dict) -> str:
-    path = quote_path(deployment_path(ctx.paths.root))
-    # on a full disk the 0-byte temporary file is removed and the old record stays
-    return (f"{{ printf '%s\\n' {quote(json.dumps(record, sort_keys=True))} > {path}.tmp && mv -f -- {path}.tmp {path}; }} "
-            f"|| {{ rm -f -- {path}.tmp; exit 1; }}")
+PID_MARK = "__PID__"
 
 
-def prepare_command(ctx: StepContext) -> str:
-    """Log directory and the latest.log link, checked on their own before the launch.
+def record_with_pid(record: dict) -> str:
+    """A printf format writing ``record`` as JSON with the launched PID (printf's argument) in it."""
+    text = json.dumps(record | {"pid": PID_MARK}, sort_keys=True)
+    return text.replace("\\", "\\\\").replace("%", "%%").replace(f'"{PID_MARK}"', "%s") + "\\n"
 
-    In ``mkdir && cd && ln && setsid nohup ... &`` the ``&`` backgrounds the whole chain: a failing
-    mkdir still printed a PID and surfaced later as "exited during startup" with an empty log.
+
+def _written(path: str, payload: str, what: str) -> str:
+    """``payload > path`` via a temporary file (a full disk leaves the old file, never a truncated one).
+
+    The message names the path as printf's argument: a quoted path inside a double-quoted echo
+    would let a path holding ``"`` or ``$`` break out of the quoting.
     """
-    name = quote(log_path(ctx).rsplit("/", 1)[-1])
-    return (f"mkdir -p -m 700 -- {quote_path(ctx.paths.logs)} && "
-            f"ln -sfn -- {name} {quote_path(ctx.paths.latest_log)}")
+    return (f"{{ {payload} > {path}.tmp && mv -f -- {path}.tmp {path}; }} "
+            f"|| {{ rm -f -- {path}.tmp; printf 'cannot write %s %s (server pid %s)\\n' {quote(what)} {path} \"$pid\" >&2; "
+            f"exit 1; }}")
 
 
-def command(ctx: StepContext, argv: list[str]) -> str:
-    # cd and the environment file are in the foreground: if either fails the shell exits non-zero
-    # before anything is started; only the server itself is backgrounded. A rollback sources the
-    # environment file the last good deployment was launched with.
+def command(ctx: StepContext, argv: list[str], record: dict) -> str:
+    """The whole launch, as one shell script (one exec channel).
+
+    The log directory and link are made first, on their own line: in ``mkdir && ln && setsid nohup ... &``
+    the ``&`` would background the whole chain, and a failing mkdir still printed a PID. cd and the
+    environment file are in the foreground too: if either fails the shell exits non-zero before
+    anything is started; only the server itself is backgrounded. Then the PID file, the deployment
+    record (with the PID) and the log pruning; the PID is the script's only output.
+    A rollback sources the environment file the last good deployment was launched with.
+    """
     env_file = ctx.memory.get("env_file") if "rollback_record" in ctx.memory else (env_path(ctx) if ctx.run.env else None)
     env = f"set -a && . {quote_path(env_file)} && set +a || exit 1; " if env_file else ""
+    name = quote(log_path(ctx).rsplit("/", 1)[-1])
     log = quote_path(log_path(ctx))
     pidfile = quote_path(ctx.paths.pidfile)
+    deployment = quote_path(deployment_path(ctx.paths.root))
+    pid_payload = "printf '%s\\n' \"$pid\""
+    record_payload = f"printf {quote(record_with_pid(record))} \"$pid\""
     return (
+        f"mkdir -p -m 700 -- {quote_path(ctx.paths.logs)} && ln -sfn -- {name} {quote_path(ctx.paths.latest_log)} || exit 1; "
         f"cd -- {quote_path(ctx.paths.root)} || exit 1; {env}"
         f"setsid nohup {_quoted_argv(argv)} > {log} 2>&1 < /dev/null & "
-        f"pid=$!; {{ printf '%s\\n' \"$pid\" > {pidfile}.tmp && mv -f -- {pidfile}.tmp {pidfile}; }} "
-        f"|| {{ rm -f -- {pidfile}.tmp; echo \"cannot write the PID file {pidfile} (server pid $pid)\" >&2; exit 1; }}; "
-        f"echo \"$pid\""
+        f"pid=$!; {_written(pidfile, pid_payload, 'the PID file')}; "
+        f"{_written(deployment, record_payload, 'the deployment record')}; "
+        f"{prune_logs_command(ctx)}; echo \"$pid\""
     )
 
 
-def plan(ctx: StepContext) -> list[PlannedCommand]:
-    argv = sglang_argv(ctx.run, ctx.host, ctx.draft_tokens, ctx.memory.get("drafter_path"))
-    planned = []
-    if ctx.run.env:
-        names = ", ".join(sorted(ctx.run.env))
-        planned.append(PlannedCommand(f"upload the run's environment ({names}; values not shown) as a 0600 file",
-                                      f"sftp put <env> -> {env_path(ctx)}"))
-    return planned + [
-        PlannedCommand("create the log directory and point logs/latest.log at this launch's log",
-                       prepare_command(ctx)),
-        PlannedCommand("launch SGLang detached (setsid nohup), PID file and log in the state dir",
-                       command(ctx, argv), argv=argv),
-        PlannedCommand("record the desired state (argv, drafter fingerprint, env hash, SGLang version, PID, log)",
-                       record_command(ctx, {"argv": argv, "pid": "<pid>"})),
-        PlannedCommand(f"keep the newest {KEEP_LOGS} server logs", prune_logs_command(ctx)),
-    ]
+def launch_record(ctx: StepContext, launched_at: str) -> dict:
+    return desired_record(ctx) | {"log": log_path(ctx), "launched_at": launched_at}
 
 
-def upload_env(ctx: StepContext) -> None:
-    conn = ctx.require_conn()
-    conn.check(f"mkdir -p -m 700 -- {quote_path(ctx.paths.root)}", what="creating the state directory")
-    fd, local = tempfile.mkstemp(prefix="deployctl-env-")
-    try:
-        os.fchmod(fd, 0o600)  # SFTP put keeps the local mode
-        with os.fdopen(fd, "w") as handle:
-            handle.write(env_file_text(ctx.run.env))
-        # via a temporary name: a full disk must not leave a truncated environment file behind
-        final = conn.resolve(env_path(ctx))
-        try:
-            conn.put(Path(local), final + ".upload")
-        except RemoteCommandFailed:
-            conn.run(f"rm -f -- {quote_path(final + '.upload')}")
-            raise
-        conn.check(f"mv -f -- {quote_path(final + '.upload')} {quote_path(final)}", what="installing the environment file")
-    finally:
-        os.unlink(local)
+def env_upload_action(ctx: StepContext) -> Upload:
+    names = ", ".join(sorted(ctx.run.env))
+    return Upload(description=f"upload the run's environment ({names}; values not shown) as a 0600 file",
+                  when="the run sets env (a rollback sources the last good one's copy instead)",
+                  directory=ctx.paths.root, secret=True,
+                  files=(UploadFile(remote=env_path(ctx), content=env_file_text(ctx.run.env).encode(), mode=0o600),))
+
+
+def launch_action(ctx: StepContext, launched_at: str = "<launch time>") -> Command:
+    argv = desired_argv(ctx)
+    return Command(description=f"launch SGLang detached (setsid nohup): log dir and logs/latest.log, PID file, "
+                               f"deployment record (argv, drafter fingerprint, env hash, SGLang version, PID, log), "
+                               f"keep the newest {KEEP_LOGS} logs",
+                   command=command(ctx, argv, launch_record(ctx, launched_at)), argv=argv,
+                   timeout_s=ctx.timeout(60), what="launching SGLang")
+
+
+def plan(ctx: StepContext) -> list[Action]:
+    actions: list[Action] = [env_upload_action(ctx)] if ctx.run.env else []
+    return actions + [launch_action(ctx)]
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    conn = ctx.require_conn()
-    argv = desired_argv(ctx)
     if ctx.run.env and "rollback_record" not in ctx.memory:
-        upload_env(ctx)
+        ctx.execute_upload(env_upload_action(ctx))
     ctx.memory["log"] = path_join(ctx.paths.logs, new_log_name())
-    conn.check(prepare_command(ctx), timeout=ctx.timeout(60), what="preparing the log directory")
-    result = conn.check(command(ctx, argv), timeout=ctx.timeout(60), what="launching SGLang")
-    text = result.stdout.strip()
+    launched_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    launch = launch_action(ctx, launched_at)
+    text = ctx.execute(launch).stdout.strip()
     if not re.fullmatch(r"\d+", text):
         raise RemoteOutputError(f"{ctx.host.name}: launch printed {text[:200]!r}, expected the server PID")
     pid = int(text)
-    record = desired_record(ctx) | {"pid": pid, "log": log_path(ctx),
-                                     "launched_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    conn.check(record_command(ctx, record), what="recording the deployment")
-    conn.run(prune_logs_command(ctx))
+    record = launch_record(ctx, launched_at) | {"pid": pid}
     ctx.memory.update(pid=pid, deployment=record, launched=True)
     steps, topk, tokens = speculative_plan(ctx.run, ctx.draft_tokens)
+    assert launch.argv is not None
     return StepOutcome("ok", f"pid {pid}, log {log_path(ctx)}",
-                       {"pid": pid, "log": log_path(ctx), "argv": argv, "drafter": record["drafter_path"],
+                       {"pid": pid, "log": log_path(ctx), "argv": launch.argv, "drafter": record["drafter_path"],
                         "num_steps": steps, "topk": topk, "draft_tokens": tokens})

@@ -11,7 +11,7 @@ from typing import Literal
 
 from deploy.errors import RemoteOutputError
 from deploy.facts.host_helper import parse_stop_report, stop_processes_command
-from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 
 NAME = "stop-stale"
 
@@ -38,13 +38,17 @@ def command(ctx: StepContext) -> str:
                                   pidfile=ctx.paths.pidfile, exclude=ctx.settings.exclude)
 
 
-def plan(ctx: StepContext) -> list[PlannedCommand]:
-    return [PlannedCommand(f"stop stale python3 processes (scope {ctx.settings.scope})", command(ctx))]
+def action(ctx: StepContext) -> Command:
+    return Command(description=f"stop stale python3 processes (scope {ctx.settings.scope})", command=command(ctx),
+                   timeout_s=ctx.timeout(grace(ctx) + 60), what="stop-processes")
+
+
+def plan(ctx: StepContext) -> list[Command]:
+    return [action(ctx)]
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    conn = ctx.require_conn()
-    result = conn.check(command(ctx), timeout=ctx.timeout(grace(ctx) + 60), what="stop-processes")
+    result = ctx.execute(action(ctx))
     report = parse_stop_report(result.stdout, ctx.host.name)
     processes = [p.model_dump(exclude_none=True) for p in report.processes]
     for proc in processes:

@@ -13,7 +13,7 @@ from pydantic import Field
 from deploy.doctor.suspects import likely_causes
 from deploy.errors import VerificationFailed
 from deploy.facts.host_helper import accept_check_command, parse_accept_check
-from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 from deploy.steps.launch import probe_address
 
 NAME = "verify-acceptance"
@@ -37,15 +37,18 @@ def command(ctx: StepContext) -> str:
                                 s.max_new_tokens)
 
 
-def plan(ctx: StepContext) -> list[PlannedCommand]:
-    return [PlannedCommand(f"{ctx.settings.requests} greedy /generate requests; fail if accept length "
-                           f"< {ctx.settings.min_accept_length:g}", command(ctx))]
+def action(ctx: StepContext) -> Command:
+    return Command(description=f"{ctx.settings.requests} greedy /generate requests (concurrently); fail if accept "
+                               f"length < {ctx.settings.min_accept_length:g}",
+                   command=command(ctx), timeout_s=ctx.timeout(900), what="accept-check")
+
+
+def plan(ctx: StepContext) -> list[Command]:
+    return [action(ctx)]
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    conn = ctx.require_conn()
-    document = parse_accept_check(conn.check(command(ctx), timeout=ctx.timeout(900), what="accept-check").stdout,
-                                  ctx.host.name).model_dump()
+    document = parse_accept_check(ctx.execute(action(ctx)).stdout, ctx.host.name).model_dump()
     if not document["ok"]:
         raise VerificationFailed(f"{ctx.host.name}: could not measure acceptance: {document.get('error')}")
     length = float(document["accept_length"])

@@ -17,7 +17,7 @@ from deploy.errors import StepTimeout
 from deploy.facts import host_helper
 from deploy.facts.gpus import (COMPUTE_APPS_COMMAND, GPU_QUERY_COMMAND, GpuRow, attach_holders, busy_gpus,
                                check_nvidia_smi, parse_compute_apps, parse_gpu_rows)
-from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.base import StepContext, StepOutcome, StepSettings, Watch
 
 NAME = "wait-gpus-free"
 
@@ -57,13 +57,18 @@ def read_sample(line: str, expected_gpus: int, source: str) -> list[GpuRow]:
     return attach_holders(rows, parse_compute_apps(sample.apps.stdout, source=source), source=source)
 
 
-def plan(ctx: StepContext) -> list[PlannedCommand]:
+def action(ctx: StepContext) -> Watch:
     every = f"every {ctx.settings.interval_s:g} s on the host, up to {ctx.timeout(ctx.run.timeouts.gpus_free_s):g} s"
-    return [PlannedCommand(f"poll GPU memory and holders ({every}), one line per change", watch_command(ctx))]
+    # the host loop ends itself at the deadline; the channel gets a little longer for the last line
+    return Watch(description=f"poll GPU memory and holders ({every}), one line per change", command=watch_command(ctx),
+                 timeout_s=ctx.timeout(ctx.run.timeouts.gpus_free_s) + 5)
+
+
+def plan(ctx: StepContext) -> list[Watch]:
+    return [action(ctx)]
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    conn = ctx.require_conn()
     timeout = ctx.timeout(ctx.run.timeouts.gpus_free_s)
     started = time.monotonic()
     seen: dict = {"samples": 0, "busy": None, "free": None}
@@ -81,8 +86,7 @@ def run(ctx: StepContext) -> StepOutcome:
             ctx.progress(f"{len(busy)} GPU(s) busy after {elapsed:.1f} s: {describe_busy(busy)[:160]}")
         return False
 
-    # the host loop ends itself at the deadline; the channel gets a little longer for the last line
-    watched = conn.watch(watch_command(ctx), on_line, timeout=timeout + 5, cancelled=ctx.cancelled)
+    watched = ctx.execute_watch(action(ctx), on_line)
     host_helper.check_watch_ended(watched.exit_code, watched.stderr, ctx.host.name, "watch-gpus")
     elapsed = time.monotonic() - started
     if seen["free"] is not None:

@@ -22,7 +22,7 @@ from pydantic import Field
 from deploy.errors import RemoteOutputError, ServerDied, ServerUnhealthy, StepTimeout
 from deploy.facts import host_helper
 from deploy.shell import quote_path
-from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings, Watch
 from deploy.steps.launch import probe_address
 
 NAME = "wait-ready"
@@ -77,27 +77,43 @@ def classify(probe: dict) -> str:
     return "unhealthy"
 
 
+def read_pid_action(ctx: StepContext) -> Command:
+    return Command(description="read the server PID from the PID file",
+                   when="no launch in this run reported the PID", command=f"cat -- {quote_path(ctx.paths.pidfile)}")
+
+
+def log_of(ctx: StepContext) -> str:
+    return ctx.memory.get("log") or ctx.paths.latest_log
+
+
+def watch_action(ctx: StepContext, pid: int | None = None) -> Watch:
+    timeout = ctx.timeout(ctx.run.timeouts.ready_s)
+    shown: int | str = pid if pid is not None else ctx.memory.get("pid", "<pid>")
+    # the host loop ends itself at the deadline; the channel gets a little longer for the last line
+    return Watch(description=f"poll {health_url(ctx)} and the PID on the host every {ctx.settings.interval_s:g} s "
+                             f"up to {timeout:g} s, one line per change",
+                 command=watch_command(ctx, shown, log_of(ctx)), timeout_s=timeout + 10)
+
+
+def tail_action(ctx: StepContext) -> Command:
+    return Command(description=f"show the last {TAIL_LINES} log lines", when="the server died or did not become ready",
+                   command=tail_command(log_of(ctx)))
+
+
+def plan(ctx: StepContext) -> list[Command | Watch]:
+    return [read_pid_action(ctx), watch_action(ctx), tail_action(ctx)]
+
+
 def _pid_and_log(ctx: StepContext) -> tuple[int, str]:
     if "pid" in ctx.memory:
-        return ctx.memory["pid"], ctx.memory.get("log") or ctx.paths.latest_log
-    conn = ctx.require_conn()
-    text = conn.run(f"cat -- {quote_path(ctx.paths.pidfile)}").stdout.strip()
+        return ctx.memory["pid"], log_of(ctx)
+    text = ctx.execute(read_pid_action(ctx)).stdout.strip()
     if not re.fullmatch(r"\d+", text):
         raise RemoteOutputError(f"{ctx.host.name}: no server PID recorded in {ctx.paths.pidfile} (launch first)")
-    return int(text), ctx.paths.latest_log
-
-
-def plan(ctx: StepContext) -> list[PlannedCommand]:
-    timeout = ctx.timeout(ctx.run.timeouts.ready_s)
-    return [
-        PlannedCommand(f"poll {health_url(ctx)} and the PID on the host every {ctx.settings.interval_s:g} s "
-                       f"up to {timeout:g} s, one line per change", watch_command(ctx, "<pid>", ctx.paths.latest_log)),
-        PlannedCommand(f"on failure: show the last {TAIL_LINES} log lines", tail_command(ctx.paths.latest_log)),
-    ]
+    return int(text), log_of(ctx)
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    conn = ctx.require_conn()
     pid, log = _pid_and_log(ctx)
     timeout = ctx.timeout(ctx.run.timeouts.ready_s)
     started = time.monotonic()
@@ -113,15 +129,14 @@ def run(ctx: StepContext) -> StepOutcome:
             ctx.progress(f"{now - started:.0f} s, /health {probe['status'] or 'no answer'}: {probe.get('last_log_line', '')}")
         return state != "loading"
 
-    # the host loop ends itself at the deadline; the channel gets a little longer for the last line
-    watched = conn.watch(watch_command(ctx, pid, log), on_line, timeout=timeout + 10, cancelled=ctx.cancelled)
+    watched = ctx.execute_watch(watch_action(ctx, pid), on_line)
     host_helper.check_watch_ended(watched.exit_code, watched.stderr, ctx.host.name, "watch-health")
     elapsed = time.monotonic() - started
     probe, state = seen["probe"], seen["state"]
     if state == "ready":
         return StepOutcome("ok", f"healthy after {elapsed:.1f} s", {"elapsed_s": round(elapsed, 2), "url": health_url(ctx)})
     if state == "dead":
-        tail = conn.run(tail_command(log)).stdout.rstrip()
+        tail = ctx.execute(tail_action(ctx)).stdout.rstrip()
         raise ServerDied(died_message(ctx, pid, log, tail, f"during startup after {elapsed:.1f} s"))
     if state == "unhealthy":
         answer = f"HTTP {probe['status']}" if probe["status"] is not None else f"error: {probe.get('error')}"
@@ -131,7 +146,7 @@ def run(ctx: StepContext) -> StepOutcome:
             f"{f' ({body!r})' if body else ''} while SGLang (pid {pid}) is starting; only 503 and a "
             f"refused connection mean 'loading' (is something else listening on port {ctx.run.port}?)"
         )
-    tail = conn.run(tail_command(log)).stdout.rstrip()
+    tail = ctx.execute(tail_action(ctx)).stdout.rstrip()
     last = (probe["status"] or probe["error"]) if probe is not None else "no probe"
     raise StepTimeout(
         f"{ctx.host.name}: SGLang (pid {pid}) not healthy after {timeout:g} s "

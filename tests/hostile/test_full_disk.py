@@ -81,7 +81,8 @@ def test_pid_file_on_a_full_disk(full_fs):
     (state / "logs").mkdir(parents=True)
     fill()
     ctx = ctx_for(launch, state)
-    result = subprocess.run(["sh", "-c", launch.command(ctx, ["true"])], capture_output=True, text=True, timeout=30)
+    result = subprocess.run(["sh", "-c", launch.command(ctx, ["true"], {"argv": ["true"]})], capture_output=True,
+                            text=True, timeout=30)
     assert result.returncode != 0 and "cannot write the PID file" in result.stderr
     assert not (state / "server.pid.tmp").exists() and not (state / "server.pid").exists()
 
@@ -90,11 +91,10 @@ def test_prepare_failure_is_reported_before_anything_starts(tmp_path):
     state = tmp_path / "state"
     state.write_text("a file where the state directory should be")
     ctx = ctx_for(launch, state)
-    prepare = subprocess.run(["sh", "-c", launch.prepare_command(ctx)], capture_output=True, text=True, timeout=30)
-    assert prepare.returncode != 0 and "Not a directory" in prepare.stderr
-    started = subprocess.run(["sh", "-c", launch.command(ctx, ["sleep", "30"])], capture_output=True, text=True,
-                             timeout=30)
-    assert started.returncode != 0 and started.stdout == ""   # cd failed: no PID printed, nothing started
+    started = subprocess.run(["sh", "-c", launch.command(ctx, ["sleep", "30"], {"argv": ["sleep", "30"]})],
+                             capture_output=True, text=True, timeout=30)
+    # the log directory failed first: no PID printed, nothing started, the reason on stderr
+    assert started.returncode != 0 and started.stdout == "" and "Not a directory" in started.stderr
 
 
 def test_key_fix_on_a_full_disk(full_fs):

@@ -84,12 +84,15 @@ def test_sglang_argv_is_the_documented_command():
 
 def test_launch_command_is_detached_and_quoted():
     ctx = ctx_for(launch)
-    env_upload, prepare, planned, record, prune = launch.plan(ctx)
+    env_upload, planned = launch.plan(ctx)
     cmd = planned.command
-    assert prepare.command.startswith("mkdir -p -m 700 -- '/var/lib/deploy ctl/logs' && ln -sfn -- ")
-    assert "deployment.json" in record.command and "tail -n +21" in prune.command
-    assert "HF_TOKEN, NCCL_DEBUG" in env_upload.description
-    assert "hf_s3cr3t" not in env_upload.command + env_upload.description + cmd  # secrets stay off the plan
+    # the log directory first, on its own: a failure exits before anything is started
+    assert cmd.startswith("mkdir -p -m 700 -- '/var/lib/deploy ctl/logs' && ln -sfn -- ")
+    assert "deployment.json" in cmd and "tail -n +21" in cmd and cmd.endswith('echo "$pid"')
+    assert "HF_TOKEN, NCCL_DEBUG" in env_upload.description and env_upload.secret
+    assert env_upload.files[0].mode == 0o600 and env_upload.when
+    shown = str(env_upload.to_dict()) + env_upload.shown + str(planned.to_dict())
+    assert "hf_s3cr3t" not in shown and "sha256" not in str(env_upload.to_dict())  # secrets stay off the plan
     assert "set -a && . '/var/lib/deploy ctl/launch.env' && set +a || exit 1; setsid nohup python3 -m sglang.launch_server" in cmd
     assert "< /dev/null &" in cmd and "2>&1" in cmd
     assert "~/'drafters/it'\"'\"'s'" in cmd  # tilde expands, the rest is one literal word
@@ -141,7 +144,7 @@ def test_stop_stale_user_scope_excludes_distribution_daemons():
 def test_plan_covers_every_step_in_order():
     plans = plan_playbook(load_playbook("up"), RUN, [HOST])
     assert [name for name, _ in plans["kimi-a"]] == [s.name for s in load_playbook("up").steps]
-    commands = [c.command for _, cmds in plans["kimi-a"] for c in cmds]
+    commands = [c.shown for _, cmds in plans["kimi-a"] for c in cmds]
     assert not any("killall" in c for c in commands)
     assert any("fuser -k" in c for c in commands)
 
