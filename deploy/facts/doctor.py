@@ -1,4 +1,4 @@
-"""The doctor's facts: two host commands (host python, then sglang_python) and strict parsers.
+"""The doctor's facts: one host command (host python, which runs the sglang_python part) and strict parsers.
 
 Both commands send ``deploy/remote/doctor_facts.py`` inline (``python3 -c``), so a doctor run
 writes nothing on the host. Each prints one JSON document; anything else (a traceback, a missing
@@ -99,6 +99,31 @@ class ModelDirFacts(_Strict):
     files_error: Optional[str] = None
 
 
+class ServerFacts(_Strict):
+    pid: Optional[int]
+    alive: bool
+    status: Optional[int]
+    error: Optional[str]
+    #: deployment.json as text (None: absent); parsed by facts.server
+    record: Optional[str]
+
+
+class RunStateFacts(_Strict):
+    """Read in the doctor's command for the run's later steps (one exec channel instead of four)."""
+
+    #: helper file name -> sha256 (None: missing)
+    helpers: dict[str, Optional[str]]
+    server: ServerFacts
+    #: last-good.json as text (None: absent)
+    last_good: Optional[str]
+
+
+class SglangRun(_Strict):
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
 class HostFacts(_Strict):
     schema_: int
     mode: str
@@ -110,6 +135,8 @@ class HostFacts(_Strict):
     dirs: dict[str, DirFacts]
     base_model: ModelDirFacts
     drafter: ModelDirFacts
+    run_state: Optional[RunStateFacts] = None
+    sglang_run: Optional[SglangRun] = None
 
 
 class ArchitectureFacts(_Strict):
@@ -140,6 +167,32 @@ def host_spec(host: Host, run: Run) -> dict[str, Any]:
         "serve_host": serve_address(run, host), "dirs": {"state": paths.root, "logs": paths.logs},
         "base_model": run.base_model, "drafter": run.drafter,
     }
+
+
+#: the program text travels as argv[1], so the host part can start the SGLang part with the same text
+BOOT = "import sys; exec(sys.argv[1])"
+
+
+def run_state_spec(host: Host, helpers: list[str], health_url: str) -> dict[str, Any]:
+    from deploy.facts.server import deployment_path, last_good_path
+
+    paths = StatePaths(host.state_dir)
+    return {"helpers": {name: paths.helper(name) for name in helpers},
+            "server": {"pidfile": paths.pidfile, "record": deployment_path(paths.root), "health_url": health_url},
+            "last_good": last_good_path(paths.root)}
+
+
+def doctor_command(host: Host, run: Run, *, run_state: dict[str, Any] | None = None, timeout: float = 60,
+                   script: str | None = None) -> str:
+    """ONE command: the host facts under the host's python, which runs the SGLang part under
+    sglang_python itself (base model architectures read there), plus the run's state when asked."""
+    spec = host_spec(host, run) | {"sglang": {"python": run.sglang_python, "timeout_s": timeout,
+                                              "spec": {"base_model": run.base_model}}}
+    if run_state is not None:
+        spec["run_state"] = run_state
+    program = HELPER.read_text() if script is None else script
+    return (f"{quote(host.python)} -c {quote(BOOT)} {quote(program)} host "
+            f"{quote(json.dumps(spec, sort_keys=True))}")
 
 
 def _inline(python: str, mode: str, spec: dict[str, Any], script: str | None) -> str:
@@ -196,9 +249,15 @@ def read_doctor_facts(conn, host: Host, run: Run, timeout: float = 60) -> tuple[
 
     Returns (host facts, SGLang facts or None, why SGLang's facts are missing).
     """
-    source = host.name
-    facts = parse_host_facts(conn.run(host_command(host, run), timeout=timeout), source)
-    result = conn.run(sglang_command(run, base_architectures(facts)), timeout=timeout)
-    if result.exit_code == 127 or (result.exit_code != 0 and "not found" in result.stderr):
-        return facts, None, f"{run.sglang_python!r} cannot be run on the host: {result.stderr.strip()[-200:]}"
-    return facts, parse_sglang_facts(result, source), None
+    return facts_of(conn.run(doctor_command(host, run, timeout=timeout), timeout=timeout + 15), host, run)
+
+
+def facts_of(result, host: Host, run: Run) -> tuple[HostFacts, SglangFacts | None, str | None]:
+    """(host facts, SGLang facts or None, why SGLang's are missing) from the one doctor command."""
+    facts = parse_host_facts(result, host.name)
+    sglang = facts.sglang_run
+    if sglang is None:
+        raise RemoteOutputError(f"{host.name}: the host fact gathering did not run the SGLang part")
+    if sglang.exit_code == 127 or (sglang.exit_code != 0 and "not found" in sglang.stderr):
+        return facts, None, f"{run.sglang_python!r} cannot be run on the host: {sglang.stderr.strip()[-200:]}"
+    return facts, parse_sglang_facts(sglang, host.name), None

@@ -113,3 +113,43 @@ def parse_record(output: str, source: str, what: str) -> dict | None:
 
 def read_record_command(path: str) -> str:
     return f"cat -- {quote_path(path)} 2>/dev/null || true"
+
+
+#: a snapshot older than this is read again by converge (the server may have died since)
+SNAPSHOT_FRESH_S = 30.0
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """What the doctor's command read for the run's later steps, under the host lock."""
+
+    taken_at: float
+    #: the host python's version, "3.11.7"
+    python: str
+    helpers: dict[str, str | None]
+    server: ServerState
+    last_good: dict | None
+
+    @property
+    def fresh(self) -> bool:
+        import time
+
+        return time.monotonic() - self.taken_at < SNAPSHOT_FRESH_S
+
+
+def snapshot_of(run_state, python: str, source: str, state_dir: str) -> RunSnapshot:
+    """The doctor's ``run_state`` facts (a pydantic model) -> the snapshot; records parsed strictly."""
+    import time
+
+    server = run_state.server
+    record = None
+    if server.record is not None:
+        try:
+            record = json.loads(server.record)
+        except ValueError:
+            record = None  # an unreadable record: converge redeploys (as server-state says "unreadable")
+        if not isinstance(record, dict):
+            record = None
+    state = ServerState(server.pid, server.alive, server.status, server.error, record)
+    good = parse_record(run_state.last_good or "", source, last_good_path(state_dir))
+    return RunSnapshot(time.monotonic(), python, dict(run_state.helpers), state, good)

@@ -278,6 +278,71 @@ def model_dir(path, tensors):
     return facts
 
 
+def sha256_of(path):
+    import hashlib
+
+    try:
+        with open(os.path.expanduser(path), "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def read_record(path):
+    """A deployment record (deployment.json, last-good.json): its JSON text, or None when absent."""
+    try:
+        with open(os.path.expanduser(path), "rb") as handle:
+            return handle.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def http_get_status(url, timeout):
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, None
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except (urllib.error.URLError, OSError) as exc:
+        return None, str(getattr(exc, "reason", exc))[:200]
+
+
+def server_state(spec):
+    """The PID file's server as converge judges it: alive (and an SGLang), /health, the record."""
+    pid = read_pid(os.path.expanduser(spec["pidfile"]))["pid"]
+    cmdline = _cmdline(pid) if pid is not None and os.path.exists("/proc/%d" % pid) else None
+    running = bool(cmdline) and "sglang" in cmdline
+    status, error = http_get_status(spec["health_url"], 3) if running else (None, None)
+    return {"pid": pid, "alive": running, "status": status, "error": error, "record": read_record(spec["record"])}
+
+
+def run_state(spec):
+    """What the run's later steps would otherwise read with one command each: the installed helpers'
+    sha256 (ensure-helper), the server (converge), the last good record (record-good, regression-gate)."""
+    return {"helpers": dict((name, sha256_of(path)) for name, path in sorted(spec["helpers"].items())),
+            "server": server_state(spec["server"]), "last_good": read_record(spec["last_good"])}
+
+
+def sglang_subprocess(spec, program):
+    """The SGLang facts under the run's sglang_python, in the same exec channel (a second interpreter)."""
+    argv = [spec["python"], "-c", "import sys; exec(sys.argv[1])", program, "sglang", json.dumps(spec["spec"])]
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = proc.communicate(timeout=float(spec.get("timeout_s", 60)))
+        code = proc.returncode
+    except OSError as exc:
+        return {"exit_code": 127, "stdout": "", "stderr": "%s: not found (%s)" % (spec["python"], _error(exc))}
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        code = 124
+    return {"exit_code": code, "stdout": out.decode("utf-8", "replace")[-(1 << 20):],
+            "stderr": err.decode("utf-8", "replace")[-4000:]}
+
+
 def host_facts(spec):
     return {
         "schema": SCHEMA, "mode": "host", "python": _python(),
@@ -289,6 +354,15 @@ def host_facts(spec):
         "base_model": model_dir(spec["base_model"], tensors=False),
         "drafter": model_dir(spec["drafter"], tensors=True),
     }
+
+
+def host_and_run_facts(spec, program):
+    facts = host_facts(spec)
+    if "run_state" in spec:
+        facts["run_state"] = run_state(spec["run_state"])
+    if "sglang" in spec and program is not None:
+        facts["sglang_run"] = sglang_subprocess(spec["sglang"], program)
+    return facts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,13 +442,20 @@ def sglang_facts(spec):
         if os.path.isdir(models):
             facts["models_dir"] = models
             classes = scan_classes(models)
-            for arch in spec.get("architectures") or []:
+            archs = list(spec.get("architectures") or [])
+            if "base_model" in spec:  # the base model's config.json, read here: one exec for both pythons
+                config, _ = read_json(os.path.join(os.path.expanduser(spec["base_model"]), "config.json"))
+                found_archs = (config or {}).get("architectures") if isinstance(config, dict) else None
+                archs += [a for a in found_archs if isinstance(a, str)] if isinstance(found_archs, list) else []
+            for arch in archs:
                 facts["architectures"][str(arch)] = resolve_hook(classes, str(arch))
     facts["imported_sglang"] = "sglang" in sys.modules
     return facts
 
 
-def main(argv):
+def main(argv, program=None):
+    """``program``: this file's text when it was sent inline (``python3 -c 'exec(sys.argv[1])' TEXT``),
+    so host mode can run the SGLang part under sglang_python in the same exec channel."""
     if len(argv) != 2 or argv[0] not in ("host", "sglang"):
         sys.stderr.write("usage: doctor_facts.py host|sglang SPEC_JSON\n")
         return 2
@@ -383,10 +464,12 @@ def main(argv):
     except ValueError as exc:
         sys.stderr.write("doctor_facts.py: SPEC_JSON is not JSON: %s\n" % exc)
         return 2
-    facts = host_facts(spec) if argv[0] == "host" else sglang_facts(spec)
+    facts = host_and_run_facts(spec, program) if argv[0] == "host" else sglang_facts(spec)
     sys.stdout.write(json.dumps(facts, sort_keys=True) + "\n")
     return 0
 
 
 if __name__ == "__main__":
+    if sys.argv[0] == "-c" and len(sys.argv) > 1 and "def host_and_run_facts" in sys.argv[1]:
+        sys.exit(main(sys.argv[2:], program=sys.argv[1]))  # sent inline, the text as argv[1]
     sys.exit(main(sys.argv[1:]))

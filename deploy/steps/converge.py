@@ -9,8 +9,8 @@ redeploys anyway. Verification and benchmarks still run.
 
 from __future__ import annotations
 
-from deploy.facts.server import identity, parse_server_state, server_state_command
-from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.facts.server import SNAPSHOT_FRESH_S, identity, parse_server_state, server_state_command
+from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 from deploy.steps.fix_keys import parse_version, version_command
 from deploy.steps.launch import desired_record
 from deploy.steps.wait_ready import health_url
@@ -26,9 +26,21 @@ def command(ctx: StepContext) -> str:
     return server_state_command(ctx.host.python, ctx.paths.helper("host_ops.py"), ctx.paths.root, health_url(ctx))
 
 
-def plan(ctx: StepContext) -> list[PlannedCommand]:
-    return [PlannedCommand("compare the recorded deployment with the desired one; alive and /health 200 -> "
-                           "skip stop/free/launch/wait (--force: redeploy)", command(ctx))]
+def version_action(ctx: StepContext) -> Command:
+    return Command(description="read SGLang's version (package metadata) for the desired record",
+                   when="sglang_generation is auto and neither doctor nor fix-keys read the version",
+                   command=version_command(ctx), timeout_s=60)
+
+
+def state_action(ctx: StepContext) -> Command:
+    return Command(description="read the running server (PID file, deployment record, /health): alive, /health 200 "
+                               "and the record as desired -> skip stop/free/launch/wait (--force: redeploy)",
+                   when=f"doctor did not read it in this run, less than {SNAPSHOT_FRESH_S:g} s ago",
+                   command=command(ctx), timeout_s=30, what="server-state")
+
+
+def plan(ctx: StepContext) -> list[Command]:
+    return [version_action(ctx), state_action(ctx)]
 
 
 def differences(desired: dict, recorded: dict | None) -> list[str]:
@@ -40,12 +52,15 @@ def differences(desired: dict, recorded: dict | None) -> list[str]:
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    conn = ctx.require_conn()
     if ctx.run.sglang_generation == "auto" and not ctx.memory.get("sglang_version"):
-        ctx.memory["sglang_version"] = parse_version(conn.run(version_command(ctx), timeout=60), ctx.host.name,
+        ctx.memory["sglang_version"] = parse_version(ctx.execute(version_action(ctx)), ctx.host.name,
                                                      ctx.run.sglang_python)
     desired = desired_record(ctx)
-    state = parse_server_state(conn.check(command(ctx), timeout=30, what="server-state").stdout, ctx.host.name)
+    snapshot = ctx.memory.get("snapshot")
+    if snapshot is not None and snapshot.fresh:
+        state = snapshot.server
+    else:
+        state = parse_server_state(ctx.execute(state_action(ctx)).stdout, ctx.host.name)
     changed = differences(desired, state.record)
     data = {"desired": identity(desired), "recorded_pid": state.pid, "alive": state.alive, "health": state.status}
     if ctx.memory.get("force"):

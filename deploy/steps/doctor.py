@@ -10,7 +10,7 @@ outage. A failing check stops the playbook here, so the running server keeps ser
 from __future__ import annotations
 
 from deploy.errors import VerificationFailed
-from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 
 NAME = "doctor"
 
@@ -22,15 +22,22 @@ class Settings(StepSettings):
     fix_keys_will_run: bool = True
 
 
-def plan(ctx: StepContext) -> list[PlannedCommand]:
-    from deploy.facts.doctor import host_command, sglang_command  # deploy.facts.doctor imports deploy.steps
+def action(ctx: StepContext, script: str | None = "<deploy/remote/doctor_facts.py>") -> Command:
+    from deploy.facts.doctor import doctor_command, run_state_spec  # deploy.facts.doctor imports deploy.steps
+    from deploy.steps.ensure_helper import HELPER_FILES
+    from deploy.steps.wait_ready import health_url
 
-    return [
-        PlannedCommand("gather host facts (helper sent inline, writes nothing)",
-                       host_command(ctx.host, ctx.run, script="<deploy/remote/doctor_facts.py>")),
-        PlannedCommand("read SGLang's version (package metadata) and scan its model sources",
-                       sglang_command(ctx.run, ["<base model architectures>"], script="<deploy/remote/doctor_facts.py>")),
-    ]
+    spec = run_state_spec(ctx.host, list(HELPER_FILES), health_url(ctx))
+    return Command(description="gather host facts, SGLang's version and model sources (under sglang_python), the "
+                               "installed helpers' sha256, the running server and the last good record "
+                               "(helper sent inline, writes nothing)",
+                   command=doctor_command(ctx.host, ctx.run, run_state=spec, script=script),
+                   timeout_s=ctx.timeout(75))
+
+
+def plan(ctx: StepContext) -> list[Command]:
+    ctx.memory.setdefault("sglang_version", "<sglang version>")  # what later steps' plans show
+    return [action(ctx)]
 
 
 def diagnose(conn, ctx_host, run, *, fix_keys_will_run: bool):
@@ -59,10 +66,20 @@ def failure_text(host: str, checks) -> str:
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    checks, version = diagnose(ctx.require_conn(), ctx.host, ctx.run,
-                               fix_keys_will_run=ctx.settings.fix_keys_will_run)
+    from deploy.doctor.checks import DoctorInput, run_checks
+    from deploy.facts.doctor import facts_of
+    from deploy.facts.server import snapshot_of
+
+    facts, sglang, why = facts_of(ctx.execute(action(ctx, script=None)), ctx.host, ctx.run)
+    checks = run_checks(DoctorInput(ctx.host, ctx.run, ctx.run.draft_tokens, facts, sglang,
+                                    fix_keys_will_run=ctx.settings.fix_keys_will_run, sglang_error=why))
+    version = sglang.version if sglang else None
     if version:
-        ctx.memory["sglang_version"] = version  # fix-keys reuses it: one remote command less
+        ctx.memory["sglang_version"] = version  # fix-keys and converge reuse it: no command of their own
+    if facts.run_state is not None:
+        # read under the host lock: ensure-helper, converge, record-good and regression-gate use it
+        ctx.memory["snapshot"] = snapshot_of(facts.run_state, facts.python.version, ctx.host.name,
+                                             ctx.host.state_dir)
     from deploy.doctor.checks import failed
 
     documents = [c.to_dict() for c in checks]

@@ -9,11 +9,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from deploy.errors import RemoteCommandFailed, RemoteOutputError
 from deploy.facts import helpers
 from deploy.facts.helpers import MIN_PYTHON
-from deploy.shell import quote_path
-from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings, Upload, UploadFile
 
 NAME = "ensure-helper"
 HELPERS_DIR = Path(__file__).resolve().parents[1] / "remote"
@@ -24,62 +22,48 @@ class Settings(StepSettings):
     pass
 
 
-def python_version_command(ctx: StepContext) -> str:
-    return helpers.python_version_command(ctx.host.python)
-
-
-def check_python_version(result, ctx: StepContext) -> tuple[int, int]:
-    return helpers.parse_python_version(result.exit_code, result.stdout, result.stderr, ctx.host.python,
-                                        ctx.host.name).as_tuple()
+def local_payloads() -> dict[str, bytes]:
+    return {name: (HELPERS_DIR / name).read_bytes() for name in HELPER_FILES}
 
 
 def local_digests() -> dict[str, str]:
-    return {name: hashlib.sha256((HELPERS_DIR / name).read_bytes()).hexdigest() for name in HELPER_FILES}
+    return {name: hashlib.sha256(content).hexdigest() for name, content in local_payloads().items()}
 
 
-def digest_command(ctx: StepContext) -> str:
-    return helpers.digest_command([ctx.paths.helper(n) for n in HELPER_FILES])
+def state_action(ctx: StepContext) -> Command:
+    return Command(description=f"check the host's python is {MIN_PYTHON[0]}.{MIN_PYTHON[1]}+ and read the installed "
+                               "helpers' sha256",
+                   when="doctor did not read them in this run",
+                   command=helpers.helper_state_command(ctx.host.python, [ctx.paths.helper(n) for n in HELPER_FILES]),
+                   timeout_s=60)
 
 
-def remote_digests(output: str, source: str) -> dict[str, str | None]:
-    return helpers.parse_digests(output, list(HELPER_FILES), source).files
+def upload_action(ctx: StepContext, names: list[str] | None = None) -> Upload:
+    payloads = local_payloads()
+    chosen = list(HELPER_FILES) if names is None else names
+    return Upload(description="install the helpers in the persistent state dir (never /tmp)",
+                  when="a helper is missing or its sha256 differs from the local copy (only those are sent)",
+                  directory=ctx.paths.helpers,
+                  files=tuple(UploadFile(remote=ctx.paths.helper(n), content=payloads[n], mode=0o600) for n in chosen))
 
 
-def plan(ctx: StepContext) -> list[PlannedCommand]:
-    return [
-        PlannedCommand(f"check the host's python is {MIN_PYTHON[0]}.{MIN_PYTHON[1]}+", python_version_command(ctx)),
-        PlannedCommand("create the persistent helper directory", f"mkdir -p -m 700 -- {quote_path(ctx.paths.helpers)}"),
-        PlannedCommand("compare helper sha256 with the local copies", digest_command(ctx)),
-        PlannedCommand(
-            "upload missing or changed helpers over SFTP (tmp name, then rename)",
-            "sftp put " + " ".join(HELPER_FILES) + f" -> {ctx.paths.helpers}/",
-        ),
-    ]
+def plan(ctx: StepContext) -> list[Action]:
+    return [state_action(ctx), upload_action(ctx)]
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    conn = ctx.require_conn()
-    check_python_version(conn.run(python_version_command(ctx)), ctx)
-    conn.check(f"mkdir -p -m 700 -- {quote_path(ctx.paths.helpers)}", what="creating the state directory")
+    snapshot = ctx.memory.get("snapshot")
+    if snapshot is not None:
+        helpers.require_python(snapshot.python, ctx.host.python, ctx.host.name)
+        remote = snapshot.helpers
+    else:
+        result = ctx.execute(state_action(ctx))
+        remote = helpers.parse_helper_state(result.exit_code, result.stdout, result.stderr, ctx.host.python,
+                                            list(HELPER_FILES), ctx.host.name).files
     wanted = local_digests()
-    remote = remote_digests(conn.check(digest_command(ctx), what="sha256sum").stdout, ctx.host.name)
-    uploaded = []
-    for name, digest in wanted.items():
-        if remote.get(name) == digest:
-            continue
-        target = conn.resolve(ctx.paths.helper(name))
-        try:
-            conn.put(HELPERS_DIR / name, target + ".upload")
-        except RemoteCommandFailed:
-            # a full disk leaves a partial .upload file behind: remove it, keep the old helper
-            conn.run(f"rm -f -- {quote_path(target + '.upload')}")
-            raise
-        conn.check(f"mv -f -- {quote_path(target + '.upload')} {quote_path(target)}", what="installing helper")
-        uploaded.append(name)
-    if uploaded:
-        after = remote_digests(conn.check(digest_command(ctx), what="sha256sum").stdout, ctx.host.name)
-        bad = [n for n in HELPER_FILES if after.get(n) != wanted[n]]
-        if bad:
-            raise RemoteOutputError(f"{ctx.host.name}: sha256 of uploaded helper(s) {bad} does not match the local copy")
-        return StepOutcome("ok", f"uploaded {', '.join(uploaded)}", {"uploaded": uploaded})
-    return StepOutcome("ok", "helpers present, sha256 match", {"uploaded": []})
+    stale = [name for name in HELPER_FILES if remote.get(name) != wanted[name]]
+    if not stale:
+        return StepOutcome("ok", "helpers present, sha256 match", {"uploaded": []})
+    # one SFTP session: temporary names, size checked, renamed into place; a full disk keeps the old helper
+    ctx.execute_upload(upload_action(ctx, stale))
+    return StepOutcome("ok", f"uploaded {', '.join(stale)}", {"uploaded": stale})

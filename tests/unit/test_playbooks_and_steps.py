@@ -1,9 +1,12 @@
 """Pure parts of the steps and playbooks: command builders, parsers, validation. No SSH."""
 
+import hashlib
 import json
+import sys
 import os
 import re
 import shlex
+import subprocess
 
 import pytest
 
@@ -264,21 +267,46 @@ def test_wait_gpus_free_times_out_naming_holder_without_ssh():
         wait_gpus_free.run(ctx)
 
 
+_GOOD = {"python": "3.11.7", "files": {"host_ops.py": "a" * 64, "fix_eagle3_keys.py": None}}
+
+
 @pytest.mark.parametrize(
     "exit_code, stdout, stderr, fragment",
     [
-        (0, "3.6", "", "need 3.8+"),
+        (0, json.dumps(_GOOD | {"python": "3.6.9"}), "", "need 3.8+"),
+        (0, json.dumps(_GOOD | {"python": "2.7.18"}), "", "need 3.8+"),
         (127, "", "sh: 1: python3: not found", "cannot run the host's python"),
-        (0, "Python 3.11.7", "", "for its version"),
+        (1, "", "SyntaxError: invalid syntax", "cannot run the host's python"),
+        (0, "Python 3.11.7", "", "helper check printed"),
+        (0, "", "", "helper check printed"),
+        (0, json.dumps(_GOOD | {"python": "three"}), "", "for its version"),
+        (0, json.dumps(_GOOD | {"extra": 1}), "", "helper check printed"),
+        (0, json.dumps(_GOOD | {"python": 3.11}), "", "helper check printed"),
+        (0, json.dumps(_GOOD | {"files": {"host_ops.py": "a" * 64}}), "", "expected"),
+        (0, json.dumps(_GOOD | {"files": {"host_ops.py": "A" * 64, "fix_eagle3_keys.py": None}}), "", "malformed"),
+        (0, json.dumps(_GOOD | {"files": {"host_ops.py": "a" * 63, "fix_eagle3_keys.py": None}}), "", "malformed"),
+        (0, json.dumps(_GOOD | {"files": {"host_ops.py": 5, "fix_eagle3_keys.py": None}}), "", "helper check printed"),
+        (0, json.dumps(_GOOD) + "\n" + json.dumps(_GOOD), "", "helper check printed"),
     ],
 )
-def test_host_python_version_check(exit_code, stdout, stderr, fragment):
+def test_host_python_and_helper_state_are_parsed_strictly(exit_code, stdout, stderr, fragment):
     from deploy.errors import DeployError
-    from deploy.transport import CommandResult
+    from deploy.facts.helpers import parse_helper_state
 
+    names = ["host_ops.py", "fix_eagle3_keys.py"]
     with pytest.raises(DeployError, match=fragment):
-        ensure_helper.check_python_version(CommandResult("x", exit_code, stdout, stderr, 0.0), ctx_for(ensure_helper))
-    assert ensure_helper.check_python_version(CommandResult("x", 0, "3.8", "", 0.0), ctx_for(ensure_helper)) == (3, 8)
+        parse_helper_state(exit_code, stdout, stderr, "python3", names, "kimi-a")
+    assert parse_helper_state(0, json.dumps(_GOOD), "", "python3", names, "kimi-a").files["fix_eagle3_keys.py"] is None
+
+
+def test_helper_state_program_runs_on_this_python(tmp_path):
+    from deploy.facts.helpers import helper_state_command, parse_helper_state
+
+    (tmp_path / "a.py").write_bytes(b"x")
+    result = subprocess.run(["sh", "-c", helper_state_command(sys.executable, [str(tmp_path / "a.py"), str(tmp_path / "b.py")])],
+                            capture_output=True, text=True, timeout=30)
+    state = parse_helper_state(result.returncode, result.stdout, result.stderr, "python3", ["a.py", "b.py"], "h")
+    assert state.files == {"a.py": hashlib.sha256(b"x").hexdigest(), "b.py": None}
 
 
 def test_fix_keys_reads_the_sglang_version_from_metadata_not_by_importing():
@@ -290,13 +318,15 @@ def test_fix_keys_reads_the_sglang_version_from_metadata_not_by_importing():
     compile(program, "<version>", "exec")
 
 
-def test_doctor_plan_lists_two_commands_and_sends_the_helper_inline():
+def test_doctor_plan_is_one_command_and_sends_the_helper_inline():
     from deploy.steps import doctor
 
     planned = doctor.plan(ctx_for(doctor))
-    assert len(planned) == 2
-    assert planned[0].command.startswith("python3 -c ") and " host " in planned[0].command
+    assert len(planned) == 1  # host python, and sglang_python started by it: one exec channel
+    assert planned[0].command.startswith("python3 -c 'import sys; exec(sys.argv[1])' ") and " host " in planned[0].command
     assert "'/data/models/Kimi K2.5'" not in planned[0].command  # the spec is one quoted JSON word
     words = shlex.split(planned[0].command)
     spec = json.loads(words[-1])
     assert spec["base_model"] == "/data/models/Kimi K2.5" and spec["drafter"] == "~/drafters/it's"
+    assert spec["sglang"] == {"python": "python3", "timeout_s": 60, "spec": {"base_model": "/data/models/Kimi K2.5"}}
+    assert set(spec["run_state"]) == {"helpers", "server", "last_good"}

@@ -214,34 +214,45 @@ def test_verify_acceptance_of_one_point_zero_fails_with_likely_causes():
     assert "no draft token was accepted" in str(exc.value)
 
 
-def test_ensure_helper_uploads_a_missing_helper_then_checks_its_sha256():
+def _helper_state(python="3.11.7", missing=()):
     from deploy.steps.ensure_helper import HELPER_FILES, local_digests
 
     digests = local_digests()
-    helpers_dir = "/home/deploy/deployctl state/helpers"
-    before = "".join(f"{digests[n]}  {helpers_dir}/{n}\n" if n != "host_ops.py" else f"missing {helpers_dir}/{n}\n"
-                     for n in HELPER_FILES)
-    after = "".join(f"{digests[n]}  {helpers_dir}/{n}\n" for n in HELPER_FILES)
-    conn = RecordingTransport(HOST, [
-        Reply(r"sys\.version_info", stdout="3.11"),
-        Reply(r"^mkdir -p -m 700 -- ~/'deployctl state/helpers'$"),
-        Reply(r"sha256sum", stdout=before, times=1),
-        Reply(r"^mv -f -- '/home/deploy/deployctl state/helpers/host_ops\.py\.upload' "
-              r"'/home/deploy/deployctl state/helpers/host_ops\.py'$"),
-        Reply(r"sha256sum", stdout=after, times=1),
-    ])
+    return json.dumps({"python": python, "files": {n: None if n in missing else digests[n] for n in HELPER_FILES}})
+
+
+def test_ensure_helper_uploads_only_a_missing_helper_in_one_sftp_session():
+    conn = RecordingTransport(HOST, [Reply(r"sys\.version_info", stdout=_helper_state(missing=("host_ops.py",)), times=1)])
     outcome = ensure_helper.run(ctx(ensure_helper, conn))
     assert outcome.data["uploaded"] == ["host_ops.py"]
+    helpers_dir = "/home/deploy/deployctl state/helpers"
+    assert conn.upload_dirs == [helpers_dir]  # created 0700 when missing, in the same SFTP session
     [(remote, payload)] = conn.uploads
-    assert remote == f"{helpers_dir}/host_ops.py.upload"
+    assert remote == f"{helpers_dir}/host_ops.py" and conn.upload_modes[remote] == 0o600
     assert payload == (ensure_helper.HELPERS_DIR / "host_ops.py").read_bytes()
+    assert len(conn.commands) == 1  # one command, one SFTP session: no mkdir, no mv, no $HOME lookup
 
 
 def test_ensure_helper_refuses_an_old_host_python():
-    conn = RecordingTransport(HOST, [Reply(r"sys\.version_info", stdout="3.6")])
+    conn = RecordingTransport(HOST, [Reply(r"sys\.version_info", stdout=_helper_state(python="3.6.9"))])
     with pytest.raises(RemoteCommandFailed) as exc:
         ensure_helper.run(ctx(ensure_helper, conn))
     assert "need 3.8+" in str(exc.value) and conn.uploads == []
+
+
+def test_ensure_helper_uses_what_doctor_read_and_sends_nothing_when_current():
+    import time
+
+    from deploy.facts.server import RunSnapshot, ServerState
+    from deploy.steps.ensure_helper import local_digests
+
+    snapshot = RunSnapshot(time.monotonic(), "3.10.12", local_digests(), ServerState(None, False, None, None, None), None)
+    conn = RecordingTransport(HOST, [])
+    outcome = ensure_helper.run(ctx(ensure_helper, conn, memory={"snapshot": snapshot}))
+    assert outcome.data["uploaded"] == [] and conn.commands == [] and conn.uploads == []
+    old = RunSnapshot(time.monotonic(), "3.7.3", local_digests(), ServerState(None, False, None, None, None), None)
+    with pytest.raises(RemoteCommandFailed, match="need 3.8"):
+        ensure_helper.run(ctx(ensure_helper, conn, memory={"snapshot": old}))
 
 
 def _state(**fields):
