@@ -54,10 +54,12 @@ def host_lock_path(host: Host) -> str:
     return path_join(host.state_dir, "deployctl.lock")
 
 
-def host_lock_command(host: Host, owner: dict) -> str:
-    source = HOST_LOCK_SOURCE.read_text()
+def host_lock_command(host: Host, owner: dict | str, script: str | None = None) -> str:
+    """``owner``/``script`` as text: the plan's placeholders for what is known only at run time."""
+    source = HOST_LOCK_SOURCE.read_text() if script is None else script
+    owner_text = owner if isinstance(owner, str) else json.dumps(owner, sort_keys=True)
     return " ".join([quote(host.python), "-c", quote(source), "deployctl-host-lock", quote_path(host_lock_path(host)),
-                     quote(json.dumps(owner, sort_keys=True))])
+                     quote(owner_text)])
 
 
 def parse_host_lock(line: str, source: str) -> dict:

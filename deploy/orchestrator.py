@@ -139,7 +139,7 @@ def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host],
 
     ``addresses``: host name -> network address (the ssh_config HostName), where known.
     """
-    from deploy.locks import host_lock_path
+    from deploy.locks import host_lock_command
 
     stamp = launch_stamp()
     plans: dict[str, list[tuple[str, list[Action]]]] = {}
@@ -150,7 +150,7 @@ def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host],
         if lock:
             steps.append(("host-lock", [Command(
                 description="hold the host lock (flock) for the whole run, on its own SSH channel; held elsewhere: exit 9",
-                command=f"{host.python} -c <deploy/remote/host_lock.py> deployctl-host-lock {host_lock_path(host)} <owner>")]))
+                command=host_lock_command(host, "<owner>", script="<deploy/remote/host_lock.py>"))]))
         for step in playbook.steps:
             if not step.settings.enabled:
                 continue
@@ -275,8 +275,11 @@ def _roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: st
     error = report.error
     assert error is not None
     path = last_good_path(host.state_dir)
+    snapshot = memory.get("snapshot")
     try:
-        good = parse_record(conn.run(read_record_command(path)).stdout, host.name, path)
+        # as doctor read it under the host lock in this run (nothing but record-good, the last step, writes it)
+        good = snapshot.last_good if snapshot is not None else \
+            parse_record(conn.run(read_record_command(path)).stdout, host.name, path)
     except DeployError as exc:
         report.warnings.append(f"rollback impossible: {exc}")
         return

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 from deploy.facts.server import last_good_env_path, last_good_path, parse_record, read_record_command, same_deployment
 from deploy.shell import quote, quote_path
-from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 
 NAME = "record-good"
 
@@ -47,19 +47,35 @@ def write_command(ctx: StepContext, record: dict, copy_env_from: str | None) -> 
     return f"{env}printf '%s\\n' {quote(json.dumps(record, sort_keys=True))} > {path}.tmp && mv -f {path}.tmp {path}"
 
 
-def plan(ctx: StepContext) -> list[PlannedCommand]:
-    return [PlannedCommand("read the last good deployment", read_record_command(last_good_path(ctx.paths.root))),
-            PlannedCommand("record this deployment (and its env file) as the last good one",
-                           write_command(ctx, {"argv": "<argv>"}, "<env file>"))]
+def read_action(ctx: StepContext) -> Command:
+    return Command(description="read the last good deployment", when="doctor did not read it in this run",
+                   command=read_record_command(last_good_path(ctx.paths.root)))
+
+
+def write_action(ctx: StepContext, record: dict, copy_env_from: str | None) -> Command:
+    return Command(description="record this deployment (and its env file) as the last good one",
+                   when="it is not recorded as the last good one already, with these numbers",
+                   command=write_command(ctx, record, copy_env_from), what="recording the last good deployment")
+
+
+def plan(ctx: StepContext) -> list[Command]:
+    return [read_action(ctx), write_action(ctx, {"argv": "<argv>"}, "<env file>")]
+
+
+def last_good(ctx: StepContext) -> dict | None:
+    """The last good record: as doctor read it under the host lock in this run, else read now."""
+    snapshot = ctx.memory.get("snapshot")
+    if snapshot is not None:
+        return snapshot.last_good
+    path = last_good_path(ctx.paths.root)
+    return parse_record(ctx.execute(read_action(ctx)).stdout, ctx.host.name, path)
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    conn = ctx.require_conn()
     deployment = ctx.memory.get("deployment")
     if deployment is None:
         return StepOutcome("skipped", "no deployment recorded in this run")
-    previous = parse_record(conn.run(read_record_command(last_good_path(ctx.paths.root))).stdout, ctx.host.name,
-                            last_good_path(ctx.paths.root))
+    previous = last_good(ctx)
     metrics = measurements(ctx)
     if previous is not None and same_deployment(previous, deployment) and isinstance(previous.get("metrics"), dict):
         metrics = metrics | previous["metrics"]  # keep the original bar, fill what it lacked
@@ -76,7 +92,7 @@ def run(ctx: StepContext) -> StepOutcome:
         ctx.memory["last_good"] = previous
         return StepOutcome("ok", f"already the last good deployment ({deployment.get('drafter_path')})",
                            {"last_good": {k: previous.get(k) for k in ("drafter_fingerprint", "drafter_path", "metrics")}})
-    conn.check(write_command(ctx, record, copy_from), what="recording the last good deployment")
+    ctx.execute(write_action(ctx, record, copy_from))
     ctx.memory["last_good"] = record
     return StepOutcome("ok", f"last good: {deployment.get('drafter_path')} (pid {deployment.get('pid')})",
                        {"last_good": {k: record.get(k) for k in ("drafter_fingerprint", "drafter_path", "metrics")}})

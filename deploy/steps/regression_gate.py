@@ -12,7 +12,7 @@ from pydantic import Field
 
 from deploy.errors import Regression
 from deploy.facts.server import last_good_path, parse_record, read_record_command, same_deployment
-from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
+from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 from deploy.steps.record_good import measurements
 
 NAME = "regression-gate"
@@ -23,11 +23,16 @@ class Settings(StepSettings):
     min_throughput_fraction: float = Field(default=0.9, gt=0, le=1.0)
 
 
-def plan(ctx: StepContext) -> list[PlannedCommand]:
+def read_action(ctx: StepContext) -> Command:
     s = ctx.settings
-    return [PlannedCommand(f"compare with the last good record: accept length >= {s.min_accept_fraction:g}x, "
-                           f"output tok/s >= {s.min_throughput_fraction:g}x",
-                           read_record_command(last_good_path(ctx.paths.root)))]
+    return Command(description=f"read the last good record to compare: accept length >= {s.min_accept_fraction:g}x, "
+                               f"output tok/s >= {s.min_throughput_fraction:g}x",
+                   when="doctor did not read it in this run",
+                   command=read_record_command(last_good_path(ctx.paths.root)))
+
+
+def plan(ctx: StepContext) -> list[Command]:
+    return [read_action(ctx)]
 
 
 def compare(now: dict, good: dict, accept_fraction: float, throughput_fraction: float) -> tuple[list[str], list[str]]:
@@ -47,9 +52,12 @@ def compare(now: dict, good: dict, accept_fraction: float, throughput_fraction: 
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    conn = ctx.require_conn()
-    path = last_good_path(ctx.paths.root)
-    good = parse_record(conn.run(read_record_command(path)).stdout, ctx.host.name, path)
+    snapshot = ctx.memory.get("snapshot")
+    if snapshot is not None:
+        good = snapshot.last_good
+    else:
+        path = last_good_path(ctx.paths.root)
+        good = parse_record(ctx.execute(read_action(ctx)).stdout, ctx.host.name, path)
     now = measurements(ctx)
     if good is None or good.get("run") != ctx.run.name:
         return StepOutcome("ok", "no last good record of this run yet: this deployment becomes the baseline", {"now": now})

@@ -5,6 +5,7 @@ import json
 import sys
 import os
 import re
+from pathlib import Path
 import shlex
 import subprocess
 
@@ -330,3 +331,15 @@ def test_doctor_plan_is_one_command_and_sends_the_helper_inline():
     assert spec["base_model"] == "/data/models/Kimi K2.5" and spec["drafter"] == "~/drafters/it's"
     assert spec["sglang"] == {"python": "python3", "timeout_s": 60, "spec": {"base_model": "/data/models/Kimi K2.5"}}
     assert set(spec["run_state"]) == {"helpers", "server", "last_good"}
+
+
+STEP_FILES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "steps").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", [p for p in STEP_FILES if p.name not in ("base.py", "__init__.py")], ids=lambda p: p.name)
+def test_steps_reach_the_host_only_through_planned_actions(path):
+    """``run`` performs actions via ctx.execute*, so what it does is what ``plan`` lists (and the journal sees)."""
+    text = path.read_text()
+    assert "require_conn" not in text and not re.search(r"\bconn\.(run|check|watch|put|upload|stream)\(", text), \
+        f"{path.name} sends commands around ctx.execute"
+    assert "def plan(" in text and "def run(" in text

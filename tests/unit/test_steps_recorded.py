@@ -7,6 +7,7 @@ checks what the step concluded and exactly which commands it sent.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -286,3 +287,108 @@ def test_converge_redeploys_a_recorded_server_that_answers_500():
                                                                              error=None, record=record))])
     outcome = converge.run(ctx(converge, conn, run=LEGACY_RUN))
     assert outcome.data["converged"] is False and "/health 500" in outcome.detail
+
+
+# -- launch, doctor, benchmark: one action each, SSH-free ------------------------------------------
+
+
+def test_launch_is_one_command_and_records_the_pid_it_printed():
+    from deploy.steps import launch
+
+    run = RUN.model_copy(update={"env": {"HF_TOKEN": "hf_s3cr3t"}})
+    conn = RecordingTransport(HOST, [Reply(r"setsid nohup", stdout="4242\n")])
+    c = ctx(launch, conn, run=run, memory={"drafter_path": "~/deployctl state/drafters/ab12", "drafter_fingerprint": "ab12",
+                                            "sglang_version": "0.5.11"})
+    outcome = launch.run(c)
+    assert outcome.data["pid"] == 4242 and c.memory["deployment"]["pid"] == 4242
+    assert c.memory["deployment"]["argv"][c.memory["deployment"]["argv"].index("--speculative-draft-model-path") + 1] \
+        == "~/deployctl state/drafters/ab12"
+    [command] = conn.commands  # log dir, link, launch, PID file, record, pruning: one exec channel
+    assert "hf_s3cr3t" not in command and ". ~/'deployctl state/launch.env'" in command
+    [(remote, payload)] = conn.uploads
+    assert remote == "/home/deploy/deployctl state/launch.env" and conn.upload_modes[remote] == 0o600
+    assert payload == b"HF_TOKEN=hf_s3cr3t\n"
+    assert [step for step, _ in c.journal] == ["", ""] and [a.kind for _, a in c.journal] == ["upload", "command"]
+
+
+@pytest.mark.parametrize("stdout, exit_code, stderr, error, fragment", [
+    ("", 0, "", RemoteOutputError, "expected the server PID"),
+    ("4242\nnohup: ignoring input\n", 0, "", RemoteOutputError, "expected the server PID"),
+    ("pid 4242", 0, "", RemoteOutputError, "expected the server PID"),
+    ("", 1, "cannot write the PID file ~/x (server pid 77)", RemoteCommandFailed, "launching SGLang failed"),
+    ("", 1, "mkdir: cannot create directory: Permission denied", RemoteCommandFailed, "Permission denied"),
+])
+def test_launch_refuses_anything_but_a_pid(stdout, exit_code, stderr, error, fragment):
+    from deploy.steps import launch
+
+    conn = RecordingTransport(HOST, [Reply(r"setsid nohup", stdout=stdout, exit_code=exit_code, stderr=stderr)])
+    c = ctx(launch, conn)
+    with pytest.raises(error, match=fragment):
+        launch.run(c)
+    assert "pid" not in c.memory and "deployment" not in c.memory
+
+
+def test_a_rollback_launch_relaunches_the_recorded_argv_and_uploads_nothing():
+    from deploy.steps import launch
+
+    record = {"argv": ["python3", "-m", "sglang.launch_server", "--port", "30000"], "drafter_path": "~/d/old",
+              "drafter_fingerprint": "old", "env_hash": "e", "sglang_version": "0.5.11", "draft_tokens": 16,
+              "run": "r", "env_file": "~/deployctl state/last-good.env"}
+    run = RUN.model_copy(update={"env": {"HF_TOKEN": "new"}})
+    conn = RecordingTransport(HOST, [Reply(r"setsid nohup", stdout="99\n")])
+    c = ctx(launch, conn, run=run, memory={"rollback_record": record, "env_file": record["env_file"]})
+    assert launch.run(c).data["argv"] == record["argv"]
+    assert conn.uploads == [] and ". ~/'deployctl state/last-good.env'" in conn.commands[0]
+
+
+def test_doctor_sends_one_command_and_stops_the_run_on_a_failing_check(tmp_path):
+    """The real fact gatherer runs here (no GPU, no SGLang on this machine), answered through the wire."""
+    import subprocess
+    import sys
+
+    from deploy.errors import RemoteOutputError as Bad
+    from deploy.steps import doctor
+
+    host = HOST.model_copy(update={"python": sys.executable, "state_dir": str(tmp_path / "state")})
+    probe = StepContext(host=host, run=RUN.model_copy(update={"sglang_python": sys.executable}),
+                        settings=doctor.Settings(step="doctor"), conn=None, launch_stamp="x", memory={})
+    real = subprocess.run(["sh", "-c", doctor.action(probe, script=None).command], capture_output=True, text=True,
+                          timeout=60)
+    assert real.returncode == 0, real.stderr
+    conn = RecordingTransport(host, [Reply(r"exec\(sys\.argv\[1\]\)", stdout=real.stdout)])
+    c = StepContext(host=host, run=probe.run, settings=doctor.Settings(step="doctor"), conn=conn, launch_stamp="x",
+                    memory={})
+    with pytest.raises(VerificationFailed, match="nothing was stopped"):
+        doctor.run(c)
+    assert len(conn.commands) == 1
+    ignored = StepContext(host=host, run=probe.run, settings=doctor.Settings(step="doctor", ignore=True), conn=conn,
+                          launch_stamp="x", memory={})
+    assert "IGNORED" in doctor.run(ignored).detail
+    snapshot = ignored.memory["snapshot"]  # the run's state, read in the same command
+    assert snapshot.server.alive is False and snapshot.last_good is None and set(snapshot.helpers) == {
+        "host_ops.py", "fix_eagle3_keys.py"} and not any(snapshot.helpers.values())
+    for garbage in ("", "Traceback (most recent call last):\n  boom", '{"schema": 1}', real.stdout * 2):
+        bad = RecordingTransport(host, [Reply(r"exec\(sys\.argv\[1\]\)", stdout=garbage)])
+        with pytest.raises(Bad):
+            doctor.run(StepContext(host=host, run=probe.run, settings=doctor.Settings(step="doctor"), conn=bad,
+                                   launch_stamp="x", memory={}))
+
+
+BENCH_OUTPUT = (Path(__file__).parent / "test_bench_facts.py").read_text().split('REAL = """\\\n', 1)[1].split('"""', 1)[0]
+
+
+def test_benchmark_is_one_command_and_checks_every_request_succeeded():
+    from deploy.steps import benchmark
+
+    conn = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT)])
+    c = ctx(benchmark, conn, num_prompts=64)
+    outcome = benchmark.run(c)
+    assert outcome.data["output_tok_s"] == pytest.approx(626.41) and c.memory["bench"]["draft_tokens"] == 16
+    [command] = conn.commands
+    assert "--num-prompts 64" in command and "--output-file ~/'deployctl state/bench/bench-20261129T000000Z-t16.jsonl'" in command
+    short = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT)])
+    with pytest.raises(RemoteOutputError, match="only 64 of 65"):
+        benchmark.run(ctx(benchmark, short, num_prompts=65))
+    failed = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", exit_code=1, stderr="CUDA out of memory")])
+    with pytest.raises(RemoteCommandFailed, match="bench_serving failed .*CUDA out of memory"):
+        benchmark.run(ctx(benchmark, failed))
