@@ -146,7 +146,7 @@ def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host],
     for host in hosts:
         host = network_host(host, (addresses or {}).get(host.name, host.address))
         memory: dict[str, Any] = {}
-        steps = []
+        steps: list[tuple[str, list[Action]]] = []
         if lock:
             steps.append(("host-lock", [Command(
                 description="hold the host lock (flock) for the whole run, on its own SSH channel; held elsewhere: exit 9",

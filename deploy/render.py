@@ -5,18 +5,22 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO, cast
-
-from rich.console import Console, JustifyMethod
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from deploy.errors import ExitCode
 from deploy.facts.gpus import GpuRow
 from deploy.fanout import HostOutcome
 
+if TYPE_CHECKING:
+    from rich.console import Console, JustifyMethod
+
+# rich is imported where a table is drawn, not here: ~30 ms of start-up that `--json` output never
+# uses (gpu-status on 8 hosts is measured against plain OpenSSH: tests/benchmarks/bench_gpu_status.py).
+
 
 def console(stream: TextIO | None = None) -> Console:
+    from rich.console import Console
+
     return Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
 
 
@@ -45,6 +49,8 @@ def _reached_as(host, endpoint: dict | None) -> str:
 
 def gpu_status_tables(outcomes: Sequence[HostOutcome[list[GpuRow]]], out: Console,
                       endpoints: dict | None = None) -> None:
+    from rich.table import Table
+
     for outcome in outcomes:
         host = outcome.host
         title = f"{host.name}  {_reached_as(host, (endpoints or {}).get(host.name))}"
@@ -108,6 +114,8 @@ def progress_printer(stream: TextIO | None = None):
 
 
 def step_summary_tables(command: str, reports, out: Console) -> None:
+    from rich.table import Table
+
     for report in reports:
         host = report.host
         verdict = "[green]OK[/green]" if report.ok else f"[red]FAILED (exit {int(report.error.exit_code)})[/red]"
@@ -210,10 +218,12 @@ def bench_document(run_name: str, rounds) -> dict:
 
 
 def bench_table(rounds, out: Console) -> None:
+    from rich.table import Table
+
     table = Table(title="bench: sglang.bench_serving per host and draft-token count", title_justify="left")
     for name, justify in (("host", "left"), ("draft tokens", "right"), ("accept length", "right"),
                           ("output tok/s", "right"), ("mean ITL ms", "right"), ("result", "left")):
-        table.add_column(name, justify=cast(JustifyMethod, justify))
+        table.add_column(name, justify=cast("JustifyMethod", justify))
 
     def fmt(value, spec):
         return format(value, spec) if isinstance(value, (int, float)) else "-"
@@ -232,6 +242,9 @@ def doctor_document(results) -> dict:
 
 
 def doctor_tables(results, out: Console) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     style = {"pass": "green", "warn": "yellow", "fail": "bold red"}
     for name, checks in results:
         table = Table(title=name, title_justify="left")
@@ -263,11 +276,13 @@ def plain_report_lines(command: str, reports, stamp: str) -> list[str]:
 
 
 def history_table(rows, out: Console) -> None:
+    from rich.table import Table
+
     table = Table(title="deployctl history", title_justify="left")
     for name, justify in (("time", "left"), ("verb", "left"), ("run", "left"), ("host", "left"),
                           ("SGLang", "left"), ("drafter", "left"), ("T", "right"), ("accept", "right"),
                           ("tok/s", "right"), ("outcome", "left"), ("exit", "right"), ("s", "right")):
-        table.add_column(name, justify=cast(JustifyMethod, justify))
+        table.add_column(name, justify=cast("JustifyMethod", justify))
 
     def fmt(value, spec=""):
         return format(value, spec) if isinstance(value, (int, float)) else ("-" if value is None else str(value))

@@ -1,14 +1,20 @@
 """``python3 -m sglang.bench_serving`` result block: strict parser.
 
-The block is ``==== Serving Benchmark Result ====`` followed by ``Label:   value`` rows and dashed
-section rules, closed by a row of ``=``. Missing required rows, unparseable numbers or a missing
-block are errors quoting what was seen; the numbers are never guessed.
+The block is ``==== Serving Benchmark Result ====`` followed by ``Label:   value`` rows (values
+left-aligned; some SGLang versions pad them to 10 columns with trailing spaces) and dashed section rules, closed by
+a row of ``=``. Rows deployctl does not read are allowed (SGLang adds rows across versions: "Peak
+output token throughput", "Total input text tokens", P90/P95 latencies), but each must still be a
+``Label: value`` row. Missing required rows, a row given twice, numbers that do not parse or are
+not finite, negative values and a missing or unclosed block are errors quoting what was seen; the
+numbers are never guessed. Table-tested from published bench_serving output in tests/facts/bench_serving/.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import asdict, dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from deploy.errors import RemoteOutputError
 
@@ -30,27 +36,33 @@ OPTIONAL = {
 }
 
 
-@dataclass(frozen=True)
-class BenchResult:
-    successful_requests: int
-    duration_s: float
-    output_tokens: int
-    output_tok_s: float
-    accept_length: float | None = None
-    request_per_s: float | None = None
-    mean_e2e_ms: float | None = None
-    mean_ttft_ms: float | None = None
-    mean_itl_ms: float | None = None
+class BenchResult(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    successful_requests: int = Field(ge=0)
+    duration_s: float = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+    output_tok_s: float = Field(ge=0)
+    #: absent when the server runs without speculative decoding
+    accept_length: float | None = Field(default=None, ge=0)
+    request_per_s: float | None = Field(default=None, ge=0)
+    mean_e2e_ms: float | None = Field(default=None, ge=0)
+    mean_ttft_ms: float | None = Field(default=None, ge=0)
+    mean_itl_ms: float | None = Field(default=None, ge=0)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return self.model_dump()
 
 
 def _number(label: str, value: str, line: str, source: str) -> float:
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise RemoteOutputError(f"{source}: bench_serving {label!r} is {value!r}, not a number, in line {line!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise RemoteOutputError(f"{source}: bench_serving {label!r} is {value!r}, expected a finite number >= 0, "
+                                f"in line {line!r}")
+    return number
 
 
 def parse_bench_result(output: str, *, source: str = "bench_serving") -> BenchResult:
@@ -72,14 +84,17 @@ def parse_bench_result(output: str, *, source: str = "bench_serving") -> BenchRe
         label = match.group("label")
         key = REQUIRED.get(label) or OPTIONAL.get(label)
         if key is not None:
+            if key in fields:
+                raise RemoteOutputError(f"{source}: bench_serving result block has {label!r} twice: {text!r}")
             fields[key] = _number(label, match.group("value"), text, source)
     else:
         raise RemoteOutputError(f"{source}: the bench_serving result block is not closed (output cut short?)")
     missing = [label for label, key in REQUIRED.items() if key not in fields]
     if missing:
         raise RemoteOutputError(f"{source}: bench_serving result lacks {', '.join(missing)}")
+    counts: dict[str, int] = {}
     for key in ("successful_requests", "output_tokens"):
         if fields[key] != int(fields[key]):
             raise RemoteOutputError(f"{source}: bench_serving {key} is {fields[key]}, expected a whole number")
-        fields[key] = int(fields[key])
-    return BenchResult(**fields)  # type: ignore[arg-type]  # counts checked whole above
+        counts[key] = int(fields.pop(key))
+    return BenchResult.model_validate({**fields, **counts})

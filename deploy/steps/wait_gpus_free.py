@@ -15,8 +15,7 @@ from pydantic import Field
 
 from deploy.errors import StepTimeout
 from deploy.facts import host_helper
-from deploy.facts.gpus import (COMPUTE_APPS_COMMAND, GPU_QUERY_COMMAND, GpuRow, attach_holders, busy_gpus,
-                               check_nvidia_smi, parse_compute_apps, parse_gpu_rows)
+from deploy.facts.gpus import COMPUTE_APPS_COMMAND, GPU_QUERY_COMMAND, GpuRow, busy_gpus, read_answers
 from deploy.steps.base import StepContext, StepOutcome, StepSettings, Watch
 
 NAME = "wait-gpus-free"
@@ -49,12 +48,10 @@ def watch_command(ctx: StepContext) -> str:
 
 
 def read_sample(line: str, expected_gpus: int, source: str) -> list[GpuRow]:
-    """One watch-gpus line -> the GPU rows with their holders (strict: facts.gpus parsers)."""
+    """One watch-gpus line -> the GPU rows with their holders (strict: the parser gpu-status uses)."""
     sample = host_helper.parse_gpu_sample(line, source)
-    check_nvidia_smi(sample.gpus.exit_code, sample.gpus.stdout, sample.gpus.stderr, source)
-    rows = parse_gpu_rows(sample.gpus.stdout, expected_gpus, source=source)
-    check_nvidia_smi(sample.apps.exit_code, sample.apps.stdout, sample.apps.stderr, source)
-    return attach_holders(rows, parse_compute_apps(sample.apps.stdout, source=source), source=source)
+    return read_answers((sample.gpus.exit_code, sample.gpus.stdout, sample.gpus.stderr),
+                        (sample.apps.exit_code, sample.apps.stdout, sample.apps.stderr), expected_gpus, source).gpus
 
 
 def action(ctx: StepContext) -> Watch:

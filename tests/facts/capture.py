@@ -1,9 +1,10 @@
 """Regenerate the captured host outputs under tests/facts/<fact>/ by running the real commands here.
 
-    .venv/bin/python tests/facts/capture.py
+    .venv/bin/python tests/facts/capture.py [FACT ...]   (only these fact directories; default: all)
 
 Each case is the output of the product's own command builder, run for real on this machine
-(psmisc fuser, coreutils sha256sum, the host-side helpers under deploy/remote/): stored as JSON
+(psmisc fuser, coreutils sha256sum, the host-side helpers under deploy/remote/, and for
+gpu_status the sandbox's SIMULATED nvidia-smi, sandbox/sim_nvidia_smi.py): stored as JSON
 {"command", "exit_code", "stdout", "stderr"} and read by tests/unit/test_facts_table.py, which
 holds the expected facts. Only processes this script starts are signalled (a ``sleep`` it owns).
 """
@@ -23,16 +24,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from deploy.facts import fuser, helpers, host_helper  # noqa: E402
+from deploy.facts import fuser, gpus, helpers, host_helper  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
 HOST_OPS = str(ROOT / "deploy" / "remote" / "host_ops.py")
 FIXER = str(ROOT / "deploy" / "remote" / "fix_eagle3_keys.py")
 PY = sys.executable
+SIM_NVIDIA_SMI = ROOT / "sandbox" / "sim_nvidia_smi.py"
 
 
-def run(command: str) -> dict:
-    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+def run(command: str, env: dict | None = None) -> dict:
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60,
+                          env=None if env is None else os.environ | env)
     return {"command": command, "exit_code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 
 
@@ -53,8 +56,48 @@ def held_by_sleep(path: Path) -> subprocess.Popen:
     return proc
 
 
+def capture_sandbox_gpu_status(tmp: str) -> None:
+    """gpu-status's one command against the sandbox's SIMULATED nvidia-smi (8 GPUs; GPU 1's device
+    file held by a ``sleep`` this script starts, which the simulation counts as 512 MiB)."""
+    sim = Path(tmp) / "sim"
+    (sim / "bin").mkdir(parents=True)
+    (sim / "dev").mkdir()
+    (sim / "bin" / "nvidia-smi").write_bytes(SIM_NVIDIA_SMI.read_bytes())
+    (sim / "bin" / "nvidia-smi").chmod(0o755)
+    uuids = [f"GPU-{i:08x}-5eed-4d00-8000-{i:012x}" for i in range(8)]
+    for i in range(8):
+        (sim / "dev" / f"nvidia{i}").touch()
+    config = {"gpu_count": 8, "gpu_dir": str(sim / "dev"), "uuids": uuids, "alloc_dir": str(sim / "alloc")}
+    (sim / "config.json").write_text(json.dumps(config))
+    env = {"PATH": f"{sim / 'bin'}:{os.environ['PATH']}", "NVIDIA_SMI_SIM_CONFIG": str(sim / "config.json")}
+    tag = "5eed5eed5eed5eed"
+    idle = [{"index": i, "uuid": uuids[i], "used_mib": 0, "total_mib": 143771, "utilization_pct": 0, "holders": []}
+            for i in range(8)]
+    save("gpu_status", "sandbox_sim_idle", run(gpus.gpu_status_command(tag), env), tmp,
+         {"expected_gpus": 8, "fact": {"gpus": idle}, "source": "SIMULATION: sandbox/sim_nvidia_smi.py"})
+    holder = held_by_sleep(sim / "dev" / "nvidia1")
+    busy = [dict(r) for r in idle]
+    busy[1] = busy[1] | {"used_mib": 512, "holders": [
+        {"gpu_uuid": uuids[1], "pid": holder.pid, "used_mib": 512, "process_name": "sleep"}]}
+    save("gpu_status", "sandbox_sim_one_holder", run(gpus.gpu_status_command(tag), env), tmp,
+         {"expected_gpus": 8, "fact": {"gpus": busy}, "source": "SIMULATION: sandbox/sim_nvidia_smi.py"})
+    holder.kill()
+    holder.wait(timeout=10)
+    (sim / "driver_failed").touch()
+    save("gpu_status", "sandbox_sim_driver_failed", run(gpus.gpu_status_command(tag), env), tmp,
+         {"expected_gpus": 8, "error": "GPU query (--query-gpu) failed (exit code 9): NVIDIA-SMI has failed",
+          "source": "SIMULATION: sandbox/sim_nvidia_smi.py"})
+
+
 def main() -> None:
+    only = set(sys.argv[1:])
+    if only:
+        with tempfile.TemporaryDirectory() as tmp:
+            if "gpu_status" in only:
+                capture_sandbox_gpu_status(tmp)
+        return
     with tempfile.TemporaryDirectory() as tmp:
+        capture_sandbox_gpu_status(tmp)
         dev = Path(tmp) / "dev"
         dev.mkdir()
         for i in range(2):

@@ -24,6 +24,22 @@ def test_gpu_status_on_three_hosts_in_parallel(clean_sandbox, capsys):
         assert all(g["used_mib"] == 0 and g["total_mib"] > 0 and g["holders"] == [] for g in host["gpus"])
 
 
+def test_gpu_status_is_one_exec_channel_per_host(clean_sandbox, capsys, monkeypatch):
+    """Both nvidia-smi queries travel as one remote command: one exec channel per host."""
+    sent: list[tuple[str, str]] = []
+    original = HostConnection._exec
+
+    def counted(self, command, *, timeout):
+        sent.append((self.host.name, command))
+        return original(self, command, timeout=timeout)
+
+    monkeypatch.setattr(HostConnection, "_exec", counted)
+    code, doc = cli_json(capsys, "-c", str(clean_sandbox.config_path), "gpu-status", "--json")
+    assert code == 0 and doc["ok"]
+    assert sorted(name for name, _ in sent) == ["sb1", "sb2", "sb3"]
+    assert all(command.count("nvidia-smi ") == 2 for _, command in sent)
+
+
 def test_stray_process_holding_gpu3_is_its_holder(clean_sandbox, capsys):
     home = str(clean_sandbox.host("sb2").home)
     pid = start_stray(clean_sandbox, "sb2", hold_gpu_program(home, 3))

@@ -8,19 +8,36 @@ fragment of the message). Adding a case is adding a file.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from deploy.errors import DeployError
-from deploy.facts import fixer, fuser, helpers, host_helper
+from deploy.facts import bench, fixer, fuser, gpus, helpers, host_helper
 
 CASES = Path(__file__).resolve().parents[1] / "facts"
 SOURCE = "gpu-a"
 
 
 def _model(value):
-    return value.model_dump() if hasattr(value, "model_dump") else value
+    return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+
+
+def _gpu_rows(c):
+    gpus.check_nvidia_smi(c["exit_code"], c["stdout"], c["stderr"], SOURCE)
+    return {"gpus": [r.to_dict() for r in gpus.parse_gpu_rows(c["stdout"], c["expected_gpus"], source=SOURCE)]}
+
+
+def _compute_apps(c):
+    gpus.check_nvidia_smi(c["exit_code"], c["stdout"], c["stderr"], SOURCE)
+    return {"apps": [a.model_dump() for a in gpus.parse_compute_apps(c["stdout"], source=SOURCE)]}
+
+
+def _gpu_status(c):
+    tag = re.search(r"deployctl-gpu-status-([0-9a-f]+) gpus", c["command"])
+    assert tag is not None and c["command"] == gpus.gpu_status_command(tag[1]), "not the product's command"
+    return gpus.parse_gpu_status(c["exit_code"], c["stdout"], c["stderr"], tag[1], c["expected_gpus"], SOURCE)
 
 
 #: fact directory -> (exit_code, stdout, stderr) -> the parsed fact
@@ -34,7 +51,14 @@ PARSERS = {
     "accept_check": lambda c: host_helper.parse_accept_check(c["stdout"], SOURCE),
     "fixer_summary": lambda c: fixer.parse_fixer_summary(c["exit_code"], c["stdout"], c["stderr"], SOURCE),
     "sglang_version": lambda c: fixer.parse_sglang_version(c["exit_code"], c["stdout"], c["stderr"], SOURCE),
+    "nvidia_smi_gpus": _gpu_rows,
+    "nvidia_smi_apps": _compute_apps,
+    "gpu_status": _gpu_status,
+    "bench_serving": lambda c: bench.parse_bench_result(c["stdout"], source=SOURCE),
 }
+
+#: facts whose command prints free text before the part parsed (bench_serving's preamble): noise goes inside
+FREE_PREAMBLE = {"bench_serving"}
 
 CASE_FILES = sorted(p for d in PARSERS for p in (CASES / d).glob("*.json"))
 
@@ -64,7 +88,10 @@ def test_cut_or_garbled_output_is_never_a_fact(path):
     if "error" in case or not case["stdout"].strip():
         pytest.skip("no output to garble")
     parse = PARSERS[path.parent.name]
-    for garbled in (case["stdout"][: len(case["stdout"]) // 2], "Warning: something\n" + case["stdout"]):
+    noisy = "Warning: something\n" + case["stdout"]
+    if path.parent.name in FREE_PREAMBLE:
+        noisy = re.sub(r"(Serving Benchmark Result =+\s*\n)", r"\1a line that is not a row\n", case["stdout"], count=1)
+    for garbled in (case["stdout"][: len(case["stdout"]) // 2], noisy):
         try:
             fact = _model(parse(case | {"stdout": garbled}))
         except DeployError as exc:

@@ -208,7 +208,8 @@ def test_health_url_probes_loopback_for_wildcard_bind():
 def test_describe_busy_names_holders():
     from deploy.facts.gpus import ComputeApp, GpuRow
 
-    row = GpuRow(3, "GPU-1", 120000, 143771, 0, (ComputeApp("GPU-1", 88882, 120000, "python3"),))
+    row = GpuRow(index=3, uuid="GPU-1", used_mib=120000, total_mib=143771, utilization_pct=0,
+                 holders=(ComputeApp(gpu_uuid="GPU-1", pid=88882, used_mib=120000, process_name="python3"),))
     assert wait_gpus_free.describe_busy([row]) == "GPU 3: 120000 MiB held by pid 88882 python3"
 
 

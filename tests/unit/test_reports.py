@@ -16,7 +16,7 @@ A = Host(name="gpu-a", address="10.0.0.1")
 B = Host(name="gpu-b", address="10.0.0.2")
 C = Host(name="gpu-c", address="10.0.0.3")
 OUTCOMES = [
-    HostOutcome(A, value=[GpuRow(0, "GPU-0", 0, 81559, 0)]),
+    HostOutcome(A, value=[GpuRow(index=0, uuid="GPU-0", used_mib=0, total_mib=81559, utilization_pct=0)]),
     HostOutcome(B, error=RemoteOutputError("gpu-b: nvidia-smi failed (exit code 9): NVIDIA-SMI has failed")),
     HostOutcome(C, error=ConnectionFailed("gpu-c (root@10.0.0.3:22): cannot connect: refused")),
 ]

@@ -374,21 +374,23 @@ def test_doctor_sends_one_command_and_stops_the_run_on_a_failing_check(tmp_path)
                                    launch_stamp="x", memory={}))
 
 
-BENCH_OUTPUT = (Path(__file__).parent / "test_bench_facts.py").read_text().split('REAL = """\\\n', 1)[1].split('"""', 1)[0]
+BENCH_CASE = json.loads((Path(__file__).parents[1] / "facts" / "bench_serving" / "kimi_k26_eagle3_padded_values.json").read_text())
+BENCH_OUTPUT = BENCH_CASE["stdout"]
 
 
 def test_benchmark_is_one_command_and_checks_every_request_succeeded():
     from deploy.steps import benchmark
 
     conn = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT)])
-    c = ctx(benchmark, conn, num_prompts=64)
+    c = ctx(benchmark, conn, num_prompts=768)
     outcome = benchmark.run(c)
-    assert outcome.data["output_tok_s"] == pytest.approx(626.41) and c.memory["bench"]["draft_tokens"] == 16
+    assert outcome.data["output_tok_s"] == pytest.approx(BENCH_CASE["fact"]["output_tok_s"])
+    assert c.memory["bench"]["draft_tokens"] == 16
     [command] = conn.commands
-    assert "--num-prompts 64" in command and "--output-file ~/'deployctl state/bench/bench-20261129T000000Z-t16.jsonl'" in command
+    assert "--num-prompts 768" in command and "--output-file ~/'deployctl state/bench/bench-20261129T000000Z-t16.jsonl'" in command
     short = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT)])
-    with pytest.raises(RemoteOutputError, match="only 64 of 65"):
-        benchmark.run(ctx(benchmark, short, num_prompts=65))
+    with pytest.raises(RemoteOutputError, match="only 768 of 800"):
+        benchmark.run(ctx(benchmark, short, num_prompts=800))
     failed = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", exit_code=1, stderr="CUDA out of memory")])
     with pytest.raises(RemoteCommandFailed, match="bench_serving failed .*CUDA out of memory"):
         benchmark.run(ctx(benchmark, failed))
