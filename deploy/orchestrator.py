@@ -16,17 +16,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deploy.config.models import Config, Host, Run
 from deploy.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied
 from deploy.facts.server import (last_good_path, parse_record, parse_server_state, read_record_command,
                                  same_deployment, server_state_command)
 from deploy.fanout import exit_code, for_each_host
-from deploy.playbook import Playbook, PlannedStep
-from deploy.steps import REGISTRY
-from deploy.steps.base import Action, Command, StepContext
 from deploy.transport import HostConnection, JumpConnections
+
+if TYPE_CHECKING:  # the playbook and its steps load when a playbook runs: gpu-status, logs and doctor never need them
+    from deploy.playbook import Playbook, PlannedStep
+    from deploy.steps.base import Action, StepContext
 
 #: what a rollback runs, with the playbook's settings for each step where it has them
 ROLLBACK_STEPS = ("stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready", "verify-acceptance")
@@ -116,6 +117,7 @@ def launch_stamp() -> str:
 
 def _context(host: Host, run: Run, settings, conn, stamp: str, progress, memory,
              cancelled: threading.Event | None = None, step: str = "") -> StepContext:
+    from deploy.steps.base import StepContext
     # the journal lives in the host's memory: every step (and a rollback's) appends to one list
     journal = memory.setdefault("journal", [])
     return StepContext(host=host, run=run, settings=settings, conn=conn,
@@ -142,6 +144,8 @@ def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host],
     from deploy.locks import host_lock_command
 
     stamp = launch_stamp()
+    from deploy.steps.base import Command
+
     plans: dict[str, list[tuple[str, list[Action]]]] = {}
     for host in hosts:
         host = network_host(host, (addresses or {}).get(host.name, host.address))
@@ -248,6 +252,9 @@ def _died(conn, host: Host, run: Run, memory: dict, error: DeployError, step: st
 
 
 def _rollback_steps(playbook: Playbook) -> list[PlannedStep]:
+    from deploy.playbook import PlannedStep
+    from deploy.steps import REGISTRY
+
     steps = []
     for name in ROLLBACK_STEPS:
         mine = next((s for s in playbook.steps if s.name == name), None)
