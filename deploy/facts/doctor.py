@@ -15,11 +15,21 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from deploy.config.models import Host, Run
 from deploy.errors import RemoteOutputError
+from deploy.facts.inline import inline_program
 from deploy.shell import quote
 from deploy.steps.base import StatePaths
 from deploy.steps.launch import serve_address
 
 HELPER = Path(__file__).resolve().parents[1] / "remote" / "doctor_facts.py"
+#: the key fixer's modules the doctor's program embeds (its safetensors header reader)
+FIXER_MODULES = ("errors", "header")
+
+
+def doctor_program() -> str:
+    """doctor_facts.py with the fixer's header reader, as one ``python3 -c`` program."""
+    fixer = HELPER.parent / "fixer"
+    modules = [(f"fixer.{name}", (fixer / f"{name}.py").read_text()) for name in FIXER_MODULES]
+    return inline_program(modules + [("doctor_facts", HELPER.read_text())], "doctor_facts")
 
 
 class _Strict(BaseModel):
@@ -143,7 +153,7 @@ def host_spec(host: Host, run: Run) -> dict[str, Any]:
 
 
 def _inline(python: str, mode: str, spec: dict[str, Any], script: str | None) -> str:
-    program = HELPER.read_text() if script is None else script
+    program = doctor_program() if script is None else script
     return f"{quote(python)} -c {quote(program)} {mode} {quote(json.dumps(spec, sort_keys=True))}"
 
 

@@ -1,7 +1,7 @@
 """Facts the key fixer step reads: the installed SGLang version, and the fixer's JSON summary.
 
 The version comes from SGLang's package metadata (``importlib.metadata``), not ``import sglang``
-(about 2.6 s and 320 MiB on a real 0.5.23 install). The fixer (deploy/remote/fix_eagle3_keys.py)
+(about 2.6 s and 320 MiB on a real 0.5.23 install). The fixer (deploy/remote/fixer/)
 prints one JSON document; a crash prints a Python traceback instead, reported by its last line only.
 """
 

@@ -1,8 +1,12 @@
-"""Facts ensure-helper reads: the host python's version and the sha256 of the installed helpers."""
+"""Facts ensure-helper reads and the bytes it ships: the host python's version, the sha256 of the
+installed helpers, and the helpers themselves (host_ops.py, and the key fixer package as one zipapp)."""
 
 from __future__ import annotations
 
+import io
 import re
+import zipfile
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
@@ -11,6 +15,13 @@ from deploy.shell import quote, quote_path
 
 #: the host-side helpers are Python 3.8+ stdlib only
 MIN_PYTHON = (3, 8)
+
+REMOTE_DIR = Path(__file__).resolve().parents[1] / "remote"
+FIXER_PACKAGE = REMOTE_DIR / "fixer"
+#: the zipapp's top-level entry point: the package sits beside it as ``fixer``
+FIXER_ENTRY = b"import sys\nfrom fixer.cli import main\nsys.exit(main())\n"
+#: a fixed entry time, so the archive's bytes (and sha256) depend only on the sources
+ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
 class PythonVersion(BaseModel):
@@ -73,3 +84,32 @@ def parse_digests(output: str, expected_files: list[str], source: str) -> Helper
     if sorted(found) != sorted(expected_files):
         raise RemoteOutputError(f"{source}: sha256sum reported {sorted(found)}, expected {sorted(expected_files)}")
     return HelperDigests(files=found)
+
+
+def fixer_zipapp() -> bytes:
+    """The key fixer package as one zipapp (``python3 fixer.pyz ARGS``), byte-for-byte reproducible.
+
+    Entries are stored uncompressed (zlib and zlib-ng compress the same input to different bytes,
+    so a deflated archive's sha256 would differ between machines), in name order, with a fixed
+    timestamp and mode: the same sources give the same sha256 on every machine, and ensure-helper
+    uploads only when a source changed.
+    """
+    buffer = io.BytesIO()
+    buffer.write(b"#!/usr/bin/env python3\n")
+    entries = [("__main__.py", FIXER_ENTRY)]
+    entries += [(f"fixer/{p.name}", p.read_bytes()) for p in sorted(FIXER_PACKAGE.glob("*.py"))]
+    with zipfile.ZipFile(buffer, "a", compression=zipfile.ZIP_STORED) as archive:
+        for name, data in entries:
+            info = zipfile.ZipInfo(name, date_time=ZIP_EPOCH)
+            info.external_attr = 0o644 << 16
+            info.create_system = 3  # unix, whatever machine builds it
+            archive.writestr(info, data)
+    return buffer.getvalue()
+
+
+def helper_payloads() -> dict[str, bytes]:
+    """What ensure-helper installs in ``<state_dir>/helpers``: file name -> exact bytes."""
+    return {"host_ops.py": (REMOTE_DIR / "host_ops.py").read_bytes(), "fixer.pyz": fixer_zipapp()}
+
+
+HELPER_FILES = ("host_ops.py", "fixer.pyz")

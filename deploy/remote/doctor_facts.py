@@ -28,9 +28,15 @@ import struct
 import subprocess
 import sys
 
+if __package__:  # imported locally, as deploy.remote.doctor_facts
+    from .fixer.errors import FixError
+    from .fixer.header import read_header as read_safetensors_header
+else:  # sent inline: deploy/facts/inline.py embeds the fixer's modules as the package "fixer"
+    from fixer.errors import FixError  # type: ignore[no-redef]
+    from fixer.header import read_header as read_safetensors_header  # type: ignore[no-redef]
+
 SCHEMA = 1
 MAX_JSON_BYTES = 4 << 20
-MAX_HEADER_BYTES = 100_000_000  # safetensors' own header limit
 MAX_OUTPUT_CHARS = 65536
 GPU_QUERY = ["--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu",
              "--format=csv,noheader,nounits"]
@@ -227,28 +233,11 @@ def read_json(path):
 
 
 def read_header(path):
-    """name -> shape from a safetensors header (8-byte little-endian length, then JSON)."""
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-        if len(head) != 8:
-            raise ValueError("shorter than the 8-byte header length")
-        (length,) = struct.unpack("<Q", head)
-        if length > MAX_HEADER_BYTES:
-            raise ValueError("header length %d exceeds %d" % (length, MAX_HEADER_BYTES))
-        blob = handle.read(length)
-    if len(blob) != length:
-        raise ValueError("truncated header (%d of %d bytes)" % (len(blob), length))
-    entries = json.loads(blob.decode("utf-8"))
-    if not isinstance(entries, dict):
-        raise ValueError("header is not a JSON object")
-    shapes = {}
-    for name, entry in entries.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list):
-            raise ValueError("tensor %r has no shape" % name)
-        shapes[name] = entry["shape"]
-    return shapes
+    """name -> shape, read and validated by the key fixer's own header reader (fixer/header.py)."""
+    try:
+        return read_safetensors_header(path, os.path.basename(path)).shapes()
+    except FixError as exc:
+        raise ValueError(exc.message)
 
 
 def model_dir(path, tensors):

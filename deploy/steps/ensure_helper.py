@@ -7,17 +7,16 @@ Here a wiped (or tampered) state directory costs one SFTP upload, nothing more.
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from pathlib import Path
 
 from deploy.errors import RemoteCommandFailed, RemoteOutputError
 from deploy.facts import helpers
-from deploy.facts.helpers import MIN_PYTHON
+from deploy.facts.helpers import HELPER_FILES, MIN_PYTHON, helper_payloads
 from deploy.shell import quote_path
 from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
 
 NAME = "ensure-helper"
-HELPERS_DIR = Path(__file__).resolve().parents[1] / "remote"
-HELPER_FILES = ("host_ops.py", "fix_eagle3_keys.py")
 
 
 class Settings(StepSettings):
@@ -33,8 +32,9 @@ def check_python_version(result, ctx: StepContext) -> tuple[int, int]:
                                         ctx.host.name).as_tuple()
 
 
-def local_digests() -> dict[str, str]:
-    return {name: hashlib.sha256((HELPERS_DIR / name).read_bytes()).hexdigest() for name in HELPER_FILES}
+def local_digests(payloads: dict[str, bytes] | None = None) -> dict[str, str]:
+    payloads = helper_payloads() if payloads is None else payloads
+    return {name: hashlib.sha256(data).hexdigest() for name, data in payloads.items()}
 
 
 def digest_command(ctx: StepContext) -> str:
@@ -61,7 +61,8 @@ def run(ctx: StepContext) -> StepOutcome:
     conn = ctx.require_conn()
     check_python_version(conn.run(python_version_command(ctx)), ctx)
     conn.check(f"mkdir -p -m 700 -- {quote_path(ctx.paths.helpers)}", what="creating the state directory")
-    wanted = local_digests()
+    payloads = helper_payloads()
+    wanted = local_digests(payloads)
     remote = remote_digests(conn.check(digest_command(ctx), what="sha256sum").stdout, ctx.host.name)
     uploaded = []
     for name, digest in wanted.items():
@@ -69,7 +70,10 @@ def run(ctx: StepContext) -> StepOutcome:
             continue
         target = conn.resolve(ctx.paths.helper(name))
         try:
-            conn.put(HELPERS_DIR / name, target + ".upload")
+            with tempfile.TemporaryDirectory(prefix="deployctl-helper-") as tmp:
+                local = Path(tmp) / name
+                local.write_bytes(payloads[name])
+                conn.put(local, target + ".upload")
         except RemoteCommandFailed:
             # a full disk leaves a partial .upload file behind: remove it, keep the old helper
             conn.run(f"rm -f -- {quote_path(target + '.upload')}")

@@ -26,7 +26,7 @@ from deploy.shell import path_join, quote, quote_path
 from deploy.steps.base import PlannedCommand, StepContext, StepOutcome, StepSettings
 
 NAME = "fix-keys"
-FIXER = "fix_eagle3_keys.py"
+FIXER = "fixer.pyz"
 
 
 class Settings(StepSettings):

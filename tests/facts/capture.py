@@ -24,10 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from deploy.facts import fuser, helpers, host_helper  # noqa: E402
+from tests.fixer_zipapp import fixer_zipapp  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
 HOST_OPS = str(ROOT / "deploy" / "remote" / "host_ops.py")
-FIXER = str(ROOT / "deploy" / "remote" / "fix_eagle3_keys.py")
+FIXER = str(fixer_zipapp())  # as the hosts run it
 PY = sys.executable
 
 
@@ -67,9 +68,9 @@ def main() -> None:
              {"error": "no GPU device files match /TMP/none/nvidia*"})
 
         (Path(tmp) / "host_ops.py").write_bytes(Path(HOST_OPS).read_bytes())
-        save("helper_digests", "one_missing", run(helpers.digest_command([f"{tmp}/host_ops.py", f"{tmp}/fix_eagle3_keys.py"])),
+        save("helper_digests", "one_missing", run(helpers.digest_command([f"{tmp}/host_ops.py", f"{tmp}/fixer.pyz"])),
              tmp, {"fact": {"files": {"host_ops.py": hashlib.sha256(Path(HOST_OPS).read_bytes()).hexdigest(),
-                                      "fix_eagle3_keys.py": None}}})
+                                      "fixer.pyz": None}}})
         save("python_version", "this_python", run(helpers.python_version_command(PY)), tmp,
              {"fact": {"major": sys.version_info[0], "minor": sys.version_info[1]}})
         save("python_version", "not_found", run(helpers.python_version_command("/nonexistent/python3")), tmp,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.remote import fix_eagle3_keys as fix
+from deploy.remote import fixer as fix
 from deploy.steps import fix_keys, launch
 from deploy.steps.base import StepContext
 from tests.fixtures_ckpt import make_speculators_drafter

@@ -9,16 +9,16 @@ import sys
 from pathlib import Path
 
 from deploy.config.models import Host, Run
-from deploy.remote import fix_eagle3_keys
 from deploy.steps import fix_keys
 from deploy.steps.base import StepContext
+from tests.fixer_zipapp import fixer_zipapp
 from tests.fixtures_ckpt import make_speculators_drafter
 
 
 def test_fixer_command_puts_the_drafter_after_double_dash(tmp_path):
     helpers = tmp_path / "state" / "helpers"
     helpers.mkdir(parents=True)
-    shutil.copy(fix_eagle3_keys.__file__, helpers / fix_keys.FIXER)
+    shutil.copy(fixer_zipapp(), helpers / fix_keys.FIXER)
     make_speculators_drafter(tmp_path / "-x")
     # model_construct: the config check refuses such a drafter; this proves the second guard
     base = Host(name="gpu-a", address="10.1.2.3").model_dump()

@@ -26,7 +26,7 @@ def _model(value):
 #: fact directory -> (exit_code, stdout, stderr) -> the parsed fact
 PARSERS = {
     "fuser_kill": lambda c: fuser.parse_kill_result(c["exit_code"], c["stdout"], c["stderr"], SOURCE, "/dev/nvidia*"),
-    "helper_digests": lambda c: helpers.parse_digests(c["stdout"], ["host_ops.py", "fix_eagle3_keys.py"], SOURCE),
+    "helper_digests": lambda c: helpers.parse_digests(c["stdout"], ["host_ops.py", "fixer.pyz"], SOURCE),
     "python_version": lambda c: helpers.parse_python_version(c["exit_code"], c["stdout"], c["stderr"],
                                                              c["command"].split(" -c ")[0].strip("'"), SOURCE),
     "stop_processes": lambda c: host_helper.parse_stop_report(c["stdout"], SOURCE),

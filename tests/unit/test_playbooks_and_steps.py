@@ -152,12 +152,12 @@ def test_disabled_steps_are_not_planned():
 
 
 def test_sha256_parser():
-    ok = f"{'a' * 64}  /s/helpers/host_ops.py\nmissing /s/helpers/fix_eagle3_keys.py\n"
-    assert parse_digests(ok, ["host_ops.py", "fix_eagle3_keys.py"], "h").files == {
-        "host_ops.py": "a" * 64, "fix_eagle3_keys.py": None}
+    ok = f"{'a' * 64}  /s/helpers/host_ops.py\nmissing /s/helpers/fixer.pyz\n"
+    assert parse_digests(ok, ["host_ops.py", "fixer.pyz"], "h").files == {
+        "host_ops.py": "a" * 64, "fixer.pyz": None}
     for bad in ("sha256sum: x: Permission denied\n", f"{'a' * 63}  /s/helpers/host_ops.py\n", ""):
         with pytest.raises(RemoteOutputError):
-            parse_digests(bad, ["host_ops.py", "fix_eagle3_keys.py"], "h")
+            parse_digests(bad, ["host_ops.py", "fixer.pyz"], "h")
 
 
 @pytest.mark.parametrize("stdout, pids", [("", []), (" 88882 88882 88883", [88882, 88883]), ("  4321m  12c", [12, 4321])])

@@ -7,9 +7,11 @@ checks what the step concluded and exactly which commands it sent.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+import deploy.remote
 from deploy.config.models import Host, Run
 from deploy.errors import ConnectionFailed, RemoteCommandFailed, RemoteOutputError, StepTimeout, VerificationFailed
 from deploy.facts.fuser import NO_DEVICE_FILES
@@ -234,7 +236,7 @@ def test_ensure_helper_uploads_a_missing_helper_then_checks_its_sha256():
     assert outcome.data["uploaded"] == ["host_ops.py"]
     [(remote, payload)] = conn.uploads
     assert remote == f"{helpers_dir}/host_ops.py.upload"
-    assert payload == (ensure_helper.HELPERS_DIR / "host_ops.py").read_bytes()
+    assert payload == (Path(deploy.remote.__file__).parent / "host_ops.py").read_bytes()
 
 
 def test_ensure_helper_refuses_an_old_host_python():
