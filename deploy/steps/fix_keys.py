@@ -54,13 +54,6 @@ def parse_version(result, source: str, python: str = "python3") -> str:
     return parse_sglang_version(result.exit_code, result.stdout, result.stderr, source, python)
 
 
-def fixer_command(ctx: StepContext, *flags: str, path: str | None = None) -> str:
-    parts = [quote(ctx.host.python), quote_path(ctx.paths.helper(FIXER))]
-    parts += [quote(f) for f in flags]
-    parts += ["--", quote_path(path or ctx.run.drafter)]  # a path is never read as an option
-    return " ".join(parts)
-
-
 def store_path(ctx: StepContext, fingerprint: str) -> str:
     return path_join(ctx.paths.drafters, fingerprint[:32])
 
