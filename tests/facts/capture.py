@@ -112,9 +112,44 @@ def main() -> None:
              {"fact": {"status": "error", "code": 6, "error": "/TMP/no-drafter does not exist"}})
         save("fixer_summary", "fingerprint_no_such_dir", run(f"{PY} {FIXER} --fingerprint {tmp}/no-drafter"), tmp,
              {"fact": {"status": "error", "code": 6}})
+        capture_fixer_store(tmp)
         save("sglang_version", "not_installed", run(
             f"{PY} -c 'import importlib.metadata as m; print(m.version(\"sglang\"))'"), tmp,
              {"error": "SGLang is not installed for 'python3'"})
+
+
+def capture_fixer_store(tmp: str) -> None:
+    """``fixer.pyz store`` as the fix-keys step builds it, on drafters written here."""
+    import shutil
+
+    from deploy.config.models import Host, Run
+    from deploy.steps import fix_keys
+    from deploy.steps.base import StepContext
+    from tests.fixtures_ckpt import make_speculators_drafter
+
+    state = Path(tmp) / "state"
+    (state / "helpers").mkdir(parents=True, exist_ok=True)
+    shutil.copy(FIXER, state / "helpers" / "fixer.pyz")
+
+    def command(drafter: Path, version: str | None, **settings) -> str:
+        host = Host.model_construct(**{**Host(name="h", address="10.0.0.1").model_dump(), "state_dir": str(state),
+                                       "python": PY})
+        run_ = Run(name="r", hosts=["h"], base_model="/m", drafter=str(drafter), sglang_python=PY)
+        ctx = StepContext(host=host, run=run_, settings=fix_keys.Settings(step="fix-keys", **settings), conn=None,
+                          launch_stamp="x", memory={"sglang_version": version} if version else {})
+        return fix_keys.plan(ctx)[0].command
+
+    one = make_speculators_drafter(Path(tmp) / "drafter")
+    save("fixer_summary", "store_converted", run(command(one, "0.5.11")), tmp,
+         {"fact": {"status": "converted", "exit_code": 0, "renamed": 10, "stored_before": False,
+                   "sglang_version": "0.5.11"}})
+    save("fixer_summary", "store_unchanged", run(command(one, "0.5.11", when="changed")), tmp,
+         {"fact": {"status": "unchanged", "exit_code": 0, "stored_before": True, "verification": None}})
+    two = make_speculators_drafter(Path(tmp) / "two-layers", layers=2)
+    save("fixer_summary", "store_two_layers_on_0_5_11", run(command(two, "0.5.11")), tmp,
+         {"fact": {"status": "verify_failed", "exit_code": 8, "stored_before": False, "pruned": None}})
+    save("fixer_summary", "store_no_sglang", run(command(two, None)), tmp,
+         {"fact": {"status": "no_sglang_version", "exit_code": 1, "sglang_version": None}})
 
 
 if __name__ == "__main__":
