@@ -42,6 +42,9 @@ Usage::
         [--full-backup] PATH
     python3 fixer.pyz --restore [--json] PATH
     python3 fixer.pyz --fingerprint PATH          (always one JSON document)
+    python3 fixer.pyz store --store DIR --keep N --last-good FILE [--when always|changed]
+        [--hidden-states-from ...] (--sglang-version V | --sglang-generation G | --sglang-python PY)
+        -- DRAFTER                                (the fix-keys step's host side: see store.py)
 
 Exit codes (the same as deployctl's ``deploy.errors.ExitCode``): 0 done or already converted and
 verified; 1 ``--check``: a change is needed; 2 usage; 6 invalid checkpoint (nothing written);

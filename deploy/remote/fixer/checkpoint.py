@@ -11,26 +11,14 @@ from typing import Any, Dict, Optional, Tuple
 from .errors import EXIT_CHECKPOINT, FixError
 from .header import _parse_json, _read_bounded, _read_region
 
-
 #: size limits of the JSON files beside the weights, checked before reading: a drafter's
 #: config.json is ~2 KB; the index of a 1T-parameter model ~2 MB; the sidecar holds the headers.
 MAX_CONFIG_BYTES = 16 << 20
-
-
 MAX_INDEX_BYTES = 64 << 20
-
-
 MAX_SIDECAR_BYTES = 256 << 20
-
-
 CONFIG_NAME = "config.json"
-
-
 INDEX_NAME = "model.safetensors.index.json"
-
-
 SIDECAR_NAME = ".deployctl-fix-backup.json"
-
 
 
 def _check_file_name(name: str, where: str) -> None:
@@ -40,7 +28,6 @@ def _check_file_name(name: str, where: str) -> None:
         raise FixError(EXIT_CHECKPOINT, "%s names the weights file %r, which is not a file name in "
                        "its directory (expected a name such as model-00001-of-00002.safetensors)"
                        % (where, name))
-
 
 
 class _WeightsFile(object):
@@ -69,7 +56,6 @@ class _WeightsFile(object):
     def real(self) -> str:
         """The file the bytes are in, resolved now (a conversion may replace a link by a copy)."""
         return os.path.realpath(self.path)
-
 
 
 class _Checkpoint(object):
@@ -127,7 +113,6 @@ class _Checkpoint(object):
         self.weights = [_WeightsFile(self.dir, n) for n in names]
 
 
-
 def _read_json_object(path: str, limit: int = MAX_CONFIG_BYTES, what: str = CONFIG_NAME
                       ) -> Tuple[bytes, Dict[str, Any]]:
     raw = _read_bounded(path, limit, what)
@@ -142,7 +127,6 @@ def _read_json_object(path: str, limit: int = MAX_CONFIG_BYTES, what: str = CONF
     return raw, document
 
 
-
 def _read_index(path: str) -> Tuple[bytes, Dict[str, Any]]:
     raw, index = _read_json_object(path, MAX_INDEX_BYTES, INDEX_NAME)
     if not isinstance(index.get("weight_map"), dict) or not all(
@@ -152,17 +136,14 @@ def _read_index(path: str) -> Tuple[bytes, Dict[str, Any]]:
     return raw, index
 
 
-
 def _read_config(path: str) -> Tuple[Optional[bytes], Optional[Dict[str, Any]]]:
     if not os.path.isfile(path):
         return None, None
     return _read_json_object(path)
 
 
-
 def _dump_json(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-
 
 
 def fingerprint(path: str) -> str:

@@ -17,11 +17,9 @@ from .restoration import restore
 from .store import WHEN, store_drafter
 
 
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:   # no SystemExit(2) from inside a library call
         raise FixError(EXIT_USAGE, message)
-
 
 
 def _parser(prog: Optional[str]) -> _Parser:
@@ -51,7 +49,6 @@ def _parser(prog: Optional[str]) -> _Parser:
                         help="print the drafter fingerprint as JSON and exit")
     parser.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
     return parser
-
 
 
 def _store_parser(prog: Optional[str]) -> _Parser:
@@ -106,7 +103,6 @@ def _render(summary: Dict[str, Any], out: Any) -> None:
     out.write("fingerprint: %s\n" % summary.get("fingerprint"))
 
 
-
 def _render_verification(when: str, verification: Dict[str, Any], out: Any) -> None:
     if not verification:
         return
@@ -118,7 +114,6 @@ def _render_verification(when: str, verification: Dict[str, Any], out: Any) -> N
         out.write("  problem: %s\n" % problem)
     for note in verification.get("notes", []):
         out.write("  note: %s\n" % note)
-
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None, stdout: Any = None,

@@ -8,15 +8,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from .errors import EXIT_CHECKPOINT, FixError
 from .header import _is_uint
 
-
 IDS_MODES = ("keep", "vllm", "sglang")
-
-
 SPECULATORS_ARCHS = ("Eagle3DraftModel", "Eagle3Speculator")
-
-
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
-
 
 
 def _config_kind(config: Optional[Dict[str, Any]]) -> str:
@@ -32,7 +26,6 @@ def _config_kind(config: Optional[Dict[str, Any]]) -> str:
     return "other"
 
 
-
 def _layer_ids(value: Any, where: str) -> Optional[List[int]]:
     if value is None:
         return None
@@ -42,13 +35,11 @@ def _layer_ids(value: Any, where: str) -> Optional[List[int]]:
     return list(value)
 
 
-
 def _sglang_ids(config: Dict[str, Any]) -> Optional[List[int]]:
     eagle = config.get("eagle_config")
     if isinstance(eagle, dict) and eagle.get("eagle_aux_hidden_state_layer_ids") is not None:
         return eagle.get("eagle_aux_hidden_state_layer_ids")
     return None
-
 
 
 def _convert_config(config: Dict[str, Any], ids_mode: str, shapes: Dict[str, List[int]],

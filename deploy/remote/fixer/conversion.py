@@ -18,7 +18,6 @@ from .config import IDS_MODES, _config_kind, _convert_config, _sglang_ids
 from .loader import _merged_shapes, _resolve_generation, _simulate_load
 
 
-
 class _FilePlan(object):
     def __init__(self, weights: _WeightsFile, header: Header, mapping: Dict[str, str]) -> None:
         self.weights = weights
@@ -36,7 +35,6 @@ class _FilePlan(object):
         self.fd: Optional[int] = None
         #: set as soon as a byte of the file may have changed (the backup is needed from then on)
         self.touched = False
-
 
 
 def _heal_torn(ckpt: _Checkpoint, sidecar: Dict[str, Any], dry_run: bool, log: List[str]) -> None:
@@ -74,7 +72,6 @@ def _heal_torn(ckpt: _Checkpoint, sidecar: Dict[str, Any], dry_run: bool, log: L
         log.append("%s: completed a header rewrite that an earlier run left half done" % weights.name)
 
 
-
 def convert(path: str, *, renames: Any = None, hidden_states_from: str = "keep",
             generation: str = "legacy", full_backup: bool = False, dry_run: bool = False
             ) -> Dict[str, Any]:
@@ -96,7 +93,6 @@ def convert(path: str, *, renames: Any = None, hidden_states_from: str = "keep",
         _close_quiet(lock)
 
 
-
 def _lock_dir(directory: str) -> Optional[int]:
     """One fixer at a time per drafter directory (flock; released when the process dies)."""
     try:
@@ -116,7 +112,6 @@ def _lock_dir(directory: str) -> Optional[int]:
                            % directory)
         return None
     return fd
-
 
 
 def _convert(ckpt: _Checkpoint, rules: List[Tuple[str, str]], custom: bool, ids_mode: str,
@@ -278,7 +273,6 @@ def _convert(ckpt: _Checkpoint, rules: List[Tuple[str, str]], custom: bool, ids_
     return _ordered(summary)
 
 
-
 def _ordered(summary: Dict[str, Any]) -> Dict[str, Any]:
     first = ("status", "path", "exit_code", "dry_run", "files", "renames", "config", "layers",
              "legacy_servable", "verification", "verification_after_conversion", "fingerprint",
@@ -286,7 +280,6 @@ def _ordered(summary: Dict[str, Any]) -> Dict[str, Any]:
     out = dict((k, summary[k]) for k in first if k in summary)
     out.update((k, v) for k, v in summary.items() if k not in out)
     return out
-
 
 
 def _preflight(ckpt: _Checkpoint, changing: List[_FilePlan], config: bool, index: bool,
@@ -330,7 +323,6 @@ def _preflight(ckpt: _Checkpoint, changing: List[_FilePlan], config: bool, index
                            % plan.weights.path)
 
 
-
 def _full_backup(ckpt: _Checkpoint, changing: List[_FilePlan], config: bool, index: bool,
                  log: List[str]) -> None:
     # a copied (shared) file's backup goes beside the link, never beside the shared blob
@@ -362,7 +354,6 @@ def _full_backup(ckpt: _Checkpoint, changing: List[_FilePlan], config: bool, ind
             _close_quiet(src)
         _fsync_dir(os.path.dirname(backup))
         log.append("full copy: %s" % os.path.basename(backup))
-
 
 
 def _write_sidecar(ckpt: _Checkpoint, sidecar: Optional[Dict[str, Any]], plans: List[_FilePlan],
@@ -411,13 +402,11 @@ def _write_sidecar(ckpt: _Checkpoint, sidecar: Optional[Dict[str, Any]], plans: 
                                                   SIDECAR_NAME))
 
 
-
 def _note_link(entry: Dict[str, Any], path: str) -> None:
     """A JSON file that is a link (the Hugging Face cache) is replaced, never written through;
     the sidecar keeps the link's text so --restore can put the link back."""
     if path and os.path.islink(path) and "link" not in entry:
         entry["link"] = os.readlink(path)
-
 
 
 def _write_header_in_place(plan: _FilePlan) -> None:
@@ -444,7 +433,6 @@ def _write_header_in_place(plan: _FilePlan) -> None:
         raise _io_error("write the header of", plan.weights.path, exc,
                         "; the original header is in %s (--restore)" % SIDECAR_NAME)
     _stage("after_header_write")
-
 
 
 def _rewrite_file(path: str, new_raw: bytes, data_offset: int, data_len: int, display: str,

@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-
-
-
 EXIT_OK = 0
-
-
 EXIT_CHANGE_NEEDED = 1
-
-
 EXIT_USAGE = 2
-
-
 EXIT_CHECKPOINT = 6
-
-
 EXIT_VERIFY = 8
-
-
 EXIT_IO = 10
-
-
 EXIT_INTERRUPTED = 130
-
 
 
 class FixError(Exception):

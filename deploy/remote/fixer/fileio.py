@@ -13,19 +13,14 @@ from typing import Callable, Dict, Optional
 
 from .errors import EXIT_IO, FixError
 
-
 TMP_SUFFIX = ".tmp-fix"
-
-
 DEFAULT_COPY_CHUNK = 8 << 20
-
 
 _stage_hits: Dict[str, int] = {}
 
 
-
 def _stage(name: str) -> None:
-    """Fault-injection point: see DEPLOYCTL_FIX_KILL_AT in the module docstring."""
+    """Fault-injection point: see DEPLOYCTL_FIX_KILL_AT in the package docstring (fixer/__init__.py)."""
     spec = os.environ.get("DEPLOYCTL_FIX_KILL_AT")
     if not spec:
         return
@@ -37,13 +32,11 @@ def _stage(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-
 def _copy_chunk() -> int:
     value = os.environ.get("DEPLOYCTL_FIX_COPY_CHUNK")
     if value and value.isdigit() and int(value) > 0:
         return int(value)
     return DEFAULT_COPY_CHUNK
-
 
 
 def _io_error(action: str, path: str, exc: OSError, tail: str = "") -> FixError:
@@ -61,13 +54,11 @@ def _io_error(action: str, path: str, exc: OSError, tail: str = "") -> FixError:
     return FixError(EXIT_IO, "cannot %s %s: %s%s" % (action, path, why, tail))
 
 
-
 def _unlink_quiet(path: str) -> None:
     try:
         os.unlink(path)
     except OSError:
         pass
-
 
 
 def _close_quiet(fd: Optional[int]) -> None:
@@ -76,7 +67,6 @@ def _close_quiet(fd: Optional[int]) -> None:
             os.close(fd)
         except OSError:
             pass
-
 
 
 def _fsync_dir(path: str) -> None:
@@ -93,10 +83,8 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-
 def _tmp_path(path: str) -> str:
     return os.path.join(os.path.dirname(path), "." + os.path.basename(path) + TMP_SUFFIX)
-
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:
@@ -105,7 +93,6 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
         written = os.pwrite(fd, view, offset)
         view = view[written:]
         offset += written
-
 
 
 def _copy_range(src_fd: int, dst_fd: int, src_off: int, length: int, dst_off: int,
@@ -139,7 +126,6 @@ def _copy_range(src_fd: int, dst_fd: int, src_off: int, length: int, dst_off: in
             after_chunk()
 
 
-
 def _atomic_write(path: str, data: bytes, stage_tmp: str = "", stage_before: str = "",
                   stage_after: str = "") -> None:
     """tmp file in the same directory, fsync, os.replace, fsync the directory."""
@@ -170,20 +156,16 @@ def _atomic_write(path: str, data: bytes, stage_tmp: str = "", stage_before: str
         _stage(stage_after)
 
 
-
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
 
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-
 def _unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"))
-
 
 
 def _page_size() -> int:

@@ -13,14 +13,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import EXIT_CHECKPOINT, FixError
 
-
 #: safetensors refuses headers above 100 MB (safetensors/src/tensor.rs MAX_HEADER_SIZE).
 MAX_HEADER_LEN = 100000000
 
-
 #: nesting depth of any JSON read here (a safetensors header is 3 deep, config.json ~4).
 MAX_JSON_DEPTH = 64
-
 
 #: bits per element, every dtype safetensors 0.8 accepts.
 DTYPE_BITS = {
@@ -29,7 +26,6 @@ DTYPE_BITS = {
     "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64,
     "U64": 64,
 }
-
 
 
 def _pread_exact(fd: int, length: int, offset: int) -> bytes:
@@ -42,7 +38,6 @@ def _pread_exact(fd: int, length: int, offset: int) -> bytes:
         length -= len(chunk)
         offset += len(chunk)
     return b"".join(parts)
-
 
 
 class Header(object):
@@ -77,10 +72,8 @@ class Header(object):
         return dict((k, list(v["shape"])) for k, v in self.entries.items() if k != "__metadata__")
 
 
-
 class _DuplicateKey(ValueError):
     pass
-
 
 
 def _no_duplicates(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
@@ -92,10 +85,8 @@ def _no_duplicates(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
     return out
 
 
-
 def _refuse_constant(name: str) -> Any:
     raise _NonFinite(name)
-
 
 
 def _finite_float(text: str) -> float:
@@ -105,10 +96,8 @@ def _finite_float(text: str) -> float:
     return value
 
 
-
 class _NonFinite(ValueError):
     pass
-
 
 
 def _json_depth(document: Any) -> int:
@@ -128,7 +117,6 @@ def _json_depth(document: Any) -> int:
             return deepest
         stack.extend((child, depth + 1) for child in children)
     return deepest
-
 
 
 def _parse_json(text: str, display: str, pairs_hook: Any = None) -> Any:
@@ -152,7 +140,6 @@ def _parse_json(text: str, display: str, pairs_hook: Any = None) -> Any:
         raise FixError(EXIT_CHECKPOINT, "%s: JSON nested more than %d levels deep; refused"
                        % (display, MAX_JSON_DEPTH))
     return document
-
 
 
 def _read_bounded(path: str, limit: int, what: str) -> bytes:
@@ -179,10 +166,8 @@ def _read_bounded(path: str, limit: int, what: str) -> bytes:
     return data
 
 
-
 def _is_uint(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
 
 
 def _read_region(path: str) -> Tuple[Optional[bytes], int]:
@@ -199,7 +184,6 @@ def _read_region(path: str) -> Tuple[Optional[bytes], int]:
         return prefix + _pread_exact(fd, n, 8), size
     finally:
         os.close(fd)
-
 
 
 def read_header(path: str, display: Optional[str] = None) -> Header:
@@ -234,7 +218,6 @@ def read_header(path: str, display: Optional[str] = None) -> Header:
         os.close(fd)
     entries = _parse_header(display, raw, size)
     return Header(display, path, size, raw, entries, st.st_mtime_ns)
-
 
 
 def _parse_header(display: str, raw: bytes, size: int) -> Dict[str, Any]:
@@ -312,14 +295,12 @@ def _parse_header(display: str, raw: bytes, size: int) -> Dict[str, Any]:
     return entries
 
 
-
 def _render_header(entries: Dict[str, Any]) -> bytes:
     """Compact JSON like safetensors' own writer; key order as given."""
     try:
         return json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         return json.dumps(entries, separators=(",", ":")).encode("ascii")
-
 
 
 def _header_region(entries: Dict[str, Any], old_len: int) -> Tuple[bytes, bool]:

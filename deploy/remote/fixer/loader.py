@@ -13,19 +13,12 @@ from .checkpoint import CONFIG_NAME, _Checkpoint, _read_config
 from .rename import DEFAULT_RENAMES, _plan_renames
 from .config import SGLANG_ARCH, _config_kind, _convert_config
 
-
 GENERATIONS = {"legacy": "0.5.6-0.5.11", "modern": "0.5.12+"}
-
-
 OLDEST_SUPPORTED = (0, 5, 6)
-
-
 FIRST_MODERN = (0, 5, 12)
-
 
 #: LlamaConfig defaults SGLang falls back to when config.json leaves a field out.
 LLAMA_DEFAULTS = {"hidden_size": 4096, "num_hidden_layers": 32, "vocab_size": 32000}
-
 
 #: SGLang 0.5.12+ (PR #24663) renames these substrings before resolving a name.
 MODERN_LEGACY_MAP = (
@@ -34,7 +27,6 @@ MODERN_LEGACY_MAP = (
     ("aux_norm_mid", "fc_norm.1"),
     ("aux_norm_high", "fc_norm.2"),
 )
-
 
 #: (fused parameter, checkpoint name part, shard id), as in load_weights' stacked_params_mapping.
 STACKED_PARAMS = (
@@ -45,16 +37,13 @@ STACKED_PARAMS = (
     (".gate_up_proj", ".up_proj", "up"),
 )
 
-
 LAYER_PARAMS = (
     "hidden_norm.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
     "self_attn.qkv_proj.weight", "self_attn.o_proj.weight",
     "mlp.gate_up_proj.weight", "mlp.down_proj.weight",
 )
 
-
 _MODERN_UNUSED_NORM = re.compile(r"^model\.layers\.(\d+)\.input_layernorm\.weight$")
-
 
 
 def _resolve_generation(generation: Optional[str]) -> str:
@@ -73,7 +62,6 @@ def _resolve_generation(generation: Optional[str]) -> str:
     return "modern" if version >= FIRST_MODERN else "legacy"
 
 
-
 def _effective_config(config: Dict[str, Any]) -> Dict[str, Any]:
     """What SGLang's LlamaConfig would see; for a speculators config, the nested fields as a hint."""
     if _config_kind(config) != "speculators":
@@ -81,7 +69,6 @@ def _effective_config(config: Dict[str, Any]) -> Dict[str, Any]:
     merged = dict(config.get("transformer_layer_config") or {})
     merged.update((k, v) for k, v in config.items() if k != "transformer_layer_config")
     return merged
-
 
 
 def _simulate_load(shapes: Dict[str, List[int]], config: Optional[Dict[str, Any]],
@@ -258,7 +245,6 @@ def _simulate_load(shapes: Dict[str, List[int]], config: Optional[Dict[str, Any]
     return result
 
 
-
 def _merged_shapes(headers: List[Header]) -> Dict[str, List[int]]:
     shapes: Dict[str, List[int]] = {}
     where: Dict[str, str] = {}
@@ -270,7 +256,6 @@ def _merged_shapes(headers: List[Header]) -> Dict[str, List[int]]:
             shapes[name] = shape
             where[name] = header.display
     return shapes
-
 
 
 def simulate_fixed(files: Dict[str, Dict[str, List[int]]], config: Optional[Dict[str, Any]],
@@ -290,7 +275,6 @@ def simulate_fixed(files: Dict[str, Dict[str, List[int]]], config: Optional[Dict
     if config is not None and _config_kind(config) == "speculators":
         config, _, _ = _convert_config(config, hidden_states_from, shapes, CONFIG_NAME)
     return _simulate_load(shapes, config, generation), config, shapes
-
 
 
 def verify(path: str, generation: str = "legacy") -> Dict[str, Any]:

@@ -12,15 +12,9 @@ from .checkpoint import INDEX_NAME
 if TYPE_CHECKING:
     from .conversion import _FilePlan
 
-
 DEFAULT_RENAMES = (("layers.0.", "midlayer."),)
-
-
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
-
-
 _LATER_INPUT_NORM = re.compile(r"^layers\.(\d+)\.input_layernorm\.weight$")
-
 
 
 def _parse_rules(renames: Any) -> Tuple[List[Tuple[str, str]], bool]:
@@ -48,7 +42,6 @@ def _parse_rules(renames: Any) -> Tuple[List[Tuple[str, str]], bool]:
     if not pairs:
         raise FixError(EXIT_USAGE, "no rename given")
     return pairs, True
-
 
 
 def _plan_renames(headers: List[Header], rules: List[Tuple[str, str]], custom: bool
@@ -103,7 +96,6 @@ def _plan_renames(headers: List[Header], rules: List[Tuple[str, str]], custom: b
     return mapping, layers, log
 
 
-
 def _plan_weight_map(weight_map: Dict[str, str], plans: List["_FilePlan"],
                      mapping: Dict[str, str], rules: List[Tuple[str, str]]
                      ) -> Tuple[Dict[str, str], List[str]]:
@@ -147,7 +139,6 @@ def _plan_weight_map(weight_map: Dict[str, str], plans: List["_FilePlan"],
         log.append("%s: weight_map rebuilt from the shards (%d entr%s added)"
                    % (INDEX_NAME, len(missing), "y" if len(missing) == 1 else "ies"))
     return new_map, log
-
 
 
 def _renamed_entries(entries: Dict[str, Any], mapping: Dict[str, str]) -> Dict[str, Any]:

@@ -13,7 +13,6 @@ from .sidecar import _known, _load_sidecar, _torn_between
 from .conversion import _lock_dir, _rewrite_file
 
 
-
 def restore(path: str) -> Dict[str, Any]:
     """Put back the original header bytes, config.json and index from the sidecar, byte for byte."""
     ckpt = _Checkpoint(path)
@@ -22,7 +21,6 @@ def restore(path: str) -> Dict[str, Any]:
         return _restore(ckpt)
     finally:
         _close_quiet(lock)
-
 
 
 def _check_link_target(directory: str, name: str, link: str, entry: Dict[str, Any]) -> None:
@@ -41,7 +39,6 @@ def _check_link_target(directory: str, name: str, link: str, entry: Dict[str, An
                        % (os.path.join(directory, name), link))
 
 
-
 def _relink(path: str, link: str) -> None:
     """Replace the converted copy at ``path`` by the original symbolic link, atomically."""
     tmp = _tmp_path(path)
@@ -53,7 +50,6 @@ def _relink(path: str, link: str) -> None:
         _unlink_quiet(tmp)
         raise _io_error("put back the link", path, exc)
     _fsync_dir(os.path.dirname(path))
-
 
 
 def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:

@@ -12,9 +12,7 @@ from .header import _is_uint, _parse_json, _read_bounded
 from .fileio import _b64, _page_size, _sha256
 from .checkpoint import MAX_SIDECAR_BYTES, _Checkpoint
 
-
 SIDECAR_FORMAT = "deployctl-fix-backup"
-
 
 
 def _load_sidecar(path: str) -> Optional[Dict[str, Any]]:
@@ -40,7 +38,6 @@ def _load_sidecar(path: str) -> Optional[Dict[str, Any]]:
     return sidecar
 
 
-
 def _is_record(value: Any, with_mode: bool = False) -> bool:
     if not isinstance(value, dict) or not _is_uint(value.get("size")):
         return False
@@ -53,7 +50,6 @@ def _is_record(value: Any, with_mode: bool = False) -> bool:
     if _sha256(data) != value["sha256"]:
         return False
     return not with_mode or value.get("mode") in ("in_place", "rewritten", "copied")
-
 
 
 def _sidecar_problem(sidecar: Dict[str, Any]) -> str:
@@ -87,10 +83,8 @@ def _sidecar_problem(sidecar: Dict[str, Any]) -> str:
     return ""
 
 
-
 def _record(raw: bytes, size: int) -> Dict[str, Any]:
     return {"size": size, "header_len": len(raw) - 8, "sha256": _sha256(raw), "b64": _b64(raw)}
-
 
 
 def _known(entry: Dict[str, Any]) -> List[str]:
@@ -99,7 +93,6 @@ def _known(entry: Dict[str, Any]) -> List[str]:
         if isinstance(entry.get(key), dict) and entry[key].get("sha256"):
             known.append(entry[key]["sha256"])
     return known
-
 
 
 def _torn_between(current: bytes, source: bytes, target: bytes) -> bool:
@@ -118,11 +111,9 @@ def _torn_between(current: bytes, source: bytes, target: bytes) -> bool:
     return True
 
 
-
 def _new_sidecar(ckpt: _Checkpoint) -> Dict[str, Any]:
     return {"format": SIDECAR_FORMAT, "version": 1, "tool": "deployctl fixer",
             "checkpoint": ckpt.dir, "files": {}}
-
 
 
 def _json_entry(existing: Optional[Dict[str, Any]], old_raw: bytes, new_raw: bytes
