@@ -8,7 +8,7 @@ is caught where it happens, and the composed node graph is walked without recurs
 depth and the number of nodes once aliases are expanded (``&a [*a, *a]`` doubling per level is a
 "billion laughs" for pydantic).
 
-The host-side key fixer (deploy/remote/fix_eagle3_keys.py) must stay standalone, so it carries
+The host-side key fixer (the package deploy/remote/fixer/) must stay standalone, so it carries
 its own JSON guard with the same rules.
 """
 

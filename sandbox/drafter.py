@@ -155,21 +155,6 @@ def encode_safetensors(tensors: dict[str, tuple[str, list[int], bytes]],
     return struct.pack("<Q", len(blob)) + blob + b"".join(chunks)
 
 
-def read_safetensors_header(path: Path | str) -> dict:
-    """The JSON header of a safetensors file (without reading the tensor data)."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise ValueError(f"{path}: shorter than the 8-byte safetensors header length")
-        (n,) = struct.unpack("<Q", head)
-        if n > 100_000_000:
-            raise ValueError(f"{path}: header length {n} exceeds the 100 MB safetensors limit")
-        blob = f.read(n)
-    if len(blob) != n:
-        raise ValueError(f"{path}: truncated header ({len(blob)} of {n} bytes)")
-    return json.loads(blob.decode("utf-8"))
-
-
 def _drafter_config(layout: str, *, hidden_size: int, intermediate_size: int, num_heads: int,
                     num_kv_heads: int, head_dim: int, vocab_size: int, draft_vocab_size: int,
                     num_layers: int, aux_layer_ids: tuple[int, ...] | None) -> dict:

@@ -13,6 +13,6 @@ import click
 @click.pass_context
 def command(ctx: click.Context) -> int:
     """Convert a speculators EAGLE-3 drafter for SGLang in place (see fix-keys --help)."""
-    from deploy.remote import fix_eagle3_keys
+    from deploy.remote import fixer
 
-    return fix_eagle3_keys.main(list(ctx.args), prog="deployctl fix-keys")
+    return fixer.main(list(ctx.args), prog="deployctl fix-keys")

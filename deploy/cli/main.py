@@ -110,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     errors.show_tracebacks = False
     fix_args = _fix_keys_args(raw)
     if fix_args is not None:
-        from deploy.remote import fix_eagle3_keys
+        from deploy.remote import fixer
 
-        return fix_eagle3_keys.main(fix_args, prog="deployctl fix-keys")
+        return fixer.main(fix_args, prog="deployctl fix-keys")
     try:
         result = cli.main(args=argv, prog_name="deployctl", standalone_mode=False)
     except click.exceptions.Exit as exc:

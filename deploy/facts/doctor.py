@@ -15,11 +15,22 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from deploy.config.models import Host, Run
 from deploy.errors import RemoteOutputError
+from deploy.facts.inline import inline_program
 from deploy.shell import quote
 from deploy.steps.base import StatePaths
 from deploy.steps.launch import serve_address
 
 HELPER = Path(__file__).resolve().parents[1] / "remote" / "doctor_facts.py"
+#: the key fixer's modules the doctor's program embeds (its safetensors header reader)
+FIXER_MODULES = ("errors", "header")
+
+
+def doctor_program() -> str:
+    """doctor_facts.py with the fixer's header reader, as one ``python3 -c`` program."""
+    fixer = HELPER.parent / "fixer"
+    modules = [(f"fixer.{name}", (fixer / f"{name}.py").read_text()) for name in FIXER_MODULES]
+    modules.append(("host_ops", (HELPER.parent / "host_ops.py").read_text()))  # its server-state code
+    return inline_program(modules + [("doctor_facts", HELPER.read_text())], "doctor_facts")
 
 
 class _Strict(BaseModel):
@@ -99,21 +110,13 @@ class ModelDirFacts(_Strict):
     files_error: Optional[str] = None
 
 
-class ServerFacts(_Strict):
-    pid: Optional[int]
-    alive: bool
-    status: Optional[int]
-    error: Optional[str]
-    #: deployment.json as text (None: absent); parsed by facts.server
-    record: Optional[str]
-
-
 class RunStateFacts(_Strict):
     """Read in the doctor's command for the run's later steps (one exec channel instead of four)."""
 
     #: helper file name -> sha256 (None: missing)
     helpers: dict[str, Optional[str]]
-    server: ServerFacts
+    #: ``host_ops.py server-state``'s document (the same code), parsed by facts.server
+    server: dict[str, Any]
     #: last-good.json as text (None: absent)
     last_good: Optional[str]
 
@@ -170,7 +173,7 @@ def host_spec(host: Host, run: Run) -> dict[str, Any]:
 
 
 #: the program text travels as argv[1], so the host part can start the SGLang part with the same text
-BOOT = "import sys; exec(sys.argv[1])"
+from deploy.remote.doctor_facts import BOOT  # noqa: E402  (the remote side reuses it for the SGLang part)
 
 
 def run_state_spec(host: Host, helpers: list[str], health_url: str) -> dict[str, Any]:
@@ -190,13 +193,13 @@ def doctor_command(host: Host, run: Run, *, run_state: dict[str, Any] | None = N
                                               "spec": {"base_model": run.base_model}}}
     if run_state is not None:
         spec["run_state"] = run_state
-    program = HELPER.read_text() if script is None else script
+    program = doctor_program() if script is None else script
     return (f"{quote(host.python)} -c {quote(BOOT)} {quote(program)} host "
             f"{quote(json.dumps(spec, sort_keys=True))}")
 
 
 def _inline(python: str, mode: str, spec: dict[str, Any], script: str | None) -> str:
-    program = HELPER.read_text() if script is None else script
+    program = doctor_program() if script is None else script
     return f"{quote(python)} -c {quote(program)} {mode} {quote(json.dumps(spec, sort_keys=True))}"
 
 

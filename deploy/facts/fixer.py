@@ -1,16 +1,16 @@
-"""Facts the key fixer step reads: the installed SGLang version, and the fixer's JSON summary.
+"""Facts the key fixer step reads: the installed SGLang version, and ``fixer.pyz store``'s JSON summary.
 
 The version comes from SGLang's package metadata (``importlib.metadata``), not ``import sglang``
-(about 2.6 s and 320 MiB on a real 0.5.23 install). The fixer (deploy/remote/fix_eagle3_keys.py)
+(about 2.6 s and 320 MiB on a real 0.5.23 install). The fixer (deploy/remote/fixer/)
 prints one JSON document; a crash prints a Python traceback instead, reported by its last line only.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploy.errors import ExitCode, RemoteCommandFailed, RemoteOutputError
 
@@ -30,20 +30,78 @@ def parse_sglang_version(exit_code: int, stdout: str, stderr: str, source: str, 
     return text
 
 
-class FixerSummary(BaseModel):
-    """The fixer's JSON summary: ``status`` always, ``error`` (a message) when it is "error"; the
-    rest (report, fingerprint, exit_code...) is read by the step."""
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    model_config = ConfigDict(extra="allow", frozen=True)
 
-    status: Any
-    error: Any = None
+class FixerFailure(_Strict):
+    """Any fixer command that failed on a user or environment error (its exit code is ``code``)."""
 
-    @model_validator(mode="after")
-    def _error_has_a_message(self) -> FixerSummary:
-        if self.status == "error" and not isinstance(self.error, str):
-            raise ValueError("error document without a message")
-        return self
+    status: Literal["error"]
+    code: int
+    error: str
+
+
+class Verification(_Strict):
+    """The loader simulation's verdict (fixer/loader.py) for one SGLang generation."""
+
+    generation: Literal["legacy", "modern"]
+    sglang_versions: str
+    ok: bool
+    dropped: list[str]
+    missing: list[str]
+    problems: list[str]
+    notes: list[str]
+    #: absent when the simulation stopped early (no config.json, non-integer fields): problems say why
+    layers: Optional[int] = None
+    #: as config.json has them (any JSON: problems say when they are not a list of layer ids)
+    aux_layer_ids: Any = None
+
+
+class FileChange(_Strict):
+    file: str
+    mode: Literal["in_place", "rewritten", "copied", "unchanged"]
+    renamed: int
+
+
+class ConfigChange(_Strict):
+    converted: bool
+    kind: Literal["speculators", "sglang", "other", "missing"]
+    aux_layer_ids: Any
+    ids_mode: Literal["keep", "vllm", "sglang"]
+
+
+class VersionRead(_Strict):
+    """The raw metadata read under sglang_python, judged here by ``parse_sglang_version``."""
+
+    exit_code: Optional[int]
+    stdout: str
+    stderr: str
+
+
+class Pruned(_Strict):
+    kept: list[str]
+    removed: list[str]
+    protected: Optional[str]
+    error: Optional[str]
+
+
+class FixerSummary(_Strict):
+    """``fixer.pyz store``'s one JSON document (fixer/store.py ``store_drafter``)."""
+
+    status: Literal["converted", "already_converted", "unchanged", "verify_failed", "no_sglang_version"]
+    exit_code: int
+    drafter: str
+    fingerprint: str = Field(pattern=r"^[0-9a-f]{64}$")
+    store: str
+    stored_before: bool
+    sglang_version: Optional[str]
+    sglang_version_read: Optional[VersionRead]
+    renamed: int = Field(ge=0)
+    files: list[FileChange]
+    config: Optional[ConfigChange]
+    verification: Optional[Verification]
+    pruned: Optional[Pruned]
 
 
 def failure_text(stdout: str, stderr: str) -> str:
@@ -62,11 +120,26 @@ def exit_code_of(value: Any, source: str) -> ExitCode:
         raise RemoteOutputError(f"{source}: the key fixer reported exit code {value!r}, not one of deployctl's") from None
 
 
-def parse_fixer_summary(exit_code: int, stdout: str, stderr: str, source: str) -> dict:
-    """The summary as the dict the fixer printed (keys it did not print are not added)."""
-    text = "\n".join(ln for ln in stdout.splitlines() if ln.strip())
+def _first_document(stdout: str) -> str:
+    return "\n".join(ln for ln in stdout.splitlines() if ln.strip())
+
+
+def parse_fixer_failure(exit_code: int, stdout: str, stderr: str, source: str) -> FixerFailure | None:
+    """The error document a failed fixer command printed; None when it printed something else."""
     try:
-        summary = FixerSummary.model_validate_json(text)
+        return FixerFailure.model_validate_json(_first_document(stdout))
+    except (ValidationError, RecursionError):
+        return None
+
+
+def parse_fixer_summary(exit_code: int, stdout: str, stderr: str, source: str) -> FixerSummary | FixerFailure:
+    """``fixer.pyz store``'s summary, or its error document; anything else is a RemoteOutputError."""
+    text = _first_document(stdout)
+    failure = parse_fixer_failure(exit_code, stdout, stderr, source)
+    if failure is not None:
+        return failure
+    try:
+        return FixerSummary.model_validate_json(text)
     except ValidationError as exc:
         kinds = {e["type"] for e in exc.errors()}
         if kinds & {"json_invalid", "recursion_loop"} or not text:
@@ -74,12 +147,12 @@ def parse_fixer_summary(exit_code: int, stdout: str, stderr: str, source: str) -
                 f"{source}: the key fixer did not print its JSON summary (exit {exit_code}): "
                 f"{failure_text(stdout, stderr)}"
             ) from None
-        if "missing" in kinds or "model_type" in kinds:
-            raise RemoteOutputError(f"{source}: the key fixer's JSON has no 'status': {text[:200]}") from None
-        raise RemoteOutputError(f"{source}: the key fixer's error document has no message: {text[:200]}") from None
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the document"
+        raise RemoteOutputError(f"{source}: the key fixer's summary has an unexpected {where}: {first['msg']} "
+                                f"(in {text[:200]!r})") from None
     except RecursionError:
         raise RemoteOutputError(
             f"{source}: the key fixer did not print its JSON summary (exit {exit_code}): "
             f"{failure_text(stdout, stderr)}"
         ) from None
-    return summary.model_dump(exclude_unset=True)

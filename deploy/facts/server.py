@@ -141,15 +141,6 @@ def snapshot_of(run_state, python: str, source: str, state_dir: str) -> RunSnaps
     """The doctor's ``run_state`` facts (a pydantic model) -> the snapshot; records parsed strictly."""
     import time
 
-    server = run_state.server
-    record = None
-    if server.record is not None:
-        try:
-            record = json.loads(server.record)
-        except ValueError:
-            record = None  # an unreadable record: converge redeploys (as server-state says "unreadable")
-        if not isinstance(record, dict):
-            record = None
-    state = ServerState(server.pid, server.alive, server.status, server.error, record)
+    state = parse_server_state(json.dumps(run_state.server), source)
     good = parse_record(run_state.last_good or "", source, last_good_path(state_dir))
     return RunSnapshot(time.monotonic(), python, dict(run_state.helpers), state, good)

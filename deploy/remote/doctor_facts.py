@@ -28,9 +28,17 @@ import struct
 import subprocess
 import sys
 
+if __package__:  # imported locally, as deploy.remote.doctor_facts
+    from . import host_ops
+    from .fixer.errors import FixError
+    from .fixer.header import read_header as read_safetensors_header
+else:  # sent inline: deploy/facts/inline.py embeds the fixer's modules as the package "fixer", and host_ops
+    import host_ops  # type: ignore[no-redef]
+    from fixer.errors import FixError  # type: ignore[no-redef]
+    from fixer.header import read_header as read_safetensors_header  # type: ignore[no-redef]
+
 SCHEMA = 1
 MAX_JSON_BYTES = 4 << 20
-MAX_HEADER_BYTES = 100_000_000  # safetensors' own header limit
 MAX_OUTPUT_CHARS = 65536
 GPU_QUERY = ["--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu",
              "--format=csv,noheader,nounits"]
@@ -227,28 +235,11 @@ def read_json(path):
 
 
 def read_header(path):
-    """name -> shape from a safetensors header (8-byte little-endian length, then JSON)."""
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-        if len(head) != 8:
-            raise ValueError("shorter than the 8-byte header length")
-        (length,) = struct.unpack("<Q", head)
-        if length > MAX_HEADER_BYTES:
-            raise ValueError("header length %d exceeds %d" % (length, MAX_HEADER_BYTES))
-        blob = handle.read(length)
-    if len(blob) != length:
-        raise ValueError("truncated header (%d of %d bytes)" % (len(blob), length))
-    entries = json.loads(blob.decode("utf-8"))
-    if not isinstance(entries, dict):
-        raise ValueError("header is not a JSON object")
-    shapes = {}
-    for name, entry in entries.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list):
-            raise ValueError("tensor %r has no shape" % name)
-        shapes[name] = entry["shape"]
-    return shapes
+    """name -> shape, read and validated by the key fixer's own header reader (fixer/header.py)."""
+    try:
+        return read_safetensors_header(path, os.path.basename(path)).shapes()
+    except FixError as exc:
+        raise ValueError(exc.message)
 
 
 def model_dir(path, tensors):
@@ -297,26 +288,13 @@ def read_record(path):
         return None
 
 
-def http_get_status(url, timeout):
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, None
-    except urllib.error.HTTPError as exc:
-        return exc.code, None
-    except (urllib.error.URLError, OSError) as exc:
-        return None, str(getattr(exc, "reason", exc))[:200]
-
-
 def server_state(spec):
-    """The PID file's server as converge judges it: alive (and an SGLang), /health, the record."""
-    pid = read_pid(os.path.expanduser(spec["pidfile"]))["pid"]
-    cmdline = _cmdline(pid) if pid is not None and os.path.exists("/proc/%d" % pid) else None
-    running = bool(cmdline) and "sglang" in cmdline
-    status, error = http_get_status(spec["health_url"], 3) if running else (None, None)
-    return {"pid": pid, "alive": running, "status": status, "error": error, "record": read_record(spec["record"])}
+    """The PID file's server exactly as ``host_ops.py server-state`` reports it (the same code)."""
+    import argparse
+
+    args = argparse.Namespace(pidfile=os.path.expanduser(spec["pidfile"]), record=os.path.expanduser(spec["record"]),
+                              url=spec["health_url"], timeout=3.0)
+    return host_ops.cmd_server_state(args)
 
 
 def run_state(spec):
@@ -328,7 +306,7 @@ def run_state(spec):
 
 def sglang_subprocess(spec, program):
     """The SGLang facts under the run's sglang_python, in the same exec channel (a second interpreter)."""
-    argv = [spec["python"], "-c", "import sys; exec(sys.argv[1])", program, "sglang", json.dumps(spec["spec"])]
+    argv = [spec["python"], "-c", BOOT, program, "sglang", json.dumps(spec["spec"])]
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = proc.communicate(timeout=float(spec.get("timeout_s", 60)))
@@ -453,9 +431,14 @@ def sglang_facts(spec):
     return facts
 
 
+#: how deploy/facts/doctor.py starts the program: its text travels as an argument (kept in
+#: ``sys.deployctl_program``), so host mode can start the SGLang part with the same text
+BOOT = "import sys; sys.deployctl_program = sys.argv.pop(1); exec(sys.deployctl_program)"
+
+
 def main(argv, program=None):
-    """``program``: this file's text when it was sent inline (``python3 -c 'exec(sys.argv[1])' TEXT``),
-    so host mode can run the SGLang part under sglang_python in the same exec channel."""
+    """``program``: the program's text when it was sent inline through BOOT, so host mode can run
+    the SGLang part under sglang_python in the same exec channel."""
     if len(argv) != 2 or argv[0] not in ("host", "sglang"):
         sys.stderr.write("usage: doctor_facts.py host|sglang SPEC_JSON\n")
         return 2
@@ -470,6 +453,4 @@ def main(argv, program=None):
 
 
 if __name__ == "__main__":
-    if sys.argv[0] == "-c" and len(sys.argv) > 1 and "def host_and_run_facts" in sys.argv[1]:
-        sys.exit(main(sys.argv[2:], program=sys.argv[1]))  # sent inline, the text as argv[1]
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], program=getattr(sys, "deployctl_program", None)))

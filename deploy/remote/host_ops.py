@@ -359,46 +359,6 @@ def cmd_server_state(args) -> dict:
     return result
 
 
-def cmd_prune_drafters(args) -> dict:
-    """Keep the ``--keep`` most recently used drafters of the store and the last good one.
-
-    A staging dir (``.staging-*``) is a conversion that died midway; removed when older than an
-    hour (a live one is minutes old at most and belongs to the run that holds the host lock).
-    """
-    import shutil
-
-    last_good = _read_json_file(args.last_good) or {}
-    protected = os.path.basename(str(last_good.get("drafter_path") or "").rstrip("/"))
-    try:
-        names = os.listdir(args.store)
-    except OSError as exc:
-        return {"kept": [], "removed": [], "error": str(exc)}
-    entries = []
-    removed = []
-    now = time.time()
-    for name in names:
-        path = os.path.join(args.store, name)
-        try:
-            mtime = os.lstat(path).st_mtime
-        except OSError:
-            continue
-        if name.startswith(".staging-"):
-            if now - mtime > 3600:
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(name)
-            continue
-        entries.append((mtime, name))
-    entries.sort(reverse=True)
-    kept = [name for _, name in entries[: args.keep]]
-    for _, name in entries[args.keep:]:
-        if name == protected:
-            kept.append(name)
-            continue
-        shutil.rmtree(os.path.join(args.store, name), ignore_errors=True)
-        removed.append(name)
-    return {"kept": kept, "removed": removed, "protected": protected or None}
-
-
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
     "Explain in three sentences why the sky is blue.",
@@ -473,10 +433,6 @@ def main(argv=None) -> int:
     state.add_argument("--record", required=True)
     state.add_argument("--url", required=True)
     state.add_argument("--timeout", type=float, default=5.0)
-    prune = sub.add_parser("prune-drafters")
-    prune.add_argument("--store", required=True)
-    prune.add_argument("--keep", type=int, default=2)
-    prune.add_argument("--last-good", required=True)
     accept = sub.add_parser("accept-check")
     accept.add_argument("--base", required=True, help="http://HOST:PORT of the server")
     accept.add_argument("--requests", type=int, default=4)
@@ -509,8 +465,6 @@ def main(argv=None) -> int:
         if args.scope == "pidfile" and not args.pidfile:
             parser.error("--scope pidfile needs --pidfile")
         document = cmd_stop(args)
-    elif args.command == "prune-drafters":
-        document = cmd_prune_drafters(args)
     elif args.command == "server-state":
         document = cmd_server_state(args)
     else:

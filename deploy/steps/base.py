@@ -227,7 +227,3 @@ class StepContext:
         self.journal.append((self.step, action))
         conn.upload(action.directory, [(f.content, f.remote, f.mode) for f in action.files])
 
-
-def PlannedCommand(description: str, command: str, argv: list[str] | None = None) -> Command:  # noqa: N802
-    """A command that always runs (the older spelling, kept for steps not yet rewritten)."""
-    return Command(description=description, command=command, argv=argv)

@@ -7,27 +7,21 @@ Here a wiped (or tampered) state directory costs one SFTP upload, nothing more.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 from deploy.facts import helpers
-from deploy.facts.helpers import MIN_PYTHON
+from deploy.facts.helpers import HELPER_FILES, MIN_PYTHON, helper_payloads
 from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings, Upload, UploadFile
 
 NAME = "ensure-helper"
-HELPERS_DIR = Path(__file__).resolve().parents[1] / "remote"
-HELPER_FILES = ("host_ops.py", "fix_eagle3_keys.py")
 
 
 class Settings(StepSettings):
     pass
 
 
-def local_payloads() -> dict[str, bytes]:
-    return {name: (HELPERS_DIR / name).read_bytes() for name in HELPER_FILES}
-
-
-def local_digests() -> dict[str, str]:
-    return {name: hashlib.sha256(content).hexdigest() for name, content in local_payloads().items()}
+def local_digests(payloads: dict[str, bytes] | None = None) -> dict[str, str]:
+    payloads = helper_payloads() if payloads is None else payloads
+    return {name: hashlib.sha256(data).hexdigest() for name, data in payloads.items()}
 
 
 def state_action(ctx: StepContext) -> Command:
@@ -39,7 +33,7 @@ def state_action(ctx: StepContext) -> Command:
 
 
 def upload_action(ctx: StepContext, names: list[str] | None = None) -> Upload:
-    payloads = local_payloads()
+    payloads = helper_payloads()
     chosen = list(HELPER_FILES) if names is None else names
     return Upload(description="install the helpers in the persistent state dir (never /tmp)",
                   when="a helper is missing or its sha256 differs from the local copy (only those are sent)",

@@ -10,8 +10,8 @@ fresh subprocess:
 
 * seed: ``safetensors.numpy.load_file`` every tensor, rename ``layers.0.`` -> ``midlayer.``,
   move the original to ``model.safetensors.orig`` and ``save_file`` the renamed tensors (what the
-  hand-written /tmp/fix_eagle3_keys.py did, labelled "seed" in the table);
-* ours: ``python3 deploy/remote/fix_eagle3_keys.py --json DIR`` (header rewrite in place, config
+  hand-written fix script in the host's /tmp did, labelled "seed" in the table);
+* ours: ``python3 fixer.pyz --json DIR`` (header rewrite in place, config
   conversion, backup sidecar, verification, fingerprint: the whole command), restored between
   repetitions with ``--restore``.
 
@@ -37,7 +37,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-FIXER = REPO / "deploy" / "remote" / "fix_eagle3_keys.py"
+sys.path.insert(0, str(REPO))
+from tests.fixer_zipapp import fixer_zipapp  # noqa: E402
+
+FIXER = fixer_zipapp()   # fixer.pyz, exactly as ensure-helper ships it to the hosts
 KIMI_HIDDEN = 7168
 KIMI_VOCAB = 163840
 KIMI_DRAFT_VOCAB = 32000
@@ -228,7 +231,7 @@ def main() -> int:
         seed, ours = results["seed"], results["ours"]
         print("| %s | seed: load_file + rename + save_file | %.3f s | %s | %s |"
               % (label, seed["wall"], human(seed["rss"]), human(seed["wchar"])))
-        print("| %s | fix_eagle3_keys.py (in place) | %.3f s | %s | %s |"
+        print("| %s | fixer.pyz (in place) | %.3f s | %s | %s |"
               % (label, ours["wall"], human(ours["rss"]), human(ours["wchar"])))
         print("| %s | **seed / ours** | **%.0fx** | **%.0fx** | **%.0fx** |"
               % (label, seed["wall"] / ours["wall"], seed["rss"] / ours["rss"],

@@ -25,10 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from deploy.facts import fuser, gpus, helpers, host_helper  # noqa: E402
+from tests.fixer_zipapp import fixer_zipapp  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
 HOST_OPS = str(ROOT / "deploy" / "remote" / "host_ops.py")
-FIXER = str(ROOT / "deploy" / "remote" / "fix_eagle3_keys.py")
+FIXER = str(fixer_zipapp())  # as the hosts run it
 PY = sys.executable
 SIM_NVIDIA_SMI = ROOT / "sandbox" / "sim_nvidia_smi.py"
 
@@ -89,12 +90,26 @@ def capture_sandbox_gpu_status(tmp: str) -> None:
           "source": "SIMULATION: sandbox/sim_nvidia_smi.py"})
 
 
+def capture_helper_state(tmp: str) -> None:
+    """ensure-helper's one read when no doctor ran: the host python's version and the helpers' sha256."""
+    (Path(tmp) / "host_ops.py").write_bytes(Path(HOST_OPS).read_bytes())
+    paths = [f"{tmp}/host_ops.py", f"{tmp}/fixer.pyz"]
+    version = "%d.%d.%d" % sys.version_info[:3]
+    save("helper_state", "one_missing", run(helpers.helper_state_command(PY, paths)), tmp,
+         {"fact": {"python": version, "files": {"host_ops.py": hashlib.sha256(Path(HOST_OPS).read_bytes()).hexdigest(),
+                                                "fixer.pyz": None}}})
+    save("helper_state", "python_not_found", run(helpers.helper_state_command("/nonexistent/python3", paths)), tmp,
+         {"error": "cannot run the host's python '/nonexistent/python3'"})
+
+
 def main() -> None:
     only = set(sys.argv[1:])
     if only:
         with tempfile.TemporaryDirectory() as tmp:
             if "gpu_status" in only:
                 capture_sandbox_gpu_status(tmp)
+            if "helper_state" in only:
+                capture_helper_state(tmp)
         return
     with tempfile.TemporaryDirectory() as tmp:
         capture_sandbox_gpu_status(tmp)
@@ -109,14 +124,7 @@ def main() -> None:
         save("fuser_kill", "no_device_files", run(fuser.kill_command(f"{tmp}/none/nvidia*")), tmp,
              {"error": "no GPU device files match /TMP/none/nvidia*"})
 
-        (Path(tmp) / "host_ops.py").write_bytes(Path(HOST_OPS).read_bytes())
-        save("helper_digests", "one_missing", run(helpers.digest_command([f"{tmp}/host_ops.py", f"{tmp}/fix_eagle3_keys.py"])),
-             tmp, {"fact": {"files": {"host_ops.py": hashlib.sha256(Path(HOST_OPS).read_bytes()).hexdigest(),
-                                      "fix_eagle3_keys.py": None}}})
-        save("python_version", "this_python", run(helpers.python_version_command(PY)), tmp,
-             {"fact": {"major": sys.version_info[0], "minor": sys.version_info[1]}})
-        save("python_version", "not_found", run(helpers.python_version_command("/nonexistent/python3")), tmp,
-             {"error": "cannot run the host's python '/nonexistent/python3'"})
+        capture_helper_state(tmp)
 
         save("stop_processes", "pidfile_missing", run(host_helper.stop_processes_command(
             PY, HOST_OPS, "pidfile", 1, pidfile=f"{tmp}/server.pid")), tmp, {"fact": {"scope": "pidfile", "processes": []}})
@@ -154,9 +162,44 @@ def main() -> None:
              {"fact": {"status": "error", "code": 6, "error": "/TMP/no-drafter does not exist"}})
         save("fixer_summary", "fingerprint_no_such_dir", run(f"{PY} {FIXER} --fingerprint {tmp}/no-drafter"), tmp,
              {"fact": {"status": "error", "code": 6}})
+        capture_fixer_store(tmp)
         save("sglang_version", "not_installed", run(
             f"{PY} -c 'import importlib.metadata as m; print(m.version(\"sglang\"))'"), tmp,
              {"error": "SGLang is not installed for 'python3'"})
+
+
+def capture_fixer_store(tmp: str) -> None:
+    """``fixer.pyz store`` as the fix-keys step builds it, on drafters written here."""
+    import shutil
+
+    from deploy.config.models import Host, Run
+    from deploy.steps import fix_keys
+    from deploy.steps.base import StepContext
+    from tests.fixtures_ckpt import make_speculators_drafter
+
+    state = Path(tmp) / "state"
+    (state / "helpers").mkdir(parents=True, exist_ok=True)
+    shutil.copy(FIXER, state / "helpers" / "fixer.pyz")
+
+    def command(drafter: Path, version: str | None, **settings) -> str:
+        host = Host.model_construct(**{**Host(name="h", address="10.0.0.1").model_dump(), "state_dir": str(state),
+                                       "python": PY})
+        run_ = Run(name="r", hosts=["h"], base_model="/m", drafter=str(drafter), sglang_python=PY)
+        ctx = StepContext(host=host, run=run_, settings=fix_keys.Settings(step="fix-keys", **settings), conn=None,
+                          launch_stamp="x", memory={"sglang_version": version} if version else {})
+        return fix_keys.plan(ctx)[0].command
+
+    one = make_speculators_drafter(Path(tmp) / "drafter")
+    save("fixer_summary", "store_converted", run(command(one, "0.5.11")), tmp,
+         {"fact": {"status": "converted", "exit_code": 0, "renamed": 10, "stored_before": False,
+                   "sglang_version": "0.5.11"}})
+    save("fixer_summary", "store_unchanged", run(command(one, "0.5.11", when="changed")), tmp,
+         {"fact": {"status": "unchanged", "exit_code": 0, "stored_before": True, "verification": None}})
+    two = make_speculators_drafter(Path(tmp) / "two-layers", layers=2)
+    save("fixer_summary", "store_two_layers_on_0_5_11", run(command(two, "0.5.11")), tmp,
+         {"fact": {"status": "verify_failed", "exit_code": 8, "stored_before": False, "pruned": None}})
+    save("fixer_summary", "store_no_sglang", run(command(two, None)), tmp,
+         {"fact": {"status": "no_sglang_version", "exit_code": 1, "sglang_version": None}})
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from deploy.cli.main import main
-from deploy.remote import fix_eagle3_keys as fix
+from deploy.remote import fixer as fix
+from deploy.remote.fixer import conversion, fileio
+from tests.fixer_zipapp import fixer_zipapp
 from tests.fixtures_ckpt import make_speculators_drafter
 from tests.hostile.tree import assert_clean_failure, tree_state
 
@@ -347,7 +349,7 @@ def test_hf_cache_copy_needs_space_first(tmp_path, monkeypatch):
     class Tiny:
         f_bavail, f_frsize = 1, 4096
 
-    monkeypatch.setattr(fix.os, "statvfs", lambda path: Tiny)
+    monkeypatch.setattr(os, "statvfs", lambda path: Tiny)
     with pytest.raises(fix.FixError) as caught:
         fix.convert(snap)
     assert caught.value.code == 10 and "no space left" in caught.value.message
@@ -361,15 +363,15 @@ def test_enospc_mid_copy_leaves_no_temporary_file(tmp_path, monkeypatch):
     snap.mkdir()
     os.symlink(source / WEIGHTS, snap / WEIGHTS)
     before = tree_state(tmp_path)
-    real_copy = fix._copy_range
+    real_copy = conversion._copy_range
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(fix, "_copy_range", full_disk)
+    monkeypatch.setattr(conversion, "_copy_range", full_disk)
     with pytest.raises(fix.FixError) as caught:
         fix.convert(snap)
-    monkeypatch.setattr(fix, "_copy_range", real_copy)
+    monkeypatch.setattr(conversion, "_copy_range", real_copy)
     assert caught.value.code == 10 and "no space left" in caught.value.message
     after = tree_state(tmp_path)
     assert not [n for n in after if n.endswith(fix.TMP_SUFFIX)], after
@@ -379,24 +381,24 @@ def test_enospc_mid_copy_leaves_no_temporary_file(tmp_path, monkeypatch):
 def test_enospc_writing_the_sidecar_leaves_nothing(tmp_path, monkeypatch):
     ckpt = make_speculators_drafter(tmp_path / "ckpt")
     before = tree_state(tmp_path)
-    real_write_all = fix._write_all
-
+    
     def full_disk(fd, data, offset):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(fix, "_write_all", full_disk)
-    with pytest.raises(fix.FixError) as caught:
-        fix.convert(ckpt)
-    monkeypatch.setattr(fix, "_write_all", real_write_all)
+    with monkeypatch.context() as patch:
+        patch.setattr(fileio, "_write_all", full_disk)
+        patch.setattr(conversion, "_write_all", full_disk)
+        with pytest.raises(fix.FixError) as caught:
+            fix.convert(ckpt)
     assert caught.value.code == 10
     assert tree_state(tmp_path) == before
 
 
 def test_no_traceback_from_the_script(tmp_path):
-    """As the hosts run it: python3 fix_eagle3_keys.py --json PATH."""
+    """As the hosts run it: python3 fixer.pyz --json PATH."""
     ckpt = make_speculators_drafter(tmp_path / "ckpt")
     (ckpt / "config.json").write_bytes(deep(200000))
-    result = subprocess.run([sys.executable, "-I", fix.__file__, "--json", "--", str(ckpt)], capture_output=True,
+    result = subprocess.run([sys.executable, "-I", str(fixer_zipapp()), "--json", "--", str(ckpt)], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 6
     assert "Traceback" not in result.stderr + result.stdout

@@ -4,15 +4,19 @@ on the host side (drafter store copy, PID file, the key fixer) as in the fixer r
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.remote import fix_eagle3_keys as fix
+from deploy.facts.fixer import FixerFailure, parse_fixer_summary
+from deploy.remote import fixer as fix
 from deploy.steps import fix_keys, launch
 from deploy.steps.base import StepContext
+from tests.fixer_zipapp import fixer_zipapp
 from tests.fixtures_ckpt import make_speculators_drafter
 from tests.hostile.tree import tree_state
 
@@ -57,18 +61,20 @@ def test_drafter_store_copy_on_a_full_disk(full_fs, tmp_path):
     mount, fill = full_fs
     state = mount / "state"
     state.mkdir()
-    drafter = tmp_path / "drafter"
-    drafter.mkdir()
-    (drafter / "model.safetensors").write_bytes(os.urandom(4 << 20))  # larger than the filesystem
-    (drafter / "config.json").write_text("{}")
+    (state / "helpers").mkdir()
+    shutil.copy(fixer_zipapp(), state / "helpers" / "fixer.pyz")
+    drafter = make_speculators_drafter(tmp_path / "drafter", hidden=512)  # larger than the filesystem
     fill()
     before_drafter = tree_state(drafter)
     ctx = ctx_for(fix_keys, state)
-    ctx = StepContext(host=ctx.host, run=ctx.run.model_copy(update={"drafter": str(drafter)}), settings=ctx.settings,
-                      conn=None, launch_stamp=ctx.launch_stamp)
-    command = fix_keys.stage_command(ctx, "ab" * 32)
-    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
-    assert result.returncode != 0
+    host = Host.model_construct(**{**ctx.host.model_dump(), "python": sys.executable})
+    ctx = StepContext(host=host, run=ctx.run.model_copy(update={"drafter": str(drafter)}), settings=ctx.settings,
+                      conn=None, launch_stamp=ctx.launch_stamp, memory={"sglang_version": "0.5.11"})
+    [planned] = fix_keys.plan(ctx)
+    result = subprocess.run(["sh", "-c", planned.command], capture_output=True, text=True, timeout=30)
+    summary = parse_fixer_summary(result.returncode, result.stdout, result.stderr, "gpu-a")
+    assert result.returncode == 10 and isinstance(summary, FixerFailure), result.stdout
+    assert "no space left on device" in summary.error.lower() and str(drafter) in summary.error
     # no partial staging copy left in the store (an empty store dir may remain), the user's checkpoint untouched
     drafters = state / "drafters"
     assert not drafters.exists() or list(drafters.iterdir()) == []

@@ -44,7 +44,7 @@ def test_up_converts_launches_and_verifies_acceptance(clean_sandbox, tmp_path, c
     # helpers and logs live in the persistent state dir, never /tmp
     state = clean_sandbox.host("sb1").state_dir
     listing = clean_sandbox.run("sb1", f"ls {state}/helpers {state}/logs; readlink {state}/logs/latest.log").stdout
-    assert "fix_eagle3_keys.py" in listing and "host_ops.py" in listing and "sglang-" in listing
+    assert "fixer.pyz" in listing and "host_ops.py" in listing and "sglang-" in listing
     assert all(used > 0 for used in gpu_used(clean_sandbox, "sb1"))
     # the user's checkpoint is untouched: converted in the drafter store, launched from there
     store = steps["fix-keys"]["data"]["store"]

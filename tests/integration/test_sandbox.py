@@ -123,22 +123,18 @@ def load_launch_module():
 
 
 def test_drafter_is_valid_safetensors_in_speculators_layout(tmp_path):
+    """Checked by the real safetensors library (it refuses holes, overlaps and wrong sizes on open)."""
+    from safetensors import safe_open
+
     names = drafter_mod.write_eagle3_drafter(tmp_path / "d")
     raw = (tmp_path / "d" / "model.safetensors").read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    assert n % 8 == 0 and raw[8:9] == b"{"
-    header = json.loads(raw[8:8 + n])
-    assert header.pop("__metadata__") == {"format": "pt"}
-    spans = sorted(v["data_offsets"] for v in header.values())
-    assert spans[0][0] == 0 and spans[-1][1] == len(raw) - 8 - n
-    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # contiguous, no holes
-    sizes = {"BF16": 2, "I64": 8, "BOOL": 1}
-    for v in header.values():
-        size = sizes[v["dtype"]]
-        for d in v["shape"]:
-            size *= d
-        assert v["data_offsets"][1] - v["data_offsets"][0] == size
+    assert n % 8 == 0 and raw[8:9] == b"{"               # padded like the safetensors writer
+    with safe_open(str(tmp_path / "d" / "model.safetensors"), framework="numpy") as f:
+        assert f.metadata() == {"format": "pt"}
+        header = {k: {"shape": f.get_slice(k).get_shape(), "dtype": f.get_slice(k).get_dtype()} for k in f.keys()}
     assert sorted(header) == sorted(names)
+    assert {v["dtype"] for v in header.values()} <= {"BF16", "I64", "BOOL"}
     assert {k for k in header if k.startswith("layers.0.")} and not any("midlayer" in k for k in header)
     config = json.loads((tmp_path / "d" / "config.json").read_text())
     assert config["architectures"] == ["Eagle3Speculator"]

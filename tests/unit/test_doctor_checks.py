@@ -2,12 +2,16 @@
 
 Inputs under tests/facts/doctor/: a Kimi-K2.5 config.json, speculators and SGLang drafter configs,
 SGLang model sources with and without set_eagle3_layers_to_capture. The drafter safetensors files
-are header-only (the helper reads names and shapes, never tensor bytes) with Kimi-K2.5 shapes.
+are sparse (a valid header with Kimi-K2.5 shapes and data offsets, the tensor bytes a hole: the
+helper reads names and shapes, never tensor bytes).
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import math
+import zlib
 import os
 import shutil
 import socket
@@ -22,8 +26,9 @@ from deploy.config.models import Host, Run
 from deploy.doctor.checks import ONE_LAYER_LIMIT, DoctorInput, run_checks
 from deploy.doctor.suspects import likely_causes
 from deploy.errors import RemoteOutputError
-from deploy.facts.doctor import HELPER, base_architectures, HostFacts, SglangFacts, host_spec, parse_host_facts, parse_sglang_facts
+from deploy.facts.doctor import HELPER, base_architectures, doctor_program, HostFacts, SglangFacts, host_spec, parse_host_facts, parse_sglang_facts
 from deploy.remote import doctor_facts
+from deploy.remote.fixer.header import DTYPE_BITS
 from sandbox.drafter import drafter_tensor_specs
 from deploy.transport import CommandResult
 
@@ -36,9 +41,16 @@ SMI_ROWS = "".join(f"{i}, GPU-6ef0c3b2-4b1a-9d3e-1c2f-00000000000{i}, 0, 143771,
 
 
 def write_header_only(path: Path, specs: dict[str, tuple[str, list[int]]]) -> None:
-    header = {name: {"dtype": dtype, "shape": shape, "data_offsets": [0, 0]} for name, (dtype, shape) in specs.items()}
+    """A valid safetensors file whose tensor bytes are a hole (sparse: gigabytes cost nothing)."""
+    header, offset = {}, 0
+    for name, (dtype, shape) in specs.items():
+        size = DTYPE_BITS[dtype] * math.prod(shape) // 8
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
     blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
     path.write_bytes(struct.pack("<Q", len(blob)) + blob)
+    os.truncate(path, 8 + len(blob) + offset)
 
 
 class World:
@@ -114,7 +126,7 @@ class World:
         out = json.dumps(doctor_facts.host_facts(host_spec(host, run)))
         facts = parse_host_facts(CommandResult("host", 0, out + "\n", "", 0.0), host.name)
         archs = base_architectures(facts)
-        proc = subprocess.run([sys.executable, "-c", HELPER.read_text(), "sglang", json.dumps({"architectures": archs})],
+        proc = subprocess.run([sys.executable, "-c", doctor_program(), "sglang", json.dumps({"architectures": archs})],
                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(self.site)},
                               timeout=60)
         return facts, parse_sglang_facts(CommandResult("sglang", proc.returncode, proc.stdout, proc.stderr, 0.0), host.name)
@@ -372,8 +384,36 @@ def test_helper_is_python38_standard_library_only_and_never_imports_sglang():
         if isinstance(node, ast.Import):
             imported.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            imported.add(node.module.split(".")[0])
+            # the fixer's header reader: ".fixer.header" locally, "fixer.header" in the inline program;
+            # host_ops' server-state: "from . import host_ops" locally, "import host_ops" inline
+            imported.add(("fixer" if node.module else "host_ops") if node.level == 1 else node.module.split(".")[0])
         if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
             assert node.value.id not in ("list", "dict", "tuple", "set", "type"), node.value.id
-    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    assert imported - {"fixer", "host_ops"} <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
     assert not imported & {"sglang", "torch", "deploy"}
+
+
+def test_the_doctor_reads_headers_with_the_fixers_reader_and_has_no_copy_of_its_own():
+    """One safetensors header reader in the product: the doctor's program embeds fixer/header.py."""
+    source = HELPER.read_text()
+    assert "struct.unpack(\"<Q\"" not in source and "MAX_HEADER" not in source
+    program = doctor_program()
+    payload = program.split('b64decode("')[1].split('"')[0]
+    modules, entry = json.loads(zlib.decompress(base64.b64decode(payload)))
+    assert entry == "doctor_facts"
+    assert dict(modules)["fixer.header"] == (HELPER.parent / "fixer" / "header.py").read_text()
+
+
+def test_the_inline_doctor_reports_a_bad_header_the_fixers_way(tmp_path):
+    world_drafter = tmp_path / "d"
+    world_drafter.mkdir()
+    (world_drafter / "model.safetensors").write_bytes((10 ** 9).to_bytes(8, "little") + b"{}")
+    spec = {"gpu_devices": str(tmp_path / "nvidia*"), "port": 1, "pidfile": str(tmp_path / "pid"),
+            "serve_host": "127.0.0.1", "dirs": {"state": str(tmp_path)}, "base_model": str(tmp_path),
+            "drafter": str(world_drafter), "nvidia_smi": "no-such-nvidia-smi"}
+    proc = subprocess.run([sys.executable, "-I", "-c", doctor_program(), "host", json.dumps(spec)],
+                          capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    drafter = json.loads(proc.stdout)["drafter"]
+    assert drafter["files"] == {"model.safetensors": None}
+    assert "over safetensors' 100 MB limit" in drafter["files_error"], drafter["files_error"]

@@ -8,6 +8,7 @@ fragment of the message). Adding a case is adding a file.
 from __future__ import annotations
 
 import json
+import shlex
 import re
 from pathlib import Path
 
@@ -43,9 +44,9 @@ def _gpu_status(c):
 #: fact directory -> (exit_code, stdout, stderr) -> the parsed fact
 PARSERS = {
     "fuser_kill": lambda c: fuser.parse_kill_result(c["exit_code"], c["stdout"], c["stderr"], SOURCE, "/dev/nvidia*"),
-    "helper_digests": lambda c: helpers.parse_digests(c["stdout"], ["host_ops.py", "fix_eagle3_keys.py"], SOURCE),
-    "python_version": lambda c: helpers.parse_python_version(c["exit_code"], c["stdout"], c["stderr"],
-                                                             c["command"].split(" -c ")[0].strip("'"), SOURCE),
+    "helper_state": lambda c: helpers.parse_helper_state(c["exit_code"], c["stdout"], c["stderr"],
+                                                         shlex.split(c["command"])[0], ["host_ops.py", "fixer.pyz"],
+                                                         SOURCE),
     "stop_processes": lambda c: host_helper.parse_stop_report(c["stdout"], SOURCE),
     "probe": lambda c: host_helper.parse_probe(c["stdout"], SOURCE),
     "accept_check": lambda c: host_helper.parse_accept_check(c["stdout"], SOURCE),

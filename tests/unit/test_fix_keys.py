@@ -14,7 +14,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from deploy.remote import fix_eagle3_keys as fix
+from deploy.remote import fixer as fix
+from tests.fixer_zipapp import fixer_zipapp
 from tests.fixtures_ckpt import (
     contents,
     data_region_sha256,
@@ -25,7 +26,8 @@ from tests.fixtures_ckpt import (
     snapshot,
 )
 
-FIXER = Path(fix.__file__)
+FIXER = fixer_zipapp()
+PACKAGE = Path(fix.__file__).parent
 
 
 def renamed(name: str) -> str:
@@ -473,16 +475,20 @@ def test_fingerprint_flag_prints_json(tmp_path):
 
 # ----------------------------------------------------------------- standalone on the GPU host
 
-def test_fixer_is_python38_standard_library_only():
-    source = FIXER.read_text()
+@pytest.mark.parametrize("module", sorted(p.name for p in PACKAGE.glob("*.py")))
+def test_fixer_is_python38_standard_library_only(module):
+    source = (PACKAGE / module).read_text()
     tree = ast.parse(source, feature_version=(3, 8))
     imported = set()
+    siblings = {p.stem for p in PACKAGE.glob("*.py")}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imported.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "relative import"
-            imported.add(node.module.split(".")[0])
+            if node.level:       # within the package only (it is "fixer" inside the zipapp)
+                assert node.level == 1 and (node.module or "").split(".")[0] in siblings, node.module
+            else:
+                imported.add(node.module.split(".")[0])
         assert not isinstance(node, ast.NamedExpr), "walrus operator is 3.8+ but banned here"
         if isinstance(node, ast.Attribute):
             assert node.attr not in ("removeprefix", "removesuffix", "is_relative_to",
@@ -496,9 +502,9 @@ def test_fixer_is_python38_standard_library_only():
     assert "=}" not in source          # no f-string = specifier
 
 
-def test_fixer_runs_as_a_standalone_script(tmp_path):
+def test_fixer_runs_as_a_standalone_zipapp(tmp_path):
     drafter = make_speculators_drafter(tmp_path / "d")
-    script = tmp_path / "host" / "fix_eagle3_keys.py"     # as uploaded: alone, no package
+    script = tmp_path / "host" / "fixer.pyz"     # as uploaded: one file, no deploy package beside it
     script.parent.mkdir()
     script.write_bytes(FIXER.read_bytes())
     result = subprocess.run([sys.executable, "-I", "-S", str(script), "--json", str(drafter)],

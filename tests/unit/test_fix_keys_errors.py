@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from deploy.remote import fix_eagle3_keys as fix
+from deploy.remote import fixer as fix
+from deploy.remote.fixer import conversion
 from tests.fixtures_ckpt import load_all, make_speculators_drafter, snapshot
 
 
@@ -281,7 +282,7 @@ def test_no_space_on_the_fallback_path_removes_the_tmp_file(tmp_path, monkeypatc
     drafter = make_speculators_drafter(tmp_path / "d")
     before = load_all(drafter)
     snap = snapshot(drafter)
-    real_copy = fix._copy_range
+    real_copy = conversion._copy_range
     seen = []
 
     def copy_then_fail(src, dst, src_off, length, dst_off, after_chunk=None):
@@ -289,7 +290,7 @@ def test_no_space_on_the_fallback_path_removes_the_tmp_file(tmp_path, monkeypatc
         seen.extend(p.name for p in drafter.iterdir() if p.name.endswith(".tmp-fix"))
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(fix, "_copy_range", copy_then_fail)
+    monkeypatch.setattr(conversion, "_copy_range", copy_then_fail)
     fails(drafter, 10, "model.safetensors", "no space left", "unchanged",
           renames=["layers.0.=model.layers.0."])
     assert seen == [".model.safetensors.tmp-fix"]            # the tmp file existed...

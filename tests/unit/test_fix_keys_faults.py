@@ -27,10 +27,11 @@ from typing import Dict, List
 import pytest
 from safetensors.numpy import load_file
 
-from deploy.remote import fix_eagle3_keys as fix
+from deploy.remote import fixer as fix
+from tests.fixer_zipapp import fixer_zipapp
 from tests.fixtures_ckpt import contents, make_speculators_drafter
 
-FIXER = Path(fix.__file__)
+FIXER = fixer_zipapp()
 SIDECAR = ".deployctl-fix-backup.json"
 TIMEOUT = 30
 CHUNK = "65536"          # DEPLOYCTL_FIX_COPY_CHUNK: many chunks, so kills land mid-copy
@@ -38,7 +39,7 @@ CHUNK = "65536"          # DEPLOYCTL_FIX_COPY_CHUNK: many chunks, so kills land 
 DRIVER = r"""
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
-import fix_eagle3_keys as f
+import fixer as f
 sys.stdout.write("ready\n"); sys.stdout.flush()
 sys.stdin.readline()
 start = time.perf_counter()
@@ -223,7 +224,7 @@ def driver_process(directory: Path, scenario: Scenario) -> subprocess.Popen:
     env = dict(os.environ, DEPLOYCTL_FIX_COPY_CHUNK=CHUNK)
     env.pop("DEPLOYCTL_FIX_KILL_AT", None)
     proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, str(FIXER.parent)] + scenario.flags + [str(directory)],
+        [sys.executable, "-c", DRIVER, str(FIXER)] + scenario.flags + [str(directory)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
     assert ready and proc.stdout.readline() == b"ready\n"

@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from deploy.remote import fix_eagle3_keys as fix
+from deploy.remote import fixer as fix
+from deploy.remote.fixer import loader
 from tests.fixtures_ckpt import (
     make_sglang_drafter,
     make_speculators_drafter,
@@ -44,7 +45,7 @@ def shapes(prefix="midlayer.", *, embed=False, fc_width=3 * H, extra=None, drop=
 
 
 def sim(shape_map, config=None, generation="legacy"):
-    return fix._simulate_load(shape_map, sglang_config() if config is None else config, generation)
+    return loader._simulate_load(shape_map, sglang_config() if config is None else config, generation)
 
 
 # ------------------------------------------------------------------------- on real checkpoints
@@ -238,7 +239,7 @@ def test_speculators_config_is_a_problem_but_names_still_resolve():
 
 
 def test_no_config_at_all():
-    result = fix._simulate_load(shapes(), None, "legacy")
+    result = loader._simulate_load(shapes(), None, "legacy")
     assert result["ok"] is False and "config.json is missing" in result["problems"][0]
 
 
@@ -253,5 +254,5 @@ def test_llama_default_layer_count_when_absent():
 @pytest.mark.parametrize("generation", ["0.5.5", "0.4.9", "nonsense"])
 def test_unsupported_generation(generation):
     with pytest.raises(fix.FixError) as caught:
-        fix._resolve_generation(generation)
+        loader._resolve_generation(generation)
     assert caught.value.code == 2

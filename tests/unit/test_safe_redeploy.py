@@ -236,8 +236,9 @@ def test_prune_keeps_two_most_recent_and_the_last_good(tmp_path):
     os.utime(store / ".staging-x", (1, 1))
     last_good = tmp_path / "last-good.json"
     last_good.write_text(json.dumps({"argv": [], "drafter_path": str(store / "old-good")}))
-    args = type("A", (), {"store": str(store), "keep": 2, "last_good": str(last_good)})
-    doc = host_ops.cmd_prune_drafters(args)
+    from deploy.remote.fixer import store as fixer_store
+
+    doc = fixer_store.prune_drafters(str(store), 2, str(last_good))
     assert sorted(os.listdir(store)) == ["b", "c", "old-good"]
     assert sorted(doc["removed"]) == [".staging-x", "a"]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import deploy.remote
 from deploy.config.models import Host, Run
 from deploy.errors import ConnectionFailed, RemoteCommandFailed, RemoteOutputError, StepTimeout, VerificationFailed
 from deploy.facts.fuser import NO_DEVICE_FILES
@@ -230,7 +231,7 @@ def test_ensure_helper_uploads_only_a_missing_helper_in_one_sftp_session():
     assert conn.upload_dirs == [helpers_dir]  # created 0700 when missing, in the same SFTP session
     [(remote, payload)] = conn.uploads
     assert remote == f"{helpers_dir}/host_ops.py" and conn.upload_modes[remote] == 0o600
-    assert payload == (ensure_helper.HELPERS_DIR / "host_ops.py").read_bytes()
+    assert payload == (Path(deploy.remote.__file__).parent / "host_ops.py").read_bytes()
     assert len(conn.commands) == 1  # one command, one SFTP session: no mkdir, no mv, no $HOME lookup
 
 
@@ -355,7 +356,7 @@ def test_doctor_sends_one_command_and_stops_the_run_on_a_failing_check(tmp_path)
     real = subprocess.run(["sh", "-c", doctor.action(probe, script=None).command], capture_output=True, text=True,
                           timeout=60)
     assert real.returncode == 0, real.stderr
-    conn = RecordingTransport(host, [Reply(r"exec\(sys\.argv\[1\]\)", stdout=real.stdout)])
+    conn = RecordingTransport(host, [Reply(r"exec\(sys\.deployctl_program\)", stdout=real.stdout)])
     c = StepContext(host=host, run=probe.run, settings=doctor.Settings(step="doctor"), conn=conn, launch_stamp="x",
                     memory={})
     with pytest.raises(VerificationFailed, match="nothing was stopped"):
@@ -366,9 +367,9 @@ def test_doctor_sends_one_command_and_stops_the_run_on_a_failing_check(tmp_path)
     assert "IGNORED" in doctor.run(ignored).detail
     snapshot = ignored.memory["snapshot"]  # the run's state, read in the same command
     assert snapshot.server.alive is False and snapshot.last_good is None and set(snapshot.helpers) == {
-        "host_ops.py", "fix_eagle3_keys.py"} and not any(snapshot.helpers.values())
+        "host_ops.py", "fixer.pyz"} and not any(snapshot.helpers.values())
     for garbage in ("", "Traceback (most recent call last):\n  boom", '{"schema": 1}', real.stdout * 2):
-        bad = RecordingTransport(host, [Reply(r"exec\(sys\.argv\[1\]\)", stdout=garbage)])
+        bad = RecordingTransport(host, [Reply(r"exec\(sys\.deployctl_program\)", stdout=garbage)])
         with pytest.raises(Bad):
             doctor.run(StepContext(host=host, run=probe.run, settings=doctor.Settings(step="doctor"), conn=bad,
                                    launch_stamp="x", memory={}))

@@ -253,6 +253,10 @@ STACKED = ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv
 
 
 def read_safetensors_header(path: str) -> dict:
+    # Deliberately NOT the product's reader (deploy/remote/fixer/header.py): this stand-in is the
+    # oracle fix-keys is tested against, so it reads the file on its own, as SGLang does through the
+    # safetensors library (not installed for the sandbox hosts' system python3), with that library's
+    # error texts. A shared reader would let one bug pass both sides.
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) != 8:

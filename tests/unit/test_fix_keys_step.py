@@ -1,0 +1,148 @@
+"""The fix-keys step without SSH: tests/recording.py's RecordingTransport answers with what the real
+``fixer.pyz store`` printed for that very command, run here against local files (the state dir and
+the drafter live in tmp_path; ``~`` is the recording's home)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy.config.models import Host, Run
+from deploy.errors import DeployError, ExitCode, RemoteCommandFailed, RemoteOutputError, VerificationFailed
+from deploy.remote.fixer import convert
+from deploy.steps import fix_keys
+from deploy.steps.base import StepContext
+from tests.fixer_zipapp import fixer_zipapp
+from tests.fixtures_ckpt import contents, make_speculators_drafter
+from tests.recording import RecordingTransport, Reply
+
+
+class World:
+    def __init__(self, tmp_path: Path, *, layers: int = 1, generation: str = "auto") -> None:
+        self.home = tmp_path / "home"
+        (self.home / "state dir" / "helpers").mkdir(parents=True)
+        shutil.copy(fixer_zipapp(), self.home / "state dir" / "helpers" / "fixer.pyz")
+        self.drafter = make_speculators_drafter(tmp_path / "my drafter", layers=layers)
+        self.host = Host(name="gpu-a", address="10.1.2.3", state_dir="~/state dir", python=sys.executable)
+        self.run_ = Run(name="r", hosts=["gpu-a"], base_model="/m", drafter=str(self.drafter),
+                        sglang_python=sys.executable, sglang_generation=generation)
+
+    def ctx(self, conn, memory=None, **settings) -> StepContext:
+        return StepContext(host=self.host, run=self.run_, settings=fix_keys.Settings(step="fix-keys", **settings),
+                           conn=conn, launch_stamp="x", memory={} if memory is None else memory)
+
+    def host_answer(self, command: str) -> Reply:
+        """Run the command as the host would (HOME is the world's home) and record its answer."""
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60,
+                              env={"HOME": str(self.home), "PATH": "/usr/bin:/bin"})
+        return Reply("^" + re_escape(command) + "$", done.returncode, done.stdout, done.stderr)
+
+    def step(self, memory=None, **settings):
+        """plan() on a fresh context, the host's real answer to that command, then run()."""
+        planned = fix_keys.plan(self.ctx(None, dict(memory or {}), **settings))
+        assert len(planned) == 1
+        conn = RecordingTransport(self.host, [self.host_answer(planned[0].command)], home=str(self.home))
+        ctx = self.ctx(conn, dict(memory or {}), **settings)
+        return conn, ctx, planned[0].command
+
+
+def re_escape(text: str) -> str:
+    return re.escape(text)
+
+
+def test_run_sends_exactly_the_one_command_plan_shows(tmp_path):
+    world = World(tmp_path)
+    before = contents(world.drafter)
+    conn, ctx, planned = world.step(memory={"sglang_version": "0.5.11"})
+    outcome = fix_keys.run(ctx)
+    assert conn.commands == [planned] and conn.uploads == []
+    assert "--sglang-version 0.5.11" in planned and "--sglang-python" not in planned   # doctor's read reused
+    assert outcome.status == "ok" and outcome.data["status"] == "converted" and outcome.data["renamed"] == 10
+    assert outcome.data["store"] == f"~/state dir/drafters/{outcome.data['fingerprint'][:32]}"
+    assert ctx.memory["drafter_path"] == outcome.data["store"]
+    assert ctx.memory["drafter_fingerprint"] == outcome.data["fingerprint"]
+    assert outcome.data["verification"]["ok"] is True and outcome.data["pruned"]["kept"]
+    assert contents(world.drafter) == before
+    assert (world.home / "state dir" / "drafters" / outcome.data["fingerprint"][:32] / ".deployctl-ready").exists()
+
+
+def test_the_version_is_read_in_the_same_command_when_doctor_did_not(tmp_path):
+    world = World(tmp_path)
+    conn, ctx, planned = world.step()
+    assert f"--sglang-python {shlex.quote(sys.executable)}" in planned
+    with pytest.raises(RemoteCommandFailed) as exc:       # this python has no sglang installed
+        fix_keys.run(ctx)
+    assert "SGLang is not installed" in str(exc.value) and "gpu-a" in str(exc.value)
+    assert len(conn.commands) == 1
+
+
+def test_a_fixed_generation_is_passed_and_no_version_is_read(tmp_path):
+    world = World(tmp_path, generation="modern")
+    conn, ctx, planned = world.step(memory={"sglang_version": "0.5.11"})
+    assert "--sglang-generation modern" in planned
+    outcome = fix_keys.run(ctx)
+    assert outcome.data["sglang_version"] is None and outcome.data["verification"]["generation"] == "modern"
+
+
+def test_when_changed_skips_an_unchanged_drafter_and_always_reverifies_it(tmp_path):
+    world = World(tmp_path)
+    _, ctx, _ = world.step(memory={"sglang_version": "0.5.11"})
+    first = fix_keys.run(ctx)
+    conn, ctx, planned = world.step(memory={"sglang_version": "0.5.11"}, when="changed")
+    assert "--when changed" in planned
+    skipped = fix_keys.run(ctx)
+    assert skipped.status == "skipped" and skipped.data == {"fingerprint": first.data["fingerprint"],
+                                                            "store": first.data["store"]}
+    assert ctx.memory["drafter_path"] == first.data["store"]
+    _, ctx, _ = world.step(memory={"sglang_version": "0.5.12"})
+    again = fix_keys.run(ctx)
+    assert again.data["status"] == "already_converted" and again.data["verification"]["generation"] == "modern"
+
+
+def test_keep_drafters_and_hidden_states_from_reach_the_host(tmp_path):
+    world = World(tmp_path)
+    conn, ctx, planned = world.step(memory={"sglang_version": "0.5.11"}, keep_drafters=5, hidden_states_from="vllm")
+    assert "--keep 5" in planned and "--hidden-states-from vllm" in planned
+    fix_keys.run(ctx)
+    store = world.home / "state dir" / "drafters"
+    [entry] = [p for p in store.iterdir() if not p.name.startswith(".")]
+    local = make_speculators_drafter(tmp_path / "local")
+    convert(local, hidden_states_from="vllm")                 # what the same fix gives here
+    assert json.loads((entry / "config.json").read_text()) == json.loads((local / "config.json").read_text())
+    assert json.loads((entry / "config.json").read_text())["eagle_config"] != \
+        json.loads((world.drafter / "config.json").read_text()).get("eagle_config")
+
+
+def test_a_drafter_sglang_would_not_load_fully_fails_verification(tmp_path):
+    world = World(tmp_path, layers=2)
+    _, ctx, _ = world.step(memory={"sglang_version": "0.5.11"})
+    with pytest.raises(VerificationFailed) as exc:
+        fix_keys.run(ctx)
+    assert "only supports 1 layer" in str(exc.value) and str(world.drafter) in str(exc.value)
+
+
+def test_a_broken_drafter_keeps_the_fixers_exit_code_and_names_the_file(tmp_path):
+    world = World(tmp_path)
+    (world.drafter / "model.safetensors").write_bytes(b"\x00" * 100)
+    _, ctx, _ = world.step(memory={"sglang_version": "0.5.11"})
+    with pytest.raises(DeployError) as exc:
+        fix_keys.run(ctx)
+    assert exc.value.exit_code == ExitCode.CHECKPOINT and "model.safetensors" in str(exc.value)
+
+
+@pytest.mark.parametrize("stdout", ["", "Traceback (most recent call last):\n", '{"status": "converted"}\n', "[]\n"])
+def test_anything_but_the_summary_is_a_remote_output_error(tmp_path, stdout):
+    world = World(tmp_path)
+    ctx = world.ctx(None, {"sglang_version": "0.5.11"})
+    conn = RecordingTransport(world.host, [Reply("fixer.pyz' store ", 1, stdout, "")], home=str(world.home))
+    ctx = world.ctx(conn, {"sglang_version": "0.5.11"})
+    with pytest.raises(RemoteOutputError) as exc:
+        fix_keys.run(ctx)
+    assert "gpu-a" in str(exc.value) and len(conn.commands) == 1

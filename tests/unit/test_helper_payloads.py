@@ -1,0 +1,60 @@
+"""deploy/facts/helpers.py helper_payloads(): what ensure-helper installs, byte-for-byte reproducible."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from io import BytesIO
+from pathlib import Path
+
+from deploy.facts import helpers
+
+
+def test_payloads_are_host_ops_and_the_fixer_zipapp():
+    payloads = helpers.helper_payloads()
+    assert sorted(payloads) == sorted(helpers.HELPER_FILES) == ["fixer.pyz", "host_ops.py"]
+    assert payloads["host_ops.py"] == (helpers.REMOTE_DIR / "host_ops.py").read_bytes()
+    archive = zipfile.ZipFile(BytesIO(payloads["fixer.pyz"]))
+    names = archive.namelist()
+    package = sorted(p.name for p in helpers.FIXER_PACKAGE.glob("*.py"))
+    assert names == ["__main__.py"] + [f"fixer/{n}" for n in package]            # fixed order
+    assert {i.date_time for i in archive.infolist()} == {helpers.ZIP_EPOCH}      # fixed timestamps
+    assert {i.compress_type for i in archive.infolist()} == {zipfile.ZIP_STORED}
+    for name in package:
+        assert archive.read(f"fixer/{name}") == (helpers.FIXER_PACKAGE / name).read_bytes()
+
+
+def test_the_zipapp_sha256_depends_only_on_the_sources(tmp_path, monkeypatch):
+    """Another checkout (other mtimes, modes, umask, directory) builds the very same bytes."""
+    first = hashlib.sha256(helpers.fixer_zipapp()).hexdigest()
+    copy = tmp_path / "elsewhere" / "fixer"
+    shutil.copytree(helpers.FIXER_PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for i, path in enumerate(sorted(copy.iterdir())):
+        os.utime(path, (1_000_000 + i, 2_000_000_000 - i))
+        path.chmod(0o600 if i % 2 else 0o755)
+    (copy / "__pycache__").mkdir()
+    (copy / "__pycache__" / "cli.cpython-311.pyc").write_bytes(b"not source")
+    monkeypatch.setattr(helpers, "FIXER_PACKAGE", copy)
+    old = os.umask(0o077)
+    try:
+        assert hashlib.sha256(helpers.fixer_zipapp()).hexdigest() == first
+    finally:
+        os.umask(old)
+    (copy / "cli.py").write_text((copy / "cli.py").read_text() + "\n# changed\n")
+    assert hashlib.sha256(helpers.fixer_zipapp()).hexdigest() != first           # a change is noticed
+
+
+def test_the_zipapp_runs_alone_in_an_isolated_python(tmp_path):
+    target = tmp_path / "helpers" / "fixer.pyz"
+    target.parent.mkdir()
+    target.write_bytes(helpers.helper_payloads()["fixer.pyz"])
+    done = subprocess.run([sys.executable, "-I", "-S", str(target), "--help"], capture_output=True, text=True,
+                          timeout=60, cwd=str(tmp_path))
+    assert done.returncode == 0 and "--hidden-states-from" in done.stdout, done.stderr
+    assert "store" in subprocess.run([sys.executable, "-I", str(target), "store", "--help"], capture_output=True,
+                                     text=True, timeout=60).stdout
+    assert Path(target).read_bytes().startswith(b"#!/usr/bin/env python3\n")

@@ -1,0 +1,76 @@
+"""deploy/facts/inline.py: several module sources as one ``python3 -c`` program, and its size after
+the two layers of shell quoting a remote command goes through (Linux: 128 KiB per argument)."""
+
+from __future__ import annotations
+
+import json
+import random
+import shlex
+import string
+import subprocess
+import sys
+
+import pytest
+
+from deploy.config.models import Host, Run
+from deploy.facts import doctor
+from deploy.facts.inline import MAX_ARG_STRLEN, InlineProgramTooLarge, inline_program
+from deploy.transport import CommandResult, remote_timeout_wrap
+
+PACKAGE = [("pkg.errors", "class Oops(Exception):\n    pass\n"),
+           ("pkg.sub.reader", "from ..errors import Oops\n\ndef read(x):\n    if x < 0:\n        raise Oops('neg')\n"
+                              "    return x * 2\n"),
+           ("tool", "import sys\nfrom pkg.sub.reader import read\nfrom pkg.errors import Oops\n"
+                    "if __name__ == '__main__':\n    try:\n        print(read(int(sys.argv[1])))\n"
+                    "    except Oops as exc:\n        print('refused', exc)\n        sys.exit(3)\n")]
+
+
+def run_through_two_shells(program: str, *args: str) -> subprocess.CompletedProcess:
+    """As a host runs it: sshd's login shell gets one string holding ``timeout ... sh -c '<command>'``."""
+    command = " ".join([shlex.quote(sys.executable), "-c", shlex.quote(program)] + [shlex.quote(a) for a in args])
+    return subprocess.run(["sh", "-c", remote_timeout_wrap(command, 30)], capture_output=True, text=True, timeout=60)
+
+
+def test_modules_import_each_other_and_the_entry_runs_as_main():
+    program = inline_program(PACKAGE, "tool")
+    done = run_through_two_shells(program, "21")
+    assert done.returncode == 0 and done.stdout == "42\n", done.stderr
+    refused = run_through_two_shells(program, "-1")
+    assert refused.returncode == 3 and refused.stdout == "refused neg\n"   # one Oops class across modules
+
+
+def test_the_program_has_no_quote_so_quoting_does_not_grow_it():
+    program = inline_program(PACKAGE, "tool")
+    assert "'" not in program and len(shlex.quote(program)) == len(program) + 2
+
+
+def test_a_bad_bundle_is_refused_before_anything_is_sent():
+    with pytest.raises(ValueError, match="entry module 'main'"):
+        inline_program(PACKAGE, "main")
+    with pytest.raises(ValueError, match="repeat"):
+        inline_program(PACKAGE + [PACKAGE[0]], "tool")
+
+
+def test_an_oversized_bundle_is_refused_naming_the_limit():
+    rng = random.Random(7)              # incompressible: zlib cannot shrink it under the limit
+    noise = "".join(rng.choice(string.ascii_letters) for _ in range(200_000))
+    with pytest.raises(InlineProgramTooLarge) as exc:
+        inline_program([("big", f"X = {noise!r}\n")], "big")
+    assert str(MAX_ARG_STRLEN) in str(exc.value)
+
+
+def test_the_doctor_command_fits_in_one_argument_after_two_layers_of_quoting():
+    host = Host(name="gpu-a", address="10.1.2.3", state_dir="~/it's state")       # quotes in paths grow it
+    run = Run(name="r", hosts=["gpu-a"], base_model="/data/it's model", drafter="/data/it's drafter")
+    for command in (doctor.host_command(host, run), doctor.sglang_command(run, ["KimiK25ForConditionalGeneration"])):
+        wrapped = remote_timeout_wrap(command, 60)          # the login shell's one -c argument
+        assert len(wrapped.encode()) < MAX_ARG_STRLEN // 2, len(wrapped)
+        assert len(shlex.quote(wrapped).encode()) < MAX_ARG_STRLEN // 2        # and quoted once more
+
+
+def test_the_doctor_program_runs_through_two_shells():
+    spec = {"architectures": ["KimiK25ForConditionalGeneration"]}
+    done = run_through_two_shells(doctor.doctor_program(), "sglang", json.dumps(spec))
+    assert done.returncode == 0, done.stderr
+    facts = doctor.parse_sglang_facts(CommandResult("sglang", done.returncode, done.stdout, done.stderr, 0.0), "gpu-a")
+    assert facts.mode == "sglang" and facts.imported_sglang is False
