@@ -61,7 +61,10 @@ def run(ctx: StepContext) -> StepOutcome:
     if bench.successful_requests != ctx.settings.num_prompts:
         raise RemoteOutputError(f"{ctx.host.name}: only {bench.successful_requests} of "
                                 f"{ctx.settings.num_prompts} benchmark requests succeeded")
-    data = {"draft_tokens": ctx.draft_tokens, **bench.to_dict(), "results_file": results_path(ctx)}
+    s = ctx.settings
+    data = {"draft_tokens": ctx.draft_tokens, **bench.to_dict(), "results_file": results_path(ctx),
+            "settings": {"num_prompts": s.num_prompts, "input_len": s.input_len, "output_len": s.output_len,
+                         "max_concurrency": s.max_concurrency}}
     ctx.memory["bench"] = data
     accept = f", accept length {bench.accept_length:.2f}" if bench.accept_length is not None else ""
     return StepOutcome("ok", f"{bench.output_tok_s:.1f} output tok/s{accept} (T={ctx.draft_tokens})", data)

@@ -203,7 +203,9 @@ def launch_action(ctx: StepContext, launched_at: str = "<launch time>") -> Comma
 
 def plan(ctx: StepContext) -> list[Action]:
     actions: list[Action] = [env_upload_action(ctx)] if ctx.run.env else []
-    return actions + [launch_action(ctx)]
+    actions.append(launch_action(ctx))
+    ctx.memory.setdefault("log", log_path(ctx))  # what wait-ready's plan watches: this launch's log
+    return actions
 
 
 def run(ctx: StepContext) -> StepOutcome:

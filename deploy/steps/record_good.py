@@ -31,11 +31,15 @@ def measurements(ctx: StepContext) -> dict:
         found["accept_length"] = verify["accept_length"]
     if bench.get("output_tok_s") is not None:
         found["output_tok_s"] = bench["output_tok_s"]
+        # throughput depends on prompts, lengths and concurrency: only a run with the same ones compares
+        found["bench_settings"] = bench.get("settings")
     return found
 
 
-def write_command(ctx: StepContext, record: dict, copy_env_from: str | None) -> str:
-    """Copy the env file first (when it is not last-good.env already), then the record."""
+def write_command(ctx: StepContext, record: dict, copy_env_from: str | None, shown: str | None = None) -> str:
+    """Copy the env file first (when it is not last-good.env already), then the record.
+
+    ``shown``: the plan's stand-in for the record's JSON (known only after verification)."""
     path = quote_path(last_good_path(ctx.paths.root))
     target = last_good_env_path(ctx.paths.root)
     if copy_env_from:
@@ -44,7 +48,8 @@ def write_command(ctx: StepContext, record: dict, copy_env_from: str | None) -> 
         env = f"rm -f -- {quote_path(target)} && "
     else:
         env = ""
-    return f"{env}printf '%s\\n' {quote(json.dumps(record, sort_keys=True))} > {path}.tmp && mv -f {path}.tmp {path}"
+    text = shown if shown is not None else json.dumps(record, sort_keys=True)
+    return f"{env}printf '%s\\n' {quote(text)} > {path}.tmp && mv -f {path}.tmp {path}"
 
 
 def read_action(ctx: StepContext) -> Command:
@@ -52,14 +57,18 @@ def read_action(ctx: StepContext) -> Command:
                    command=read_record_command(last_good_path(ctx.paths.root)))
 
 
-def write_action(ctx: StepContext, record: dict, copy_env_from: str | None) -> Command:
+def write_action(ctx: StepContext, record: dict, copy_env_from: str | None, shown: str | None = None) -> Command:
     return Command(description="record this deployment (and its env file) as the last good one",
                    when="it is not recorded as the last good one already, with these numbers",
-                   command=write_command(ctx, record, copy_env_from), what="recording the last good deployment")
+                   command=write_command(ctx, record, copy_env_from, shown), what="recording the last good deployment")
 
 
 def plan(ctx: StepContext) -> list[Command]:
-    return [read_action(ctx), write_action(ctx, {"argv": "<argv>"}, "<env file>")]
+    from deploy.steps.launch import env_path
+
+    env = env_path(ctx) if ctx.run.env else None
+    return [read_action(ctx), write_action(ctx, {"env_file": env}, env,
+                                           shown="<this deployment's record with its measurements, as JSON>")]
 
 
 def last_good(ctx: StepContext) -> dict | None:

@@ -219,6 +219,24 @@ def test_regression_gate_fractions(accept, tput, regressed):
     assert len(regressions) == regressed and len(lines) == 2
 
 
+NIGHTLY_LOAD = {"num_prompts": 16, "input_len": 512, "output_len": 256, "max_concurrency": 4}
+BENCH_LOAD = {"num_prompts": 64, "input_len": 1024, "output_len": 512, "max_concurrency": 8}
+
+
+@pytest.mark.parametrize("field, value", [(k, v * 2) for k, v in NIGHTLY_LOAD.items()] + [(None, None)])
+def test_throughput_compares_only_under_the_same_benchmark_load(field, value):
+    """A manual `bench` run (another load) recorded the bar: nightly's lower tok/s is no regression."""
+    now = {"accept_length": 3.0, "output_tok_s": 300.0, "bench_settings": NIGHTLY_LOAD}
+    other = NIGHTLY_LOAD if field is None else NIGHTLY_LOAD | {field: value}
+    regressions, lines = compare(now, {"accept_length": 3.0, "output_tok_s": 1000.0, "bench_settings": other}, 0.9, 0.9)
+    if field is None:
+        assert len(regressions) == 1 and "output tok/s 300.00" in regressions[0]
+    else:
+        assert regressions == [] and "other settings" in lines[1]
+    legacy = {"accept_length": 3.0, "output_tok_s": 1000.0}  # recorded before the load was kept
+    assert compare(now, legacy, 0.9, 0.9)[0] == [] and compare(now | {"bench_settings": BENCH_LOAD}, now, 0.9, 0.9)[0] == []
+
+
 def test_regression_gate_skips_what_was_not_measured():
     regressions, lines = compare({"accept_length": 3.0}, {"accept_length": 3.0, "output_tok_s": 10.0}, 0.9, 0.9)
     assert regressions == [] and "not compared" in lines[1]
