@@ -10,6 +10,7 @@ numbers (so slow drift cannot lower the bar), only filling in ones it lacked.
 from __future__ import annotations
 
 import json
+from typing import Any
 from datetime import datetime, timezone
 
 from deploy.facts.server import last_good_env_path, last_good_path, parse_record, read_record_command, same_deployment
@@ -24,7 +25,7 @@ class Settings(StepSettings):
 
 
 def measurements(ctx: StepContext) -> dict:
-    found = {"draft_tokens": ctx.draft_tokens}
+    found: dict[str, Any] = {"draft_tokens": ctx.draft_tokens}
     verify = ctx.memory.get("verify") or {}
     bench = ctx.memory.get("bench") or {}
     if verify.get("accept_length") is not None:
