@@ -107,20 +107,19 @@ def listeners(port):
 
 
 def _cmdline(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:500]
-    except OSError:
+    """The process's command line (host_ops' /proc reader), None when it cannot be read."""
+    if host_ops._read("/proc/%d/cmdline" % pid) is None:
         return None
+    return host_ops.cmdline(pid)[:500]
 
 
 def _session(pid):
+    """The process's session id (host_ops' /proc/PID/stat parser), None when it is gone."""
     try:
-        with open("/proc/%d/stat" % pid) as handle:
-            rest = handle.read().rsplit(")", 1)[1].split()
-        return int(rest[3])  # state ppid pgrp session
-    except (OSError, IndexError, ValueError):
+        stat = host_ops._stat(pid)
+    except (IndexError, ValueError):
         return None
+    return stat[2] if stat is not None else None
 
 
 def socket_owners(inodes):

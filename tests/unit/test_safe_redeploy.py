@@ -242,25 +242,6 @@ def test_regression_gate_skips_what_was_not_measured():
     assert regressions == [] and "not compared" in lines[1]
 
 
-# ---------------------------------------------------------------------------- drafter store pruning
-
-
-def test_prune_keeps_two_most_recent_and_the_last_good(tmp_path):
-    store = tmp_path / "drafters"
-    for i, name in enumerate(["old-good", "a", "b", "c"]):
-        (store / name).mkdir(parents=True)
-        os.utime(store / name, (1000 + i, 1000 + i))
-    (store / ".staging-x").mkdir()
-    os.utime(store / ".staging-x", (1, 1))
-    last_good = tmp_path / "last-good.json"
-    last_good.write_text(json.dumps({"argv": [], "drafter_path": str(store / "old-good")}))
-    from deploy.remote.fixer import store as fixer_store
-
-    doc = fixer_store.prune_drafters(str(store), 2, str(last_good))
-    assert sorted(os.listdir(store)) == ["b", "c", "old-good"]
-    assert sorted(doc["removed"]) == [".staging-x", "a"]
-
-
 # ---------------------------------------------------------------------------- history
 
 
