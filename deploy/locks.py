@@ -27,6 +27,7 @@ from deploy.config.models import Host
 from deploy.errors import LockHeld, RemoteOutputError
 from deploy.local_state import state_home
 from deploy.shell import path_join, quote, quote_path
+from deploy.facts.helpers import helper_python
 
 HOST_LOCK_SOURCE = Path(__file__).resolve().parent / "remote" / "host_lock.py"
 
@@ -58,7 +59,7 @@ def host_lock_command(host: Host, owner: dict | str, script: str | None = None) 
     """``owner``/``script`` as text: the plan's placeholders for what is known only at run time."""
     source = HOST_LOCK_SOURCE.read_text() if script is None else script
     owner_text = owner if isinstance(owner, str) else json.dumps(owner, sort_keys=True)
-    return " ".join([quote(host.python), "-c", quote(source), "deployctl-host-lock", quote_path(host_lock_path(host)),
+    return " ".join([helper_python(host.python), "-c", quote(source), "deployctl-host-lock", quote_path(host_lock_path(host)),
                      quote(owner_text)])
 
 

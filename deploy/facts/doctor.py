@@ -7,6 +7,7 @@ field, a wrong type) is a RemoteOutputError that quotes it, never "fine".
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -25,6 +26,7 @@ HELPER = Path(__file__).resolve().parents[1] / "remote" / "doctor_facts.py"
 FIXER_MODULES = ("errors", "header")
 
 
+@functools.lru_cache(maxsize=1)  # built once per process: every host of a run sends the same program
 def doctor_program() -> str:
     """doctor_facts.py with the fixer's header reader, as one ``python3 -c`` program."""
     fixer = HELPER.parent / "fixer"
@@ -174,6 +176,7 @@ def host_spec(host: Host, run: Run) -> dict[str, Any]:
 
 #: the program text travels as argv[1], so the host part can start the SGLang part with the same text
 from deploy.remote.doctor_facts import BOOT  # noqa: E402  (the remote side reuses it for the SGLang part)
+from deploy.facts.helpers import helper_python
 
 
 def run_state_spec(host: Host, helpers: list[str], health_url: str) -> dict[str, Any]:
@@ -194,7 +197,7 @@ def doctor_command(host: Host, run: Run, *, run_state: dict[str, Any] | None = N
     if run_state is not None:
         spec["run_state"] = run_state
     program = doctor_program() if script is None else script
-    return (f"{quote(host.python)} -c {quote(BOOT)} {quote(program)} host "
+    return (f"{helper_python(host.python)} -c {quote(BOOT)} {quote(program)} host "
             f"{quote(json.dumps(spec, sort_keys=True))}")
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from deploy.errors import RemoteCommandFailed, RemoteOutputError
 from deploy.shell import quote, quote_path
+from deploy.facts.helpers import helper_python
 
 
 class _Fact(BaseModel):
@@ -50,7 +51,7 @@ class StopReport(_Fact):
 
 def stop_processes_command(python: str, helper: str, scope: str, grace_s: float, pidfile: str | None = None,
                            exclude: tuple[str, ...] | list[str] = ()) -> str:
-    parts = [quote(python), quote_path(helper), "stop-processes", "--scope", scope, "--grace", f"{grace_s:g}"]
+    parts = [helper_python(python), quote_path(helper), "stop-processes", "--scope", scope, "--grace", f"{grace_s:g}"]
     if scope == "pidfile":
         parts += ["--pidfile", quote_path(pidfile or "")]
     else:
@@ -83,7 +84,7 @@ class Probe(_Fact):
 
 
 def probe_command(python: str, helper: str, url: str, pid: int | str, log: str) -> str:
-    return " ".join([quote(python), quote_path(helper), "probe", "--url", quote(url), "--pid", str(pid),
+    return " ".join([helper_python(python), quote_path(helper), "probe", "--url", quote(url), "--pid", str(pid),
                      "--log", quote_path(log)])
 
 
@@ -116,7 +117,7 @@ class AcceptCheck(_Fact):
 
 
 def accept_check_command(python: str, helper: str, base_url: str, requests: int, max_new_tokens: int) -> str:
-    return " ".join([quote(python), quote_path(helper), "accept-check", "--base", quote(base_url),
+    return " ".join([helper_python(python), quote_path(helper), "accept-check", "--base", quote(base_url),
                      "--requests", str(requests), "--max-new-tokens", str(max_new_tokens)])
 
 
@@ -130,7 +131,7 @@ def parse_accept_check(output: str, source: str) -> AcceptCheck:
 def watch_health_command(python: str, helper: str, url: str, pid: int | str, log: str, *, interval_s: float,
                          every_s: float, for_s: float) -> str:
     """Each line it prints is a probe (``parse_probe``); it stops by itself after ``for_s``."""
-    return " ".join([quote(python), quote_path(helper), "watch-health", "--url", quote(url), "--pid", str(pid),
+    return " ".join([helper_python(python), quote_path(helper), "watch-health", "--url", quote(url), "--pid", str(pid),
                      "--log", quote_path(log), "--interval", f"{interval_s:g}", "--every", f"{every_s:g}",
                      "--for", f"{for_s:g}", "--until-stdin-eof"])
 
@@ -152,7 +153,7 @@ class GpuSample(_Fact):
 def watch_gpus_command(python: str, helper: str, gpu_query: str, apps_query: str, *, interval_s: float,
                        every_s: float, for_s: float) -> str:
     """Each line it prints is a GpuSample: the raw answers of the two queries, parsed by facts.gpus."""
-    return " ".join([quote(python), quote_path(helper), "watch-gpus", "--gpu-query", quote(gpu_query),
+    return " ".join([helper_python(python), quote_path(helper), "watch-gpus", "--gpu-query", quote(gpu_query),
                      "--apps-query", quote(apps_query), "--interval", f"{interval_s:g}", "--every", f"{every_s:g}",
                      "--for", f"{for_s:g}", "--until-stdin-eof"])
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from deploy.errors import RemoteOutputError
 from deploy.shell import path_join, quote, quote_path
+from deploy.facts.helpers import helper_python
 
 #: the fields that make two deployments the same server (the rest is bookkeeping)
 IDENTITY = ("argv", "drafter_fingerprint", "env_hash", "sglang_version")
@@ -50,7 +51,7 @@ def same_deployment(a: dict | None, b: dict | None) -> bool:
 
 
 def server_state_command(python: str, helper: str, state_dir: str, health_url: str) -> str:
-    return " ".join([quote(python), quote_path(helper), "server-state",
+    return " ".join([helper_python(python), quote_path(helper), "server-state",
                      "--pidfile", quote_path(path_join(state_dir, "server.pid")),
                      "--record", quote_path(deployment_path(state_dir)), "--url", quote(health_url)])
 

@@ -303,15 +303,22 @@ def run_state(spec):
             "server": server_state(spec["server"]), "last_good": read_record(spec["last_good"])}
 
 
-def sglang_subprocess(spec, program):
-    """The SGLang facts under the run's sglang_python, in the same exec channel (a second interpreter)."""
+def start_sglang_part(spec, program):
+    """Start the SGLang facts under the run's sglang_python (a second interpreter, same exec channel);
+    it runs while this one gathers the host facts. Returns the process, or the failure document."""
     argv = [spec["python"], "-c", BOOT, program, "sglang", json.dumps(spec["spec"])]
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out, err = proc.communicate(timeout=float(spec.get("timeout_s", 60)))
-        code = proc.returncode
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as exc:
         return {"exit_code": 127, "stdout": "", "stderr": "%s: not found (%s)" % (spec["python"], _error(exc))}
+
+
+def finish_sglang_part(proc, spec):
+    if isinstance(proc, dict):
+        return proc
+    try:
+        out, err = proc.communicate(timeout=float(spec.get("timeout_s", 60)))
+        code = proc.returncode
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
@@ -334,11 +341,12 @@ def host_facts(spec):
 
 
 def host_and_run_facts(spec, program):
+    sglang = start_sglang_part(spec["sglang"], program) if "sglang" in spec and program is not None else None
     facts = host_facts(spec)
     if "run_state" in spec:
         facts["run_state"] = run_state(spec["run_state"])
-    if "sglang" in spec and program is not None:
-        facts["sglang_run"] = sglang_subprocess(spec["sglang"], program)
+    if sglang is not None:
+        facts["sglang_run"] = finish_sglang_part(sglang, spec["sglang"])
     return facts
 
 

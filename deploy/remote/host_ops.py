@@ -34,8 +34,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 PYTHON_EXE = re.compile(r"^python3(\.\d+)?$")
 
@@ -240,6 +238,9 @@ def http_status(url: str, timeout: float) -> dict:
     only when uvicorn starts, after the weights are loaded) and ``timeout`` are "still loading";
     anything else (no route, reset, DNS) is an error the caller reports at once.
     """
+    import urllib.error  # lazily: stop-processes and watch-gpus never load http.client
+    import urllib.request
+
     result = {"status": None, "error": None, "error_kind": None, "body": ""}  # type: Dict[str, Any]
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -368,6 +369,9 @@ PROMPTS = (
 
 
 def _post_json(url: str, payload: dict, timeout: float) -> dict:
+    import urllib.error  # lazily: stop-processes and watch-gpus never load http.client
+    import urllib.request
+
     request = urllib.request.Request(
         url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
     )
@@ -381,6 +385,9 @@ def cmd_accept(args) -> dict:
     1.00 means no draft token was ever accepted: the drafter's weights were dropped by the
     loader, or fc was bypassed (single hidden state). Both happened in real deployments.
     """
+    import urllib.error  # lazily: stop-processes and watch-gpus never load http.client
+    import urllib.request
+
     samples = []  # type: List[Dict[str, Any]]
     for i in range(args.requests):
         payload = {"text": PROMPTS[i % len(PROMPTS)],

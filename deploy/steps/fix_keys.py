@@ -26,6 +26,7 @@ from deploy.facts.fixer import FixerFailure, FixerSummary, exit_code_of, parse_f
 from deploy.facts.server import last_good_path
 from deploy.shell import path_join, quote, quote_path
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
+from deploy.facts.helpers import helper_python
 
 NAME = "fix-keys"
 FIXER = "fixer.pyz"
@@ -70,7 +71,7 @@ def version_flags(ctx: StepContext, version: str | None) -> list[str]:
 def store_command(ctx: StepContext, version: str | None) -> str:
     """The one host command of this step (plan shows it, run sends it)."""
     s = ctx.settings
-    parts = [quote(ctx.host.python), quote_path(ctx.paths.helper(FIXER)), "store",
+    parts = [helper_python(ctx.host.python), quote_path(ctx.paths.helper(FIXER)), "store",
              "--store", quote_path(ctx.paths.drafters), "--keep", str(s.keep_drafters),
              "--last-good", quote_path(last_good_path(ctx.paths.root)), "--when", s.when,
              "--hidden-states-from", s.hidden_states_from]

@@ -310,7 +310,7 @@ def test_doctor_plan_is_one_command_and_sends_the_helper_inline():
 
     planned = doctor.plan(ctx_for(doctor))
     assert len(planned) == 1  # host python, and sglang_python started by it: one exec channel
-    assert planned[0].command.startswith("python3 -c 'import sys; sys.deployctl_program = sys.argv.pop(1); exec(sys.deployctl_program)' ") and " host " in planned[0].command
+    assert planned[0].command.startswith("python3 -I -S -c 'import sys; sys.deployctl_program = sys.argv.pop(1); exec(sys.deployctl_program)' ") and " host " in planned[0].command
     assert "'/data/models/Kimi K2.5'" not in planned[0].command  # the spec is one quoted JSON word
     words = shlex.split(planned[0].command)
     spec = json.loads(words[-1])

@@ -127,7 +127,7 @@ def _sample(gpus, apps):
 def test_wait_gpus_free_watches_on_the_host_until_every_gpu_is_free():
     busy = _sample(_gpus(70000, 0), f"{UUID[0]}, 4242, 70000, python3\n")
     conn = RecordingTransport(HOST, [
-        Reply(r"^python3 ~/'deployctl state/helpers/host_ops\.py' watch-gpus --gpu-query 'nvidia-smi --query-gpu=.*"
+        Reply(r"^python3 -I -S ~/'deployctl state/helpers/host_ops\.py' watch-gpus --gpu-query 'nvidia-smi --query-gpu=.*"
               r" --apps-query 'nvidia-smi --query-compute-apps=.* --interval 0\.01 --every 1 --for 120 --until-stdin-eof$",
               stdout=busy * 2 + _sample(_gpus(0, 0), "") + busy),
     ])
