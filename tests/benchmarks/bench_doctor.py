@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import io
 import json
 import statistics
@@ -29,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from deploy.cli.main import main  # noqa: E402
 from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
 from deploy.transport import HostConnection  # noqa: E402
-from tests.conftest import LOCK_PATH, SANDBOX_ROOT  # noqa: E402
+from sandbox.machine_lock import machine_lock  # noqa: E402
+from tests.conftest import LOCK_WAIT_S, SANDBOX_ROOT  # noqa: E402
 
 NAMES = ("sb1", "sb2", "sb3")
 
@@ -64,8 +64,7 @@ def main_bench() -> int:
     parser.add_argument("--hosts", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    with open(LOCK_PATH, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with machine_lock(LOCK_WAIT_S, poll_s=0.5):
         sandbox = start_sandbox(SANDBOX_ROOT, NAMES[:max(args.hosts)], gpus=8, stop_at_exit=True)
         try:
             counts, seconds = counting_transport()
