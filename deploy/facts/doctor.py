@@ -1,8 +1,13 @@
-"""The doctor's facts: one host command (host python, which runs the sglang_python part) and strict parsers.
+"""The doctor's facts: one host command and strict parsers.
 
-Both commands send ``deploy/remote/doctor_facts.py`` inline (``python3 -c``), so a doctor run
-writes nothing on the host. Each prints one JSON document; anything else (a traceback, a missing
-field, a wrong type) is a RemoteOutputError that quotes it, never "fine".
+``doctor_command`` sends ``deploy/remote/doctor_facts.py`` (with the fixer's header reader and
+host_ops' server-state code, bundled by deploy/facts/inline.py) inline (``python3 -c``), so a doctor
+run writes nothing on the host. It runs under the host's python and starts itself again under the
+run's sglang_python for SGLang's facts, in the same exec channel; a playbook's doctor also reads the
+run's state (helpers' sha256, the running server, the last good record) for the later steps. It
+prints one JSON document; anything else (a traceback, a missing field, a wrong type) is a
+RemoteOutputError that quotes it, never "fine". ``host_command`` is the host part alone (the
+multi-node check of every node's GPUs).
 """
 
 from __future__ import annotations
@@ -251,7 +256,7 @@ def base_architectures(facts: HostFacts) -> list[str]:
 
 
 def read_doctor_facts(conn, host: Host, run: Run, timeout: float = 60) -> tuple[HostFacts, SglangFacts | None, str | None]:
-    """At most two remote commands: host facts under the host's python, then SGLang's under sglang_python.
+    """One remote command: host facts under the host's python, SGLang's under sglang_python.
 
     Returns (host facts, SGLang facts or None, why SGLang's facts are missing).
     """
