@@ -36,7 +36,7 @@ def upload_action(ctx: StepContext, names: list[str] | None = None) -> Upload:
     payloads = helper_payloads()
     chosen = list(HELPER_FILES) if names is None else names
     return Upload(description="install the helpers in the persistent state dir (never /tmp)",
-                  when="a helper is missing or its sha256 differs from the local copy (only those are sent)",
+                  when="a helper is missing or its sha256 differs from the local copy; only those are sent",
                   directory=ctx.paths.helpers,
                   files=tuple(UploadFile(remote=ctx.paths.helper(n), content=payloads[n], mode=0o600) for n in chosen))
 

@@ -187,7 +187,7 @@ def launch_record(ctx: StepContext, launched_at: str) -> dict:
 def env_upload_action(ctx: StepContext) -> Upload:
     names = ", ".join(sorted(ctx.run.env))
     return Upload(description=f"upload the run's environment ({names}; values not shown) as a 0600 file",
-                  when="the run sets env (a rollback sources the last good one's copy instead)",
+                  when="the run sets env; a rollback sources the last good one's copy instead",
                   directory=ctx.paths.root, secret=True,
                   files=(UploadFile(remote=env_path(ctx), content=env_file_text(ctx.run.env).encode(), mode=0o600),))
 
