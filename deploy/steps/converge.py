@@ -65,6 +65,9 @@ def run(ctx: StepContext) -> StepOutcome:
     data = {"desired": identity(desired), "recorded_pid": state.pid, "alive": state.alive, "health": state.status}
     if ctx.memory.get("force"):
         return StepOutcome("ok", "--force: redeploying", data | {"converged": False})
+    if state.record is None:
+        return StepOutcome("ok", "redeploying: no deployment is recorded on this host",
+                           data | {"converged": False, "changed": changed})
     if changed:
         return StepOutcome("ok", f"redeploying: {', '.join(changed)} changed", data | {"converged": False, "changed": changed})
     if not state.alive:

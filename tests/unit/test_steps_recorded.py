@@ -268,7 +268,7 @@ LEGACY_RUN = RUN.model_copy(update={"sglang_generation": "legacy"})  # no versio
 def test_converge_redeploys_when_nothing_is_recorded():
     conn = RecordingTransport(HOST, [Reply(r"host_ops\.py' server-state ", stdout=_state())])
     outcome = converge.run(ctx(converge, conn, run=LEGACY_RUN))
-    assert outcome.data["converged"] is False and "no deployment recorded" in outcome.detail
+    assert outcome.data["converged"] is False and outcome.detail == "redeploying: no deployment is recorded on this host"
     assert len(conn.commands) == 1
 
 
