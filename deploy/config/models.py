@@ -153,6 +153,12 @@ class SSHSettings(Strict):
     max_parallel: Annotated[int, Field(ge=1, le=256)] = 8
 
 
+#: what gpu_devices' file names may start with (free-gpus runs fuser -k on them): NVIDIA (/dev/nvidia*),
+#: AMD (/dev/kfd, /dev/dri/renderD*, /dev/dri/card*), Intel Gaudi (/dev/accel/accel*, /dev/hl*),
+#: AWS Neuron (/dev/neuron*), Huawei Ascend (/dev/davinci*)
+GPU_DEVICE_NAMES = ("nvidia", "kfd", "renderD", "card", "accel", "hl", "neuron", "davinci")
+
+
 class Host(Strict):
     name: Name
     #: an IP, a DNS name, or a Host alias of the user's ssh_config
@@ -182,6 +188,15 @@ class Host(Strict):
         if ".." in value.split("/"):
             # fuser -k kills every process holding a matched file: /dev/../home/* is not a GPU
             raise ValueError("'..' is not allowed in gpu_devices (fuser -k kills whatever holds a match)")
+        directory, _, last = value.rpartition("/")
+        if any(ch in directory for ch in "*?"):
+            raise ValueError("wildcards are allowed in the last path component only, e.g. /dev/nvidia* "
+                             "(fuser -k kills every process holding a match)")
+        if not last.startswith(GPU_DEVICE_NAMES):
+            # /dev/* or /dev/tty* would match /dev/null and the terminals: fuser -k would kill sshd and every shell
+            raise ValueError(f"the file name {last!r} must start with a GPU device name ({', '.join(GPU_DEVICE_NAMES)}), "
+                             "e.g. /dev/nvidia*: fuser -k kills every process holding a match, and /dev/null or "
+                             "/dev/tty* are held by nearly every process")
         return value
 
     @field_validator("state_dir")

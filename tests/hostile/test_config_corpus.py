@@ -140,6 +140,14 @@ for field, value in [("python", "-m"), ("python", "py\tthon"), ("identity_file",
                      ("user", "-oProxyCommand"), ("port", 0), ("port", 70000), ("gpus", 0), ("gpus", 65),
                      ("name", "a b"), ("name", "-x"), ("groups", ["ok", "bad name"])]:
     case(f"host-{field}-{value!r}", with_field(("hosts", 0, field), value), field)
+# gpu_devices is what free-gpus hands to fuser -k: a glob reaching beyond GPU device files would kill
+# sshd and every shell (/dev/null and the ttys are held by nearly every process)
+for directory in ("/dev", "/dev/dri", "~/dev", "/", "/home/u"):
+    for name in ("*", "?", "??*", "tty*", "null", "pts", "sd*", "nv*", "nvi?ia*", "zero", "shm", ""):
+        case(f"gpu_devices-{directory}/{name}", with_field(("hosts", 0, "gpu_devices"), f"{directory.rstrip('/')}/{name}"),
+             "gpu_devices")
+for value in ("/*/nvidia*", "/dev/*/renderD*", "/d?v/nvidia0", "~/*/nvidia*"):
+    case(f"gpu_devices-{value}", with_field(("hosts", 0, "gpu_devices"), value), "gpu_devices", "last path component")
 case("known_hosts-newline", with_field(("ssh", "known_hosts"), "kh\nx"), "known_hosts", "control character")
 case("known_hosts-empty", with_field(("ssh", "known_hosts"), ""), "known_hosts")
 case("host_key_policy-yes", with_field(("ssh", "host_key_policy"), "yes"), "host_key_policy")

@@ -171,3 +171,12 @@ def test_topk_rules(tmp_path):
 def test_relative_gpu_glob_is_refused(tmp_path):
     expect_error(tmp_path, VALID.replace("    groups: [kimi]\n", "    groups: [kimi]\n    gpu_devices: dev/nvidia*\n"),
                  "absolute path glob")
+
+
+@pytest.mark.parametrize("value", ["/dev/nvidia*", "/dev/nvidia0", "/dev/nvidiactl", "/dev/kfd", "/dev/dri/renderD*",
+                                   "/dev/dri/card?", "/dev/accel/accel*", "/dev/hl*", "/dev/neuron*", "/dev/davinci*",
+                                   "~/dev/nvidia*", "/home/dsb x/dev/nvidia*"])
+def test_gpu_device_globs_of_real_accelerators_are_accepted(value):
+    from deploy.config.models import Host
+
+    assert Host(name="a", address="10.0.0.1", gpu_devices=value).gpu_devices == value
