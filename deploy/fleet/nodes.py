@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from deploy.config.models import Host, Run
-from deploy.errors import DeployError, ExitCode, LockHeld, ServerDied, VerificationFailed
-from deploy.facts.server import identity, last_good_path, parse_record, read_record_command
+from deploy.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied, VerificationFailed
+from deploy.facts.server import identity, last_good_path, parse_record, read_record_command, same_deployment
 from deploy.fanout import for_each_host
 from deploy.fleet.phases import PhaseRecord, RunResult
 from deploy.orchestrator import (HostReport, RolledBack, StepRecord, _died, _rollback_steps, _run_steps,
@@ -357,6 +357,15 @@ def _roll_back_group(sessions: Sequence[NodeSession], playbook, error: DeployErr
         _stop_every_node(sessions, phases, progress, f"no last good deployment of this node group: {why}")
         return
     drafter = records[0].get("drafter_path")
+    if isinstance(error, Regression) and all(same_deployment(good, s.memory.get("deployment"))
+                                             for s, good in zip(sessions, records, strict=True)):
+        # relaunched (--force, or a node had died) and slower than its own record: relaunching it again
+        # would change nothing, and a rollback would claim a restore; the group serves on, exit 12
+        why = "the regressing deployment is the node group's last good one: nothing else to roll back to"
+        progress("*", "rollback", why)
+        for s in sessions:
+            s.report.warnings.append(why)
+        return
     progress("*", "rollback", f"relaunching the node group's last good deployment ({drafter})")
     steps = _rollback_steps(playbook)
     clear = [p for p in steps if p.name in ("stop-stale", "free-gpus", "wait-gpus-free")]
@@ -413,7 +422,9 @@ def _roll_back_group(sessions: Sequence[NodeSession], playbook, error: DeployErr
                     f"{addr}, pids " + ", ".join(f"{n} {memories[n].get('pid')}" for n in names) + ")")
         for s in sessions:
             s.report.cause = s.report.error
-            s.report.error = RolledBack(f"failed: {first}\n-> {restored}")
+            # a regression stays a regression (exit 12, as on one host); anything else: rolled back (exit 11)
+            s.report.error = Regression(f"{error}\n-> rolled back: {restored}") if isinstance(error, Regression) \
+                else RolledBack(f"failed: {first}\n-> {restored}")
         progress("*", "rollback", restored)
         return
     problems = _stop_every_node(sessions, phases, progress, "the rollback failed")

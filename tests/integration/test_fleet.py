@@ -446,3 +446,49 @@ def test_nightly_behind_the_router_rolls_one_at_a_time_and_converges(clean_sandb
     assert server_pid(sb, "sb2") != pids["sb2"] and server_pid(sb, "sb1") == pids["sb1"]
     assert client.stats.failed == 0, client.stats.errors[:5]
     assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in HOSTS)
+
+
+def half_speed(sandbox, host: str, directory: str) -> None:
+    """SIMULATION marker: the stand-in SGLang launched from ``directory`` decodes at half speed."""
+    home = sandbox.host(host).home
+    target = str(directory).replace("~/", f"{home}/", 1)
+    assert sandbox.run(host, f"printf 0.5 > '{target}/SIMULATION-decode-speed'").returncode == 0
+
+
+def test_node_group_nightly_regression_is_exit_12_rolled_back_or_with_nothing_to_roll_back_to(
+        clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = nodes_config(sb, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "nightly", "--json")
+    assert code == 0, summary(doc)
+    good = {h: json.loads(sb.run(h, "cat ~/.deployctl/last-good.json").stdout) for h in ("sb1", "sb2")}
+    assert good["sb1"]["metrics"]["output_tok_s"] > 0
+
+    # the same deployment relaunched (--force) on a host that got slower: it regresses against its own
+    # record; relaunching it again would change nothing: exit 12, no rollback, the group serves on
+    for host in ("sb1", "sb2"):
+        half_speed(sb, host, good[host]["drafter_path"])
+    code, doc = cli_json(capsys, "-c", str(path), "nightly", "--force", "--json")
+    assert code == ExitCode.REGRESSION, summary(doc)
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    assert "output tok/s" in hosts["sb1"]["error"] and "rolled back" not in hosts["sb1"]["error"]
+    assert all(any("nothing else to roll back to" in w for w in hosts[h]["warnings"]) for h in hosts)
+    assert not any(p["phase"].startswith("rollback:") for p in doc["fleet"]["phases"])
+    assert health(sb, "sb1") == 200 and "--node-rank 1" in running(sb, "sb2")
+    for host in ("sb1", "sb2"):
+        target = good[host]["drafter_path"].replace("~/", f"{sb.host(host).home}/", 1)
+        sb.run(host, f"rm -f '{target}/SIMULATION-decode-speed'")
+
+    # a new checkpoint at half speed on every node: regression, the group's last good one relaunched:
+    # still exit 12 (a regression, as on one host), not 11
+    for host in ("sb1", "sb2"):
+        new_checkpoint(sb, host)
+        half_speed(sb, host, sb.host(host).drafter_dir)
+    code, doc = cli_json(capsys, "-c", str(path), "nightly", "--json")
+    assert code == ExitCode.REGRESSION, summary(doc)
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    assert {h: hosts[h]["outcome"] for h in hosts} == {"sb1": "regression", "sb2": "regression"}
+    assert "rolled back: previous deployment restored and verified on every node" in hosts["sb1"]["error"]
+    for host in ("sb1", "sb2"):
+        assert good[host]["drafter_path"].replace("~/", "") in running(sb, host)
+    assert health(sb, "sb1") == 200
