@@ -415,6 +415,19 @@ def check_gpu_devices(d: DoctorInput) -> Check:
 
 
 def check_tp_size(d: DoctorInput) -> Check:
+    nodes = len(d.run.nodes)
+    if nodes > 1:
+        # one server over N nodes (--nnodes): SGLang splits the tensor-parallel group evenly, tp_size / N GPUs per node
+        if d.run.tp_size % nodes:
+            return Check("tp-size", "fail", f"tp_size {d.run.tp_size} is not a multiple of the run's {nodes} nodes "
+                         "(SGLang splits tensor parallelism evenly across --nnodes)",
+                         f"set tp_size to {nodes} x the GPUs each node gives the server")
+        per_node = d.run.tp_size // nodes
+        if per_node > d.host.gpus:
+            return Check("tp-size", "fail", f"tp_size {d.run.tp_size} over {nodes} nodes needs {per_node} GPUs per node; "
+                         f"this host has {d.host.gpus}", "lower the run's tp_size or add nodes")
+        return Check("tp-size", "pass", f"tp_size {d.run.tp_size} over {nodes} nodes: {per_node} of this host's "
+                     f"{d.host.gpus} GPUs")
     if d.run.tp_size > d.host.gpus:
         return Check("tp-size", "fail", f"tp_size {d.run.tp_size} > the host's {d.host.gpus} GPUs",
                      "lower the run's tp_size or use a host with more GPUs")

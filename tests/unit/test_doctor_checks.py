@@ -290,6 +290,18 @@ def test_gpu_glob_matching_nothing_and_tp_size(world):
     assert world.checks(run=world.run(tp_size=16))["tp-size"].status == "fail"
 
 
+@pytest.mark.parametrize("nodes, tp_size, status, fragment", [
+    (2, 16, "pass", "8 of this host's 8 GPUs"), (2, 8, "pass", "4 of this host's 8 GPUs"),
+    (4, 32, "pass", "8 of this host's 8 GPUs"), (2, 24, "fail", "needs 12 GPUs per node"),
+    (2, 15, "fail", "not a multiple of the run's 2 nodes"), (3, 16, "fail", "not a multiple"),
+    (4, 64, "fail", "needs 16 GPUs per node")])
+def test_tp_size_of_a_multi_node_server_is_per_node(world, nodes, tp_size, status, fragment):
+    """One server over N nodes splits tp_size evenly: 16 over 2 nodes of 8 GPUs fits."""
+    names = [f"node-{i}" for i in range(nodes)]
+    check = world.checks(host=world.host(gpus=8), run=world.run(hosts=[], nodes=names, tp_size=tp_size))["tp-size"]
+    assert check.status == status and fragment in check.reason, check
+
+
 def test_port_held_by_a_foreign_process_is_named(world):
     with socket.socket() as listener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
