@@ -35,6 +35,16 @@ def test_capture_script_sends_the_products_commands():
     assert capture.STATUS == gpus.gpu_status_command(capture.TAG)
 
 
+def test_real_gpu_benchmark_watches_with_the_products_queries():
+    """bench_gpus_free_real.py runs on a bare GPU host (no pydantic): its query strings are pinned here."""
+    path = FACTS.parent / "benchmarks" / "bench_gpus_free_real.py"
+    spec = importlib.util.spec_from_file_location("bench_gpus_free_real", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.GPU_QUERY == gpus.GPU_QUERY_COMMAND and bench.APPS_QUERY == gpus.COMPUTE_APPS_COMMAND
+
+
 def test_busy_gpu_is_reported_with_its_holder():
     status = gpus.parse_gpu_status(H200_BUSY["exit_code"], H200_BUSY["stdout"], "", TAG, 1, "kimi-a")
     busy = status.busy()
