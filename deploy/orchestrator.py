@@ -59,6 +59,9 @@ class RunOptions:
     owner: dict[str, Any] | None = None
     rollback: bool = True
     force: bool = False
+    #: hosts a fleet kept in its router (a probe found them unchanged): converge must find them so,
+    #: or fail before anything is stopped
+    keep_serving: frozenset[str] = frozenset()
 
 
 class RolledBack(DeployError):
@@ -341,7 +344,7 @@ def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, stamp
     options = options or RunOptions()
     started = time.monotonic()
     report = HostReport(host)
-    memory: dict[str, Any] = {"force": options.force}
+    memory: dict[str, Any] = {"force": options.force, "must_converge": host.name in options.keep_serving}
     try:
         conn = HostConnection(host, config.ssh, jumps)
         conn.connect()

@@ -8,9 +8,9 @@ prints one JSON document; a crash prints a Python traceback instead, reported by
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from deploy.errors import ExitCode, RemoteCommandFailed, RemoteOutputError
 
@@ -156,3 +156,22 @@ def parse_fixer_summary(exit_code: int, stdout: str, stderr: str, source: str) -
             f"{source}: the key fixer did not print its JSON summary (exit {exit_code}): "
             f"{failure_text(stdout, stderr)}"
         ) from None
+
+
+class DrafterFingerprint(_Strict):
+    """``fixer.pyz --fingerprint -- DRAFTER``: what fix-keys would call the drafter (read-only)."""
+
+    status: Literal["fingerprint"]
+    path: str
+    fingerprint: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    exit_code: Literal[0]
+
+
+def parse_fingerprint(exit_code: int, stdout: str, stderr: str, source: str) -> DrafterFingerprint:
+    if exit_code != 0:
+        raise RemoteOutputError(f"{source}: the drafter fingerprint failed (exit {exit_code}): "
+                                f"{failure_text(stdout, stderr)}")
+    try:
+        return DrafterFingerprint.model_validate_json(stdout.strip())
+    except ValidationError:
+        raise RemoteOutputError(f"{source}: the drafter fingerprint printed {stdout.strip()[:200]!r}") from None

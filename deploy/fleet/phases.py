@@ -13,6 +13,7 @@ Rolling redeploys (``--serial N``) and the router are built from these; see ``fl
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -99,10 +100,13 @@ class RunResult:
 
 
 def _host_phase(state: RunState, phase: HostPhase) -> DeployError | None:
+    # hosts kept in the router must only converge (the playbook fails them before stop-stale otherwise)
+    kept = frozenset(state.data.get("kept", ())) & {h.name for h in phase.hosts}
+    options = dataclasses.replace(state.options, keep_serving=kept)
     outcomes = for_each_host(
         list(phase.hosts),
         lambda h: _run_on_host(state.config, state.playbook, state.run, h, state.stamp,
-                               state.progress, state.cancelled, state.jumps, state.options),
+                               state.progress, state.cancelled, state.jumps, options),
         state.config.ssh.max_parallel, cancel=state.cancelled)
     first = None
     for outcome in outcomes:

@@ -23,7 +23,9 @@ def plan_fleet(config, run, hosts, command: str, serial: int | None, allow_downt
             "pidfile": paths.pidfile, "log": paths.latest_log,
             "argv": router_argv(run.router, host, [worker_url(run, h) for h in hosts]),
             "workers": {h.name: worker_url(run, h) for h in hosts},
-            "per_batch": ["GET /workers; DELETE /workers/{id} for the batch's workers (0.3.x; older: /remove_worker)",
+            "per_batch": ["unless the playbook benchmarks: the doctor's read and the drafter's fingerprint on each host; "
+                          "a host that would only converge (already running as desired) stays in the router",
+                          "GET /workers; DELETE /workers/{id} for the other workers (0.3.x; older: /remove_worker)",
                           f"poll each worker's GET /v1/loads until nothing runs or waits (at most "
                           f"{run.router.drain_timeout_s:g} s)",
                           "the playbook on the batch's hosts",
@@ -52,7 +54,10 @@ def fleet_report(result) -> dict[str, Any]:
     rotation = {}
     for host, marks in result.rotation.items():
         entry: dict[str, Any] = {}
-        if "out" in marks and "in" in marks:
+        if "kept" in marks and "out" not in marks:
+            entry["out_of_rotation_s"] = 0.0
+            entry["note"] = "stayed in the router: unchanged"
+        elif "out" in marks and "in" in marks:
             entry["out_of_rotation_s"] = round(marks["in"] - marks["out"], 3)
         elif "out" in marks:
             entry["out_of_rotation_s"] = None

@@ -1,6 +1,8 @@
 """Rolling redeploys behind SGLang's router, built from run-level phases.
 
-Per batch of ``--serial N`` hosts: take its workers out of the router, wait until SGLang reports
+Per batch of ``--serial N`` hosts: check which of them would only converge (already running as
+desired: nothing to redeploy) and keep those in the router, unless the playbook benchmarks them;
+take the others' workers out of the router, wait until SGLang reports
 nothing in flight on them (``/v1/loads``; bounded by the router's ``drain_timeout_s``), run the
 playbook on the batch (converge, rollback and host locks as usual), put the hosts that serve a
 verified deployment back (a host rolled back to its last good deployment included), and only
@@ -27,6 +29,60 @@ def _serving(state: RunState, hosts: Sequence[Host]) -> list[Host]:
     return [h for h in hosts if h.name in state.reports and state.reports[h.name].outcome in SERVING_OUTCOMES]
 
 
+def _unchanged(state: RunState, host: Host) -> tuple[bool, str]:
+    """Would the playbook only converge on ``host``? Read-only: the doctor's command (SGLang's version,
+    the running server and its record) and the drafter's fingerprint, judged by converge's own rule."""
+    from deploy.facts.doctor import doctor_command, facts_of, run_state_spec
+    from deploy.facts.fixer import parse_fingerprint
+    from deploy.facts.helpers import HELPER_FILES
+    from deploy.facts.server import snapshot_of
+    from deploy.orchestrator import network_host
+    from deploy.steps import converge
+    from deploy.steps.base import StepContext
+    from deploy.steps.fix_keys import fingerprint_command, store_path
+    from deploy.steps.wait_ready import health_url
+    from deploy.transport import HostConnection
+
+    with HostConnection(host, state.config.ssh, state.jumps) as conn:
+        host = network_host(host, conn.endpoint.hostname.value)
+        ctx = StepContext(host=host, run=state.run, settings=converge.Settings(step="converge"), conn=conn,
+                          launch_stamp=state.stamp, memory={})
+        spec = run_state_spec(host, list(HELPER_FILES), health_url(ctx))
+        facts, sglang, why = facts_of(conn.run(doctor_command(host, state.run, run_state=spec), timeout=90), host,
+                                      state.run)
+        if sglang is None or sglang.version is None or facts.run_state is None:
+            return False, f"SGLang's version is unknown ({why or sglang and sglang.version_error})"
+        server = snapshot_of(facts.run_state, facts.python.version, host.name, host.state_dir).server
+        result = conn.run(fingerprint_command(ctx), timeout=600)
+        fingerprint = parse_fingerprint(result.exit_code, result.stdout, result.stderr, host.name).fingerprint
+        ctx.memory.update(drafter_fingerprint=fingerprint, drafter_path=store_path(ctx, fingerprint),
+                          sglang_version=sglang.version)
+        return converge.would_converge(ctx, server)
+
+
+def _probe(batch: tuple[Host, ...]):
+    def action(state: RunState) -> str:
+        from deploy.fanout import for_each_host
+
+        if state.options.force:
+            return "--force: every host of the batch is redeployed"
+        if not open_router(state).running():
+            return "router not running yet: nothing to keep in it"
+        outcomes = for_each_host(list(batch), lambda h: _unchanged(state, h), state.config.ssh.max_parallel)
+        kept: list[str] = []
+        redeploy: list[str] = []
+        for outcome in outcomes:
+            unchanged, why = outcome.value if outcome.value is not None else (False, f"not checked: {outcome.error}")
+            (kept if unchanged else redeploy).append(outcome.host.name if unchanged else f"{outcome.host.name} ({why})")
+        state.data.setdefault("kept", set()).update(kept)
+        now = time.monotonic()
+        for name in kept:
+            state.rotation.setdefault(name, {})["kept"] = now
+        return (f"unchanged, kept in the router: {', '.join(kept) or '-'}; "
+                f"to redeploy: {'; '.join(redeploy) or '-'}")
+    return action
+
+
 def _remove(batch: tuple[Host, ...], allow_downtime: bool):
     def action(state: RunState) -> str:
         router = open_router(state)
@@ -34,7 +90,8 @@ def _remove(batch: tuple[Host, ...], allow_downtime: bool):
             state.data["router_running"] = False
             return "router not running yet: nothing to take out"
         state.data["router_running"] = True
-        urls = {worker_url(state.run, h): h for h in batch}
+        kept = state.data.get("kept", set())
+        urls = {worker_url(state.run, h): h for h in batch if h.name not in kept}
         members = router.workers()
         others = [w for w in members if w["url"] not in urls and w["is_healthy"]]
         leaving = [w for w in members if w["url"] in urls]
@@ -78,9 +135,11 @@ def _add(batch: tuple[Host, ...]):
             router.start(urls, state.stamp)
             added = "started the router with " + ", ".join(urls)
         else:
+            listed = {w["url"] for w in router.workers()}  # a host kept in the router is listed already
             for url in urls:
-                router.add(url)
-            added = "added " + ", ".join(urls)
+                if url not in listed:
+                    router.add(url)
+            added = "added " + (", ".join(u for u in urls if u not in listed) or "- (every serving host is in it)")
         now = time.monotonic()
         for host in serving:
             state.rotation.setdefault(host.name, {})["in"] = now
@@ -106,12 +165,17 @@ def _final(hosts: Sequence[Host]):
     return action
 
 
-def fleet_phases(hosts: Sequence[Host], serial: int, has_router: bool, allow_downtime: bool) -> list[Phase]:
+def fleet_phases(hosts: Sequence[Host], serial: int, has_router: bool, allow_downtime: bool,
+                 keep_unchanged: bool = True) -> list[Phase]:
+    """``keep_unchanged``: probe each batch and keep the hosts that would only converge in the router
+    (off when the playbook benchmarks: bench_serving must not compete with the router's traffic)."""
     phases: list[Phase] = []
     groups = batches(hosts, serial)
     for i, batch in enumerate(groups, 1):
         tag = f"batch {i}/{len(groups)}"
         names = ",".join(h.name for h in batch)
+        if has_router and keep_unchanged:
+            phases.append(RunPhase(f"{tag} check unchanged {names}", _probe(batch)))
         if has_router:
             phases.append(RunPhase(f"{tag} router-remove {names}", _remove(batch, allow_downtime)))
             phases.append(RunPhase(f"{tag} drain {names}", _drain(batch)))
@@ -152,7 +216,9 @@ def run_fleet(config, playbook, run, hosts: Sequence[Host], progress, options,
         state = RunState(config, run, playbook, options, progress, jumps, threading.Event(),
                          launch_stamp())
         try:
-            return run_phases(state, hosts, fleet_phases(hosts, serial, run.router is not None, allow_downtime))
+            benchmarks = any(s.name == "benchmark" and s.settings.enabled for s in playbook.steps)
+            return run_phases(state, hosts, fleet_phases(hosts, serial, run.router is not None, allow_downtime,
+                                                         keep_unchanged=not benchmarks))
         finally:
             close_router(state)
 

@@ -9,6 +9,7 @@ redeploys anyway. Verification and benchmarks still run.
 
 from __future__ import annotations
 
+from deploy.errors import DeployError, ExitCode
 from deploy.facts.server import SNAPSHOT_FRESH_S, identity, parse_server_state, server_state_command
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 from deploy.steps.fix_keys import parse_version, version_command
@@ -51,7 +52,33 @@ def differences(desired: dict, recorded: dict | None) -> list[str]:
     return [key.replace("_", " ") for key in want if want[key] != have[key]]
 
 
+def would_converge(ctx: StepContext, state) -> tuple[bool, str]:
+    """(already running as desired?, why not), for the fleet's probe before it drains a replica.
+
+    ``ctx.memory`` holds what fix-keys and the doctor would have learnt: drafter_fingerprint,
+    drafter_path and sglang_version."""
+    changed = differences(desired_record(ctx), state.record)
+    if changed:
+        return False, ", ".join(changed) + " changed"
+    if not state.alive:
+        return False, "the recorded server is not running"
+    if state.status != 200:
+        return False, f"the server answers /health {state.status or state.error}"
+    return True, "already running as desired"
+
+
 def run(ctx: StepContext) -> StepOutcome:
+    outcome = _decide(ctx)
+    if ctx.memory.get("must_converge") and not outcome.data.get("converged"):
+        # the fleet kept this replica in the router because a probe found it unchanged; it changed since:
+        # redeploying it now would stop a server that takes requests. Nothing was stopped.
+        raise DeployError(f"{ctx.host.name}: {outcome.detail.removeprefix('redeploying: ')} since the check before "
+                          "the drain, while this replica stayed in the router; nothing was stopped: run again",
+                          exit_code=ExitCode.FAILED)
+    return outcome
+
+
+def _decide(ctx: StepContext) -> StepOutcome:
     if ctx.run.sglang_generation == "auto" and not ctx.memory.get("sglang_version"):
         ctx.memory["sglang_version"] = parse_version(ctx.execute(version_action(ctx)), ctx.host.name,
                                                      ctx.run.sglang_python)

@@ -55,6 +55,12 @@ def parse_version(result, source: str, python: str = "python3") -> str:
     return parse_sglang_version(result.exit_code, result.stdout, result.stderr, source, python)
 
 
+def fingerprint_command(ctx: StepContext) -> str:
+    """What the drafter's store entry would be called (read-only: the fleet's pre-drain probe)."""
+    return (f"{helper_python(ctx.host.python)} {quote_path(ctx.paths.helper(FIXER))} --fingerprint -- "
+            f"{quote_path(ctx.run.drafter)}")
+
+
 def store_path(ctx: StepContext, fingerprint: str) -> str:
     return path_join(ctx.paths.drafters, fingerprint[:32])
 

@@ -492,3 +492,27 @@ def test_node_group_nightly_regression_is_exit_12_rolled_back_or_with_nothing_to
     for host in ("sb1", "sb2"):
         assert good[host]["drafter_path"].replace("~/", "") in running(sb, host)
     assert health(sb, "sb1") == 200
+
+
+def test_an_unchanged_replica_stays_in_the_router_and_a_changed_one_is_drained(clean_sandbox, tmp_path, capsys):
+    sb = clean_sandbox
+    path = fleet_config(sb, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    pids = {h: server_pid(sb, h) for h in HOSTS}
+    new_checkpoint(sb, "sb2")
+    with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=2) as client:
+        code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    assert {h["host"]: h["outcome"] for h in doc["hosts"]} == {"sb1": "converged", "sb2": "ok", "sb3": "converged"}
+    phases = {p["phase"]: p for p in doc["fleet"]["phases"]}
+    assert "kept in the router: sb1" in phases["batch 1/3 check unchanged sb1"]["detail"]
+    assert "to redeploy: sb2 (argv, drafter fingerprint changed)" in phases["batch 2/3 check unchanged sb2"]["detail"]
+    assert "removed 0 worker(s)" in phases["batch 1/3 router-remove sb1"]["detail"]
+    assert "removed 1 worker(s)" in phases["batch 2/3 router-remove sb2"]["detail"]
+    rotation = doc["fleet"]["rotation"]
+    assert rotation["sb1"] == {"out_of_rotation_s": 0.0, "note": "stayed in the router: unchanged"} == rotation["sb3"]
+    assert rotation["sb2"]["out_of_rotation_s"] > 0
+    assert server_pid(sb, "sb1") == pids["sb1"] and server_pid(sb, "sb2") != pids["sb2"]
+    assert client.stats.failed == 0, client.stats.errors[:5]
+    assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in HOSTS)

@@ -290,6 +290,44 @@ def test_converge_redeploys_a_recorded_server_that_answers_500():
     assert outcome.data["converged"] is False and "/health 500" in outcome.detail
 
 
+@pytest.mark.parametrize("state, reason", [
+    ({"pid": None, "alive": False, "record": None}, "no deployment is recorded"),
+    ({"pid": 4242, "alive": False}, "not running"),
+    ({"pid": 4242, "alive": True, "status": 503}, "/health 503"),
+    ({"pid": 4242, "alive": True, "status": 200, "argv_changed": True}, "argv changed"),
+])
+def test_a_replica_kept_in_the_router_must_still_converge_or_nothing_is_stopped(state, reason):
+    """The fleet kept it serving because a probe found it unchanged: a change since is an error, not a redeploy."""
+    from deploy.errors import DeployError
+    from deploy.steps.converge import would_converge
+    from deploy.facts.server import ServerState
+
+    record = desired_record(ctx(converge, None, run=LEGACY_RUN)) | {"log": "/l/x.log"}
+    if state.pop("argv_changed", False):
+        record = record | {"argv": record["argv"] + ["--disable-cuda-graph"]}
+    fields = {"pid": 4242, "alive": True, "status": 200, "error": None, "record": record} | state
+    conn = RecordingTransport(HOST, [Reply(r" server-state ", stdout=_state(**fields))])
+    with pytest.raises(DeployError, match="since the check before the drain") as exc:
+        converge.run(ctx(converge, conn, run=LEGACY_RUN, memory={"must_converge": True}))
+    assert reason in str(exc.value) and exc.value.exit_code == 1 and len(conn.commands) == 1
+    probe = ServerState(fields["pid"], fields["alive"], fields.get("status"), None, fields["record"])
+    unchanged, why = would_converge(ctx(converge, None, run=LEGACY_RUN), probe)
+    assert unchanged is False and reason.split()[0] in why
+
+
+def test_a_replica_kept_in_the_router_that_converges_passes():
+    from deploy.facts.server import ServerState
+    from deploy.steps.converge import would_converge
+
+    record = desired_record(ctx(converge, None, run=LEGACY_RUN)) | {"log": "/l/x.log"}
+    conn = RecordingTransport(HOST, [Reply(r" server-state ", stdout=_state(pid=7, alive=True, status=200, error=None,
+                                                                             record=record))])
+    outcome = converge.run(ctx(converge, conn, run=LEGACY_RUN, memory={"must_converge": True}))
+    assert outcome.data["converged"] is True
+    assert would_converge(ctx(converge, None, run=LEGACY_RUN), ServerState(7, True, 200, None, record)) == (
+        True, "already running as desired")
+
+
 # -- launch, doctor, benchmark: one action each, SSH-free ------------------------------------------
 
 
