@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deploy.config.models import Config, Host, Run
-from deploy.errors import DeployError, ExitCode, UsageError
+from deploy.errors import DeployError, ExitCode, Interrupted, UsageError
 from deploy.fanout import for_each_host
 from deploy.orchestrator import (HostReport, Progress, RunOptions, StepRecord, _run_on_host, launch_stamp,
                                  network_host)
@@ -103,11 +103,21 @@ def _host_phase(state: RunState, phase: HostPhase) -> DeployError | None:
     # hosts kept in the router must only converge (the playbook fails them before stop-stale otherwise)
     kept = frozenset(state.data.get("kept", ())) & {h.name for h in phase.hosts}
     options = dataclasses.replace(state.options, keep_serving=kept)
-    outcomes = for_each_host(
-        list(phase.hosts),
-        lambda h: _run_on_host(state.config, state.playbook, state.run, h, state.stamp,
-                               state.progress, state.cancelled, state.jumps, options),
-        state.config.ssh.max_parallel, cancel=state.cancelled)
+    try:
+        outcomes = for_each_host(
+            list(phase.hosts),
+            lambda h: _run_on_host(state.config, state.playbook, state.run, h, state.stamp,
+                                   state.progress, state.cancelled, state.jumps, options),
+            state.config.ssh.max_parallel, cancel=state.cancelled)
+    except KeyboardInterrupt as interrupt:
+        # Ctrl-C mid-batch: the hosts that finished keep their reports; one that did not may have been
+        # stopped already, so it counts as not serving (the router must not get it back)
+        finished = {o.host.name: o for o in getattr(interrupt, "outcomes", [])}
+        for host in phase.hosts:
+            outcome = finished.get(host.name)
+            state.reports[host.name] = (outcome.value if outcome is not None and outcome.value is not None else
+                                        HostReport(host, error=Interrupted(f"{host.name}: interrupted mid-redeploy")))
+        raise
     first = None
     for outcome in outcomes:
         report = outcome.value if outcome.value is not None else HostReport(outcome.host, error=outcome.error)
@@ -119,6 +129,26 @@ def _host_phase(state: RunState, phase: HostPhase) -> DeployError | None:
 
 def run_phases(state: RunState, hosts: Sequence[Host], phases: Sequence[Phase]) -> RunResult:
     records: list[PhaseRecord] = []
+    try:
+        return _run_phases(state, hosts, phases, records)
+    except KeyboardInterrupt:
+        # Ctrl-C: put back what the interrupted batch took out of the router and still serves (a host
+        # whose drain was interrupted was never touched), then stop as asked; a second Ctrl-C ends it
+        state.cancelled.set()
+        done = len(records)
+        for phase in phases[done:]:
+            if isinstance(phase, RunPhase) and phase.always:
+                try:
+                    state.progress("*", phase.name, "Ctrl-C: putting back what this batch took out and still serves")
+                    state.progress("*", phase.name, phase.action(state))
+                except DeployError as exc:
+                    state.progress("*", phase.name, f"FAILED: {str(exc).splitlines()[0][:300]}")
+                break
+        raise
+
+
+def _run_phases(state: RunState, hosts: Sequence[Host], phases: Sequence[Phase],
+                records: list[PhaseRecord]) -> RunResult:
     error: DeployError | None = None
     for phase in phases:
         always = isinstance(phase, RunPhase) and phase.always and not state.cancelled.is_set()

@@ -516,3 +516,48 @@ def test_an_unchanged_replica_stays_in_the_router_and_a_changed_one_is_drained(c
     assert server_pid(sb, "sb1") == pids["sb1"] and server_pid(sb, "sb2") != pids["sb2"]
     assert client.stats.failed == 0, client.stats.errors[:5]
     assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in HOSTS)
+
+
+def test_ctrl_c_during_a_drain_puts_the_batch_back_into_the_router(clean_sandbox, tmp_path, capsys):
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    sb = clean_sandbox
+    path = fleet_config(sb, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    pids = {h: server_pid(sb, h) for h in HOSTS}
+    repo = Path(__file__).resolve().parents[2]
+    # long generations keep sb1 busy, so its drain waits: that is when Ctrl-C comes
+    with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=3, max_new_tokens=2048):
+        proc = subprocess.Popen([sys.executable, "-m", "deploy", "-c", str(path), "restart", "--force"], cwd=repo,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
+        seen = []
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    line = lines.get(timeout=5)
+                except queue.Empty:
+                    continue
+                seen.append(line)
+                if "batch 1/3 drain sb1: start" in line:
+                    break
+            else:
+                raise AssertionError("the drain never started:\n" + "".join(seen[-20:]))
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=60) == ExitCode.INTERRUPTED
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    rest = "".join(seen) + "".join(iter(lambda: lines.get(timeout=2) if not lines.empty() else "", ""))
+    assert "Ctrl-C: putting back" in rest, rest[-2000:]
+    # sb1 was taken out and drained, never touched: it serves on and is back in the router
+    assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in HOSTS)
+    assert {h: server_pid(sb, h) for h in HOSTS} == pids
