@@ -57,6 +57,8 @@ def would_converge(ctx: StepContext, state) -> tuple[bool, str]:
 
     ``ctx.memory`` holds what fix-keys and the doctor would have learnt: drafter_fingerprint,
     drafter_path and sglang_version."""
+    if state.record is None:
+        return False, "no deployment is recorded on this host"
     changed = differences(desired_record(ctx), state.record)
     if changed:
         return False, ", ".join(changed) + " changed"
@@ -92,16 +94,9 @@ def _decide(ctx: StepContext) -> StepOutcome:
     data = {"desired": identity(desired), "recorded_pid": state.pid, "alive": state.alive, "health": state.status}
     if ctx.memory.get("force"):
         return StepOutcome("ok", "--force: redeploying", data | {"converged": False})
-    if state.record is None:
-        return StepOutcome("ok", "redeploying: no deployment is recorded on this host",
-                           data | {"converged": False, "changed": changed})
-    if changed:
-        return StepOutcome("ok", f"redeploying: {', '.join(changed)} changed", data | {"converged": False, "changed": changed})
-    if not state.alive:
-        return StepOutcome("ok", "redeploying: the recorded server is not running", data | {"converged": False})
-    if state.status != 200:
-        return StepOutcome("ok", f"redeploying: the server answers /health {state.status or state.error}",
-                           data | {"converged": False})
+    unchanged, why = would_converge(ctx, state)  # the one rule, shared with the fleet's pre-drain probe
+    if not unchanged:
+        return StepOutcome("ok", f"redeploying: {why}", data | {"converged": False} | ({"changed": changed} if changed else {}))
     assert state.record is not None and state.pid is not None
     ctx.memory.update(converged=True, pid=state.pid, log=state.record.get("log"), deployment=state.record)
     return StepOutcome("ok", f"already running as desired (pid {state.pid}); nothing touched",
