@@ -21,7 +21,7 @@ import socket
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from deploy.config.models import Host
 from deploy.errors import LockHeld, RemoteOutputError
@@ -59,8 +59,9 @@ def host_lock_command(host: Host, owner: dict | str, script: str | None = None) 
     """``owner``/``script`` as text: the plan's placeholders for what is known only at run time."""
     source = HOST_LOCK_SOURCE.read_text() if script is None else script
     owner_text = owner if isinstance(owner, str) else json.dumps(owner, sort_keys=True)
+    # the gpu_devices glob: one more lock per GPU device file, whatever the state dir (host_lock.py)
     return " ".join([helper_python(host.python), "-c", quote(source), "deployctl-host-lock", quote_path(host_lock_path(host)),
-                     quote(owner_text)])
+                     quote(owner_text), quote(host.gpu_devices)])
 
 
 def parse_host_lock(line: str, source: str) -> dict:
@@ -70,6 +71,8 @@ def parse_host_lock(line: str, source: str) -> dict:
             raise TypeError
         other = document.get("previous" if document["acquired"] else "owner")
         if other is not None and not isinstance(other, dict):
+            raise TypeError
+        if not all(isinstance(document.get(key, ""), str) for key in ("device", "lock")):
             raise TypeError
     except (ValueError, KeyError, TypeError):
         raise RemoteOutputError(f"{source}: the host lock helper printed {line[:300]!r}") from None
@@ -86,6 +89,11 @@ def acquire_host_lock(conn, host: Host, owner: dict):
     document = parse_host_lock(held.first_line, host.name)
     if not document["acquired"]:
         held.close()
+        if document.get("device"):
+            # another config (another state_dir or user) deploys to the same GPUs of this host
+            raise LockHeld(f"{host.name}: GPU device {document['device']} is locked by "
+                           f"{describe_owner(document.get('owner'))} ({document.get('lock')}); "
+                           "try again when it has finished")
         raise LockHeld(f"{host.name}: locked by {describe_owner(document.get('owner'))} "
                        f"({host_lock_path(host)}); try again when it has finished")
     warning = None
@@ -95,36 +103,58 @@ def acquire_host_lock(conn, host: Host, owner: dict):
     return held, warning
 
 
-def local_lock_path(config_path: Path, run: str) -> Path:
-    key = hashlib.sha256(f"{Path(config_path).resolve()}\0{run}".encode()).hexdigest()[:16]
+def local_lock_path(config_path: Path, run: str, scope: str = "") -> Path:
+    """One lock file per config, run and ``scope`` (``host:NAME``, ``router:NAME``; ``""``: the
+    whole run, the lock's form before it was taken per host)."""
+    identity = f"{Path(config_path).resolve()}\0{run}" + (f"\0{scope}" if scope else "")
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     readable = re.sub(r"[^A-Za-z0-9_.-]", "_", run)[:40]  # the hash is the identity; this is for people
+    if scope:
+        readable += "-" + re.sub(r"[^A-Za-z0-9_.-]", "_", scope)[:60]
     return state_home() / "locks" / f"{readable}-{key}.lock"
 
 
+def local_scopes(hosts: Sequence[str], router_host: str | None = None) -> list[str]:
+    """The local locks a run on ``hosts`` takes: one per host, one for the run's router (its
+    membership is changed by every batch of the run, whichever hosts it names)."""
+    scopes = sorted({f"host:{name}" for name in hosts})
+    if router_host is not None:
+        scopes.append(f"router:{router_host}")
+    return scopes
+
+
 @contextmanager
-def local_lock(config_path: Path, run: str, owner: dict) -> Iterator[None]:
-    """One deployctl per config and run on this machine (the filelock package; flock on Linux)."""
+def local_lock(config_path: Path, run: str, owner: dict, scopes: Sequence[str] = ("",)) -> Iterator[None]:
+    """One deployctl per config, run and host (and router) on this machine (the filelock package;
+    flock on Linux): runs of one config on disjoint host sets proceed in parallel, overlapping ones
+    are refused naming the holder of the first lock they share. All or nothing: a refusal releases
+    the locks already taken; they are taken in sorted order, so two runs never wait on each other."""
     from filelock import FileLock, Timeout
 
-    path = local_lock_path(config_path, run)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    owner_path = path.with_name(path.name + ".owner.json")
-    lock = FileLock(str(path))
+    taken: list[tuple[Any, Path]] = []
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        try:
-            holder = json.loads(owner_path.read_text())
-        except (OSError, ValueError):
-            holder = None
-        raise LockHeld(f"config {config_path} run {run!r} is locked on this machine by "
-                       f"{describe_owner(holder)} ({path})") from None
-    try:
-        owner_path.write_text(json.dumps(owner) + "\n")
+        for scope in sorted(set(scopes)):
+            path = local_lock_path(config_path, run, scope)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            owner_path = path.with_name(path.name + ".owner.json")
+            lock = FileLock(str(path))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                try:
+                    holder = json.loads(owner_path.read_text())
+                except (OSError, ValueError):
+                    holder = None
+                what = f" {scope.replace(':', ' ', 1)}" if scope else ""
+                raise LockHeld(f"config {config_path} run {run!r}{what} is locked on this machine by "
+                               f"{describe_owner(holder)} ({path})") from None
+            taken.append((lock, owner_path))
+            owner_path.write_text(json.dumps(owner) + "\n")
         yield
     finally:
-        try:
-            owner_path.unlink()
-        except OSError:
-            pass
-        lock.release()
+        for lock, owner_path in reversed(taken):
+            try:
+                owner_path.unlink()
+            except OSError:
+                pass
+            lock.release()

@@ -440,13 +440,15 @@ def run_locked(config_path, config: Config, command: str, playbook: Playbook, ru
     from contextlib import ExitStack
 
     from deploy import history
-    from deploy.locks import local_lock, owner_info
+    from deploy.locks import local_lock, local_scopes, owner_info
 
     owner = owner_info(command, run.name)
     started = datetime.now(timezone.utc)
     with ExitStack() as held:
         try:
-            held.enter_context(local_lock(config_path, run.name, owner))
+            # per host (and router): an operator's run on other hosts of the same config and run proceeds
+            scopes = local_scopes([h.name for h in hosts], run.router.host if run.router is not None else None)
+            held.enter_context(local_lock(config_path, run.name, owner, scopes))
         except LockHeld as refused:
             try:
                 history.append({"time": started.isoformat(timespec="seconds"), "verb": command, "run": run.name,
