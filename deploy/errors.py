@@ -34,7 +34,11 @@ class ExitCode(IntEnum):
     ROLLED_BACK = 11
     #: nightly: acceptance or throughput fell below the configured fraction of the last good one.
     REGRESSION = 12
+    #: SIGHUP (128 + 1): handled like Ctrl-C (deploy/cli/signals.py)
+    HANGUP = 129
     INTERRUPTED = 130
+    #: SIGTERM (128 + 15): handled like Ctrl-C (deploy/cli/signals.py)
+    TERMINATED = 143
 
 
 #: set by ``deployctl --traceback``: a bug (an exception deployctl did not expect) prints its traceback

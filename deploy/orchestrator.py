@@ -91,7 +91,8 @@ class HostReport:
         if self.error is None:
             return "converged" if self.facts.get("converged") else "ok"
         return {ExitCode.ROLLED_BACK: "rolled-back", ExitCode.REGRESSION: "regression",
-                ExitCode.LOCKED: "locked", ExitCode.INTERRUPTED: "interrupted"}.get(self.error.exit_code, "failed")
+                ExitCode.LOCKED: "locked", ExitCode.INTERRUPTED: "interrupted",
+                ExitCode.TERMINATED: "interrupted", ExitCode.HANGUP: "interrupted"}.get(self.error.exit_code, "failed")
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"host": self.host.name, "address": self.host.address, "ok": self.ok,
@@ -430,6 +431,20 @@ def plan_with_endpoints(playbook: Playbook, run: Run, hosts: Sequence[Host], con
     return plan_playbook(playbook, run, hosts, addresses, lock=lock), endpoints
 
 
+def mark_interrupted(reports: Sequence[HostReport], code: int, signal_name: str = "") -> None:
+    """A host the interruption (Ctrl-C, SIGTERM 143, SIGHUP 129) cut short is reported, and recorded in
+    history, as interrupted with the signal's exit code; a host that had finished keeps its outcome."""
+    from deploy.errors import Interrupted
+
+    cause = f"terminated by {signal_name}" if signal_name else "interrupted"
+    for report in reports:
+        unfinished = any(s.status == "not-run" for s in report.steps)
+        if report.error is None and unfinished:
+            report.error = Interrupted(f"{report.host.name}: {cause} before its steps finished")
+        if isinstance(report.error, Interrupted):
+            report.error = Interrupted(str(report.error), exit_code=ExitCode(code))
+
+
 def run_locked(config_path, config: Config, command: str, playbook: Playbook, run: Run, hosts: Sequence[Host],
                progress: Progress, *, rollback: bool = True, force: bool = False, runner=None):
     """Run a playbook that changes hosts: local lock per config and run, host locks, history.
@@ -468,6 +483,7 @@ def run_locked(config_path, config: Config, command: str, playbook: Playbook, ru
         except KeyboardInterrupt as interrupt:
             # Ctrl-C: no rollback, but say what each host was left running, and record it.
             partial = [o.value for o in getattr(interrupt, "outcomes", []) if o.value is not None]
+            mark_interrupted(partial, getattr(interrupt, "exit_code", ExitCode.INTERRUPTED), str(interrupt))
             for report in partial:
                 progress(report.host.name, "interrupted", f"left running: {report.left_running or 'unknown'}")
             try:

@@ -113,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         from deploy.remote import fixer
 
         return fixer.main(fix_args, prog="deployctl fix-keys")
+    from deploy.cli.signals import Terminated, terminate_like_interrupt
+
     try:
-        result = cli.main(args=argv, prog_name="deployctl", standalone_mode=False)
+        with terminate_like_interrupt():
+            result = cli.main(args=argv, prog_name="deployctl", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
@@ -126,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     except DeployError as exc:
         click.echo(f"error: {exc}", err=True)
         return int(exc.exit_code)
+    except Terminated as exc:  # SIGTERM/SIGHUP: handled like Ctrl-C, the exit code says which signal
+        click.echo(f"terminated by {exc}", err=True)
+        return exc.exit_code
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return ExitCode.INTERRUPTED
