@@ -303,7 +303,9 @@ def _roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: st
         return
     progress(host.name, "rollback", f"relaunching the last good deployment ({good.get('drafter_path')})")
     rb_memory: dict[str, Any] = {"rollback_record": good, "env_file": good.get("env_file"),
-                                 "host_lock": memory.get("host_lock")}
+                                 "host_lock": memory.get("host_lock"),
+                                 # memory held before the stop (the doctor's read): the rollback never waits for it
+                                 "gpu_baseline_mib": memory.get("gpu_baseline_mib")}
     records, rb_error, _ = _run_steps(_rollback_steps(playbook), host, run, conn, stamp, progress,
                                       rb_memory, cancelled, label="rollback/")
     report.rollback = records

@@ -124,4 +124,15 @@ def load_playbook(name_or_path: str) -> Playbook:
         steps.append(PlannedStep(name, settings))
     if problems:
         raise ConfigError(f"{path}: invalid playbook ({len(problems)} problem(s))\n" + "\n".join(problems))
-    return Playbook(document.name, document.description, path, tuple(steps))
+    return Playbook(document.name, document.description, path, tuple(_doctor_knows_the_wait(steps)))
+
+
+def _doctor_knows_the_wait(steps: list[PlannedStep]) -> list[PlannedStep]:
+    """The doctor judges the GPU memory the stop leaves against the playbook's own wait-gpus-free
+    threshold (unless the doctor's gpu_threshold_mib says otherwise)."""
+    wait = next((s for s in steps if s.name == "wait-gpus-free" and s.settings.enabled), None)
+    if wait is None:
+        return steps
+    threshold = getattr(wait.settings, "threshold_mib", 0)
+    return [PlannedStep(s.name, s.settings.model_copy(update={"gpu_threshold_mib": threshold}))
+            if s.name == "doctor" and getattr(s.settings, "gpu_threshold_mib", 0) is None else s for s in steps]

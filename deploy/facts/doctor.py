@@ -128,6 +128,49 @@ class RunStateFacts(_Strict):
     last_good: Optional[str]
 
 
+class AppsAnswer(_Strict):
+    exit_code: Optional[int]
+    stdout: str
+    stderr: str
+    error: Optional[str]
+
+
+class HolderProcess(_Strict):
+    #: False: nvidia-smi lists a pid this host's /proc does not show (another container's PID namespace)
+    visible: bool
+    uid: Optional[int]
+    session: Optional[int]
+    cmdline: Optional[str]
+
+
+class RecordedServer(_Strict):
+    pid: Optional[int]
+    alive: bool
+    cmdline: Optional[str]
+    #: the run its deployment.json names
+    run: Optional[str]
+
+
+class GpuHolderFacts(_Strict):
+    """The compute-apps answer (parsed by facts.gpus) and each listed process, read before the stop."""
+
+    apps: AppsAnswer
+    #: pid (as text: JSON keys) -> the process
+    processes: dict[str, HolderProcess]
+    #: the doctor's own uid: who stop-stale and free-gpus run as
+    uid: int
+    server: RecordedServer
+
+
+class SglangCliFacts(_Strict):
+    """SGLang's option strings, read from its srt/server_args.py (never imported)."""
+
+    file: str
+    #: per add_argument call: the option and its aliases (``["--tensor-parallel-size", "--tp-size"]``)
+    options: Optional[list[list[str]]]
+    error: Optional[str]
+
+
 class SglangRun(_Strict):
     exit_code: int
     stdout: str
@@ -147,6 +190,7 @@ class HostFacts(_Strict):
     drafter: ModelDirFacts
     run_state: Optional[RunStateFacts] = None
     sglang_run: Optional[SglangRun] = None
+    gpu_holders: GpuHolderFacts
 
 
 class ArchitectureFacts(_Strict):
@@ -168,6 +212,7 @@ class SglangFacts(_Strict):
     models_dir: Optional[str]
     architectures: dict[str, ArchitectureFacts]
     imported_sglang: bool
+    cli: Optional[SglangCliFacts]
 
 
 def host_spec(host: Host, run: Run) -> dict[str, Any]:

@@ -70,6 +70,52 @@ def nvidia_smi(program):
             "stderr": proc.stderr[-2000:], "error": None}
 
 
+#: the compute-apps query deployctl parses (deploy/facts/gpus.py COMPUTE_APPS_COMMAND: the same fields, order)
+APPS_QUERY = ["--query-compute-apps=gpu_uuid,pid,used_memory,process_name", "--format=csv,noheader,nounits"]
+MAX_HOLDERS = 256
+
+
+def recorded_server(pidfile, record):
+    """The PID file's process (alive: a live process whose command line says sglang, host_ops'
+    rule) and the run its deployment record names."""
+    pid = read_pid(pidfile)["pid"]
+    running = pid is not None and host_ops.alive(pid) and "sglang" in host_ops.cmdline(pid)
+    document, _ = read_json(record)
+    run = document.get("run") if isinstance(document, dict) else None
+    return {"pid": pid, "alive": running, "cmdline": _cmdline(pid) if running else None,
+            "run": run if isinstance(run, str) else None}
+
+
+def gpu_holders(program, pidfile, record):
+    """What wait-gpus-free will need and stop-stale/free-gpus would end, read before anything is stopped:
+    the compute-apps answer (raw; deployctl parses it strictly) and, per listed pid, whether this user
+    can end it (same uid, or root), its session and command line; plus the PID file's server."""
+    found = shutil.which(program)
+    facts = {"apps": {"exit_code": None, "stdout": "", "stderr": "", "error": None}, "processes": {},
+             "uid": os.getuid(), "server": recorded_server(pidfile, record)}
+    if found is None:
+        facts["apps"]["error"] = "%s not found on PATH" % program
+        return facts
+    try:
+        proc = subprocess.run([found] + APPS_QUERY, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=20, universal_newlines=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        facts["apps"]["error"] = _error(exc)
+        return facts
+    facts["apps"].update(exit_code=proc.returncode, stdout=proc.stdout[:MAX_OUTPUT_CHARS], stderr=proc.stderr[-2000:])
+    pids = []
+    for line in proc.stdout.splitlines()[:MAX_HOLDERS]:
+        parts = [p.strip() for p in line.split(",", 3)]
+        if len(parts) == 4 and parts[1].isdigit():
+            pids.append(int(parts[1]))
+    for pid in sorted(set(pids)):
+        uid = host_ops._uid(pid)
+        facts["processes"][str(pid)] = {
+            "visible": uid is not None, "uid": uid, "session": _session(pid),
+            "cmdline": _cmdline(pid) if uid is not None else None}
+    return facts
+
+
 def gpu_devices(pattern):
     expanded = os.path.expanduser(pattern)
     return {"pattern": pattern, "expanded": expanded, "matches": sorted(glob.glob(expanded))[:1024]}
@@ -337,6 +383,8 @@ def host_facts(spec):
         "dirs": dict((role, directory(path)) for role, path in sorted(spec["dirs"].items())),
         "base_model": model_dir(spec["base_model"], tensors=False),
         "drafter": model_dir(spec["drafter"], tensors=True),
+        "gpu_holders": gpu_holders(spec.get("nvidia_smi", "nvidia-smi"), os.path.expanduser(spec["pidfile"]),
+                                   os.path.join(os.path.dirname(os.path.expanduser(spec["pidfile"])), "deployment.json")),
     }
 
 
@@ -399,6 +447,38 @@ def resolve_hook(classes, arch):
     return {"class_found": True, "file": first["file"], "has_hook": False, "via": None, "chain": chain}
 
 
+_OPTION = re.compile(r"""["'](--?[A-Za-z0-9][A-Za-z0-9_.-]*)["']""")
+#: the leading option strings of one ``add_argument(...)`` call: one option and its aliases
+_CALL = re.compile(r"""add_argument\(\s*((?:["']--?[A-Za-z0-9][A-Za-z0-9_.-]*["']\s*,\s*)+)""")
+MAX_SOURCE_BYTES = 4 << 20
+
+
+def sglang_options(package_dir):
+    """The options of SGLang's own command line, from its source (never imported: that is torch):
+    per ``add_argument("--name", "--alias", ...)`` call inside ``ServerArgs.add_cli_args`` in
+    srt/server_args.py (SGLang 0.4-0.5: launch_server builds its parser there), its option strings.
+    None and the reason when unreadable."""
+    path = os.path.join(package_dir, "srt", "server_args.py")
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(MAX_SOURCE_BYTES + 1).decode("utf-8", "replace")
+    except OSError as exc:
+        return {"file": path, "options": None, "error": _error(exc)}
+    if len(text) > MAX_SOURCE_BYTES:
+        return {"file": path, "options": None, "error": "larger than %d bytes" % MAX_SOURCE_BYTES}
+    start = re.search(r"^\s+def add_cli_args\s*\(", text, re.M)
+    if start is None:
+        return {"file": path, "options": None, "error": "no add_cli_args in it"}
+    indent = len(start.group(0)) - len(start.group(0).lstrip())
+    end = re.compile(r"^ {0,%d}(?:def |class |@)\S" % indent, re.M).search(text, start.end())
+    body = text[start.end():end.start() if end else len(text)]
+    groups = [_OPTION.findall(call) for call in _CALL.findall(body)]
+    groups = [g for g in groups if g]
+    if not groups:
+        return {"file": path, "options": None, "error": "no add_argument(\"--option\", ...) in add_cli_args"}
+    return {"file": path, "options": groups, "error": None}
+
+
 def sglang_facts(spec):
     import importlib.util
 
@@ -434,6 +514,7 @@ def sglang_facts(spec):
                 archs += [a for a in found_archs if isinstance(a, str)] if isinstance(found_archs, list) else []
             for arch in archs:
                 facts["architectures"][str(arch)] = resolve_hook(classes, str(arch))
+    facts["cli"] = sglang_options(facts["package_dir"]) if facts["package_dir"] else None
     facts["imported_sglang"] = "sglang" in sys.modules
     return facts
 

@@ -135,7 +135,7 @@ def hold(lock_path: str, owner_json: str, stdin=None, stdout=None, gpu_devices=N
         stdout.write(json.dumps({"acquired": False, "owner": _read_owner(owner_path)}) + "\n")
         stdout.flush()
         return 0
-    gpu_fds = []
+    gpu_fds = []  # type: list[int]
     if gpu_devices is not None:
         for device, path in gpu_lock_paths(gpu_devices, directory or shared_dir()):
             gpu_fd = _open_shared(path)

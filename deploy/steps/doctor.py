@@ -9,6 +9,10 @@ outage. A failing check stops the playbook here, so the running server keeps ser
 
 from __future__ import annotations
 
+from typing import Optional
+
+from pydantic import Field
+
 from deploy.errors import VerificationFailed
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 
@@ -20,6 +24,10 @@ class Settings(StepSettings):
     ignore: bool = False
     #: the playbook runs fix-keys later: a speculators-form drafter config is expected, not a warning
     fix_keys_will_run: bool = True
+    #: --replace: a server of another run, or one deployctl did not start, on the GPUs may be stopped
+    replace: bool = False
+    #: GPU memory the stop must free to; default: the playbook's wait-gpus-free threshold_mib (else 0)
+    gpu_threshold_mib: Optional[int] = Field(default=None, ge=0)
 
 
 def action(ctx: StepContext, script: str | None = "<deploy/remote/doctor_facts.py>") -> Command:
@@ -41,11 +49,12 @@ def plan(ctx: StepContext) -> list[Command]:
 
 
 def diagnose(conn, ctx_host, run, *, fix_keys_will_run: bool):
-    from deploy.doctor.checks import DoctorInput, run_checks
+    from deploy.doctor.before_stop import all_checks
+    from deploy.doctor.checks import DoctorInput
     from deploy.facts.doctor import read_doctor_facts
 
     facts, sglang, why = read_doctor_facts(conn, ctx_host, run)
-    checks = run_checks(DoctorInput(ctx_host, run, run.draft_tokens, facts, sglang, fix_keys_will_run=fix_keys_will_run,
+    checks = all_checks(DoctorInput(ctx_host, run, run.draft_tokens, facts, sglang, fix_keys_will_run=fix_keys_will_run,
                                     sglang_error=why))
     return checks, (sglang.version if sglang else None)
 
@@ -66,13 +75,18 @@ def failure_text(host: str, checks) -> str:
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    from deploy.doctor.checks import DoctorInput, run_checks
+    from deploy.doctor.before_stop import StopPlan, all_checks, gpu_baseline
+    from deploy.doctor.checks import DoctorInput
     from deploy.facts.doctor import facts_of
     from deploy.facts.server import snapshot_of
 
     facts, sglang, why = facts_of(ctx.execute(action(ctx, script=None)), ctx.host, ctx.run)
-    checks = run_checks(DoctorInput(ctx.host, ctx.run, ctx.run.draft_tokens, facts, sglang,
-                                    fix_keys_will_run=ctx.settings.fix_keys_will_run, sglang_error=why))
+    given = DoctorInput(ctx.host, ctx.run, ctx.run.draft_tokens, facts, sglang,
+                        fix_keys_will_run=ctx.settings.fix_keys_will_run, sglang_error=why)
+    plan = StopPlan(threshold_mib=ctx.settings.gpu_threshold_mib or 0, replace=ctx.settings.replace)
+    checks = all_checks(given, plan)
+    # memory no process the stop ends holds, per GPU: wait-gpus-free (a rollback's too) never waits for it
+    ctx.memory["gpu_baseline_mib"] = gpu_baseline(given)
     version = sglang.version if sglang else None
     if version:
         ctx.memory["sglang_version"] = version  # fix-keys and converge reuse it: no command of their own

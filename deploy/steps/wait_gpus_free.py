@@ -40,6 +40,13 @@ def describe_busy(rows: list[GpuRow]) -> str:
     return "; ".join(parts)
 
 
+def busy_beyond_baseline(rows: list[GpuRow], threshold_mib: int, baseline: dict[int, int]) -> list[GpuRow]:
+    """GPUs over the threshold, or over what was held before anything was stopped (the doctor's
+    ``gpu_baseline_mib``: memory no process the stop ends accounts for, e.g. a leaked context).
+    Waiting for that to go would never end; a rollback would wait for it too."""
+    return [r for r in busy_gpus(rows, threshold_mib) if r.used_mib > max(threshold_mib, baseline.get(r.index, 0))]
+
+
 def watch_command(ctx: StepContext) -> str:
     return host_helper.watch_gpus_command(
         ctx.host.python, ctx.paths.helper("host_ops.py"), GPU_QUERY_COMMAND, COMPUTE_APPS_COMMAND,
@@ -70,10 +77,12 @@ def run(ctx: StepContext) -> StepOutcome:
     started = time.monotonic()
     seen: dict = {"samples": 0, "busy": None, "free": None}
 
+    baseline = ctx.memory.get("gpu_baseline_mib") or {}
+
     def on_line(line: str) -> bool:
         rows = read_sample(line, ctx.host.gpus, ctx.host.name)
         seen["samples"] += 1
-        busy = busy_gpus(rows, ctx.settings.threshold_mib)
+        busy = busy_beyond_baseline(rows, ctx.settings.threshold_mib, baseline)
         if not busy:
             seen["free"] = rows
             return True
@@ -87,9 +96,12 @@ def run(ctx: StepContext) -> StepOutcome:
     host_helper.check_watch_ended(watched.exit_code, watched.stderr, ctx.host.name, "watch-gpus")
     elapsed = time.monotonic() - started
     if seen["free"] is not None:
+        kept = {i: m for i, m in baseline.items() if m > ctx.settings.threshold_mib}
+        held = "; ".join(f"GPU {i}: {m} MiB held before the stop, not waited for" for i, m in sorted(kept.items()))
         return StepOutcome(
             "ok",
-            f"all {len(seen['free'])} GPUs at <= {ctx.settings.threshold_mib} MiB after {elapsed:.1f} s",
+            f"all {len(seen['free'])} GPUs at <= {ctx.settings.threshold_mib} MiB after {elapsed:.1f} s"
+            + (f" ({held})" if held else ""),
             {"polls": seen["samples"], "elapsed_s": round(elapsed, 2)},
         )
     if seen["busy"] is None:

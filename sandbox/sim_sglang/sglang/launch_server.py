@@ -4,7 +4,7 @@ It loads no model and uses no GPU. It is a small stdlib HTTP server that behaves
 (read from the published wheels 0.5.6 - 0.5.23) where deployctl depends on it.
 
 Faithful (on purpose, because deployctl must cope with it):
-- Flags: the real names and defaults for the subset listed in ``build_parser``; an unknown flag is
+- Flags: the real names and defaults for the subset listed in ``srt/server_args.py``; an unknown flag is
   an argparse error (exit 2); ``--cuda-graph-max-bs`` only exists up to 0.5.12.
 - Speculative flag rules (server_args.py): num-steps unset => topk and draft tokens must be unset
   (auto-chosen); topk == 1 and T != S + 1 => a warning and T = S + 1, silently.
@@ -125,44 +125,13 @@ def version_tuple(version: str) -> tuple[int, int, int]:
 
 
 def build_parser(version: str) -> argparse.ArgumentParser:
+    # the options live where SGLang keeps them (srt/server_args.py), which the doctor reads as text
+    from sglang.srt.server_args import ServerArgs
+
     p = argparse.ArgumentParser(
         prog="launch_server.py",
         description="SIMULATED SGLang server (deployctl sandbox test double).")
-    a = p.add_argument
-    a("--model-path", type=str, required=True, help="The path of the model weights.")
-    a("--tokenizer-path", type=str, default=None)
-    a("--trust-remote-code", action="store_true")
-    a("--dtype", type=str, default="auto")
-    a("--kv-cache-dtype", type=str, default="auto")
-    a("--context-length", type=int, default=None)
-    a("--served-model-name", type=str, default=None)
-    a("--host", type=str, default="127.0.0.1")
-    a("--port", type=int, default=30000)
-    a("--mem-fraction-static", type=float, default=None)
-    a("--max-running-requests", type=int, default=None)
-    a("--chunked-prefill-size", type=int, default=None)
-    a("--page-size", type=int, default=None)
-    a("--tensor-parallel-size", "--tp-size", "--tp", dest="tp_size", type=int, default=1)
-    a("--data-parallel-size", "--dp-size", dest="dp_size", type=int, default=1)
-    a("--base-gpu-id", type=int, default=0)
-    a("--random-seed", type=int, default=None)
-    a("--watchdog-timeout", type=float, default=300)
-    a("--log-level", type=str, default="info")
-    a("--decode-log-interval", type=int, default=40)
-    a("--enable-metrics", action="store_true")
-    a("--attention-backend", type=str, default=None)
-    a("--disable-cuda-graph", action="store_true")
-    if version_tuple(version) <= (0, 5, 12):
-        a("--cuda-graph-max-bs", type=int, default=None)
-    a("--nnodes", type=int, default=1)
-    a("--node-rank", type=int, default=0)
-    a("--dist-init-addr", type=str, default=None)
-    a("--speculative-algorithm", type=str, choices=ALGORITHMS, default=None)
-    a("--speculative-draft-model-path", "--speculative-draft-model", dest="speculative_draft_model_path",
-      type=str, default=None)
-    a("--speculative-num-steps", type=int, default=None)
-    a("--speculative-eagle-topk", type=int, default=None)
-    a("--speculative-num-draft-tokens", type=int, default=None)
+    ServerArgs.add_cli_args(p, version)
     return p
 
 
@@ -1222,8 +1191,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args, version, config, engine: Engine, server: SimHTTPServer, ranks: list[Rank],
          spec: Speculation) -> int:
-    # --tp-size is the whole server's: each of --nnodes nodes runs its share of the ranks
-    world = args.tp_size * args.dp_size // max(1, args.nnodes)
+    # --tp-size is the whole server's: each of --nnodes nodes runs its share of the ranks; data
+    # parallel replicas multiply it unless DP attention runs them inside the TP group, pipeline
+    # stages always do (SGLang's tp x pp x dp GPU arithmetic)
+    dp = 1 if args.enable_dp_attention else args.dp_size
+    world = args.tp_size * dp * args.pp_size // max(1, args.nnodes)
     count = int(config["gpu_count"])
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     physical = [int(x) for x in visible.split(",") if x.strip()] if visible else list(range(count))

@@ -1,0 +1,313 @@
+"""The doctor's checks of what the stop and the steps after it will meet, decided before anything is stopped.
+
+Each guards a way a redeploy took a healthy host down (issue 17), all pure functions over the facts
+the doctor's one command read (deploy/facts/doctor.py):
+
+- ``gpu-memory``: GPU memory that no process the stop would end accounts for (a leaked CUDA context,
+  a process of another container or user). wait-gpus-free would wait for it forever after the healthy
+  server was stopped, and so would the rollback.
+- ``other-servers``: a server of another run (the state dir's deployment record names it) or one
+  deployctl did not start on the host's GPUs: stop-stale and ``fuser -k`` would take it down.
+- ``extra-args``: an option the installed SGLang does not have, ``--help``, a lone ``--``, an option
+  deployctl sets: SGLang's argparse exits at launch, after the old server was stopped.
+- ``parallelism``: tp x dp x pp more GPUs than the host has (SGLang fails to start its ranks).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from deploy.config.models import reserved_option_for
+from deploy.doctor.checks import Check, DoctorInput, run_checks
+from deploy.errors import RemoteOutputError
+from deploy.facts.gpus import attach_holders, parse_compute_apps, parse_gpu_rows
+
+
+@dataclass(frozen=True)
+class StopPlan:
+    """What the playbook will do after the doctor (its settings), for the checks that depend on it."""
+
+    #: wait-gpus-free's threshold_mib: memory on a GPU at or under it counts as free
+    threshold_mib: int = 0
+    #: --replace: a server of another run or not deployctl's on the GPUs may be stopped
+    replace: bool = False
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    index: int
+    used_mib: int
+    #: what the processes the stop would end hold (stop-stale, fuser -k as the deploy user)
+    ended_mib: int
+    #: a process the stop ends reports no memory figure ([N/A]): what it holds is unknown
+    unknown: bool
+    #: the listed holders the stop cannot end: "pid 7 (uid 1001: another user's)"
+    others: tuple[str, ...]
+
+    @property
+    def unaccounted_mib(self) -> int:
+        return max(0, self.used_mib - self.ended_mib)
+
+
+def gpu_memory(d: DoctorInput) -> list[GpuMemory] | str:
+    """Per GPU: used memory, what the stop would free, who else holds it; the reason when unknown."""
+    holders = d.facts.gpu_holders
+    smi = d.facts.nvidia_smi
+    if holders is None:
+        return "the host's facts have no GPU holders (an older doctor program)"
+    if not smi.found or smi.exit_code != 0:
+        return "nvidia-smi did not answer (see the nvidia-smi check)"
+    if holders.apps.exit_code != 0:
+        return f"nvidia-smi's compute-apps query failed: {holders.apps.error or holders.apps.stderr.strip()[:200]}"
+    try:
+        rows = attach_holders(parse_gpu_rows(smi.stdout, d.host.gpus, source=d.host.name),
+                              parse_compute_apps(holders.apps.stdout, source=d.host.name), source=d.host.name)
+    except RemoteOutputError as exc:
+        return str(exc)
+    result = []
+    for row in rows:
+        ended, unknown, others = 0, False, []
+        for app in row.holders:
+            proc = holders.processes.get(str(app.pid))
+            if proc is None or not proc.visible:
+                others.append(f"pid {app.pid} {app.process_name} (not a process of this host's PID namespace: "
+                              "another container's?)")
+            elif holders.uid != 0 and proc.uid != holders.uid:
+                others.append(f"pid {app.pid} {app.process_name} (uid {proc.uid}: another user's)")
+            elif app.used_mib is None:
+                unknown = True
+            else:
+                ended += app.used_mib
+        result.append(GpuMemory(row.index, row.used_mib, ended, unknown, tuple(others)))
+    return result
+
+
+def gpu_baseline(d: DoctorInput) -> dict[int, int]:
+    """GPU index -> MiB that the stop cannot free (held before anything was stopped): what a wait
+    for free GPUs, a rollback's included, must not wait for."""
+    memory = gpu_memory(d)
+    if isinstance(memory, str):
+        return {}
+    return {m.index: m.unaccounted_mib for m in memory if m.unaccounted_mib and not m.unknown}
+
+
+def check_gpu_memory(d: DoctorInput, plan: StopPlan) -> Check:
+    memory = gpu_memory(d)
+    if isinstance(memory, str):
+        return Check("gpu-memory", "warn", f"cannot decide whether the stop frees the GPUs: {memory}")
+    holders = d.facts.gpu_holders
+    assert holders is not None
+    if holders.server.alive and not any(m.ended_mib or m.unknown for m in memory) and \
+            any(m.used_mib > plan.threshold_mib for m in memory):
+        # Our own server runs, yet nvidia-smi attributes no memory to any process we can see: a container
+        # without the host's PID namespace lists none. Every byte would look held by a stranger.
+        return Check("gpu-memory", "warn", f"cannot decide: the server deployctl launched (pid {holders.server.pid}) "
+                     "runs, but nvidia-smi attributes no GPU memory to a process of this host (a container without "
+                     "the host's PID namespace?)", "run deployctl where nvidia-smi lists the server's processes")
+    stuck = [m for m in memory if m.unaccounted_mib > plan.threshold_mib and not m.unknown]
+    if not stuck:
+        held = sum(m.ended_mib for m in memory)
+        return Check("gpu-memory", "pass", f"the stop frees every GPU to <= {plan.threshold_mib} MiB "
+                     f"({held} MiB held by processes it ends)")
+    parts = []
+    for m in stuck:
+        who = "; ".join(m.others) if m.others else "no listed process (a leaked context, or a process nvidia-smi "\
+                                                   "cannot attribute)"
+        parts.append(f"GPU {m.index}: {m.unaccounted_mib} MiB of {m.used_mib} MiB held by {who}")
+    worst = max(m.unaccounted_mib for m in stuck)
+    return Check("gpu-memory", "fail",
+                 f"{len(stuck)} GPU(s) would not be freed by the stop: wait-gpus-free waits for <= "
+                 f"{plan.threshold_mib} MiB and would time out after the running server was stopped\n"
+                 + "\n".join(parts),
+                 f"end those holders, reset the GPU (nvidia-smi --gpu-reset -i N, as root, nothing else on it), "
+                 f"reboot the host, or set wait-gpus-free's threshold_mib to {worst} or more in your playbook")
+
+
+#: command lines of model servers (a stand-in SGLang's too): what stop-stale must not take down unasked
+SERVER_CMDLINE = re.compile(r"sglang|vllm|text-generation-launcher|tritonserver", re.I)
+
+
+def check_other_servers(d: DoctorInput, plan: StopPlan) -> Check:
+    holders = d.facts.gpu_holders
+    if holders is None:
+        return Check("other-servers", "warn", "cannot decide: the host's facts have no GPU holders")
+    server = holders.server
+    found = []
+    if server.alive and server.run is not None and server.run != d.run.name:
+        found.append(f"pid {server.pid} serves run {server.run!r} (the deployment record in {d.host.state_dir}): "
+                     f"{server.cmdline or '?'}")
+    seen = set()
+    for pid_text, proc in sorted(holders.processes.items(), key=lambda kv: int(kv[0])):
+        pid = int(pid_text)
+        if not proc.visible or not SERVER_CMDLINE.search(proc.cmdline or ""):
+            continue
+        if server.pid is not None and (pid == server.pid or proc.session == server.pid):
+            continue  # the server deployctl launched (or its TP ranks, in its session)
+        session = proc.session if proc.session is not None else pid
+        if session in seen:
+            continue  # one server: its TP ranks share its session
+        seen.add(session)
+        found.append(f"pid {pid} holds GPUs and was not started by deployctl for this state dir: "
+                     f"{(proc.cmdline or '?')[:200]}")
+    if not found:
+        return Check("other-servers", "pass", "no server of another run, and none deployctl did not start, on the GPUs")
+    if plan.replace:
+        return Check("other-servers", "warn", "--replace: stop-stale and free-gpus will stop it\n" + "\n".join(found))
+    return Check("other-servers", "fail",
+                 f"{len(found)} server(s) this run would stop without being asked to\n" + "\n".join(found),
+                 "stop it yourself, give this run another host (or GPUs), or pass --replace to stop it")
+
+
+# ---------------------------------------------------------------------------------------------
+# extra_args against the installed SGLang's own options
+
+DP_OPTIONS = ("--data-parallel-size", "--dp-size")
+PP_OPTIONS = ("--pipeline-parallel-size", "--pp-size")
+DP_ATTENTION = "--enable-dp-attention"
+#: argparse's own option, in every parser (a unique prefix such as --hel selects it too)
+HELP = ["--help", "-h"]
+NEGATIVE_NUMBER = re.compile(r"^-\d+(\.\d*)?$")
+
+
+@dataclass(frozen=True)
+class Parsed:
+    #: canonical option (the first of its add_argument call) -> value (None: a flag)
+    options: dict[str, Optional[str]]
+    problems: tuple[str, ...]
+
+
+def _resolve(name: str, groups: list[list[str]]) -> tuple[Optional[list[str]], str]:
+    """The add_argument group ``name`` selects, as argparse does (exact, else a unique prefix:
+    ``allow_abbrev``, SGLang's default); the problem text when none or several."""
+    exact = [g for g in groups if name in g]
+    if exact:
+        return exact[0], ""
+    prefixed = [g for g in groups if any(o.startswith(name) for o in g)]
+    if len(prefixed) == 1:
+        return prefixed[0], ""
+    if prefixed:
+        names = sorted(o for g in prefixed for o in g if o.startswith(name))
+        return None, f"ambiguous option {name}: it could be {', '.join(names[:6])}"
+    close = difflib.get_close_matches(name, [o for g in groups for o in g], n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    return None, f"unrecognized option {name}: the installed SGLang has no such option{hint}"
+
+
+def _value_follows(args: list[str], i: int, eq: str) -> int:
+    """1 when ``args[i]`` is the value of the option before it (not given with ``=``)."""
+    return int(not eq and i < len(args) and (not args[i].startswith("-") or bool(NEGATIVE_NUMBER.match(args[i]))))
+
+
+def parse_extra_args(args: list[str], groups: list[list[str]]) -> Parsed:
+    options: dict[str, Optional[str]] = {}
+    problems = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        i += 1
+        if token == "--":
+            problems.append("a lone '--' ends SGLang's options: what follows is an unrecognized argument "
+                            "(launch_server takes no positional arguments)")
+            continue
+        if token == "-h":
+            problems.append(f"{token}: SGLang prints its help and exits 0; no server starts")
+            continue
+        if not token.startswith("-") or NEGATIVE_NUMBER.match(token):
+            problems.append(f"{token!r} is not an option (a value must follow its option)")
+            continue
+        name, eq, value = token.partition("=")
+        if not name.startswith("--"):
+            problems.append(f"{token}: SGLang has no short options (only -h)")
+            continue
+        group, problem = _resolve(name, groups + [HELP])
+        if group is HELP or group == HELP:
+            problems.append(f"{token}: that is --help; SGLang prints its help and exits 0, no server starts")
+            continue
+        if group is None:
+            problems.append(problem)
+            i += _value_follows(args, i, eq)
+            continue
+        reserved = reserved_option_for(group[0]) or next((reserved_option_for(o) for o in group
+                                                          if reserved_option_for(o)), None)
+        if reserved:
+            problems.append(f"{token} is {group[0]}, which deployctl sets itself (as {reserved}): set it through "
+                            "the run's fields")
+            i += _value_follows(args, i, eq)
+            continue
+        if _value_follows(args, i, eq):
+            value = args[i]
+            i += 1
+        options[group[0]] = value if (eq or value) else None
+    return Parsed(options, tuple(problems))
+
+
+def _option_groups(d: DoctorInput) -> tuple[Optional[list[list[str]]], str]:
+    cli = d.sglang.cli if d.sglang is not None else None
+    if cli is None:
+        return None, "the installed SGLang's sources were not found"
+    if cli.options is None:
+        return None, f"cannot read its options from {cli.file}: {cli.error}"
+    return cli.options, cli.file
+
+
+def check_extra_args(d: DoctorInput) -> Check:
+    if not d.run.extra_args:
+        return Check("extra-args", "pass", "no extra_args")
+    groups, where = _option_groups(d)
+    if groups is None:
+        return Check("extra-args", "warn", f"cannot decide whether SGLang accepts extra_args: {where}",
+                     "make the installed SGLang's srt/server_args.py readable")
+    parsed = parse_extra_args(list(d.run.extra_args), groups)
+    if parsed.problems:
+        version = d.sglang.version if d.sglang is not None else None
+        return Check("extra-args", "fail", f"SGLang {version or '?'} would refuse the run's extra_args at launch, after "
+                     "the running server was stopped:\n" + "\n".join(parsed.problems),
+                     f"fix the run's extra_args (the options are in {where})")
+    return Check("extra-args", "pass", f"{len(parsed.options)} option(s), each one of the installed SGLang's ({where})")
+
+
+def _int_option(options: dict[str, Optional[str]], names: tuple[str, ...]) -> tuple[int, str]:
+    for name in names:
+        if name in options:
+            value = options[name] or ""
+            if not re.fullmatch(r"[0-9]+", value) or int(value) < 1:
+                raise ValueError(f"{name} {value!r} is not a positive whole number")
+            return int(value), name
+    return 1, ""
+
+
+def check_parallelism(d: DoctorInput) -> Check:
+    groups, _ = _option_groups(d)
+    known = groups or [list(DP_OPTIONS), list(PP_OPTIONS), [DP_ATTENTION]]
+    parsed = parse_extra_args(list(d.run.extra_args), known)
+    try:
+        dp, dp_name = _int_option(parsed.options, DP_OPTIONS)
+        pp, pp_name = _int_option(parsed.options, PP_OPTIONS)
+    except ValueError as exc:
+        return Check("parallelism", "fail", str(exc), "give the option a whole number")
+    tp = d.run.tp_size
+    nodes = max(1, len(d.run.nodes))
+    attention = DP_ATTENTION in parsed.options
+    # SGLang: dp replicas multiply the GPUs unless DP attention runs them inside the TP group
+    # (--enable-dp-attention: dp <= tp, GPUs = tp x pp); pipeline stages always multiply them.
+    needed = tp * pp * (1 if attention else dp)
+    per_node = -(-needed // nodes)
+    formula = f"tp {tp} x pp {pp}" + ("" if attention else f" x dp {dp}") + (f" over {nodes} nodes" if nodes > 1 else "")
+    if attention and dp > tp:
+        return Check("parallelism", "fail", f"{dp_name} {dp} exceeds tp {tp}: DP attention splits the TP group",
+                     "lower the dp size to a divisor of tp_size")
+    if per_node > d.host.gpus:
+        return Check("parallelism", "fail", f"{formula} needs {per_node} GPUs on this host, which has {d.host.gpus}: "
+                     "SGLang cannot start its ranks", f"lower {dp_name or pp_name or 'tp_size'} (or tp_size) so "
+                     f"tp x pp x dp fits {d.host.gpus} GPUs, or add --enable-dp-attention for DP inside the TP group")
+    return Check("parallelism", "pass", f"{formula} = {needed} GPUs fit this host's {d.host.gpus}")
+
+
+def all_checks(d: DoctorInput, plan: StopPlan | None = None) -> list[Check]:
+    """The doctor's checks (deploy/doctor/checks.py) and these, in one list."""
+    plan = plan or StopPlan()
+    return run_checks(d) + [check_gpu_memory(d, plan), check_other_servers(d, plan), check_extra_args(d),
+                            check_parallelism(d)]
