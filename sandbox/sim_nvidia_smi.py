@@ -11,6 +11,9 @@ in for ``/dev/nvidiaN``. The numbers this script prints come from REAL processes
   holder, e.g. the stand-in SGLang's TP ranks) and is not older than the process, else 512 MiB
   (about one CUDA context). ``~/.sim/alloc/<pid>.<gpu>.util`` likewise gives utilization.gpu.
 - ``~/.sim/driver_failed`` makes it fail the way it does when the driver is gone (exit 9).
+- ``~/.sim/phantom.json`` (``{"3": 512}``: GPU index -> MiB) adds memory that NO listed process
+  holds, as a real GPU shows after a leaked CUDA context or with a process of another container:
+  memory.used includes it, ``--query-compute-apps`` lists nobody for it, and no kill frees it.
 
 Faithful: the CSV shapes of ``--query-gpu`` / ``--query-compute-apps`` (``, `` separators,
 ``[MiB]`` / ``[%]`` unit brackets in headers even with ``nounits``, ``0 MiB`` / ``0 %`` values with
@@ -79,6 +82,7 @@ def load_config() -> dict:
     sim_dir = os.path.dirname(os.path.abspath(path))
     config.setdefault("alloc_dir", os.path.join(sim_dir, "alloc"))
     config.setdefault("driver_failed_flag", os.path.join(sim_dir, "driver_failed"))
+    config.setdefault("phantom_file", os.path.join(sim_dir, "phantom.json"))
     config.setdefault("gpu_total_mib", 143771)
     config.setdefault("gpu_name", "NVIDIA H200")
     return config
@@ -157,6 +161,24 @@ def _process_name(pid: int) -> str:
         return "[Not Found]"
 
 
+def _phantom(path: str | None, count: int) -> dict[int, int]:
+    """GPU index -> MiB held by no process (the phantom.json knob); absent or unreadable: none."""
+    if not path:
+        return {}
+    try:
+        with open(path) as f:
+            document = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(document, dict):
+        return {}
+    out = {}
+    for key, value in document.items():
+        if str(key).isdigit() and int(key) < count and isinstance(value, int) and value > 0:
+            out[int(key)] = value
+    return out
+
+
 class GpuState:
     """What the simulated driver knows: per-GPU usage and the compute processes."""
 
@@ -191,6 +213,8 @@ class GpuState:
                 self.used[gpu] += mib
                 self.util[gpu] = max(self.util[gpu], min(100, max(0, util)))
                 self.apps.append((gpu, pid, name, mib))
+        for gpu, mib in _phantom(self.config.get("phantom_file"), self.count).items():
+            self.used[gpu] += mib
         self.used = [min(u, self.total) for u in self.used]
         self.apps.sort()
 
