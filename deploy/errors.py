@@ -34,10 +34,13 @@ class ExitCode(IntEnum):
     ROLLED_BACK = 11
     #: nightly: acceptance or throughput fell below the configured fraction of the last good one.
     REGRESSION = 12
-    #: SIGHUP (128 + 1): handled like Ctrl-C (deploy/cli/signals.py)
+    #: restart/nightly: the drafter's fingerprint failed verification or was rolled back on this host
+    #: before (its quarantine record); nothing was stopped. ``--retry-failed`` or a changed checkpoint.
+    QUARANTINED = 13
+    #: SIGHUP (128 + 1): handled like Ctrl-C (deploy/signals.py)
     HANGUP = 129
     INTERRUPTED = 130
-    #: SIGTERM (128 + 15): handled like Ctrl-C (deploy/cli/signals.py)
+    #: SIGTERM (128 + 15): handled like Ctrl-C (deploy/signals.py)
     TERMINATED = 143
 
 
@@ -119,3 +122,7 @@ class LockHeld(DeployError):
 
 class Regression(DeployError):
     exit_code = ExitCode.REGRESSION
+
+
+class Quarantined(DeployError):
+    exit_code = ExitCode.QUARANTINED

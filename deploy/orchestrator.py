@@ -327,6 +327,43 @@ def _roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: st
         progress(host.name, "rollback", "FAILED: the host is serving nothing")
 
 
+def _quarantine(report: HostReport, options: RunOptions, failed_step: str, conn, run: Run, memory: dict,
+                progress: Progress) -> None:
+    """A deployment that failed after its launch (rolled back or not) puts its drafter fingerprint in the
+    host's quarantine (restart/nightly then refuse it, exit 13); one that verified takes it out again."""
+    from deploy.facts.quarantine import parse_quarantine, parse_update, update_command
+    from deploy.steps import quarantine
+
+    host = report.host
+
+    def update(op: str, fp: str, entry: dict | None = None) -> None:  # one exec, under the run's host lock
+        parse_update(conn.check(update_command(host.python, host.state_dir, op, fp, entry), timeout=30,
+                                what="quarantine").stdout, host.name)
+
+    fingerprint = memory.get("drafter_fingerprint")
+    try:
+        if report.error is not None:
+            failure = report.cause or report.error
+            found = quarantine.failure_entry(options.command, run.name, failed_step, failure, memory,
+                                             datetime.now(timezone.utc).isoformat(timespec="seconds"))
+            if found is not None:
+                update("add", *found)
+                note = (f"quarantined drafter fingerprint {found[0][:16]} on this host: restart and nightly will not "
+                        "redeploy it until the checkpoint changes (or --retry-failed)")
+                report.warnings.append(note)
+                progress(host.name, "quarantine", note)
+            return
+        known = memory.get("quarantine")
+        if known is None:
+            snapshot = memory.get("snapshot")
+            known = parse_quarantine(getattr(snapshot, "quarantine", None), host.name, "quarantine.json")
+        if fingerprint and fingerprint in known:
+            update("remove", fingerprint)
+            progress(host.name, "quarantine", f"fingerprint {fingerprint[:16]} verified: out of the quarantine")
+    except DeployError as exc:  # the record is a guard for later runs, never a reason to fail this one
+        report.warnings.append(f"could not update the quarantine record: {exc}")
+
+
 def _collect_facts(report: HostReport, memory: dict, run: Run) -> None:
     deployment = memory.get("deployment") or {}
     report.facts = {
@@ -383,6 +420,9 @@ def _run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, stamp
             report.error = error
             if error is not None and _should_roll_back(playbook, records, failed_at, error, options, cancelled):
                 _roll_back(report, playbook, run, conn, stamp, progress, memory, cancelled)
+            if not cancelled.is_set():
+                _quarantine(report, options, playbook.steps[failed_at].name if failed_at >= 0 else "", conn, run,
+                            memory, progress)
             if report.error is not None:
                 try:
                     report.left_running = _server_state(conn, host, run, memory).describe()

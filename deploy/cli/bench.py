@@ -20,9 +20,10 @@ from deploy.cli.common import doctor_override, run_and_hosts, with_draft_tokens
 @options.dry_run
 @options.as_json()
 @options.ignore_doctor
+@options.replace
 @click.pass_obj
 def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concurrency, input_len, output_len,
-            playbook_name, dry_run, as_json, ignore_doctor) -> int:
+            playbook_name, dry_run, as_json, ignore_doctor, replace) -> int:
     """Redeploy with each --draft-tokens value, verify acceptance, run sglang.bench_serving; compare."""
     from deploy import render
     from deploy.orchestrator import exit_code, plan_playbook, run_locked
@@ -36,7 +37,7 @@ def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concu
                                  ("input_len", input_len), ("output_len", output_len)) if v is not None}
     if updates:
         playbook = playbook.with_settings("benchmark", **updates)
-    for step, settings in doctor_override(ignore_doctor).items():
+    for step, settings in doctor_override(ignore_doctor, replace).items():
         playbook = playbook.with_settings(step, **settings)
     if dry_run:
         documents = [render.plan_document("bench", r.name, plan_playbook(playbook, r, hosts, lock=True))

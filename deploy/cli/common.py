@@ -62,12 +62,17 @@ def run_and_hosts(config: Config, run_name: str | None, host_names: tuple[str, .
     return with_draft_tokens(run, draft_tokens), hosts
 
 
-def doctor_override(ignore_doctor: bool) -> dict[str, dict[str, Any]]:
+def doctor_override(ignore_doctor: bool, replace: bool = False, retry_failed: bool = False) -> dict[str, dict[str, Any]]:
+    overrides: dict[str, dict[str, Any]] = {}
     if ignore_doctor:
         click.echo("--ignore-doctor: a failing doctor check will not stop this run; the running server may be "
                    "stopped for a deploy the doctor expects to fail", err=True)
-        return {"doctor": {"ignore": True}}
-    return {}
+        overrides["doctor"] = {"ignore": True}
+    if replace:
+        overrides.setdefault("doctor", {})["replace"] = True
+    if retry_failed:
+        overrides["quarantine"] = {"retry_failed": True}
+    return overrides
 
 
 def execute(globals_, command: str, default_playbook: str, run_name, host_names, draft_tokens, playbook_name,

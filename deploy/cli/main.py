@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         from deploy.remote import fixer
 
         return fixer.main(fix_args, prog="deployctl fix-keys")
-    from deploy.cli.signals import Terminated, terminate_like_interrupt
+    from deploy.signals import Terminated, terminate_like_interrupt
 
     try:
         with terminate_like_interrupt():

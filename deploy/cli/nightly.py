@@ -55,10 +55,12 @@ def _progress(log):
 @click.option("--min-throughput-fraction", type=click.FloatRange(0.01, 1.0), default=None,
               help="Regression if output tok/s < this x the last good one's (playbook default 0.9).")
 @options.as_json("Print only the JSON report on stdout.")
+@options.replace
+@options.retry_failed
 @options.fleet
 @click.pass_obj
 def command(globals_, run_name, host_names, playbook_name, force, no_rollback, min_accept_fraction,
-            min_throughput_fraction, as_json, serial, allow_downtime) -> int:
+            min_throughput_fraction, as_json, replace, retry_failed, serial, allow_downtime) -> int:
     """Lock, converge to the drafter now at the configured path, verify, benchmark, gate, roll back on failure."""
     from deploy import render
     from deploy.cli.common import run_and_hosts
@@ -72,6 +74,10 @@ def command(globals_, run_name, host_names, playbook_name, force, no_rollback, m
                               ("min_throughput_fraction", min_throughput_fraction)) if v is not None}
     if gate:
         playbook = playbook.with_settings("regression-gate", **gate)
+    from deploy.cli.common import doctor_override
+
+    for step, settings in doctor_override(False, replace, retry_failed).items():
+        playbook = playbook.with_settings(step, **settings)
     path, log = _log_file()
     with log:
         progress = _progress(log)

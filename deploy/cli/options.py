@@ -26,6 +26,12 @@ dry_run = click.option("--dry-run", is_flag=True, help="Print every command in o
 force = click.option("--force", is_flag=True, help="Redeploy even when the server already runs as desired.")
 ignore_doctor = click.option("--ignore-doctor", is_flag=True,
                              help="Run on past failing doctor checks (they are still printed).")
+replace = click.option("--replace", is_flag=True,
+                       help="Stop a server of another run, or one deployctl did not start, on the run's GPUs "
+                            "(without it the doctor refuses before anything is stopped).")
+retry_failed = click.option("--retry-failed", is_flag=True,
+                            help="Redeploy a drafter fingerprint that failed on the host before (quarantined: "
+                                 "exit 13 otherwise).")
 
 
 def as_json(help: str = "Print a JSON report document on stdout.") -> Decorator:

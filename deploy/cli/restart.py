@@ -11,10 +11,12 @@ from deploy.cli.common import doctor_override, execute
 @click.command("restart")
 @options.deploy_options
 @options.ignore_doctor
+@options.replace
+@options.retry_failed
 @options.force
 @options.no_rollback()
 @options.fleet
 @click.pass_obj
-def command(globals_, ignore_doctor: bool, **kw) -> int:
+def command(globals_, ignore_doctor: bool, replace: bool, retry_failed: bool, **kw) -> int:
     """After a checkpoint change: doctor, re-fix if the drafter changed, then stop, free, launch, wait."""
-    return execute(globals_, "restart", "restart", overrides=doctor_override(ignore_doctor), **kw)
+    return execute(globals_, "restart", "restart", overrides=doctor_override(ignore_doctor, replace, retry_failed), **kw)

@@ -11,14 +11,15 @@ from deploy.cli.common import doctor_override, execute
 @click.command("up")
 @options.deploy_options
 @options.ignore_doctor
+@options.replace
 @options.force
 @options.no_rollback()
 @options.fleet
 @click.pass_obj
-def command(globals_, ignore_doctor: bool, **kw) -> int:
+def command(globals_, ignore_doctor: bool, replace: bool, **kw) -> int:
     """Doctor, fix the drafter's keys, stop stale python3, free the GPUs, launch SGLang, wait until ready.
 
     Already running as desired (same argv, drafter, environment, SGLang version; alive; /health
     200): nothing is touched. A failure after stop-stale relaunches the last good deployment (exit 11).
     """
-    return execute(globals_, "up", "up", overrides=doctor_override(ignore_doctor), **kw)
+    return execute(globals_, "up", "up", overrides=doctor_override(ignore_doctor, replace), **kw)

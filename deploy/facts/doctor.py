@@ -117,6 +117,11 @@ class ModelDirFacts(_Strict):
     files_error: Optional[str] = None
 
 
+class QuarantineRead(_Strict):
+    #: the file's text (None: absent)
+    text: Optional[str]
+
+
 class RunStateFacts(_Strict):
     """Read in the doctor's command for the run's later steps (one exec channel instead of four)."""
 
@@ -126,6 +131,9 @@ class RunStateFacts(_Strict):
     server: dict[str, Any]
     #: last-good.json as text (None: absent)
     last_good: Optional[str]
+    #: quarantine.json (deploy/facts/quarantine.py), when asked for
+    quarantine: Optional[QuarantineRead] = None
+
 
 
 class AppsAnswer(_Strict):
@@ -233,9 +241,11 @@ def run_state_spec(host: Host, helpers: list[str], health_url: str) -> dict[str,
     from deploy.facts.server import deployment_path, last_good_path
 
     paths = StatePaths(host.state_dir)
+    from deploy.facts.quarantine import quarantine_path
+
     return {"helpers": {name: paths.helper(name) for name in helpers},
             "server": {"pidfile": paths.pidfile, "record": deployment_path(paths.root), "health_url": health_url},
-            "last_good": last_good_path(paths.root)}
+            "last_good": last_good_path(paths.root), "quarantine": quarantine_path(paths.root)}
 
 
 def doctor_command(host: Host, run: Run, *, run_state: dict[str, Any] | None = None, timeout: float = 60,

@@ -130,6 +130,9 @@ class RunSnapshot:
     helpers: dict[str, str | None]
     server: ServerState
     last_good: dict | None
+    #: quarantine.json as text (None: absent), when the doctor's command read it (quarantine_read)
+    quarantine: str | None = None
+    quarantine_read: bool = False
 
     @property
     def fresh(self) -> bool:
@@ -144,4 +147,7 @@ def snapshot_of(run_state, python: str, source: str, state_dir: str) -> RunSnaps
 
     state = parse_server_state(json.dumps(run_state.server), source)
     good = parse_record(run_state.last_good or "", source, last_good_path(state_dir))
-    return RunSnapshot(time.monotonic(), python, dict(run_state.helpers), state, good)
+    quarantine = getattr(run_state, "quarantine", None)
+    return RunSnapshot(time.monotonic(), python, dict(run_state.helpers), state, good,
+                       quarantine=quarantine.text if quarantine is not None else None,
+                       quarantine_read=quarantine is not None)

@@ -345,8 +345,11 @@ def server_state(spec):
 def run_state(spec):
     """What the run's later steps would otherwise read with one command each: the installed helpers'
     sha256 (ensure-helper), the server (converge), the last good record (record-good, regression-gate)."""
-    return {"helpers": dict((name, sha256_of(path)) for name, path in sorted(spec["helpers"].items())),
-            "server": server_state(spec["server"]), "last_good": read_record(spec["last_good"])}
+    state = {"helpers": dict((name, sha256_of(path)) for name, path in sorted(spec["helpers"].items())),
+             "server": server_state(spec["server"]), "last_good": read_record(spec["last_good"])}
+    if "quarantine" in spec:  # the quarantine step's record (deploy/facts/quarantine.py)
+        state["quarantine"] = {"text": read_record(spec["quarantine"])}
+    return state
 
 
 def start_sglang_part(spec, program):

@@ -8,6 +8,7 @@ from deploy.steps import (
     fix_keys,
     free_gpus,
     launch,
+    quarantine,
     record_good,
     regression_gate,
     stop_stale,
@@ -18,6 +19,6 @@ from deploy.steps import (
 
 REGISTRY = {
     module.NAME: module
-    for module in (doctor, ensure_helper, fix_keys, converge, stop_stale, free_gpus, wait_gpus_free, launch,
+    for module in (doctor, ensure_helper, fix_keys, converge, quarantine, stop_stale, free_gpus, wait_gpus_free, launch,
                    wait_ready, verify_acceptance, benchmark, regression_gate, record_good)
 }

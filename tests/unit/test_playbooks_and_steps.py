@@ -316,7 +316,7 @@ def test_doctor_plan_is_one_command_and_sends_the_helper_inline():
     spec = json.loads(words[-1])
     assert spec["base_model"] == "/data/models/Kimi K2.5" and spec["drafter"] == "~/drafters/it's"
     assert spec["sglang"] == {"python": "python3", "timeout_s": 60, "spec": {"base_model": "/data/models/Kimi K2.5"}}
-    assert set(spec["run_state"]) == {"helpers", "server", "last_good"}
+    assert set(spec["run_state"]) == {"helpers", "server", "last_good", "quarantine"}
 
 
 STEP_FILES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "steps").glob("*.py"))

@@ -1,0 +1,70 @@
+"""The host's quarantine record: drafter fingerprints that failed verification or were rolled back there.
+
+``<state_dir>/quarantine.json`` = ``{"schema": 1, "entries": {FINGERPRINT: {"failed_at", "verb", "run",
+"exit_code", "reason", "drafter_path"}}}``, written only by ``deploy/remote/quarantine.py`` under the
+host lock. Read by the doctor's command (run_state) or with one bounded ``head``; parsed strictly:
+a record that is not this shape is an error naming the file, never "nothing quarantined".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from deploy.errors import RemoteOutputError
+from deploy.facts.helpers import helper_python
+from deploy.shell import path_join, quote, quote_path
+
+SOURCE = Path(__file__).resolve().parents[1] / "remote" / "quarantine.py"
+MARK = "deployctl-quarantine"
+MAX_BYTES = 256 << 10
+ENTRY_FIELDS = ("failed_at", "verb", "run", "exit_code", "reason", "drafter_path")
+
+
+def quarantine_path(state_dir: str) -> str:
+    return path_join(state_dir, "quarantine.json")
+
+
+def read_command(state_dir: str) -> str:
+    return f"head -c {MAX_BYTES + 1} -- {quote_path(quarantine_path(state_dir))} 2>/dev/null || true"
+
+
+def update_command(python: str, state_dir: str, op: str, fingerprint: str, entry: dict | None = None,
+                   script: str | None = None) -> str:
+    source = SOURCE.read_text() if script is None else script
+    parts = [helper_python(python), "-c", quote(source), MARK, quote_path(quarantine_path(state_dir)), op,
+             quote(fingerprint)]
+    if op == "add":
+        parts.append(quote(json.dumps(entry or {}, sort_keys=True)))
+    return " ".join(parts)
+
+
+def parse_quarantine(text: str | None, source: str, what: str) -> dict[str, dict[str, Any]]:
+    """fingerprint -> entry; no record (absent, empty): nothing is quarantined."""
+    if text is None or not text.strip():
+        return {}
+    try:
+        if len(text.encode()) > MAX_BYTES:
+            raise ValueError(f"larger than {MAX_BYTES} bytes")
+        document = json.loads(text)
+        entries = document.get("entries") if isinstance(document, dict) else None
+        if not isinstance(entries, dict):
+            raise ValueError("no entries object")
+        for fingerprint, entry in entries.items():
+            if not isinstance(entry, dict) or not isinstance(entry.get("failed_at"), str):
+                raise ValueError(f"entry {fingerprint[:40]!r} has no failed_at time")
+    except ValueError as exc:
+        raise RemoteOutputError(f"{source}: {what} is not a quarantine record ({exc}): {text[:200]!r}; "
+                                "remove the file to clear the quarantine") from None
+    return entries
+
+
+def parse_update(output: str, source: str) -> int:
+    try:
+        document = json.loads(output.strip().splitlines()[-1])
+        if document.get("ok") is not True or not isinstance(document.get("entries"), int):
+            raise TypeError
+    except (ValueError, TypeError, IndexError, AttributeError):
+        raise RemoteOutputError(f"{source}: the quarantine helper printed {output[:300]!r}") from None
+    return document["entries"]
