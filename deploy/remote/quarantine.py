@@ -36,7 +36,7 @@ def read(path: str) -> dict:
     return entries
 
 
-def write(path: str, entries: dict) -> None:
+def write(path: str, entries: dict) -> int:
     newest = sorted(entries.items(), key=lambda kv: str(kv[1].get("failed_at", "")) if isinstance(kv[1], dict) else "")
     document = {"schema": 1, "entries": dict(newest[-KEEP:])}
     tmp = "%s.%d.tmp" % (path, os.getpid())
@@ -45,6 +45,7 @@ def write(path: str, entries: dict) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+    return len(document["entries"])
 
 
 def main(argv=None) -> int:
@@ -64,8 +65,8 @@ def main(argv=None) -> int:
         entries[fingerprint] = json.loads(args[4])
     else:
         entries.pop(fingerprint, None)
-    write(path, entries)
-    sys.stdout.write(json.dumps({"ok": True, "entries": len(entries)}) + "\n")
+    kept = write(path, entries)
+    sys.stdout.write(json.dumps({"ok": True, "entries": kept}) + "\n")
     return 0
 
 
