@@ -38,14 +38,15 @@ def read(path: str) -> dict:
 
 def write(path: str, entries: dict) -> int:
     newest = sorted(entries.items(), key=lambda kv: str(kv[1].get("failed_at", "")) if isinstance(kv[1], dict) else "")
-    document = {"schema": 1, "entries": dict(newest[-KEEP:])}
+    kept = dict(newest[-KEEP:])
+    document = {"schema": 1, "entries": kept}
     tmp = "%s.%d.tmp" % (path, os.getpid())
     with open(tmp, "w") as handle:
         handle.write(json.dumps(document, sort_keys=True, indent=1) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-    return len(document["entries"])
+    return len(kept)
 
 
 def main(argv=None) -> int:
