@@ -498,6 +498,13 @@ def _transient(exc: BaseException) -> bool:
     )
 
 
+def silent_server(exc: BaseException, waited_s: float, timeout_s: float) -> bool:
+    """An SSH server that accepted the connection but never sent its banner for the whole timeout
+    (a quick banner error, e.g. sshd's MaxStartups dropping us, is worth a retry; this is not)."""
+    text = str(exc)
+    return waited_s >= 0.9 * timeout_s and ("No existing session" in text or "protocol banner" in text)
+
+
 def open_hop(hop: Endpoint, gateway: fabric.Connection | None, retries: int, label: str) -> fabric.Connection:
     """Connect one hop (retrying refused/timed-out connects); errors are DeployErrors naming ``label``."""
     import paramiko
@@ -507,8 +514,20 @@ def open_hop(hop: Endpoint, gateway: fabric.Connection | None, retries: int, lab
            wait=wait_exponential(multiplier=0.5, max=5), reraise=True)
     def attempt() -> fabric.Connection:
         conn = build_hop_connection(hop, gateway, label)
+        started = time.monotonic()
         try:
             conn.open()
+        except paramiko.SSHException as exc:
+            conn.close()
+            waited = time.monotonic() - started
+            if silent_server(exc, waited, hop.connect_timeout_s.value):
+                # paramiko logs the banner timeout and then fails auth with "No existing session";
+                # retrying a host that accepts TCP but never speaks SSH only multiplies the wait (44 s)
+                raise ConnectionFailed(
+                    f"{label}: the host accepted the TCP connection but its SSH server sent nothing within "
+                    f"{waited:.0f} s (no SSH banner: a frozen host or network, or an overloaded sshd); not retried"
+                ) from None
+            raise
         except BaseException:
             conn.close()
             raise
