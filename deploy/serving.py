@@ -30,15 +30,15 @@ class Serving:
     pid: Optional[int] = None
     detail: str = ""
 
-    def headline(self, host: str) -> str:
+    def headline(self) -> str:
         if self.state == "serving":
-            return f"{host} IS SERVING a verified deployment (pid {self.pid}){': ' + self.detail if self.detail else ''}"
+            return f"THE HOST IS SERVING a verified deployment (pid {self.pid}){': ' + self.detail if self.detail else ''}"
         if self.state == "unverified":
-            return (f"{host} SERVES NO VERIFIED DEPLOYMENT: pid {self.pid} runs unverified"
+            return (f"THE HOST SERVES NO VERIFIED DEPLOYMENT: pid {self.pid} runs unverified"
                     f"{' (' + self.detail + ')' if self.detail else ''}")
         if self.state == "nothing":
-            return f"{host} IS SERVING NOTHING (no SGLang server of deployctl's is running)"
-        return f"WHAT {host} SERVES IS UNKNOWN{': ' + self.detail if self.detail else ''}"
+            return "THE HOST IS SERVING NOTHING (no SGLang server of deployctl's is running)"
+        return f"WHAT THE HOST SERVES IS UNKNOWN{': ' + self.detail if self.detail else ''}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"state": self.state, "pid": self.pid, "detail": self.detail}

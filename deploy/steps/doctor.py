@@ -13,7 +13,7 @@ from typing import Optional
 
 from pydantic import Field
 
-from deploy.errors import VerificationFailed
+from deploy.errors import DeployError, ExitCode, VerificationFailed
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 
 NAME = "doctor"
@@ -59,11 +59,36 @@ def diagnose(conn, ctx_host, run, *, fix_keys_will_run: bool):
     return checks, (sglang.version if sglang else None)
 
 
-def failure_text(host: str, checks) -> str:
+def left_as_it_was(snapshot) -> str:
+    """What the refusal leaves serving, as the doctor's own read under the host lock saw it (never a
+    fixed "keeps serving" when nothing runs)."""
+    server = getattr(snapshot, "server", None)
+    if server is None:
+        return "whatever runs on the host is left as it was"
+    if not server.alive:
+        return "no SGLang server of deployctl's was running, none is started"
+    if server.status == 200:
+        return f"the running server keeps serving (pid {server.pid})"
+    health = f"/health {server.status}" if server.status is not None else "/health no answer"
+    return f"the running server (pid {server.pid}, {health}) is left as it was"
+
+
+#: failures that mean the drafter's files cannot be read as a checkpoint (still being written, truncated,
+#: no config.json): exit 6 like fix-keys, not 8 (the checkpoint itself is invalid, nothing was verified)
+CHECKPOINT_FAILURES = (("drafter", ""), ("drafter-weights", "cannot read the drafter's safetensors headers"),
+                       ("drafter-config", "cannot read"))
+
+
+def checkpoint_invalid(bad) -> bool:
+    return bool(bad) and all(any(c.name == name and c.reason.startswith(start) for name, start in CHECKPOINT_FAILURES)
+                             for c in bad)
+
+
+def failure_text(host: str, checks, snapshot=None) -> str:
     from deploy.doctor.checks import failed
 
     bad = failed(checks)
-    lines = [f"{host}: doctor: {len(bad)} check(s) failed; nothing was stopped, the running server keeps serving "
+    lines = [f"{host}: doctor: {len(bad)} check(s) failed; nothing was stopped, {left_as_it_was(snapshot)} "
              "(--ignore-doctor runs anyway)"]
     for check in bad:
         reason = check.reason.splitlines()
@@ -102,7 +127,10 @@ def run(ctx: StepContext) -> StepOutcome:
     bad = failed(checks)
     warned = [c.name for c in checks if c.status == "warn"]
     if bad and not ctx.settings.ignore:
-        raise VerificationFailed(failure_text(ctx.host.name, checks))
+        text = failure_text(ctx.host.name, checks, ctx.memory.get("snapshot"))
+        if checkpoint_invalid(bad):
+            raise DeployError(text, exit_code=ExitCode.CHECKPOINT)
+        raise VerificationFailed(text)
     if bad:
         names = ", ".join(c.name for c in bad)
         ctx.progress(f"--ignore-doctor: running on past {len(bad)} failing check(s): {names}")

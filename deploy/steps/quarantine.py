@@ -68,8 +68,11 @@ def run(ctx: StepContext) -> StepOutcome:
         ctx.progress(f"--retry-failed: redeploying {describe(fingerprint, entry)}")
         return StepOutcome("ok", f"--retry-failed: retrying quarantined fingerprint {fingerprint[:16]}",
                            {"entries": len(known), "retrying": fingerprint})
-    raise Quarantined(f"{ctx.host.name}: {describe(fingerprint, entry)}; not redeployed: nothing was stopped, the "
-                      "running server keeps serving. Change the checkpoint, or pass --retry-failed to try it again")
+    from deploy.steps.doctor import left_as_it_was
+
+    raise Quarantined(f"{ctx.host.name}: {describe(fingerprint, entry)}; not redeployed: nothing was stopped, "
+                      f"{left_as_it_was(ctx.memory.get('snapshot'))}. Change the checkpoint, or pass --retry-failed "
+                      "to try it again")
 
 
 def failure_entry(verb: str, run_name: str, failed_step: str, error: DeployError, memory: dict,
