@@ -21,8 +21,10 @@ pytestmark = pytest.mark.sandbox
 
 
 def serving_pid(sandbox) -> int:
-    [line] = servers(sandbox)
-    return int(line.split()[0])
+    """The server deployctl launched (its PID file), alive."""
+    out = sandbox.run("sb1", "pid=$(cat ~/.deployctl/server.pid) && kill -0 \"$pid\" && echo \"$pid\"")
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.strip())
 
 
 def health(sandbox) -> str:
@@ -160,7 +162,7 @@ def test_two_state_dirs_on_one_host_contend_for_its_gpus(clean_sandbox, tmp_path
         if first.poll() is None:
             first.kill()
     assert first.returncode == 0
-    assert len(servers(clean_sandbox)) == 1
+    serving_pid(clean_sandbox)
 
 
 def test_disjoint_hosts_of_one_run_proceed_in_parallel(clean_sandbox, tmp_path, capsys):
