@@ -9,10 +9,10 @@ import stat
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import EXIT_CHANGE_NEEDED, EXIT_CHECKPOINT, EXIT_IO, EXIT_OK, EXIT_USAGE, EXIT_VERIFY, FixError
-from .header import _pread_exact, _read_region, read_header
-from .fileio import TMP_SUFFIX, _atomic_write, _close_quiet, _copy_range, _fsync_dir, _io_error, _sha256, _stage, _tmp_path, _unb64, _unlink_quiet, _write_all
+from .header import _pread_exact, _read_region, open_regular, read_header
+from .fileio import NOFOLLOW, TMP_SUFFIX, _atomic_write, _close_quiet, _copy_range, _fsync_dir, _io_error, _sha256, _stage, _tmp_path, _unb64, _unlink_quiet, _write_all
 from .checkpoint import CONFIG_NAME, INDEX_NAME, SIDECAR_NAME, _Checkpoint, _WeightsFile, _dump_json, _read_config, fingerprint
-from .sidecar import _json_entry, _known, _load_sidecar, _new_sidecar, _record, _torn_between
+from .sidecar import _json_entry, _known, _load_sidecar, _new_sidecar, _record, _torn_between, seal
 from .rename import _parse_rules, _plan_renames, _plan_weight_map
 from .plan import FilePlan
 from .config import IDS_MODES, config_kind, convert_config, _sglang_ids
@@ -32,17 +32,20 @@ def _heal_torn(ckpt: _Checkpoint, sidecar: Dict[str, Any], dry_run: bool, log: L
         current = region
         if current is None or len(current) != len(target):
             try:
-                with open(weights.real, "rb") as handle:
-                    current = handle.read(len(target))
-            except OSError:
+                rfd = open_regular(weights.real, weights.path)
+            except FixError:
                 continue
+            try:
+                current = _pread_exact(rfd, len(target), 0)
+            finally:
+                os.close(rfd)
         if _sha256(current) in _known(entry) or not _torn_between(current, source, target):
             continue
         if dry_run:
             raise FixError(EXIT_CHECKPOINT, "%s: an interrupted header rewrite left the header half "
                            "old, half new; run without --check to complete it, or --restore"
                            % weights.path)
-        fd = None
+        fd: Optional[int] = None
         try:
             fd = os.open(weights.real, os.O_RDWR)
             os.pwrite(fd, target[8:], 8)
@@ -334,8 +337,9 @@ def _full_backup(ckpt: _Checkpoint, changing: List[FilePlan], config: bool, inde
         tmp = _tmp_path(backup)
         src = dst = None
         try:
-            src = os.open(path, os.O_RDONLY)
-            dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            src = open_regular(path)
+            _unlink_quiet(tmp)
+            dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
             _copy_range(src, dst, 0, os.fstat(src).st_size, 0,
                         lambda: _stage("mid_full_backup"))
             os.fchmod(dst, stat.S_IMODE(os.fstat(src).st_mode))
@@ -393,7 +397,7 @@ def _write_sidecar(ckpt: _Checkpoint, sidecar: Optional[Dict[str, Any]], plans: 
     if new_index_raw is not None and ckpt.index_raw is not None:
         side["index"], _ = _json_entry(side.get("index"), ckpt.index_raw, new_index_raw)
         _note_link(side["index"], ckpt.index_path or "")
-    _atomic_write(ckpt.sidecar_path, _dump_json(side), "after_backup_tmp_write", "",
+    _atomic_write(ckpt.sidecar_path, _dump_json(seal(side)), "after_backup_tmp_write", "",
                   "after_backup_rename")
     log.append("original headers%s saved in %s" % (" and config" if new_config_raw else "",
                                                   SIDECAR_NAME))
@@ -444,9 +448,9 @@ def _rewrite_file(path: str, new_raw: bytes, data_offset: int, data_len: int, di
     _unlink_quiet(tmp)
     src = dst = None
     try:
-        src = os.open(path, os.O_RDONLY)
+        src = open_regular(path, display)
         st = os.fstat(src)
-        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
         _write_all(dst, new_raw, 0)
         if not prefix:
             _stage("before_copy")
