@@ -36,6 +36,18 @@ def _parse_rules(renames: Any) -> Tuple[List[Tuple[str, str]], bool]:
         if new.startswith(old):
             raise FixError(EXIT_USAGE, "--rename %s=%s: the new prefix starts with the old one, so "
                            "every run would rename again" % (old, new))
+        if (old, new) in pairs:
+            continue
+        for earlier_old, earlier_new in pairs:
+            # the first rule whose OLD starts a key wins: a later rule it shadows never applies
+            if old == earlier_old:
+                raise FixError(EXIT_USAGE, "--rename %s=%s conflicts with --rename %s=%s (the same "
+                               "prefix renamed two ways); nothing was written"
+                               % (old, new, earlier_old, earlier_new))
+            if old.startswith(earlier_old):
+                raise FixError(EXIT_USAGE, "--rename %s=%s never applies: --rename %s=%s comes first and "
+                               "matches every key it would; put the longer prefix first; nothing was "
+                               "written" % (old, new, earlier_old, earlier_new))
         pairs.append((old, new))
     if not pairs:
         raise FixError(EXIT_USAGE, "no rename given")

@@ -41,11 +41,11 @@ import subprocess
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .checkpoint import CONFIG_NAME, INDEX_NAME, _Checkpoint, fingerprint
+from .checkpoint import CONFIG_NAME, INDEX_NAME, _Checkpoint, _read_config, fingerprint
 from .conversion import convert
 from .errors import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_IO, EXIT_OK, EXIT_VERIFY, FixError
 from .fileio import _close_quiet, _copy_range, _fsync_dir
-from .header import _read_bounded, file_kind, open_regular
+from .header import _read_bounded, file_kind, open_regular, read_header
 
 READY_MARKER = ".deployctl-ready"
 OWNER_MARKER = ".deployctl-store-entry"
@@ -174,6 +174,10 @@ def plan_copy(source: str) -> Tuple[List[Tuple[str, str, int]], List[str], List[
     """
     real_source = os.path.realpath(source)
     ckpt = _Checkpoint(source)
+    # validated here, in the user's directory, so that an error names the user's file (not the copy)
+    for weights in ckpt.weights:
+        read_header(weights.real, weights.path)
+    _read_config(ckpt.config_path)
     loader_files = set(w.name for w in ckpt.weights) | {CONFIG_NAME, INDEX_NAME}
     files: List[Tuple[str, str, int]] = []
     dirs: List[str] = []
@@ -428,6 +432,11 @@ def store_drafter(drafter: str, store: str, *, keep: int, last_good: str, when: 
         shutil.rmtree(staging, ignore_errors=True)
         why = "no space left on device" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
         raise FixError(EXIT_IO, "cannot publish %s in the drafter store %s: %s" % (drafter, store, why))
+    except FixError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        exc.message = exc.message.replace(staging, drafter)     # name the user's file, not the copy
+        exc.args = (exc.message,)
+        raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
