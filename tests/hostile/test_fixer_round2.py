@@ -419,15 +419,29 @@ def test_a_config_link_out_of_the_directory_is_never_put_back(tmp_path, capsys, 
     assert tree_state(outside) == outside_before and Path("/etc/passwd").read_bytes() == passwd
 
 
-def test_restore_never_writes_through_a_link_leaving_the_directory(tmp_path, capsys):
+@pytest.mark.parametrize("kind", ["absolute", "relative", "chain", "to-etc-passwd", "to-dev-zero"])
+def test_restore_never_writes_through_a_link_leaving_the_directory(tmp_path, capsys, kind):
     drafter = converted(tmp_path)
-    victim = tmp_path / "victim.safetensors"
+    victim = tmp_path / "outside" / "victim.safetensors"
+    victim.parent.mkdir()
     os.replace(drafter / WEIGHTS, victim)                 # the converted bytes, now outside
-    os.symlink(victim, drafter / WEIGHTS)
+    if kind == "absolute":
+        os.symlink(victim, drafter / WEIGHTS)
+    elif kind == "relative":
+        os.symlink(os.path.relpath(victim, drafter), drafter / WEIGHTS)
+    elif kind == "chain":
+        os.symlink(victim, tmp_path / "hop")
+        os.symlink("../hop", drafter / WEIGHTS)
+    elif kind == "to-etc-passwd":
+        os.symlink("/etc/passwd", drafter / WEIGHTS)
+    else:
+        os.symlink("/dev/zero", drafter / WEIGHTS)
     before = tree_state(tmp_path)
+    passwd = Path("/etc/passwd").read_bytes()
     code, out, err = run_cli(capsys, "--restore", "--", str(drafter))
-    assert_clean_failure(code, 6, out, err, [WEIGHTS, "outside the checkpoint directory"], before,
-                         tree_state(tmp_path))
+    fragment = "outside the checkpoint directory" if kind in ("absolute", "relative", "chain") else ""
+    assert_clean_failure(code, 6, out, err, [WEIGHTS, fragment], before, tree_state(tmp_path))
+    assert Path("/etc/passwd").read_bytes() == passwd
 
 
 def test_restore_never_writes_through_a_hard_link(tmp_path, capsys):
@@ -461,6 +475,16 @@ def test_a_link_planted_at_a_temporary_name_is_never_written_through(tmp_path, c
     code, out, err = run_cli(capsys, "--restore", "--", str(drafter))
     assert code == 0, err
     assert victim.read_text() == "precious\n"
+
+
+def test_a_last_good_record_that_is_a_fifo_is_never_opened(tmp_path):
+    from deploy.remote.fixer import store
+
+    os.mkfifo(tmp_path / "last-good.json")
+    (tmp_path / "drafters").mkdir()
+    started = time.monotonic()
+    result = store.prune_drafters(str(tmp_path / "drafters"), 1, str(tmp_path / "last-good.json"))
+    assert time.monotonic() - started < 5 and result["protected"] is None
 
 
 def test_a_sealed_sidecar_round_trips_and_an_old_unsealed_one_still_restores(tmp_path, capsys):
