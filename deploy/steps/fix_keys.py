@@ -144,7 +144,12 @@ def outcome_of(ctx: StepContext, summary: FixerSummary | FixerFailure) -> StepOu
             "skipped": list(summary.skipped)}
     detail = ("already converted" if summary.status == "already_converted"
               else f"converted, {summary.renamed} keys renamed")
-    return StepOutcome("ok", f"{detail} in {store}", data)
+    text = f"{detail} in {store}"
+    if summary.skipped:
+        # links leaving the drafter directory, FIFOs, ...: the copy names each one (data.skipped)
+        text += (f"; {len(summary.skipped)} note(s) on the copy (links leaving the drafter directory are not "
+                 f"followed), first: {summary.skipped[0][:200]}")
+    return StepOutcome("ok", text, data)
 
 
 def run(ctx: StepContext) -> StepOutcome:
