@@ -123,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:
         exc.show()
         return ExitCode.USAGE if isinstance(exc, click.UsageError) else exc.exit_code
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__context__, Terminated):  # click turns every KeyboardInterrupt into Abort
+            click.echo(f"terminated by {exc.__context__}", err=True)
+            return exc.__context__.exit_code
         click.echo("aborted", err=True)
         return ExitCode.INTERRUPTED
     except DeployError as exc:
