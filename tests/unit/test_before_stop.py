@@ -290,3 +290,23 @@ def test_parse_keeps_values_with_their_options():
     parsed = parse_extra_args(["--log-level", "warn", "--enable-metrics", "--random-seed=-3"], groups)
     assert parsed.options == {"--log-level": "warn", "--enable-metrics": None, "--random-seed": "-3"}
     assert parsed.problems == ()
+
+
+# --- the stand-in nvidia-smi's knob: memory no process holds ------------------------------------------
+
+@pytest.mark.parametrize("phantom,used", [({"3": 512}, [0, 0, 0, 512]), ({"0": 1, "2": 7}, [1, 0, 7, 0]),
+                                          ({"9": 5, "x": 1, "1": -4, "2": "a"}, [0, 0, 0, 0]), ("[]", [0, 0, 0, 0])])
+def test_the_sandbox_nvidia_smi_reports_memory_no_listed_process_holds(tmp_path, phantom, used):
+    sim = Path(__file__).resolve().parents[2] / "sandbox" / "sim_nvidia_smi.py"
+    (tmp_path / "dev").mkdir()
+    for i in range(4):
+        (tmp_path / "dev" / f"nvidia{i}").touch()
+    (tmp_path / "config.json").write_text(json.dumps({"gpu_count": 4, "gpu_dir": str(tmp_path / "dev")}))
+    (tmp_path / "phantom.json").write_text(phantom if isinstance(phantom, str) else json.dumps(phantom))
+    env = {"NVIDIA_SMI_SIM_CONFIG": str(tmp_path / "config.json"), "PATH": "/usr/bin:/bin"}
+    gpus = subprocess.run([sys.executable, str(sim), "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, env=env, timeout=30)
+    apps = subprocess.run([sys.executable, str(sim), "--query-compute-apps=pid", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, env=env, timeout=30)
+    assert [int(x) for x in gpus.stdout.split()] == used
+    assert apps.stdout == ""  # nobody holds it
