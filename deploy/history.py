@@ -36,6 +36,8 @@ def records_for(verb: str, run: str, reports: Sequence, started_at: datetime | N
             "output_tok_s": facts.get("output_tok_s"), "outcome": report.outcome,
             "exit_code": int(report.error.exit_code) if report.error is not None else 0,
             "duration_s": round(report.duration_s, 3),
+            # what the host serves after the run (deploy/serving.py): the same decision as the report's
+            "serving": report.serving.state if getattr(report, "serving", None) is not None else None,
         })
     return rows
 

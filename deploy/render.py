@@ -142,6 +142,9 @@ def step_summary_tables(command: str, reports, out: Console) -> None:
             out.print(str(report.error), markup=False, style="red")
         if report.left_running is not None:
             out.print(f"left running on {host.name}: {report.left_running}", markup=False)
+        serving = getattr(report, "serving", None)
+        if serving is not None and (report.error is not None or serving.state != "serving"):
+            out.print(f"{host.name}: {serving.headline()}", markup=False)
 
 
 def report_document(command: str, run_name: str, reports) -> dict:
@@ -272,6 +275,9 @@ def plain_report_lines(command: str, reports, stamp: str) -> list[str]:
             lines.extend(f"{stamp} [{report.host.name}]   {line}" for line in str(report.error).splitlines()[:60])
         if report.left_running is not None:
             lines.append(f"{stamp} [{report.host.name}] left running: {report.left_running}")
+        serving = getattr(report, "serving", None)
+        if serving is not None and (report.error is not None or serving.state != "serving"):
+            lines.append(f"{stamp} [{report.host.name}] serving: {serving.headline()}")
     return lines
 
 
