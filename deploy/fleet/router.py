@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from deploy.config.models import Host, Run, RouterSpec
 from deploy.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
 from deploy.shell import quote, quote_path, path_join
-from deploy.steps.launch import probe_address
+from deploy.sglang.argv import probe_address
+from deploy.state_layout import RouterPaths
 
 FLEET_OPS = Path(__file__).resolve().parents[1] / "remote" / "fleet_ops.py"
 #: stop-stale --scope user leaves these command lines alone: a router on a replica host keeps
@@ -41,27 +41,6 @@ def router_address(spec: RouterSpec, host: Host) -> str:
 
 def router_url(spec: RouterSpec, host: Host) -> str:
     return f"http://{router_address(spec, host)}:{spec.port}"
-
-
-@dataclass(frozen=True)
-class RouterPaths:
-    state_dir: str
-
-    @property
-    def root(self) -> str:
-        return path_join(self.state_dir, "router")
-
-    @property
-    def pidfile(self) -> str:
-        return path_join(self.root, "router.pid")
-
-    @property
-    def logs(self) -> str:
-        return path_join(self.root, "logs")
-
-    @property
-    def latest_log(self) -> str:
-        return path_join(self.root, "logs", "latest.log")
 
 
 def router_argv(spec: RouterSpec, host: Host, workers: list[str]) -> list[str]:
