@@ -1,5 +1,5 @@
 """What the verbs share: selecting hosts and the run (with its overrides, re-validated) from the
-config, and running or planning a playbook through the orchestrator. No SSH here."""
+config, and running or planning a playbook through the engine (deploy/engine/). No SSH here."""
 
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
     """
     from deploy import fleet, render
     from deploy.errors import DeployError
-    from deploy.orchestrator import exit_code, plan_with_endpoints, run_locked
+    from deploy.engine.plan import plan_with_endpoints
+    from deploy.engine.run import exit_code, run_locked
     from deploy.playbook import load_playbook
 
     config = globals_.load()

@@ -80,32 +80,6 @@ def print_fleet_report(result) -> None:
         click.echo(f"error: {result.error}", err=True)
 
 
-def router_status(config, hosts, jumps) -> list[dict[str, Any]]:
-    """gpu-status: each run's router that runs on one of ``hosts``: PID, alive, its workers."""
-    from deploy.errors import DeployError
-    from deploy.fleet.router import RouterHost
-    from deploy.orchestrator import network_host
-    from deploy.transport import HostConnection
-
-    names = {h.name for h in hosts}
-    rows = []
-    for run in config.runs:
-        if run.router is None or run.router.host not in names:
-            continue
-        host = config.host(run.router.host)
-        row: dict[str, Any] = {"run": run.name, "host": host.name}
-        try:
-            with HostConnection(host, config.ssh, jumps) as conn:
-                router = RouterHost(conn, network_host(host, conn.endpoint.hostname.value), run)
-                state = router.state()
-                row.update(url=router.url, pid=state.get("pid"), alive=bool(state.get("alive")),
-                           workers=[{"url": w["url"], "healthy": w["is_healthy"]} for w in state.get("workers", [])])
-        except DeployError as exc:
-            row["error"] = str(exc)
-        rows.append(row)
-    return rows
-
-
 def print_router_status(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         if "error" in row:

@@ -36,7 +36,7 @@ def _unchanged(state: RunState, host: Host) -> tuple[bool, str]:
     from deploy.facts.fixer import parse_fingerprint
     from deploy.facts.helpers import HELPER_FILES
     from deploy.facts.server import snapshot_of
-    from deploy.orchestrator import network_host
+    from deploy.engine.session import network_host
     from deploy.steps import converge
     from deploy.steps.base import StepContext
     from deploy.steps.fix_keys import fingerprint_command, store_path
@@ -206,7 +206,7 @@ def run_fleet(config, playbook, run, hosts: Sequence[Host], progress, options,
     import threading
 
     from deploy.fleet.phases import RunState, check_serial, close_router, default_serial, run_phases
-    from deploy.orchestrator import launch_stamp
+    from deploy.engine.records import launch_stamp
     from deploy.transport import JumpConnections
 
     serial = serial or default_serial(run, hosts)
@@ -247,7 +247,8 @@ def remove_from_router(config, run, hosts, progress) -> dict:
     it first (a stopped worker would still get requests until the router's health checks caught
     up). The router itself stops only when the whole run is brought down."""
     from deploy.fleet.phases import RunState, close_router, open_router
-    from deploy.orchestrator import describe_endpoints, network_host
+    from deploy.engine.plan import describe_endpoints
+    from deploy.engine.session import network_host
     from deploy.transport import JumpConnections
 
     endpoints = describe_endpoints(hosts, config)

@@ -16,7 +16,7 @@ import shlex
 import pytest
 
 from deploy.config.loader import load_config
-from deploy.orchestrator import plan_with_endpoints
+from deploy.engine.plan import plan_with_endpoints
 from deploy.playbook import load_playbook
 from deploy.steps import base
 from deploy import transport
