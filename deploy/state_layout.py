@@ -17,12 +17,29 @@ paths as arguments, never their own spelling:
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from deploy.shell import path_join
 
 #: the link to the newest log, in logs/ of the server and of the router
 LATEST_LOG = "latest.log"
+#: one SGLang log per launch, named by UTC time (microseconds) and a random suffix: two launches in the
+#: same second never share a log, and the names sort by time (launch prunes the oldest by this pattern)
+SERVER_LOG_PATTERN = r"^sglang-[0-9]{8}T[0-9.]+Z(-[0-9a-f]+)?\.log$"
+#: the log's name in a plan (known only when the launch runs)
+SERVER_LOG_PLACEHOLDER = "sglang-<UTC time>-<random>.log"
+
+
+def server_log_name() -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    return f"sglang-{stamp}-{secrets.token_hex(3)}.log"
+
+
+def router_log_name(stamp: str) -> str:
+    """The router's log of the run started at ``stamp`` (the run's launch stamp)."""
+    return f"router-{stamp}.log"
 
 
 @dataclass(frozen=True)

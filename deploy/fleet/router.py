@@ -17,7 +17,7 @@ from deploy.config.models import Host, Run, RouterSpec
 from deploy.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
 from deploy.shell import quote, quote_path, path_join
 from deploy.sglang.argv import probe_address
-from deploy.state_layout import RouterPaths
+from deploy.state_layout import RouterPaths, router_log_name
 
 FLEET_OPS = Path(__file__).resolve().parents[1] / "remote" / "fleet_ops.py"
 #: stop-stale --scope user leaves these command lines alone: a router on a replica host keeps
@@ -153,7 +153,7 @@ class RouterHost:
 
     def start(self, workers: list[str], stamp: str) -> int:
         self.version()
-        log_name = f"router-{stamp}.log"
+        log_name = router_log_name(stamp)
         result = self.conn.check(start_command(self.spec, self.host, workers, log_name), timeout=30,
                                  what="starting sglang-router")
         text = result.stdout.strip()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from datetime import datetime, timezone
 
 from deploy.config.models import Host, Run
@@ -25,6 +24,7 @@ from deploy.errors import RemoteOutputError
 from deploy.facts.server import deployment_path, env_hash
 from deploy.sglang.argv import PATH_POSITIONS, sglang_argv, speculative_plan
 from deploy.shell import path_join, quote, quote_path
+from deploy.state_layout import SERVER_LOG_PATTERN, SERVER_LOG_PLACEHOLDER, server_log_name
 from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings, Upload, UploadFile
 
 NAME = "launch"
@@ -77,17 +77,16 @@ def desired_record(ctx: StepContext) -> dict:
 
 
 def new_log_name() -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-    return f"sglang-{stamp}-{secrets.token_hex(3)}.log"
+    return server_log_name()
 
 
 def log_path(ctx: StepContext) -> str:
-    return ctx.memory.get("log") or path_join(ctx.paths.logs, "sglang-<UTC time>-<random>.log")
+    return ctx.memory.get("log") or path_join(ctx.paths.logs, SERVER_LOG_PLACEHOLDER)
 
 
 def prune_logs_command(ctx: StepContext) -> str:
     # Our names sort by time; anything else in logs/ is left alone. A subshell: the cd stays in it.
-    return (f"( cd {quote_path(ctx.paths.logs)} && ls -1 | grep -E '^sglang-[0-9]{{8}}T[0-9.]+Z(-[0-9a-f]+)?\\.log$' "
+    return (f"( cd {quote_path(ctx.paths.logs)} && ls -1 | grep -E {quote(SERVER_LOG_PATTERN)} "
             f"| sort -r | tail -n +{KEEP_LOGS + 1} | while IFS= read -r f; do rm -f -- \"$f\"; done ); true")
 
 
