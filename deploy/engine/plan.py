@@ -61,3 +61,36 @@ def plan_with_endpoints(playbook: Playbook, run: Run, hosts: Sequence[Host], con
     endpoints = describe_endpoints(hosts, config)
     addresses = {n: e["hostname"]["value"] for n, e in endpoints.items() if "hostname" in e}
     return plan_playbook(playbook, run, hosts, addresses, lock=lock), endpoints
+
+
+def plan_failure(playbook: Playbook, run: Run, host: Host) -> list[tuple[str, list[Action]]]:
+    """What a run sends to a host only when a step fails: the server-state read (what it was left
+    running, whether the server died), its log tail, and the rollback (the last good record read,
+    then the rollback steps relaunching that record's argv exactly)."""
+    from deploy.engine.session import ROLLBACK_STEPS, rollback_steps, server_state_action
+    from deploy.facts.server import last_good_path, read_record_command
+    from deploy.steps.base import Command
+    from deploy.steps.wait_ready import tail_command
+
+    rollback = "a step after stop-stale failed and a last good deployment is recorded (not with --no-rollback)"
+    steps: list[tuple[str, list[Action]]] = [
+        ("on failure", [server_state_action(host, run),
+                        Command(description="the server's log tail", when="the server died",
+                                command=tail_command("<the launch's log>"))]),
+        ("rollback", [Command(description="read the last good deployment", when=rollback,
+                              command=read_record_command(last_good_path(host.state_dir)))]),
+    ]
+    memory: dict[str, Any] = {"rollback_record": {"argv": ["<the last good deployment's argv>"]}, "env_file": None}
+    stamp = launch_stamp()
+    for step in rollback_steps(playbook):
+        ctx = step_context(host, run, step.settings, None, stamp, lambda m: None, memory, step=step.name)
+        actions = [a if a.when else _with_when(a, rollback) for a in step.module.plan(ctx)]
+        steps.append((f"rollback/{step.name}", actions))
+    assert {s.name for s in rollback_steps(playbook)} <= set(ROLLBACK_STEPS)
+    return steps
+
+
+def _with_when(action: Action, when: str) -> Action:
+    import dataclasses
+
+    return dataclasses.replace(action, when=when)

@@ -24,11 +24,12 @@ from deploy.engine.records import HostReport, Progress, RolledBack, RunOptions, 
 from deploy.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied
 from deploy.facts.server import (ServerState, last_good_path, parse_record, parse_server_state, read_record_command,
                                  same_deployment, server_state_command)
+from deploy.state_layout import StatePaths
 from deploy.transport import HostConnection, JumpConnections
 
 if TYPE_CHECKING:  # the playbook and its steps load when a playbook runs: gpu-status, logs and doctor never need them
     from deploy.playbook import Playbook, PlannedStep
-    from deploy.steps.base import StepContext
+    from deploy.steps.base import Command, StepContext
 
 #: what a rollback runs, with the playbook's settings for each step where it has them
 ROLLBACK_STEPS = ("stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready", "verify-acceptance")
@@ -110,14 +111,22 @@ def run_steps(steps: Sequence[PlannedStep], host: Host, run: Run, conn, stamp: s
     return records, error, failed_at
 
 
-def server_state(conn, host: Host, run: Run, memory: dict) -> ServerState:
-    from deploy.steps.base import StatePaths
+def server_state_action(host: Host, run: Run) -> Command:
+    """The server-state read (PID file, process, deployment record, /health) after a failure."""
+    from deploy.steps.base import Command
     from deploy.steps.wait_ready import health_url
 
-    ctx = step_context(host, run, None, conn, "", lambda m: None, memory)
+    ctx = step_context(host, run, None, None, "", lambda m: None, {})
     paths = StatePaths(host.state_dir)
-    output = conn.check(server_state_command(host.python, paths.helper("host_ops.py"), paths.root, health_url(ctx)),
-                        timeout=30, what="server-state").stdout
+    return Command(description="what the host runs now (PID file, process, deployment record, /health)",
+                   when="a step failed: the report says what the host was left running",
+                   command=server_state_command(host.python, paths.helper("host_ops.py"), paths.root, health_url(ctx)),
+                   timeout_s=30, what="server-state")
+
+
+def server_state(conn, host: Host, run: Run, memory: dict) -> ServerState:
+    action = server_state_action(host, run)
+    output = conn.check(action.command, timeout=action.timeout_s, what=action.what or "server-state").stdout
     return parse_server_state(output, host.name)
 
 

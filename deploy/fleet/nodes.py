@@ -200,19 +200,96 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
     return result
 
 
+def dist_init_probe(host: Host, rank0_run: Run):
+    """The doctor's host read for rank 0's rendezvous port: (command, addr, port, the run it probes)."""
+    from deploy.facts.doctor import host_command
+    from deploy.steps.base import Command
+
+    addr = _flag(rank0_run.extra_args, "--dist-init-addr") or ""
+    port = int(addr.rsplit(":", 1)[1])
+    probe = rank0_run.model_copy(update={"port": port, "serve_host": addr.rsplit(":", 1)[0]})
+    return (Command(description=f"rank 0's --dist-init-addr {addr} must be free or our own rank 0's (the doctor's "
+                                "listener read)", command=host_command(host, probe), timeout_s=60), addr, port, probe)
+
+
+def _group_stop_step() -> PlannedStep:
+    return PlannedStep("stop-stale", REGISTRY["stop-stale"].Settings(step="stop-stale", scope="pidfile", grace_s=10))
+
+
+def plan_nodes(config, playbook, run: Run, hosts: Sequence[Host], endpoints: dict | None):
+    """The node group's plan, from what run_nodes runs: each node's playbook with its own multi-node
+    flags (``node_run``: ``--nnodes --node-rank --dist-init-addr``; ranks 1+ without the steps only
+    rank 0 runs), and the group's phases in order with the commands each sends."""
+    from deploy.engine.plan import plan_failure, plan_playbook
+    from deploy.engine.session import server_state_action, step_context
+    from deploy.fleet.plan import network_hosts
+
+    net = network_hosts(hosts, endpoints)
+    nodes = [net[h.name] for h in hosts]
+    addr = dist_init_addr(run, nodes[0])
+    runs = [node_run(run, rank, len(hosts), addr) for rank in range(len(hosts))]
+    slices = _slices(playbook)
+    plans: dict = {}
+    for rank, host in enumerate(hosts):
+        book = playbook
+        for step in slices["verify"] if rank > 0 else []:
+            book = book.with_settings(step.name, enabled=False)  # rank > 0 serves no HTTP: rank 0 is checked
+        plans.update(plan_playbook(book, runs[rank], [host], {host.name: nodes[rank].address}, lock=True))
+
+    def entry(name: str, on: Sequence[Host] = (), commands: Sequence[tuple[Host, str, Any]] = ()) -> dict:
+        doc: dict[str, Any] = {"phase": name, "commands": [{"host": h.name, "step": step, **a.to_dict()}
+                                                         for h, step, a in commands]}
+        if on:
+            doc["playbook_on"] = [h.name for h in on]
+        return doc
+
+    def names(key: str) -> str:
+        return ", ".join(p.name for p in slices[key])
+
+    rest = nodes[1:]
+    import dataclasses
+
+    alive = [(n, "alive", dataclasses.replace(server_state_action(n, runs[r + 1]), when=(
+        "rank 0 is ready (launched now), or converge found this node's record unchanged (rank > 0 serves no "
+        "/health)"))) for r, n in enumerate(rest)]
+    stop = _group_stop_step()
+    stops = []
+    for rank, node in enumerate(nodes):
+        ctx = step_context(node, runs[rank], stop.settings, None, "<launch stamp>", lambda m: None, {}, step=stop.name)
+        stops += [(node, "group-stop/stop-stale", dataclasses.replace(a, when=(
+            "a node failed after stop-stale and no rollback of the whole group is possible, or it failed")))
+                  for a in stop.module.plan(ctx)]
+    failure = [(node, step, a) for rank, node in enumerate(nodes)
+               for step, actions in plan_failure(playbook, runs[rank], node) for a in actions]
+    phases = [
+        entry("connect and lock every node"),
+        entry("every node: " + names("prepare"), nodes),
+        entry(f"rank 0 dist-init port {nodes[0].name}", (), [(nodes[0], "dist-init-port",
+                                                              dist_init_probe(nodes[0], runs[0])[0])]),
+        entry("node group converge", (), [(n, "converge", s) for n, _, s in alive]),
+        entry("every node: stop-stale, free GPUs", nodes),
+        entry(f"rank 0 launch {nodes[0].name}", nodes[:1]),
+        entry("ranks 1+ launch " + ",".join(n.name for n in rest), rest),
+        entry(f"rank 0 ready and verified {nodes[0].name}", nodes[:1]),
+        entry("ranks 1+ alive", (), alive),
+        entry("every node: record-good", nodes),
+        entry("on failure after stop-stale: the group's rollback (every node's last good deployment of ONE group, "
+              "rank 0 first), or every node stopped", (), failure + stops),
+    ]
+    return plans, {"nodes": [h.name for h in hosts], "dist_init_addr": addr, "phases": phases}
+
+
 def _dist_init_port_problem(s: Node) -> DeployError | None:
     """Rank 0's rendezvous port must be free, or held by our own rank 0 (converging, or about to be
     stopped by stop-stale): anything else makes every rank hang in the rendezvous or fail to bind,
     so it is refused before any node is stopped. The doctor's own serve-port facts and judgement
     (/proc/net/tcp listeners and their holders; our server by its PID file and session)."""
     from deploy.doctor.checks import DoctorInput, check_serve_port
-    from deploy.facts.doctor import host_command, parse_host_facts
+    from deploy.facts.doctor import parse_host_facts
 
     assert s.conn is not None
-    addr = _flag(s.run.extra_args, "--dist-init-addr") or ""
-    port = int(addr.rsplit(":", 1)[1])
-    probe = s.run.model_copy(update={"port": port, "serve_host": addr.rsplit(":", 1)[0]})
-    facts = parse_host_facts(s.conn.run(host_command(s.host, probe), timeout=60), s.host.name)
+    action, addr, port, probe = dist_init_probe(s.host, s.run)
+    facts = parse_host_facts(s.conn.run(action.command, timeout=action.timeout_s), s.host.name)
     check = check_serve_port(DoctorInput(s.host, probe, s.run.draft_tokens, facts, None))
     if check.status == "fail":
         return VerificationFailed(f"{s.host.name}: the node group's --dist-init-addr {addr}: {check.reason} "
@@ -250,7 +327,7 @@ def _mark_group(sessions: Sequence[Node]) -> None:
 def _stop_every_node(sessions: Sequence[Node], phases: list[PhaseRecord], progress, why: str = "",
                      name: str = "stop every node") -> list[str]:
     """A node group with a failed node only hangs: stop every node's server (by its PID file)."""
-    step = PlannedStep("stop-stale", REGISTRY["stop-stale"].Settings(step="stop-stale", scope="pidfile", grace_s=10))
+    step = _group_stop_step()
     started = time.monotonic()
     progress("*", name, "a node failed: stopping the server on every node")
     problems = []

@@ -80,6 +80,8 @@ class RunPhase:
     action: Callable[[RunState], str]
     #: runs even after an earlier phase failed (puts a rolled-back host back into the router)
     always: bool = False
+    #: the commands ``action`` may send, as (host name, action) for ``plan`` (fleet/plan.py)
+    plan: Callable[[Any], list[tuple[str, Any]]] | None = None
 
 
 Phase = HostPhase | RunPhase
