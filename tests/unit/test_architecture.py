@@ -17,19 +17,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "deploy"
 MAX_LINES = 700
 
-#: cycles being removed on other branches: each names the work that removes it (the lead deletes
-#: the entry once it has landed). Only these exact cycles may exist.
-EXPECTED_CYCLES: set[frozenset[str]] = {
-    # FIXER (issue 22): remote/fixer/conversion -> loader -> rename -> conversion (_FilePlan, typing only)
-    frozenset({"deploy.remote.fixer.conversion", "deploy.remote.fixer.loader", "deploy.remote.fixer.rename"}),
-}
+#: cycles being removed on other branches: each names the work that removes it (delete the entry
+#: once it has landed). Only these exact cycles may exist.
+EXPECTED_CYCLES: set[frozenset[str]] = set()
 #: cross-folder private names still read on other branches: (module, module it reads, name)
-EXPECTED_PRIVATE: set[tuple[str, str, str]] = {
-    # FIXER (issue 22): doctor/checks.py reads the fixer's private config helpers
-    ("deploy.doctor.checks", "deploy.remote.fixer.config", "_config_kind"),
-    ("deploy.doctor.checks", "deploy.remote.fixer.config", "_convert_config"),
-    ("deploy.doctor.checks", "deploy.remote.fixer.loader", "_effective_config"),
-}
+EXPECTED_PRIVATE: set[tuple[str, str, str]] = set()
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
