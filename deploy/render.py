@@ -118,7 +118,10 @@ def step_summary_tables(command: str, reports, out: Console) -> None:
 
     for report in reports:
         host = report.host
-        verdict = "[green]OK[/green]" if report.ok else f"[red]FAILED (exit {int(report.error.exit_code)})[/red]"
+        if getattr(report, "not_run", False):
+            verdict = "[yellow]NOT RUN[/yellow]"
+        else:
+            verdict = "[green]OK[/green]" if report.ok else f"[red]FAILED (exit {int(report.error.exit_code)})[/red]"
         table = Table(title=f"{command} on {host.name} ({host.address}): {verdict}", title_justify="left")
         table.add_column("step")
         table.add_column("result")

@@ -10,7 +10,8 @@ import pytest
 
 from deploy.config.models import Host
 from deploy.errors import ExitCode, Interrupted, VerificationFailed
-from deploy.orchestrator import HostReport, StepRecord, mark_interrupted
+from deploy.engine.records import HostReport, StepRecord
+from deploy.engine.run import mark_interrupted
 
 PROGRAM = """
 import os, signal, sys, time

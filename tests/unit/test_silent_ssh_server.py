@@ -11,7 +11,8 @@ import pytest
 
 from deploy.config.models import Host, SSHSettings
 from deploy.errors import ConnectionFailed
-from deploy.transport import HostConnection, silent_server
+from deploy.connect.hop import silent_server
+from deploy.transport import HostConnection
 
 
 @pytest.fixture
