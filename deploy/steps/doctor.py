@@ -70,7 +70,7 @@ def left_as_it_was(snapshot) -> str:
     if server.status == 200:
         return f"the running server keeps serving (pid {server.pid})"
     health = f"/health {server.status}" if server.status is not None else "/health no answer"
-    return f"the running server (pid {server.pid}, {health}) is left as it was"
+    return f"the running server (pid {server.pid}, {health} on the run's port) is left running, untouched"
 
 
 #: failures that mean the drafter's files cannot be read as a checkpoint (still being written, truncated,

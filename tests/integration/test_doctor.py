@@ -125,7 +125,8 @@ def test_failing_doctor_keeps_the_running_server(clean_sandbox, tmp_path, capsys
         assert code == ExitCode.VERIFY, (check, json.dumps(doc, indent=1))
         assert steps["doctor"]["status"] == "failed"
         assert f"{check}: " in steps["doctor"]["detail"] and fragment in steps["doctor"]["detail"], steps["doctor"]
-        assert "the running server keeps serving" in steps["doctor"]["detail"]
+        # what it left, from the doctor's own read (issue 17: never a fixed "keeps serving")
+        assert "nothing was stopped" in steps["doctor"]["detail"] and f"pid {pid}" in steps["doctor"]["detail"]
         assert all(s["status"] == "not-run" for name, s in steps.items() if name != "doctor")
         assert alive(pid) and server_pid(sandbox, "sb1") == pid, check
         assert health(host.address, 30000) == 200, check

@@ -54,7 +54,7 @@ def snap(server: ServerState) -> RunSnapshot:
 
 @pytest.mark.parametrize("server,fragment", [
     (state(), "keeps serving (pid 42)"), (state(alive=False), "no SGLang server of deployctl's was running"),
-    (state(status=503), "(pid 42, /health 503) is left as it was"), (state(status=None), "/health no answer"),
+    (state(status=503), "(pid 42, /health 503 on the run's port) is left running, untouched"), (state(status=None), "/health no answer"),
 ])
 def test_a_refusal_says_what_it_leaves_running(server, fragment):
     assert fragment in left_as_it_was(snap(server))
