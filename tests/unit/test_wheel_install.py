@@ -36,7 +36,7 @@ def installed(tmp_path_factory):
             continue
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, src / name)
-    for name in ("deploy/playbooks/up.yaml", "deploy/playbooks/bench.yaml"):
+    for name in ("playbooks/up.yaml", "playbooks/bench.yaml", "setup.py"):
         assert (src / name).is_file(), name
     dist = root / "dist"
     # isolated build: pip fetches setuptools and wheel from the configured index, as `pip install .` does
@@ -71,6 +71,19 @@ def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
                          cwd=work, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(str(venv)), out.stdout
+
+
+def test_the_builtin_playbooks_come_from_the_wheel(installed):
+    """playbooks/ at the top of the clone is shipped as deploy.playbooks; the installed deployctl
+    reads it from there (the checkout's playbooks/ is not next to the installed package)."""
+    venv, work, env = installed
+    code = "from deploy.playbook import BUILTIN, builtin_playbook; print(*(builtin_playbook(n) for n in BUILTIN))"
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    paths = out.stdout.split()
+    assert len(paths) == len(BUILTIN) and all(p.startswith(str(venv)) and "/deploy/playbooks/" in p for p in paths), paths
+    assert all(Path(p).is_file() for p in paths), paths
 
 
 def test_every_verb_has_help(installed):
