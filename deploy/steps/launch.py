@@ -59,7 +59,8 @@ def probe_address(run: Run, host: Host) -> str:
     return "127.0.0.1" if address in ("0.0.0.0", "::") else address
 
 
-def sglang_argv(run: Run, host: Host, draft_tokens: int, drafter: str | None = None) -> list[str]:
+def sglang_argv(run: Run, host: Host, draft_tokens: int, drafter: str | None = None,
+                draft_quantization: str | None = None) -> list[str]:
     steps, topk, tokens = speculative_plan(run, draft_tokens)
     return [
         run.sglang_python, "-m", "sglang.launch_server",
@@ -73,6 +74,8 @@ def sglang_argv(run: Run, host: Host, draft_tokens: int, drafter: str | None = N
         "--host", serve_address(run, host),
         "--port", str(run.port),
         "--trust-remote-code",
+        # the doctor's decision for an unquantized drafter under a quantized target (sglang#28196)
+        *(["--speculative-draft-model-quantization", draft_quantization] if draft_quantization else []),
         *run.extra_args,
     ]
 
@@ -101,7 +104,8 @@ def desired_argv(ctx: StepContext) -> list[str]:
     rollback = ctx.memory.get("rollback_record")
     if rollback is not None:
         return list(rollback["argv"])
-    return sglang_argv(ctx.run, ctx.host, ctx.draft_tokens, ctx.memory.get("drafter_path"))
+    return sglang_argv(ctx.run, ctx.host, ctx.draft_tokens, ctx.memory.get("drafter_path"),
+                       ctx.memory.get("draft_quantization"))
 
 
 def desired_record(ctx: StepContext) -> dict:
@@ -196,7 +200,8 @@ def launch_action(ctx: StepContext, launched_at: str = "<launch time>") -> Comma
     argv = desired_argv(ctx)
     return Command(description=f"launch SGLang detached (setsid nohup): log dir and logs/latest.log, PID file, "
                                f"deployment record (argv, drafter fingerprint, env hash, SGLang version, PID, log), "
-                               f"keep the newest {KEEP_LOGS} logs",
+                               f"keep the newest {KEEP_LOGS} logs; with --speculative-draft-model-quantization "
+                               "unquant when the doctor found a quantized target and an unquantized drafter",
                    command=command(ctx, argv, launch_record(ctx, launched_at)), argv=argv,
                    timeout_s=ctx.timeout(60), what="launching SGLang")
 
