@@ -23,7 +23,7 @@ def likely_causes(checks: Optional[list[dict[str, str]]]) -> list[str]:
     status = {c["name"]: c["status"] for c in checks or []}
     rank = {"fail": 0, "warn": 1, None: 2, "pass": 3}
     ordered = sorted(ACCEPTANCE_SUSPECTS, key=lambda s: rank.get(status.get(s[0]), 2))
-    label = {"fail": "doctor: FAILED", "warn": "doctor: could not decide", "pass": "doctor: passed",
+    label = {"fail": "doctor: FAILED", "warn": "doctor: warned or could not decide", "pass": "doctor: passed",
              None: "doctor did not run"}
     return [f"{text} ({label[status.get(name)]})" for name, text in ordered]
 
