@@ -68,6 +68,11 @@ def effective_env(d: DoctorInput, name: str) -> tuple[Optional[str], str]:
     return None, ""
 
 
+def _shown(value: str) -> str:
+    """A variable's value as a reason quotes it: host output, so anything unprintable is escaped."""
+    return value if value.isprintable() and len(value) <= 40 else repr(value[:40])
+
+
 def _text_config(config: Optional[dict[str, Any]]) -> dict[str, Any]:
     """A multimodal target nests the language model's fields in text_config; a speculators drafter
     nests them in transformer_layer_config. Top-level keys win where both exist, except these."""
@@ -242,8 +247,9 @@ def check_simulated_acceptance(d: DoctorInput) -> Check:
     try:
         number = float(value)
     except ValueError:
-        return Check(name, "warn", f"cannot decide: SGLANG_SIMULATE_ACC_LEN={value!r} in {where} is not a number",
+        return Check(name, "warn", f"cannot decide: SGLANG_SIMULATE_ACC_LEN={_shown(value)} in {where} is not a number",
                      fix)
+    value = _shown(value)
     if number <= 0:
         return Check(name, "pass", f"SGLANG_SIMULATE_ACC_LEN={value} in {where}: off (SGLang simulates only above 0)")
     return Check(name, "fail",
@@ -318,6 +324,7 @@ def check_spec_v2_env(d: DoctorInput) -> Check:
     value, where = effective_env(d, "SGLANG_ENABLE_SPEC_V2")
     if value is None:
         return Check(name, "pass", "SGLANG_ENABLE_SPEC_V2 is not set")
+    value = _shown(value)
     installed = _version(d)
     if installed is None:
         return Check(name, "warn", f"cannot decide: SGLANG_ENABLE_SPEC_V2={value} in {where} and the SGLang "

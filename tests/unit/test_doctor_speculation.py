@@ -398,3 +398,13 @@ def test_the_stand_in_models_each_effect(tmp_path):
         assert fixed is None and quant is None, method
     assert out["config_awq"] == "Cannot find the config file for awq"
     assert out["window_short"] > 2.0 and out["window_long"] < 1.05
+
+
+@pytest.mark.parametrize("name", ["SGLANG_SIMULATE_ACC_LEN", "SGLANG_ENABLE_SPEC_V2"])
+@pytest.mark.parametrize("value", ["\x1b[31mred", "1\nfake: line", "x" * 500, "3\r"])
+def test_hostile_host_env_values_are_escaped_in_reasons(world, monkeypatch, name, value):
+    world.sglang_version("0.5.23")
+    monkeypatch.setenv(name, value)
+    check = world.checks()["simulated-acceptance" if name.endswith("ACC_LEN") else "spec-v2-env"]
+    assert check.status in ("warn", "fail") and name in check.reason
+    assert check.reason.isprintable() and len(check.reason) < 600, check.reason
