@@ -85,6 +85,9 @@ def test_restart_onto_each_silent_failure_keeps_the_running_server(clean_sandbox
     for check, run, rc_line, fragment in cases:
         bashrc.write_text(rc_before + (rc_line or ""))
         path = write_config(sandbox, tmp_path, run={**base, **run})
+        code, doctor, _ = cli_json_err(capsys, "-c", str(path), "doctor", "--json")
+        found = {c["name"]: c for c in doctor["hosts"][0]["checks"]}
+        assert code == ExitCode.VERIFY and found[check]["status"] == "fail" and fragment in found[check]["reason"]
         code, doc, _ = cli_json_err(capsys, "-c", str(path), "restart", "--json")
         bashrc.write_text(rc_before)
         steps = steps_of(doc, "sb1")
@@ -98,6 +101,9 @@ def test_restart_onto_each_silent_failure_keeps_the_running_server(clean_sandbox
     # a quantized target: deployctl passes the drafter's quantization itself and the deploy works
     quantize_target(host)
     path = write_config(sandbox, tmp_path, run=base)
+    code, doctor, _ = cli_json_err(capsys, "-c", str(path), "doctor", "--json")
+    found = {c["name"]: c for c in doctor["hosts"][0]["checks"]}["draft-quantization"]
+    assert code == 0 and found["status"] == "pass" and f"deployctl passes {FLAG} unquant" in found["reason"], found
     code, doc, _ = cli_json_err(capsys, "-c", str(path), "restart", "--json")
     assert code == 0, json.dumps(doc, indent=1)
     steps = steps_of(doc, "sb1")

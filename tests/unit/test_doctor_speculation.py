@@ -372,6 +372,17 @@ out["config_awq"] = analyse("d").draft_load_error
 config = json.load(open("d/config.json")); config["max_position_embeddings"] = 64; json.dump(config, open("d/config.json", "w"))
 spec = analyse("d")
 out["window_short"], out["window_long"] = accept(spec, 8, 40), accept(spec, 100, 256)
+out["page_tree"] = {}
+for backend, version in (("flashmla", "0.5.23"), ("triton", "0.5.11"), ("triton", "0.5.13"), ("fa3", "0.5.11")):
+    args = ls.build_parser(version).parse_args(["--model-path", "b", "--speculative-algorithm", "EAGLE3",
+        "--speculative-draft-model-path", "d", "--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+        "--speculative-num-draft-tokens", "8", "--page-size", "16", "--attention-backend", backend])
+    args.sim_version = version
+    try:
+        ls.finalize_args(args)
+        out["page_tree"][backend + "@" + version] = None
+    except ValueError as exc:
+        out["page_tree"][backend + "@" + version] = str(exc)
 print(json.dumps({**out, "config_file_methods": sorted(CONFIG_FILE_METHODS)}))
 """
 
@@ -398,6 +409,9 @@ def test_the_stand_in_models_each_effect(tmp_path):
         assert fixed is None and quant is None, method
     assert out["config_awq"] == "Cannot find the config file for awq"
     assert out["window_short"] > 2.0 and out["window_long"] < 1.05
+    tree = out["page_tree"]
+    assert "page_size > 1 is only supported" in tree["flashmla@0.5.23"] and tree["triton@0.5.11"]
+    assert tree["triton@0.5.13"] is None and tree["fa3@0.5.11"] is None
 
 
 @pytest.mark.parametrize("name", ["SGLANG_SIMULATE_ACC_LEN", "SGLANG_ENABLE_SPEC_V2"])
