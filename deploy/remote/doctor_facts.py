@@ -43,6 +43,14 @@ MAX_OUTPUT_CHARS = 65536
 GPU_QUERY = ["--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu",
              "--format=csv,noheader,nounits"]
 HOOK = "set_eagle3_layers_to_capture"
+#: SGLang's variables the doctor judges (srt/environ.py). Only these names are reported, never the
+#: rest of the environment (it may hold tokens); each value is cut at 200 characters.
+SERVER_ENV_NAMES = ("SGLANG_SIMULATE_ACC_LEN", "SGLANG_ENABLE_SPEC_V2")
+#: files a quantized checkpoint may declare its method in besides config.json's quantization_config
+#: (SGLang 0.5.23 get_config_filenames: awq/gptq quantize_config.json or quant_config.json, modelopt
+#: hf_quant_config.json, auto-round quantization_config.json, modelslim quant_model_description.json)
+QUANT_FILES = ("hf_quant_config.json", "quant_config.json", "quant_model_description.json",
+               "quantization_config.json", "quantize_config.json")
 
 
 def _error(exc):
@@ -245,10 +253,11 @@ def model_dir(path, tensors):
     expanded = os.path.expanduser(path)
     facts = {"path": path, "expanded": expanded, "exists": os.path.isdir(expanded),
              "readable": os.path.isdir(expanded) and os.access(expanded, os.R_OK | os.X_OK),
-             "config": None, "config_error": None}
+             "config": None, "config_error": None, "quant_files": []}
     if not facts["readable"]:
         return facts
     facts["config"], facts["config_error"] = read_json(os.path.join(expanded, "config.json"))
+    facts["quant_files"] = [n for n in QUANT_FILES if os.path.isfile(os.path.join(expanded, n))]
     if tensors:
         facts["files"], facts["files_error"] = {}, None
         index, index_error = read_json(os.path.join(expanded, "model.safetensors.index.json"))
@@ -327,8 +336,16 @@ def finish_sglang_part(proc, spec):
             "stderr": err.decode("utf-8", "replace")[-4000:]}
 
 
+def server_env():
+    """SERVER_ENV_NAMES as this process has them. The doctor runs over the same SSH exec channel
+    as the launch (the same shell startup files, sshd's SetEnv, /etc/environment), so the server
+    starts with these values unless the run's env file (sourced at launch) overrides them."""
+    return dict((name, os.environ[name][:200]) for name in SERVER_ENV_NAMES if name in os.environ)
+
+
 def host_facts(spec):
     return {
+        "server_env": server_env(),
         "schema": SCHEMA, "mode": "host", "python": _python(),
         "nvidia_smi": nvidia_smi(spec.get("nvidia_smi", "nvidia-smi")),
         "gpu_devices": gpu_devices(spec["gpu_devices"]),
