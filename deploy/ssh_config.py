@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from deploy.config.models import Host, SSHSettings
 from deploy.errors import ConfigError
+from deploy.limits import InputTooLarge, read_bounded
 
 if TYPE_CHECKING:
     import paramiko
@@ -144,12 +145,31 @@ def inline_includes(text: str, origin: str, depth: int = 0) -> str:
             if not os.path.isabs(pattern):
                 pattern = os.path.join(os.path.expanduser("~/.ssh"), pattern)
             for included in sorted(glob.glob(pattern)):
-                try:
-                    body = Path(included).read_text(encoding="utf-8")
-                except (OSError, UnicodeDecodeError) as exc:
-                    raise ConfigError(f"{origin}: Include {included}: cannot read: {exc}") from None
+                body = read_ssh_config_file(included, f"{origin}: Include {included}")
                 out.append(inline_includes(body, included, depth + 1))
     return "\n".join(out) + "\n"
+
+
+#: an ssh_config (with its Includes) is a few KB; OpenSSH itself refuses lines over 4 KB
+MAX_SSH_CONFIG_BYTES = 1 << 20
+
+
+def read_ssh_config_file(path: str, label: str) -> str:
+    """The text of one ssh_config file: a regular file, at most MAX_SSH_CONFIG_BYTES, UTF-8.
+
+    Non-blocking and bounded (deploy/limits.py): ``/dev/zero`` took 6 GB in 15 s and a FIFO hung.
+    Every failure is a ConfigError (exit 3) naming the file.
+    """
+    try:
+        data = read_bounded(Path(path), MAX_SSH_CONFIG_BYTES)
+    except InputTooLarge as exc:
+        raise ConfigError(f"{label}: refused: {exc} (an ssh_config is a few KB)") from None
+    except OSError as exc:
+        raise ConfigError(f"{label}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{label}: not UTF-8 text (byte {exc.start})") from None
 
 
 def load_ssh_config(ssh: SSHSettings) -> SSHConfigSource:
@@ -159,12 +179,9 @@ def load_ssh_config(ssh: SSHSettings) -> SSHConfigSource:
     path = ssh_config_path(ssh)
     if path is None:
         return SSHConfigSource(paramiko.SSHConfig(), None)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"ssh.config_file: {path} does not exist (use `none` to ignore ssh_config)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"ssh.config_file: cannot read {path}: {exc}") from None
+    if not os.path.lexists(path):
+        raise ConfigError(f"ssh.config_file: {path} does not exist (use `none` to ignore ssh_config)")
+    text = read_ssh_config_file(path, f"ssh.config_file: {path}")
     text = inline_includes(text, path)
     try:
         return SSHConfigSource(paramiko.SSHConfig.from_text(text), path)

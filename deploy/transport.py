@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable
 from deploy import ssh_trust
 from deploy.config.models import Host, SSHSettings
 from deploy.errors import (DeployError, ConnectionFailed, HostKeyRejected, Interrupted, RemoteCommandFailed,
-                           StepTimeout)
+                           RemoteOutputError, StepTimeout)
 from deploy.ssh_config import (
     Endpoint,
     SSHConfigSource,
@@ -71,6 +71,10 @@ class WatchResult:
     #: None: deployctl stopped it (it had its answer)
     exit_code: int | None
     stderr: str
+
+
+#: the longest line a host-side watch loop may print (deploy/bounded_channel.py)
+_MAX_WATCH_LINE = 1 << 20
 
 
 class ExecTimedOut(Exception):
@@ -365,11 +369,11 @@ def _agent_keys() -> list:
     signs through it during authentication. One connection per call, never shared between
     threads: the agent protocol has no request ids, concurrent signatures would interleave.
     """
-    import paramiko
-
     if not os.environ.get("SSH_AUTH_SOCK"):
         return []
-    return list(paramiko.Agent().get_keys())
+    from deploy.ssh_agent import timed_agent
+
+    return list(timed_agent().get_keys())
 
 
 def auth_kwargs(hop: Endpoint, label: str) -> dict:
@@ -382,6 +386,9 @@ def auth_kwargs(hop: Endpoint, label: str) -> dict:
     """
     import paramiko
 
+    from deploy.ssh_agent import check_agent_answers
+
+    check_agent_answers()  # HOSTILE (issue 22): an agent that never answers
     files = [expand_path(f) for f in hop.identity_files.value]
     if not files:
         return {"allow_agent": True, "look_for_keys": True}
@@ -672,23 +679,37 @@ class HostConnection(Transport):
 
     # -- the wire ---------------------------------------------------------------------------
     def _exec(self, command: str, *, timeout: float) -> tuple[int, str, str]:
-        from invoke.exceptions import CommandTimedOut
-
+        # HOSTILE (issue 22): one channel read within a byte limit (deploy/bounded_channel.py),
+        # not fabric's run(hide=True), which kept a 60 MB nvidia-smi answer whole in memory.
         import paramiko
 
-        conn = self._live()
+        from deploy import bounded_channel
+
         try:
-            result = conn.run(command, hide=True, warn=True, in_stream=False, pty=False, timeout=timeout)
-        except CommandTimedOut:
-            raise ExecTimedOut(command) from None
+            channel = self._live().client.get_transport().open_session(timeout=self.ssh.connect_timeout_s)
         except paramiko.SSHException as exc:
             raise ConnectionError(str(exc)) from exc
-        return result.exited, result.stdout, result.stderr
+        try:
+            status, out, err = bounded_channel.exec_bounded(channel, command, deadline=time.monotonic() + timeout)
+        except bounded_channel.DeadlinePassed:
+            raise ExecTimedOut(command) from None
+        except bounded_channel.OutputTooLarge as exc:
+            raise RemoteOutputError(f"{self.label}: refused the answer of {command[:200]!r}: it {exc} "
+                                    "(every answer deployctl reads is far smaller)") from None
+        except paramiko.SSHException as exc:
+            raise ConnectionError(str(exc)) from exc
+        finally:
+            channel.close()
+        return status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
     def _stream(self, command: str) -> int:
         """A pty, so fabric's Ctrl-C handling (it writes ``\x03`` to the channel) reaches the remote
         command as SIGINT; without one the remote tail never hears it and the call never returns."""
-        result = self._live().run(command, hide=False, warn=True, in_stream=False, pty=True)
+        from deploy.terminal import SafeStream
+
+        # the log is printed with its control characters escaped (HOSTILE, issue 22)
+        result = self._live().run(command, hide=False, warn=True, in_stream=False, pty=True,
+                                  out_stream=SafeStream(sys.stdout), err_stream=SafeStream(sys.stderr))
         return result.exited
 
     def _watch(self, command: str, on_line: Callable[[str], bool], *, timeout: float,
@@ -704,7 +725,7 @@ class HostConnection(Transport):
             # short reads, so Ctrl-C and the local deadline are noticed within 0.1 s
             channel.settimeout(0.1)
             channel.exec_command(command)
-            pending = b""
+            pending = line = b""
             while True:
                 if cancelled.is_set():
                     self._end_watch(channel, wait_s=0.5)
@@ -720,9 +741,14 @@ class HostConnection(Transport):
                 pending += chunk
                 while b"\n" in pending:
                     line, pending = pending.split(b"\n", 1)
+                    if len(line) > _MAX_WATCH_LINE:
+                        break
                     if on_line(line.decode("utf-8", "replace")):
                         self._end_watch(channel)
                         return None, ""
+                if len(pending) > _MAX_WATCH_LINE or len(line) > _MAX_WATCH_LINE:  # HOSTILE (issue 22)
+                    raise RemoteOutputError(f"{self.label}: a host-side loop printed a line of more than "
+                                            f"{_MAX_WATCH_LINE} bytes: {bytes(max(line, pending, key=len)[:120])!r}")
             if pending.strip() and on_line(pending.decode("utf-8", "replace")):
                 return None, ""
             if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
