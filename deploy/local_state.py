@@ -75,6 +75,7 @@ def read_regular(path: Path, limit: int, what: str) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
+        require_not_directory(path, what)  # a socket (ENXIO) or directory: say what it is
         raise LocalStateError(f"{path}: cannot read {what}: {_reason(exc)}") from None
     try:
         st = os.fstat(fd)
@@ -110,6 +111,8 @@ def write_regular(path: Path, data: bytes, what: str, *, append: bool) -> None:
     try:
         fd = os.open(path, flags, 0o600)
     except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+            require_not_directory(path, what)
         if exc.errno in (errno.ENXIO, errno.EISDIR):
             raise LocalStateError(f"{path}: {what} is not a regular file (a FIFO or directory); move it away") from None
         raise LocalStateError(f"{path}: cannot write {what}: {_reason(exc)}") from None

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from deploy.config.models import Host
-from deploy.errors import LockHeld, RemoteOutputError
-from deploy.local_state import state_home
+from deploy.errors import DeployError, LockHeld, RemoteOutputError
+from deploy.local_state import (LocalStateError, ensure_directory, read_regular, require_not_directory,
+                                 state_home, write_regular)
 from deploy.shell import path_join, quote, quote_path
 from deploy.facts.helpers import helper_python
 
@@ -107,20 +108,25 @@ def local_lock(config_path: Path, run: str, owner: dict) -> Iterator[None]:
     from filelock import FileLock, Timeout
 
     path = local_lock_path(config_path, run)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # every problem with the state directory is exit 10 naming the path (deploy/local_state.py)
+    ensure_directory(path.parent, "deployctl's local locks folder")
     owner_path = path.with_name(path.name + ".owner.json")
+    require_not_directory(path, "a local lock file")
+    require_not_directory(owner_path, "a local lock's owner file")
     lock = FileLock(str(path))
     try:
         lock.acquire(timeout=0)
     except Timeout:
         try:
-            holder = json.loads(owner_path.read_text())
-        except (OSError, ValueError):
+            holder = json.loads(read_regular(owner_path, 64 << 10, "the lock's owner file") or b"null")
+        except (DeployError, ValueError, RecursionError):
             holder = None
         raise LockHeld(f"config {config_path} run {run!r} is locked on this machine by "
-                       f"{describe_owner(holder)} ({path})") from None
+                       f"{describe_owner(holder if isinstance(holder, dict) else None)} ({path})") from None
+    except OSError as exc:
+        raise LocalStateError(f"{path}: cannot take the local lock: {exc.strerror or exc}") from None
     try:
-        owner_path.write_text(json.dumps(owner) + "\n")
+        write_regular(owner_path, (json.dumps(owner) + "\n").encode(), "the lock's owner file", append=False)
         yield
     finally:
         try:
