@@ -14,7 +14,7 @@ import time
 
 #: the largest answer a command may print (a 100k-line ``deployctl logs -n`` of long lines fits;
 #: every fact deployctl reads is a few KB)
-MAX_OUTPUT_BYTES = 64 << 20
+MAX_OUTPUT_BYTES = 16 << 20
 #: the longest line a host-side watch loop may print before its newline
 MAX_LINE_BYTES = 1 << 20
 
