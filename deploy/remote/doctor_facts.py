@@ -57,6 +57,8 @@ def open_regular(path):
     stat first and O_NONBLOCK (HOSTILE, issue 22): a FIFO as a drafter's file held doctor/up for
     75 s, then failed naming the helper instead of the file.
     """
+    if not stat_module.S_ISREG(os.stat(path).st_mode):  # a socket would fail the open with ENXIO
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, device, socket or directory)", path)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         if not stat_module.S_ISREG(os.fstat(fd).st_mode):
@@ -79,13 +81,12 @@ def nvidia_smi(program):
     if found is None:
         return {"found": False, "exit_code": None, "stdout": "", "stderr": "",
                 "error": "%s not found on PATH" % program}
-    try:
-        proc = subprocess.run([found] + GPU_QUERY, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              timeout=20, universal_newlines=True)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return {"found": True, "exit_code": None, "stdout": "", "stderr": "", "error": _error(exc)}
-    return {"found": True, "exit_code": proc.returncode, "stdout": proc.stdout[:MAX_OUTPUT_CHARS],
-            "stderr": proc.stderr[-2000:], "error": None}
+    # bounded in bytes and time (host_ops.run_bounded): a 60 MB answer is refused, not shipped
+    done = host_ops.run_bounded([found] + GPU_QUERY, 20.0)
+    if done["exit_code"] in (124, 125, 127):
+        return {"found": True, "exit_code": None, "stdout": "", "stderr": "", "error": done["stderr"]}
+    return {"found": True, "exit_code": done["exit_code"], "stdout": done["stdout"][:MAX_OUTPUT_CHARS],
+            "stderr": done["stderr"][-2000:], "error": None}
 
 
 def gpu_devices(pattern):
