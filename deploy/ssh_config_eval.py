@@ -7,14 +7,15 @@ HostName and ``UserKnownHostsFile`` tokens were never expanded. This module foll
 * keywords are case-insensitive, ``Keyword value`` or ``Keyword=value``; the first value of a
   keyword wins (IdentityFile accumulates, duplicates dropped); ``ProxyJump`` and ``ProxyCommand``
   exclude each other, whichever comes first;
-* ``Host`` patterns (``*``, ``?``, ``!negation``, several per line) match the alias,
-  lowercased, case-insensitively; ``Match`` criteria ``all``, ``host`` (the HostName set so far,
+* ``Host`` patterns (``*``, ``?``, ``!negation``, several per line) match the alias as typed,
+  case-sensitively (as OpenSSH 9.2 does); ``Match`` criteria ``all``, ``host`` (the HostName set so far,
   ``%h`` expanded, else the alias), ``originalhost``, ``user`` (the User set so far, else the local
   user), ``localuser``, each negatable, all of a line must hold;
 * ``Include`` (glob, sorted; relative names under ~/.ssh) inside a ``Host``/``Match`` block
   applies only when that block does: the included file starts active exactly when the block is,
   its own blocks are never active when the block is not, and the block's state resumes after it;
-* HostName: ``%h`` is the alias, ``%%`` a percent, the result lowercased, as ssh.c does.
+* HostName: ``%h`` is the alias, ``%%`` a percent, the result lowercased, as ssh.c does; with no
+  HostName, the alias lowercased (the name ssh connects to and looks up in known_hosts).
 
 Refused (ConfigError naming file and line) rather than guessed: ``Match exec`` (deployctl runs no
 command from ssh_config: ``plan`` and ``gpu-status`` promise to change nothing; the criterion is
@@ -209,7 +210,7 @@ class OpenSSHConfig:
                               "and read the config again); write the full name as HostName instead")
         raw = options.get("hostname")
         host = state.host
-        options["hostname"] = expand_hostname(raw, host, state.where["hostname"]) if raw is not None else host
+        options["hostname"] = expand_hostname(raw, host, state.where["hostname"]) if raw is not None else host.lower()
         options["_where"] = dict(state.where)
         return options
 
@@ -217,7 +218,10 @@ class OpenSSHConfig:
 class _Evaluation:
     def __init__(self, alias: str, config: OpenSSHConfig):
         self.original = alias
-        self.host = alias.lower()  # ssh.c lowercases the host argument before reading the config
+        # Host patterns match the alias as typed, case-sensitively (OpenSSH 9.2: "Host beta" does not
+        # apply to "ssh Beta"); Match host/originalhost compare case-insensitively; the HostName
+        # ssh finally connects to is lowercased (ssh.c), alias included.
+        self.host = alias
         self.config = config
         self.options: dict = {}
         self.where: dict[str, str] = {}
@@ -245,7 +249,7 @@ class _Evaluation:
         found = False
         for pattern in line.args:
             negated = pattern.startswith("!")
-            if match_pattern(self.host, pattern[1:] if negated else pattern):
+            if match_pattern(self.host, pattern[1:] if negated else pattern, ignore_case=False):
                 if negated:
                     return False
                 found = True
@@ -262,6 +266,7 @@ class _Evaluation:
             negated = word.startswith("!")
             name = word[1:] if negated else word
             if name == "all":
+                result = result and not negated
                 i += 1
                 continue
             if name in _REFUSED_MATCH:
