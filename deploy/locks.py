@@ -24,13 +24,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from deploy.config.models import Host
-from deploy.errors import DeployError, LockHeld, RemoteOutputError
+from deploy.errors import DeployError, ExitCode, LockHeld, RemoteOutputError
 from deploy.local_state import (LocalStateError, ensure_directory, read_regular, require_not_directory,
                                  state_home, write_regular)
 from deploy.shell import path_join, quote, quote_path
 from deploy.facts.helpers import helper_python
 
 HOST_LOCK_SOURCE = Path(__file__).resolve().parent / "remote" / "host_lock.py"
+#: an OSError the host printed that means "this file system refuses the write" (EACCES, EPERM,
+#: ENOSPC, EROFS, EDQUOT): the state dir is read-only, full or not the user's, exit 10
+WRITE_FAILURE = re.compile(r"\[Errno (13|1|28|30|122)\]|Read-only file system|No space left|Disk quota|Permission denied")
 
 
 def owner_info(command: str, run: str) -> dict[str, Any]:
@@ -82,6 +85,9 @@ def acquire_host_lock(conn, host: Host, owner: dict):
     held = conn.hold(host_lock_command(host, owner), timeout=60)
     if held.exit_code not in (None, 0) or not held.first_line:
         detail = (held.stderr.strip().splitlines() or ["(no output)"])[-1]
+        if WRITE_FAILURE.search(detail):  # read-only, full, over quota, not ours: exit 10, as documented
+            raise DeployError(f"{host.name}: cannot write the host lock {host_lock_path(host)} in state_dir "
+                              f"{host.state_dir}: {detail}", exit_code=ExitCode.IO)
         raise RemoteOutputError(f"{host.name}: cannot take the host lock {host_lock_path(host)} "
                                 f"with {host.python} (exit {held.exit_code}): {detail}")
     document = parse_host_lock(held.first_line, host.name)

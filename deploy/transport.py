@@ -23,6 +23,7 @@ Everything else builds command strings and parses their output; it hands command
 
 from __future__ import annotations
 
+import errno
 import getpass
 import os
 import shlex
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Callable
 
 from deploy import ssh_trust
 from deploy.config.models import Host, SSHSettings
-from deploy.errors import (DeployError, ConnectionFailed, HostKeyRejected, Interrupted, RemoteCommandFailed,
+from deploy.errors import (DeployError, ExitCode, ConnectionFailed, HostKeyRejected, Interrupted, RemoteCommandFailed,
                            RemoteOutputError, StepTimeout)
 from deploy.ssh_config import (
     Endpoint,
@@ -213,7 +214,12 @@ class Transport:
             self._upload(directory, files)
         except OSError as exc:
             names = ", ".join(remote for _, remote, _ in files)
-            raise RemoteCommandFailed(f"{self.label}: SFTP upload of {names} failed: {exc}") from None
+            # read-only, full or over quota (SFTP maps ENOSPC to a bare "Failure"): exit 10 (HOSTILE, issue 22)
+            io = exc.errno in (errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EDQUOT) or \
+                str(exc).strip() in ("Failure", "Permission denied")
+            raise RemoteCommandFailed(f"{self.label}: SFTP upload of {names} failed: {exc}"
+                                      + (" (read-only, full or not writable)" if io else ""),
+                                      exit_code=ExitCode.IO if io else None) from None
 
     @property
     def home(self) -> str:
