@@ -356,13 +356,19 @@ def cmd_stop(args) -> dict:
 
 def last_line(path: str, max_bytes: int = 8192) -> str:
     try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - max_bytes))
-            tail = handle.read().decode("utf-8", "replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO as the log must not block the probe
     except OSError:
         return ""
+    try:
+        st = os.fstat(fd)
+        if not stat_module.S_ISREG(st.st_mode):
+            return "(%s is not a regular file)" % path
+        os.lseek(fd, max(0, st.st_size - max_bytes), os.SEEK_SET)
+        tail = os.read(fd, max_bytes).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
     # progress bars rewrite the line with '\r'
     lines = [ln for ln in re.split(r"[\r\n]+", tail) if ln.strip()]
     return lines[-1].strip()[:300] if lines else ""

@@ -245,3 +245,35 @@ def test_stop_command_names_the_record():
 
     command = stop_stale.command(_Ctx(""))
     assert "--record /srv/d/deployment.json" in command
+
+
+@pytest.mark.parametrize("name", _sorted_ids(BAD_CONTENTS))
+def test_router_pidfile_bad_content_is_no_router(tmp_path, name):
+    from deploy.remote import fleet_ops
+
+    pidfile = tmp_path / "router.pid"
+    pidfile.write_text(BAD_CONTENTS[name])
+    pid = fleet_ops._pid_of(str(pidfile))
+    assert pid is None or (1 < pid <= host_ops.PID_MAX_LIMIT)
+    assert pid not in (0, 1)
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_REGULAR))
+def test_router_pidfile_not_regular(tmp_path, kind):
+    from deploy.remote import fleet_ops
+
+    pidfile = tmp_path / "router.pid"
+    NOT_REGULAR[kind](pidfile)
+    started = time.monotonic()
+    assert fleet_ops._pid_of(str(pidfile)) is None
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "dev-zero"])
+def test_probe_log_not_regular_never_blocks(tmp_path, kind):
+    log = tmp_path / "latest.log"
+    {"fifo": _fifo, "directory": _dir, "dev-zero": _zero}[kind](log)
+    started = time.monotonic()
+    line = host_ops.last_line(str(log))
+    assert time.monotonic() - started < 5
+    assert line == "" or "not a regular file" in line
