@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from deploy.local_state import LocalStateError, ensure_directory, read_regular, require_not_directory, state_home
+from deploy.local_state import LocalStateError, check_state_root, ensure_directory, read_regular, require_not_directory, state_home
 from deploy.local_state import write_regular
 
 FIELDS = ("time", "verb", "run", "host", "sglang_version", "drafter_fingerprint", "draft_tokens", "accept_length",
@@ -77,6 +77,8 @@ def read(run: str | None = None, host: str | None = None, path: Path | None = No
          warnings: list[str] | None = None) -> list[dict[str, Any]]:
     """Records, oldest first. A line that is not a record (not UTF-8, not JSON, nested too deep, too
     long: a crash mid-write, a hand edit) is skipped and named in ``warnings``, never fatal."""
+    if path is None:
+        check_state_root()
     path = path or history_path()
     data = read_regular(path, MAX_HISTORY_BYTES, "the history")
     if data is None:

@@ -30,12 +30,29 @@ def state_home() -> Path:
     return root / "deployctl"
 
 
+#: kernel pseudo-file systems: never a place for state (writes fail or mean something else)
+_PSEUDO = ("/proc", "/sys", "/dev")
+
+
+def check_state_root(path: Path | None = None) -> None:
+    """The directory above deployctl's state (``$XDG_STATE_HOME``) is usable for reading and
+    writing: a directory, not under /proc, /sys or /dev. LocalStateError naming it otherwise."""
+    root = (path or state_home()).parent
+    real = os.path.realpath(root)
+    if any(real == p or real.startswith(p + "/") for p in _PSEUDO):
+        raise LocalStateError(f"{root}: $XDG_STATE_HOME is on a kernel pseudo-file system ({real}); "
+                              "point it at a real directory")
+    if os.path.lexists(root) and not os.path.isdir(root):
+        raise LocalStateError(f"{root}: $XDG_STATE_HOME is not a directory")
+
+
 def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
 def ensure_directory(path: Path, what: str = "deployctl's state directory") -> Path:
     """``path`` as an existing, writable directory (created 0700), else LocalStateError naming it."""
+    check_state_root()
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
     except FileExistsError:
