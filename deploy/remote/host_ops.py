@@ -220,9 +220,14 @@ def _recorded_argv(record) -> list | None:
 
 
 def same_argv(live: list, argv: list) -> bool:
-    # argv[0] may show as the interpreter a venv or pyenv shim exec'd; the arguments are exact
-    return len(live) == len(argv) and live[1:] == argv[1:] and \
-        os.path.basename(live[0]).startswith(("python", os.path.basename(argv[0])))
+    """Whether the live command line is the recorded argv: the arguments exact, except that a
+    recorded ``~/...`` path (launch quotes --model-path and the drafter with quote_path, so the
+    shell expanded it) is this user's home; argv[0] may show as the interpreter a venv or pyenv
+    shim exec'd."""
+    if len(live) != len(argv) or not live:
+        return False
+    same = all(a == b or (b.startswith("~") and a == os.path.expanduser(b)) for a, b in zip(live[1:], argv[1:]))
+    return same and os.path.basename(live[0]).startswith(("python", os.path.basename(argv[0])))
 
 
 def find_recorded_server(record, uid: int) -> int | None:

@@ -277,3 +277,23 @@ def test_probe_log_not_regular_never_blocks(tmp_path, kind):
     line = host_ops.last_line(str(log))
     assert time.monotonic() - started < 5
     assert line == "" or "not a regular file" in line
+
+
+def test_recorded_home_paths_match_the_expanded_command_line(tmp_path):
+    """launch records ``--model-path ~/m`` and the shell runs it expanded: still the server."""
+    home = os.path.expanduser("~")
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER, "sglang.launch_server", "--model-path", f"{home}/m"],
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(host_ops.cmdline_argv(proc.pid)) < 5:
+            time.sleep(0.01)
+        pidfile = tmp_path / "server.pid"
+        pidfile.write_text(f"{proc.pid}\n")
+        recorded = [sys.executable, "-c", SLEEPER, "sglang.launch_server", "--model-path", "~/m"]
+        assert host_ops.check_server_pid(str(pidfile), {"argv": recorded})["pid_check"] == "verified"
+        other = recorded[:-1] + ["~/other"]
+        assert host_ops.check_server_pid(str(pidfile), {"argv": other})["pid_check"] == "not-ours"
+    finally:
+        proc.kill()
+        proc.wait()
