@@ -17,7 +17,7 @@ from deploy import render
 from deploy.config.models import Host
 from deploy.errors import RemoteOutputError
 from deploy.fanout import HostOutcome
-from deploy.orchestrator import HostReport, StepRecord
+from deploy.engine.records import HostReport, StepRecord
 from deploy.terminal import SafeStream, safe_line, safe_text
 
 CONTROLS = [chr(c) for c in list(range(0x00, 0x20)) + list(range(0x7F, 0xA0))] + \
@@ -115,7 +115,7 @@ def test_json_keeps_the_raw_text(name):
 
 @pytest.mark.parametrize("name", sorted(SEQUENCES))
 def test_logs_verb_escapes_the_server_log(tmp_path, capsys, monkeypatch, name):
-    from deploy import orchestrator
+    from deploy import inspect as orchestrator  # read_logs lives in deploy/inspect.py
     from deploy.cli.main import main
     from tests.hostile.test_config_corpus import BASE, dump
 
@@ -134,7 +134,7 @@ def test_logs_verb_escapes_the_server_log(tmp_path, capsys, monkeypatch, name):
 
 @pytest.mark.parametrize("name", sorted(SEQUENCES))
 def test_error_messages_are_escaped(tmp_path, capsys, monkeypatch, name):
-    from deploy import orchestrator
+    from deploy import inspect as orchestrator  # read_logs lives in deploy/inspect.py
     from deploy.cli.main import main
     from tests.hostile.test_config_corpus import BASE, dump
 
