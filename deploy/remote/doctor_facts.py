@@ -22,7 +22,9 @@ import glob
 import json
 import os
 import re
+import errno
 import shutil
+import stat as stat_module
 import socket
 import struct
 import subprocess
@@ -57,6 +59,24 @@ def _error(exc):
     return "%s: %s" % (type(exc).__name__, exc)
 
 
+def open_regular(path):
+    """A binary file object for the regular file ``path``; OSError naming it for anything else.
+
+    stat first and O_NONBLOCK (HOSTILE, issue 22): a FIFO as a drafter's file held doctor/up for
+    75 s, then failed naming the helper instead of the file.
+    """
+    if not stat_module.S_ISREG(os.stat(path).st_mode):  # a socket would fail the open with ENXIO
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, device, socket or directory)", path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat_module.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device, socket or directory)", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
 def _python():
     return {"executable": sys.executable, "version": "%d.%d.%d" % sys.version_info[:3]}
 
@@ -69,13 +89,12 @@ def nvidia_smi(program):
     if found is None:
         return {"found": False, "exit_code": None, "stdout": "", "stderr": "",
                 "error": "%s not found on PATH" % program}
-    try:
-        proc = subprocess.run([found] + GPU_QUERY, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              timeout=20, universal_newlines=True)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return {"found": True, "exit_code": None, "stdout": "", "stderr": "", "error": _error(exc)}
-    return {"found": True, "exit_code": proc.returncode, "stdout": proc.stdout[:MAX_OUTPUT_CHARS],
-            "stderr": proc.stderr[-2000:], "error": None}
+    # bounded in bytes and time (host_ops.run_bounded): a 60 MB answer is refused, not shipped
+    done = host_ops.run_bounded([found] + GPU_QUERY, 20.0)
+    if done["exit_code"] in (124, 125, 127):
+        return {"found": True, "exit_code": None, "stdout": "", "stderr": "", "error": done["stderr"]}
+    return {"found": True, "exit_code": done["exit_code"], "stdout": done["stdout"][:MAX_OUTPUT_CHARS],
+            "stderr": done["stderr"][-2000:], "error": None}
 
 
 def gpu_devices(pattern):
@@ -155,8 +174,8 @@ def socket_owners(inodes):
 
 def read_pid(path):
     try:
-        with open(path) as handle:
-            text = handle.read().strip()
+        with open_regular(path) as handle:
+            text = handle.read(64).decode("utf-8", "replace").strip()
     except OSError as exc:
         return {"pid": None, "alive": False, "error": None if not os.path.exists(path) else _error(exc)}
     if not re.match(r"^\d+$", text):
@@ -226,7 +245,7 @@ def directory(path):
 
 def read_json(path):
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             raw = handle.read(MAX_JSON_BYTES + 1)
     except OSError as exc:
         return None, _error(exc)
@@ -234,8 +253,8 @@ def read_json(path):
         return None, "larger than %d bytes" % MAX_JSON_BYTES
     try:
         value = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeError) as exc:
-        return None, "not valid JSON: %s" % exc
+    except (ValueError, UnicodeError, RecursionError) as exc:
+        return None, "not valid JSON: %s" % (exc if not isinstance(exc, RecursionError) else "nested too deep")
     if not isinstance(value, dict):
         return None, "not a JSON object"
     return value, None
@@ -243,6 +262,8 @@ def read_json(path):
 
 def read_header(path):
     """name -> shape, read and validated by the key fixer's own header reader (fixer/header.py)."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError("%s is not a regular file (a FIFO, device, socket or directory)" % path)
     try:
         return read_safetensors_header(path, os.path.basename(path)).shapes()
     except FixError as exc:
@@ -281,8 +302,11 @@ def sha256_of(path):
     import hashlib
 
     try:
-        with open(os.path.expanduser(path), "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest()
+        with open_regular(os.path.expanduser(path)) as handle:
+            digest = hashlib.sha256()
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+            return digest.hexdigest()
     except OSError:
         return None
 
@@ -290,9 +314,11 @@ def sha256_of(path):
 def read_record(path):
     """A deployment record (deployment.json, last-good.json): its JSON text, or None when absent."""
     try:
-        with open(os.path.expanduser(path), "rb") as handle:
+        with open_regular(os.path.expanduser(path)) as handle:
             return handle.read(1 << 20).decode("utf-8", "replace")
-    except OSError:
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # not a regular file: say so (the parser names the file)
+            return "(not a regular file: %s)" % path
         return None
 
 
