@@ -116,9 +116,14 @@ class AcceptCheck(_Fact):
         return self
 
 
-def accept_check_command(python: str, helper: str, base_url: str, requests: int, max_new_tokens: int) -> str:
-    return " ".join([helper_python(python), quote_path(helper), "accept-check", "--base", quote(base_url),
-                     "--requests", str(requests), "--max-new-tokens", str(max_new_tokens)])
+def accept_check_command(python: str, helper: str, base_url: str, requests: int, max_new_tokens: int,
+                         prompts: list[str] | None = None, concurrency: int = 1) -> str:
+    """``prompts``: sent in turn (cycled); ``concurrency``: at most this many requests in flight."""
+    argv = [helper_python(python), quote_path(helper), "accept-check", "--base", quote(base_url),
+            "--requests", str(requests), "--max-new-tokens", str(max_new_tokens), "--concurrency", str(concurrency)]
+    for prompt in prompts or []:
+        argv += ["--prompt", quote(prompt)]
+    return " ".join(argv)
 
 
 def parse_accept_check(output: str, source: str) -> AcceptCheck:
