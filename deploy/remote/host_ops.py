@@ -388,7 +388,15 @@ def cmd_accept(args) -> dict:
     import urllib.error  # lazily: stop-processes and watch-gpus never load http.client
     import urllib.request
 
-    prompts = args.prompt or list(PROMPTS)
+    prompts = list(PROMPTS)
+    if args.prompts_json:
+        try:
+            given = json.loads(args.prompts_json)
+        except ValueError:
+            given = None
+        if not isinstance(given, list) or not given or not all(isinstance(p, str) for p in given):
+            return {"ok": False, "error": "--prompts-json must be a non-empty JSON list of strings", "samples": []}
+        prompts = given
 
     def one(i):
         # type: (int) -> Dict[str, Any]
@@ -460,7 +468,7 @@ def main(argv=None) -> int:
     accept.add_argument("--max-new-tokens", type=int, default=256)
     accept.add_argument("--timeout", type=float, default=300.0)
     accept.add_argument("--concurrency", type=int, default=1, help="requests in flight at most (1-64)")
-    accept.add_argument("--prompt", action="append", default=[], help="a prompt to send (repeat; cycled)")
+    accept.add_argument("--prompts-json", default="", help="the prompts to send, a JSON list of strings (cycled)")
     health = sub.add_parser("watch-health")
     health.add_argument("--url", required=True)
     health.add_argument("--pid", type=int, required=True)

@@ -57,9 +57,11 @@ def load(ctx: StepContext, ds: datasets.Dataset) -> dict:
 def command(ctx: StepContext, ds: datasets.Dataset | None = None) -> str:
     s = ctx.settings
     ds = ds or dataset(ctx)
-    argv = [ctx.run.sglang_python, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", base_url(ctx)]
+    argv = [quote(a) for a in (ctx.run.sglang_python, "-m", "sglang.bench_serving", "--backend", "sglang",
+                               "--base-url", base_url(ctx))]
     if ds.is_file:
-        argv += ["--dataset-name", ds.kind, "--dataset-path", ds.remote_path(ctx.paths.root),
+        # quote_path: the state dir may start with ~ (expanded by the host's shell)
+        argv += ["--dataset-name", ds.kind, "--dataset-path", quote_path(ds.remote_path(ctx.paths.root)),
                  "--num-prompts", str(s.num_prompts), "--sharegpt-output-len", str(s.output_len)]
     else:
         argv += ["--dataset-name", "random-ids", "--num-prompts", str(s.num_prompts),
@@ -67,8 +69,8 @@ def command(ctx: StepContext, ds: datasets.Dataset | None = None) -> str:
                  "--random-range-ratio", "1.0"]
     argv += ["--max-concurrency", str(s.max_concurrency), "--flush-cache", "--disable-tqdm"]
     out = results_path(ctx)
-    return (f"mkdir -p -m 700 -- {quote_path(out.rsplit('/', 1)[0])} && "
-            + " ".join(quote(a) for a in argv) + f" --output-file {quote_path(out)}")
+    return f"mkdir -p -m 700 -- {quote_path(out.rsplit('/', 1)[0])} && " + " ".join(argv) + \
+        f" --output-file {quote_path(out)}"
 
 
 def check_action(ctx: StepContext, ds: datasets.Dataset) -> Command:
