@@ -77,12 +77,12 @@ def _ticks(low: float, high: float, count: int = 5) -> list[float]:
     return [first + i * step for i in range(int((high - first) / step) + 2) if first + i * step <= high + step * 0.999]
 
 
-def chart_svg(key: str, label: str, table: list[dict[str, Any]], width: int = 460, height: int = 260) -> str:
+def chart_svg(key: str, label: str, table: list[dict[str, Any]], width: int = 460, height: int = 290) -> str:
     """One line chart: ``key`` against draft tokens, one line per host, the best value ringed."""
     hosts = sorted({r["host"] for r in table})
     points = [(r["host"], r["draft_tokens"], float(r[key]), r["best"]) for r in table
               if r["ok"] and isinstance(r.get(key), (int, float))]
-    left, right, top, bottom = 64, 16, 34, 44
+    left, right, top, bottom = 64, 16, 34, 70
     plot_w, plot_h = width - left - right, height - top - bottom
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" data-metric="{html.escape(key)}" '
              f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
@@ -112,7 +112,7 @@ def chart_svg(key: str, label: str, table: list[dict[str, Any]], width: int = 46
                      f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end" font-size="11">{y:g}</text>')
     for x in xs:
         parts.append(f'<text x="{sx(x):.1f}" y="{top + plot_h + 16}" text-anchor="middle" font-size="11">{x}</text>')
-    parts.append(f'<text x="{left + plot_w / 2:.0f}" y="{height - 6}" text-anchor="middle" font-size="12">'
+    parts.append(f'<text x="{left + plot_w / 2:.0f}" y="{top + plot_h + 32}" text-anchor="middle" font-size="12">'
                  'draft tokens</text>')
     for index, host in enumerate(hosts):
         colour = COLOURS[index % len(COLOURS)]
@@ -126,8 +126,10 @@ def chart_svg(key: str, label: str, table: list[dict[str, Any]], width: int = 46
             if best:
                 parts.append(f'<circle class="best" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="8" fill="none" '
                              f'stroke="{colour}" stroke-width="2"/>')
-        parts.append(f'<rect x="{left + 8}" y="{top + 4 + index * 16}" width="10" height="10" fill="{colour}"/>'
-                     f'<text x="{left + 22}" y="{top + 13 + index * 16}" font-size="11">{html.escape(host)}</text>')
+        # the legend under the axis, never over the data: up to 3 hosts a line
+        lx, ly = left + (index % 3) * (plot_w // 3), top + plot_h + 44 + (index // 3) * 14
+        parts.append(f'<rect x="{lx}" y="{ly}" width="10" height="10" fill="{colour}"/>'
+                     f'<text x="{lx + 14}" y="{ly + 9}" font-size="11">{html.escape(host[:24])}</text>')
     parts.append("</svg>")
     return "".join(parts)
 

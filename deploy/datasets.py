@@ -155,6 +155,7 @@ def parse_sharegpt(data: bytes, source: str) -> tuple[tuple[str, ...], int]:
         raise ConfigError(f"{source}:{_line(text, position)}: expected ',' or ']' after record {index}, "
                           f"found {text[position:position + 20]!r}")
     if text[position:].strip():
+        position += len(text[position:]) - len(text[position:].lstrip())
         raise ConfigError(f"{source}:{_line(text, position)}: text after the closing ']': "
                           f"{text[position:].strip()[:40]!r}")
     return tuple(prompts), skipped
