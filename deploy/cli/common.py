@@ -88,6 +88,7 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
     playbook = load_playbook(playbook_name or default_playbook)
     for step, updates in (overrides or {}).items():
         playbook = playbook.with_settings(step, **updates)
+    playbook = with_dataset(playbook, None, globals_.config_path)  # a playbook's benchmark dataset: exit 3 if bad
     is_fleet = run.router is not None or serial is not None
     if dry_run:
         plans, endpoints = plan_with_endpoints(playbook, run, hosts, config)

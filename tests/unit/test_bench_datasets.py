@@ -343,3 +343,36 @@ def test_report_html_is_self_contained_with_escaped_names(tmp_path):
 def test_chart_axes_cover_the_values(values):
     ticks = bench_report._ticks(0.0, max(values) * 1.08)
     assert ticks[0] <= 0.0 and ticks[-1] >= max(values) and len(ticks) <= 8
+
+
+# -- the CLI: a bad --dataset stops before any host is touched, exit 3, file and line named -----------
+
+
+@pytest.mark.parametrize("verb", [["bench", "--dry-run"], ["bench"], ["nightly"]])
+def test_bad_dataset_file_exits_3_naming_file_and_line(tmp_path, capsys, verb):
+    from deploy.cli.main import main
+    from tests.unit.test_cli import EXAMPLE
+
+    path = tmp_path / "bad.json"
+    path.write_text('[\n{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "x"}]},\n'
+                    '{"conversations": [{"from": "human"}]}\n]')
+    assert main(["-c", EXAMPLE, *verb, "--dataset", str(path)]) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert f"{path}:3: record 2" in err and "Traceback" not in err
+
+
+def test_bench_dry_run_plans_the_upload_and_the_restore(tmp_path, capsys):
+    from deploy.cli.main import main
+    from tests.unit.test_cli import EXAMPLE
+
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps([record()] * 3))
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert main(["-c", EXAMPLE, "bench", "--dry-run", "--json", "--dataset", str(path),
+                 "--draft-tokens", "10", "--draft-tokens", "5"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    stages = [d["stage"] for d in doc["sweep"]]
+    assert stages[:2] == ["draft tokens 10", "draft tokens 5"] and stages[2].startswith("restore the configured")
+    text = json.dumps(doc["sweep"][0])
+    assert f"datasets/{digest}.json" in text and '"kind": "upload"' in text and "--dataset-name sharegpt" in text
+    assert "sglang.bench_serving" not in json.dumps(doc["sweep"][2])  # the restore does not benchmark
