@@ -30,7 +30,8 @@ def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concu
     Ends serving the run's configured draft tokens (a sweep value is never recorded as the last good
     deployment) and writes bench/report-<time>.html and .json under the local state directory."""
     from deploy import bench_report, bench_sweep, render
-    from deploy.orchestrator import exit_code, plan_playbook, run_locked
+    from deploy.engine.plan import plan_playbook
+    from deploy.engine.run import exit_code, run_locked
     from deploy.playbook import load_playbook
 
     config = globals_.load()

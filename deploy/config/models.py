@@ -294,7 +294,7 @@ class Run(Strict):
         default_factory=dict
     )
     timeouts: Timeouts = Field(default_factory=Timeouts)
-    #: SGLang's router in front of the run's replicas (see README "Fleets")
+    #: SGLang's router in front of the run's replicas (see docs/fleets.md)
     router: RouterSpec | None = None
     #: one SGLang server across these hosts (rank 0 first): --nnodes, --node-rank, --dist-init-addr
     nodes: list[Name] = Field(default_factory=list)
