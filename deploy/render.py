@@ -216,7 +216,10 @@ def _bench_rows(rounds):
             data = step.data if step is not None and step.status == "ok" else {}
             yield {"host": report.host.name, "draft_tokens": tokens, "ok": report.ok and bool(data),
                    "accept_length": data.get("accept_length"), "output_tok_s": data.get("output_tok_s"),
-                   "mean_itl_ms": data.get("mean_itl_ms"), "duration_s": data.get("duration_s"),
+                   "mean_itl_ms": data.get("mean_itl_ms"), "p99_itl_ms": data.get("p99_itl_ms"),
+                   "mean_ttft_ms": data.get("mean_ttft_ms"), "p99_ttft_ms": data.get("p99_ttft_ms"),
+                   "dataset": data.get("dataset"), "dataset_sha256": data.get("dataset_sha256"),
+                   "duration_s": data.get("duration_s"),
                    "error": str(report.error) if report.error is not None else None}
 
 
@@ -228,11 +231,13 @@ def bench_document(run_name: str, rounds) -> dict:
 
 
 def bench_table(rounds, out: Console) -> None:
+    from rich.markup import escape as rich_escape
     from rich.table import Table
 
     table = Table(title="bench: sglang.bench_serving per host and draft-token count", title_justify="left")
     for name, justify in (("host", "left"), ("draft tokens", "right"), ("accept length", "right"),
-                          ("output tok/s", "right"), ("mean ITL ms", "right"), ("result", "left")):
+                          ("output tok/s", "right"), ("mean ITL ms", "right"), ("p99 ITL ms", "right"),
+                          ("mean TTFT ms", "right"), ("dataset", "left"), ("result", "left")):
         table.add_column(name, justify=cast("JustifyMethod", justify))
 
     def fmt(value, spec):
@@ -244,7 +249,8 @@ def bench_table(rounds, out: Console) -> None:
         result = Text("ok", style="green") if row["ok"] else \
             Text(safe_line((row["error"] or "failed").splitlines()[0][:80]), style="red")
         table.add_row(row["host"], str(row["draft_tokens"]), fmt(row["accept_length"], ".2f"),
-                      fmt(row["output_tok_s"], ".1f"), fmt(row["mean_itl_ms"], ".2f"), result)
+                      fmt(row["output_tok_s"], ".1f"), fmt(row["mean_itl_ms"], ".2f"), fmt(row["p99_itl_ms"], ".2f"),
+                      fmt(row["mean_ttft_ms"], ".1f"), rich_escape(str(row["dataset"] or "-")), result)
     out.print(table)
 
 

@@ -17,6 +17,12 @@ command -v useradd >/dev/null 2>&1 || missing+=(passwd)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 # the sglang-router venv below is made from the system python (the sandbox users must run it)
 /usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3 python3-venv)
+# headless Chromium renders the bench report in tests/unit/test_bench_report_browser.py (skipped without it);
+# only where the distribution has the package (Debian: chromium; `apt-cache policy chromium`)
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 \
+    && apt-cache policy chromium 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+  missing+=(chromium)
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "bootstrap: installing ${missing[*]}" >&2
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq

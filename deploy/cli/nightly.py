@@ -61,14 +61,15 @@ def _progress(log):
               help="Regression if accept length < this x the last good one's (playbook default 0.9).")
 @click.option("--min-throughput-fraction", type=click.FloatRange(0.01, 1.0), default=None,
               help="Regression if output tok/s < this x the last good one's (playbook default 0.9).")
+@options.dataset
 @options.as_json("Print only the JSON report on stdout.")
 @options.fleet
 @click.pass_obj
 def command(globals_, run_name, host_names, playbook_name, force, no_rollback, min_accept_fraction,
-            min_throughput_fraction, as_json, serial, allow_downtime) -> int:
+            min_throughput_fraction, dataset, as_json, serial, allow_downtime) -> int:
     """Lock, converge to the drafter now at the configured path, verify, benchmark, gate, roll back on failure."""
     from deploy import render
-    from deploy.cli.common import run_and_hosts
+    from deploy.cli.common import run_and_hosts, with_dataset
     from deploy.engine.run import exit_code, run_locked
     from deploy.playbook import load_playbook
 
@@ -79,6 +80,8 @@ def command(globals_, run_name, host_names, playbook_name, force, no_rollback, m
                               ("min_throughput_fraction", min_throughput_fraction)) if v is not None}
     if gate:
         playbook = playbook.with_settings("regression-gate", **gate)
+    # the gate compares only records of the same dataset (sha256) and load: a bad file exits 3 here
+    playbook = with_dataset(playbook, dataset, globals_.config_path)
     path, log = _log_file()
     with log:
         progress = _progress(log)

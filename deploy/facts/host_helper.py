@@ -8,6 +8,8 @@ read as "fine". Table-tested from captured helper output in tests/facts/<fact>/.
 
 from __future__ import annotations
 
+import json
+
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -122,9 +124,15 @@ class AcceptCheck(_Fact):
         return self
 
 
-def accept_check_command(python: str, helper: str, base_url: str, requests: int, max_new_tokens: int) -> str:
-    return " ".join([helper_python(python), quote_path(helper), "accept-check", "--base", quote(base_url),
-                     "--requests", str(requests), "--max-new-tokens", str(max_new_tokens)])
+def accept_check_command(python: str, helper: str, base_url: str, requests: int, max_new_tokens: int,
+                         prompts: list[str] | None = None, concurrency: int = 1) -> str:
+    """``prompts``: sent in turn (cycled), one JSON argument (a single line in the plan, newlines
+    escaped); ``concurrency``: at most this many requests in flight."""
+    argv = [helper_python(python), quote_path(helper), "accept-check", "--base", quote(base_url),
+            "--requests", str(requests), "--max-new-tokens", str(max_new_tokens), "--concurrency", str(concurrency)]
+    if prompts:
+        argv += ["--prompts-json", quote(json.dumps(prompts, ensure_ascii=True))]
+    return " ".join(argv)
 
 
 def parse_accept_check(output: str, source: str) -> AcceptCheck:

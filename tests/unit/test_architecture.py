@@ -177,7 +177,9 @@ FLOORS = [
               "deploy.sglang", "deploy.ssh_config", "deploy.ssh_trust", "deploy.connect", "deploy.transport",
               "deploy.fanout", "deploy.remote", "deploy.local_state", "deploy.history",
               # issue 22 (HOSTILE): pure leaf modules, importing only deploy.errors
-              "deploy.terminal", "deploy.bounded_channel", "deploy.ssh_agent", "deploy.ssh_config_eval")),
+              "deploy.terminal", "deploy.bounded_channel", "deploy.ssh_agent", "deploy.ssh_config_eval",
+              # issue 20 (BENCH): the dataset rules (local file checks, the built-in prompt set)
+              "deploy.datasets")),
     ("facts", ("deploy.facts", "deploy.doctor", "deploy.locks")),
     ("steps", ("deploy.steps", "deploy.playbook")),
     ("engine", ("deploy.engine",)),
