@@ -68,7 +68,7 @@ def cli(ctx: click.Context, config_path: Path | None, accept_new_host_keys: bool
 
 
 #: every verb, one module each under deploy/cli/ (each defines ``command``), in --help order.
-VERBS = ("up", "restart", "down", "plan", "bench", "nightly", "doctor", "gpu_status", "logs", "history",
+VERBS = ("up", "restart", "down", "plan", "bench", "nightly", "doctor", "gpu_status", "status", "logs", "history",
          "fix_keys")
 
 
