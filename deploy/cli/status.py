@@ -16,6 +16,15 @@ import click
 from deploy.cli import options
 
 
+def _finite(ctx, param, value):
+    """click's FloatRange lets ``nan`` through (every comparison with it is False)."""
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value!r} is not a finite number", ctx, param)
+    return value
+
+
 @click.command("status")
 @options.run
 @options.hosts
@@ -24,7 +33,7 @@ from deploy.cli import options
               help="Exit 12 when accept length or output tok/s is under the gate's fraction of the last good "
                    "deployment's (1 not serving, 4 unreachable, 5 unexpected output, 0 otherwise).")
 @click.option("--watch", "watch_s", type=click.FloatRange(0.5, 86400), is_flag=False, flag_value=5.0, default=None,
-              metavar="[SECONDS]", help="Read again every SECONDS (default 5) until Ctrl-C: a table redrawn in place on a terminal.")
+              metavar="[SECONDS]", callback=_finite, help="Read again every SECONDS (default 5) until Ctrl-C: a table redrawn in place on a terminal.")
 @click.option("--rounds", type=click.IntRange(1, 10**9), default=None, help="With --watch: stop after N rounds.")
 @click.option("--prom-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures in Prometheus text format to FILE, atomically "
@@ -32,13 +41,13 @@ from deploy.cli import options
 @click.option("--probe", is_flag=True,
               help="Send a few greedy requests (the verify prompts, at the last good benchmark's concurrency) "
                    "and measure them: for a server with no traffic; the only throughput compared.")
-@click.option("--window", "window_s", type=click.FloatRange(0.2, 60), default=2.0, show_default=True,
+@click.option("--window", "window_s", type=click.FloatRange(0.2, 60), default=2.0, show_default=True, callback=_finite,
               help="Seconds between the two reads of the server's counters.")
 @click.option("--playbook", "playbook_name", default="nightly", show_default=True,
               help="Playbook (name or YAML file) whose regression-gate fractions apply.")
-@click.option("--min-accept-fraction", type=click.FloatRange(0.01, 1.0), default=None,
+@click.option("--min-accept-fraction", type=click.FloatRange(0.01, 1.0), default=None, callback=_finite,
               help="Below this x the last good accept length is a regression (default: the playbook's gate, 0.9).")
-@click.option("--min-throughput-fraction", type=click.FloatRange(0.01, 1.0), default=None,
+@click.option("--min-throughput-fraction", type=click.FloatRange(0.01, 1.0), default=None, callback=_finite,
               help="Below this x the last good output tok/s is a regression (default: the playbook's gate, 0.9).")
 @click.pass_obj
 def command(globals_, run_name, host_names, as_json: bool, check: bool, watch_s: float | None, rounds: int | None,

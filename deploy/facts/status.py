@@ -206,7 +206,8 @@ def parse_document(exit_code: int, stdout: str, stderr: str, source: str) -> Sta
 
 # -- Prometheus text (exposition format 0.0.4) -----------------------------------------------------
 
-_SAMPLE = re.compile(r"(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?[ \t]+(?P<value>\S+)"
+_SAMPLE = re.compile(r'(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>(?:[^"}]|"(?:[^"\\]|\\.)*")*)\})?'
+                     r"[ \t]+(?P<value>\S+)"
                      r"(?:[ \t]+(?P<ts>-?[0-9]+))?")
 _LABEL = re.compile(r'\s*(?P<key>[a-zA-Z_][a-zA-Z0-9_]*)="(?P<value>(?:[^"\\]|\\.)*)"\s*(?:,|$)')
 _FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
