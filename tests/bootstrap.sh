@@ -11,6 +11,8 @@ missing=()
 command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)
 command -v fuser >/dev/null 2>&1 || missing+=(psmisc)
 command -v useradd >/dev/null 2>&1 || missing+=(passwd)
+# status --watch is tested on a real terminal: tmux runs it, capture-pane reads the screen
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 # the sglang-router venv below is made from the system python (the sandbox users must run it)
 /usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3 python3-venv)

@@ -286,3 +286,25 @@ def test_the_stand_in_decay_file_is_read_strictly(tmp_path, monkeypatch, text, f
     (tmp_path / "accept_factor").write_text(text)
     monkeypatch.setenv("SGLANG_SIM_CONFIG", str(tmp_path / "config.json"))
     assert sim.accept_factor() == factor
+
+
+# -- the shipped crontab line ------------------------------------------------------------------------
+
+
+def test_the_shipped_crontab_line_is_valid_cron_and_valid_flags_and_is_the_documented_one():
+    import shlex
+    import subprocess
+
+    from deploy.cli.status import command
+
+    crontab = REPO / "contrib" / "cron" / "deployctl-status.crontab"
+    [line] = [ln for ln in crontab.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    fields = line.split(None, 5)
+    assert fields[0] == "*/5" and fields[1:5] == ["*"] * 4 and "%" not in fields[5]
+    subprocess.run(["sh", "-n", "-c", fields[5]], check=True)
+    words = shlex.split(fields[5].split(" > ", 1)[0])
+    start = next(i for i, w in enumerate(words) if w.endswith("/deployctl"))
+    assert words[start + 1] == "status"
+    ctx = command.make_context("status", words[start + 2:])  # click validates every flag and value
+    assert ctx.params["check"] is True and ctx.params["prom_file"].suffix == ".prom"
+    assert line in (REPO / "docs" / "status.md").read_text()
