@@ -86,6 +86,8 @@ def configured(run: Run, host: Host, status: HostStatus) -> tuple[bool | None, l
     from deploy.steps.launch import sglang_argv
 
     record = status.deployment
+    if run.nodes:
+        return None, ["a multi-node run: each node's argv has its own --node-rank (not compared)"]
     if record is None:
         return None, ["no deployment recorded on the host"]
     drafter = record.get("drafter_path") if isinstance(record.get("drafter_path"), str) else None
@@ -159,8 +161,14 @@ def read_host(conn, host: Host, run: Run, *, window_s: float, probe: int) -> Hos
 
 def gather(config: Config, run: Run, hosts: Sequence[Host], gate: Gate, *, window_s: float = 2.0,
            probe: int = 0) -> list[HostReading]:
-    """Every host's status, in parallel, each evaluated against its last good deployment."""
+    """Every host's status, in parallel, each evaluated against its last good deployment.
+
+    A multi-node run (``nodes``) is one server: only rank 0 serves HTTP and measures, so only rank
+    0 is read (the other ranks are not checked here)."""
     from deploy.orchestrator import network_host
+
+    if run.nodes:
+        hosts = [h for h in hosts if h.name == run.nodes[0]]
 
     def work(host: Host) -> HostReading:
         with HostConnection(host, config.ssh, jumps) as conn:
