@@ -32,7 +32,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploy.errors import RemoteOutputError
 from deploy.facts.helpers import helper_python
@@ -110,12 +110,16 @@ class ProbeAnswer(_Strict):
     requests: list[Optional[ProbeRequest]]
 
 
+#: Linux's PID_MAX_LIMIT (4194304): a larger "PID" is not one
+MAX_PID = 4 * 1024 * 1024
+
+
 class StatusDocument(_Strict):
     schema_: int
-    pid: Optional[int]
+    pid: Optional[int] = Field(ge=1, le=MAX_PID)
     alive: bool
-    pidfile: str
-    uptime_s: Optional[float]
+    pidfile: str = Field(max_length=40)
+    uptime_s: Optional[float] = Field(ge=0, le=10**10)
     record: Optional[dict[str, Any]]
     last_good: Optional[dict[str, Any]]
     health: Optional[Health]
@@ -199,6 +203,8 @@ def parse_document(exit_code: int, stdout: str, stderr: str, source: str) -> Sta
         raise _fail(source, f"printed a document of an unexpected shape: {first}") from None
     if document.schema_ != 1:
         raise _fail(source, f"document has schema {document.schema_}, expected 1")
+    if document.alive and (document.pid is None or document.health is None):
+        raise _fail(source, "document says a server is alive but names no PID or no /health answer")
     if document.alive and len(document.reads) != 2:
         raise _fail(source, f"document has {len(document.reads)} reads of a running server, expected 2")
     return document

@@ -532,7 +532,7 @@ def cmd_status(args) -> dict:
     """The PID file's server, its deployment and last good records, and two reads of its figures
     ``--window`` seconds apart (or around ``--probe`` requests): /metrics, /server_info, /v1/loads."""
     text = (_read(args.pidfile) or "").strip()
-    pid = int(text) if text.isdigit() and len(text) <= 10 else None
+    pid = int(text) if text.isdigit() and 0 < int(text) <= 4194304 else None  # PID_MAX_LIMIT
     running = pid is not None and alive(pid) and "sglang" in cmdline(pid)
     document = {"schema": 1, "pid": pid, "alive": running, "pidfile": text[:40],
                 "uptime_s": _status_uptime(pid) if running and pid is not None else None,

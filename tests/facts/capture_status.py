@@ -120,7 +120,7 @@ def capture(case: str, tmp: Path, state: Server, expect: dict, *, probe: int = 0
     try:
         state_dir = tmp / case
         state_dir.mkdir()
-        (state_dir / "server.pid").write_text(f"{server.pid if pid_alive else 2 ** 22 + 7}\n")
+        (state_dir / "server.pid").write_text(f"{server.pid if pid_alive else 2 ** 22 - 3}\n")
         deployment = record(state_dir) | {"pid": server.pid}
         (state_dir / "deployment.json").write_text(json.dumps(deployment))
         if good is not None:
@@ -189,7 +189,7 @@ def main() -> None:
         s.metrics, s.extra_lines = "on", [f"sglang:spec_accept_length{LABELS} 1.5"]
         capture("metrics_series_twice", tmp, s, {"error": "appears twice"})
         capture("no_server_running", tmp, Server(), {"fact": {"alive": False, "health": None, "notes": [
-            "no SGLang server of deployctl's is running (PID 4194311 is not running)"]}}, pid_alive=False)
+            "no SGLang server of deployctl's is running (PID 4194301 is not running)"]}}, pid_alive=False)
 
 
 if __name__ == "__main__":

@@ -308,3 +308,72 @@ def test_the_shipped_crontab_line_is_valid_cron_and_valid_flags_and_is_the_docum
     ctx = command.make_context("status", words[start + 2:])  # click validates every flag and value
     assert ctx.params["check"] is True and ctx.params["prom_file"].suffix == ".prom"
     assert line in (REPO / "docs" / "status.md").read_text()
+
+
+# -- a host's document of another shape: always RemoteOutputError, never a traceback or a figure ------
+
+
+def _captured(case: str) -> dict:
+    return json.loads((REPO / "tests" / "facts" / "status" / f"{case}.json").read_text())
+
+
+def _document(case: str) -> dict:
+    return json.loads(_captured(case)["stdout"])
+
+
+WRONG = [None, "x", -1, 1.5, True, [], {}, 2 ** 70]
+TOP_KEYS = sorted(_document("metrics_with_traffic"))
+
+
+@pytest.mark.parametrize("key", TOP_KEYS)
+@pytest.mark.parametrize("value", WRONG, ids=[repr(v) for v in WRONG])
+def test_every_field_of_the_document_with_a_wrong_value_is_an_error_or_read_as_absent(key, value):
+    original = _document("metrics_with_traffic")
+    if original[key] == value and type(original[key]) is type(value):
+        pytest.skip("the captured value itself")
+    try:
+        fact = facts.parse_status(0, json.dumps(original | {key: value}) + "\n", "", "gpu-a")
+    except RemoteOutputError as exc:
+        assert str(exc).startswith("gpu-a: status ")
+        return
+    # accepted only where the value is of the field's own kind; a record that is no record is read as none
+    if key in ("record", "last_good"):
+        assert value in (None, {}) and (fact.deployment if key == "record" else fact.last_good) is None
+    else:
+        assert (key, value) in {("pidfile", "x"), ("uptime_s", 1.5), ("uptime_s", None), ("probe", None)}, \
+            (key, value, fact)
+
+
+INFO_BODIES = ["[]", "not json", '{"internal_states": "x"}', '{"internal_states": []}', '{"internal_states": [1]}',
+               '{"internal_states": [{"avg_spec_accept_length": NaN}]}',
+               '{"internal_states": [{"avg_spec_accept_length": -2}]}',
+               '{"internal_states": [{"last_gen_throughput": "fast"}]}',
+               '{"internal_states": [{"avg_spec_accept_length": true}]}']
+
+
+@pytest.mark.parametrize("body", INFO_BODIES)
+def test_a_hostile_server_info_body_is_an_error_naming_the_host(body):
+    document = _document("server_info_without_metrics")
+    for read in document["reads"]:
+        read["server_info"]["body"] = body
+    with pytest.raises(RemoteOutputError) as exc:
+        facts.parse_status(0, json.dumps(document) + "\n", "", "gpu-a")
+    assert "gpu-a: status /server_info" in str(exc.value)
+
+
+@pytest.mark.parametrize("meta", [{"completion_tokens": -1, "spec_verify_ct": 3}, {"completion_tokens": 9, "spec_verify_ct": 0},
+                                  {"completion_tokens": "9", "spec_verify_ct": 3}, {"completion_tokens": 9.5, "spec_verify_ct": 3},
+                                  {"completion_tokens": 9, "spec_verify_ct": 3, "e2e_latency": "1"}, None])
+def test_a_hostile_probe_answer_is_an_error(meta):
+    document = _document("probe_at_the_benchmark_load")
+    document["probe"]["requests"][1] = {"wall_s": 1.0, "meta": meta}
+    with pytest.raises(RemoteOutputError) as exc:
+        facts.parse_status(0, json.dumps(document) + "\n", "", "gpu-a")
+    assert "gpu-a: status " in str(exc.value)
+
+
+def test_a_truncated_metrics_answer_is_not_read():
+    document = _document("metrics_with_traffic")
+    document["reads"][1]["metrics"]["truncated"] = True
+    with pytest.raises(RemoteOutputError, match="more than the status read's limit"):
+        facts.parse_status(0, json.dumps(document) + "\n", "", "gpu-a")
