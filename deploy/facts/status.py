@@ -125,6 +125,8 @@ class StatusDocument(_Strict):
     health: Optional[Health]
     reads: list[Read]
     probe: Optional[ProbeAnswer]
+    #: --probe was asked for but not sent: the server generated tokens in the window
+    probe_skipped: bool = False
 
 
 # -- the fact --------------------------------------------------------------------------------------
@@ -413,6 +415,8 @@ def _live(document: StatusDocument, source: str, notes: list[str]) -> tuple[Live
             f"--probe: {summary['requests']} requests at concurrency {summary['concurrency']}, "
             f"timed by {summary['timed_by']}"), True
         traffic = True
+    elif document.probe_skipped:
+        notes.append("--probe not sent: the server had traffic in the window (a probe would compete with it)")
     elif not traffic and source_kind != "none":
         notes.append("no tokens were generated in the window: throughput not measured (--probe sends requests)")
         tok_s = None if tok_s == 0 else tok_s

@@ -524,6 +524,23 @@ def _status_probe(base: str, requests: int, concurrency: int, max_new_tokens: in
             "wall_s": round(time.monotonic() - started, 6), "requests": results}
 
 
+def _status_traffic(first: dict, second: dict, metrics: bool) -> bool:
+    """Did the server generate between the reads? (--probe is only sent to an idle server: a probe
+    competing with traffic would measure the traffic's load, not the benchmark's.)"""
+    if metrics:
+        def generated(read):
+            return [ln for ln in read["metrics"]["lines"] if ln.startswith("sglang:generation_tokens_total")]
+        return generated(first) != generated(second)
+
+    def figures(read):
+        try:
+            state = json.loads(read["server_info"]["body"])["internal_states"][0]
+            return state.get("avg_spec_accept_length"), state.get("last_gen_throughput")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            return None
+    return figures(first) != figures(second)
+
+
 def _status_int(value, default: int, limit: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= limit else default
 
@@ -537,14 +554,17 @@ def cmd_status(args) -> dict:
     document = {"schema": 1, "pid": pid, "alive": running, "pidfile": text[:40],
                 "uptime_s": _status_uptime(pid) if running and pid is not None else None,
                 "record": _read_json_file(args.record), "last_good": _read_json_file(args.last_good),
-                "health": None, "reads": [], "probe": None}  # type: Dict[str, Any]
+                "health": None, "reads": [], "probe": None, "probe_skipped": False}  # type: Dict[str, Any]
     if not running:
         return document
     health = _status_get(args.base + "/health", args.timeout, 0)
     document["health"] = {"status": health["status"], "error": health["error"]}
     first = _status_read(args.base, args.timeout, True)
     metrics = first["metrics"]["status"] == 200
-    if args.probe:
+    time.sleep(args.window)
+    second = _status_read(args.base, args.timeout, metrics)
+    document["probe_skipped"] = bool(args.probe) and _status_traffic(first, second, metrics)
+    if args.probe and not document["probe_skipped"]:
         # 0: the load of the last good benchmark (its concurrency and output length), so that the
         # probe's output tok/s compares with the number it recorded
         bench = document["last_good"] or {}
@@ -554,9 +574,6 @@ def cmd_status(args) -> dict:
         max_new_tokens = args.max_new_tokens or _status_int(bench.get("output_len"), 256, 4096)
         document["probe"] = _status_probe(args.base, max(args.probe, concurrency), concurrency, max_new_tokens,
                                           args.probe_timeout)
-    else:
-        time.sleep(args.window)
-    second = _status_read(args.base, args.timeout, metrics)
     document["reads"] = [first, second]
     return document
 

@@ -175,6 +175,11 @@ def main() -> None:
             "spec_verify_ct": 352, "timed_by": "server e2e_latency"}}, "live": {
             "throughput_comparable": True, "traffic": True}}, probe=4, good=GOOD)
         s = Server()
+        s.metrics, s.tokens_per_read = "on", 900
+        capture("probe_skipped_under_traffic", tmp, s, {"fact": {"probe": None, "notes": [
+            "--probe not sent: the server had traffic in the window (a probe would compete with it)"]},
+            "live": {"throughput_comparable": False, "traffic": True, "accept_length": 2.91}}, probe=4, good=GOOD)
+        s = Server()
         s.metrics = "on"
         s.meta = {"completion_tokens": 256}
         capture("probe_without_speculation", tmp, s, {"error": "meta_info lacks completion_tokens/spec_verify_ct"},

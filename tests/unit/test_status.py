@@ -340,7 +340,7 @@ def test_every_field_of_the_document_with_a_wrong_value_is_an_error_or_read_as_a
     if key in ("record", "last_good"):
         assert value in (None, {}) and (fact.deployment if key == "record" else fact.last_good) is None
     else:
-        assert (key, value) in {("pidfile", "x"), ("uptime_s", 1.5), ("uptime_s", None), ("probe", None)}, \
+        assert (key, value) in {("pidfile", "x"), ("uptime_s", 1.5), ("uptime_s", None), ("probe", None), ("probe_skipped", True)}, \
             (key, value, fact)
 
 
