@@ -39,8 +39,9 @@ def _finite(ctx, param, value):
               help="Also write the figures in Prometheus text format to FILE, atomically "
                    "(node_exporter's textfile collector: a *.prom file in its directory).")
 @click.option("--probe", is_flag=True,
-              help="Send a few greedy requests (the verify prompts, at the last good benchmark's concurrency) "
-                   "and measure them: for a server with no traffic; the only throughput compared.")
+              help="When the server generated nothing in the window, send a few greedy requests (the verify "
+                   "prompts, at the last good benchmark's concurrency) and measure them: the only throughput "
+                   "compared with the last good one.")
 @click.option("--window", "window_s", type=click.FloatRange(0.2, 60), default=2.0, show_default=True, callback=_finite,
               help="Seconds between the two reads of the server's counters.")
 @click.option("--playbook", "playbook_name", default="nightly", show_default=True,
