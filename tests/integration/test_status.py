@@ -113,7 +113,10 @@ def test_status_is_one_exec_channel_and_writes_nothing(clean_sandbox, tmp_path, 
     path = one_host(clean_sandbox, tmp_path)
     deployed_pid(capsys, path)
     state = clean_sandbox.host("sb1").state_dir
-    before = clean_sandbox.run("sb1", f"find {state} -printf '%p %s %T@\\n' | sort").stdout
+    # the server's own log grows by its access-log lines (uvicorn logs every GET); nothing else may change
+    listing = f"find {state} -path {state}/logs -prune -o -printf '%p %s %T@\\n' | sort"
+    before = clean_sandbox.run("sb1", listing).stdout
+    assert "server.pid" in before and "deployment.json" in before
     sent = []
     original = HostConnection._exec
 
@@ -125,7 +128,7 @@ def test_status_is_one_exec_channel_and_writes_nothing(clean_sandbox, tmp_path, 
     code, _ = cli_json(capsys, "-c", path, "status", "--json")
     assert code == 0 and len(sent) == 1 and "host_ops.py" not in sent[0]  # inline: no helper file needed
     monkeypatch.undo()
-    assert clean_sandbox.run("sb1", f"find {state} -printf '%p %s %T@\\n' | sort").stdout == before
+    assert clean_sandbox.run("sb1", listing).stdout == before
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (tests/bootstrap.sh installs it)")
