@@ -119,6 +119,9 @@ def evaluate(run: Run, status: HostStatus, gate: Gate) -> Verdict:
                                    f"runs {status.draft_tokens}: not compared"])
     live = status.live
     verdict = Verdict("healthy")
+    if not good.same_deployment:
+        verdict.lines.append("the running deployment is not the recorded last good one (not verified yet?): "
+                             "compared with it anyway")
     compared = 0
     for label, now, then, fraction, why_not in (
             ("accept length", live.accept_length, good.accept_length, gate.min_accept_fraction,
