@@ -120,12 +120,16 @@ def _watch(run, gate, read, interval_s: float, rounds: int | None, as_json: bool
 
             status.watch(rounds, interval_s, read, show)
         else:
+            from rich.console import Group
             from rich.live import Live
             from rich.text import Text
 
             with Live(Text("reading ..."), console=render.console(), auto_refresh=False, transient=False) as live:
                 def redraw(readings) -> None:
-                    live.update(status_render.table(readings, status_render.title(run.name, gate)), refresh=True)
+                    # an empty last line: the terminal's "^C" echo lands there instead of wrapping the
+                    # table's last line, which would shift Live's final redraw by one line
+                    live.update(Group(status_render.table(readings, status_render.title(run.name, gate)), Text("")),
+                                refresh=True)
 
                 status.watch(rounds, interval_s, read, redraw)
     except KeyboardInterrupt:
