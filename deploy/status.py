@@ -1,7 +1,7 @@
 """deployctl status: what each host's server measures now, next to its last good deployment.
 
 Read-only and lock-free: per host one SSH connection and ONE remote command
-(``deploy/facts/status.py``: host_ops.py's ``status``, sent inline), in parallel over the hosts.
+(``deploy/facts/status.py``: deploy/remote/server_status.py, sent inline), in parallel over the hosts.
 Nothing on the host is written or restarted; ``--probe`` only sends a few greedy requests.
 
 A drafter that deployed fine can lose acceptance while the server keeps running (sglang#32176:

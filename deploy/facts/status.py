@@ -1,7 +1,7 @@
 """What a serving SGLang measures now: one read-only host command and a strict parser.
 
-``status_command`` sends ``deploy/remote/host_ops.py`` inline (``python3 -c``, nothing written on
-the host, no helper of a given version needed) to run its ``status`` command: the PID file's
+``status_command`` sends ``deploy/remote/server_status.py`` (with the host_ops.py it uses) inline
+(``python3 -c``, nothing written on the host, no helper of a given version needed): the PID file's
 server (alive, uptime), ``deployment.json`` and ``last-good.json``, ``/health``, and two reads of
 the server's own figures ``window`` seconds apart (or around a few greedy ``--probe`` requests):
 ``/metrics`` (Prometheus text, only with ``--enable-metrics``), ``/server_info`` and ``/v1/loads``.
@@ -40,22 +40,24 @@ from deploy.facts.inline import inline_program
 from deploy.facts.server import deployment_path, last_good_path
 from deploy.shell import path_join, quote, quote_path
 
-HOST_OPS = Path(__file__).resolve().parents[1] / "remote" / "host_ops.py"
+REMOTE = Path(__file__).resolve().parents[1] / "remote"
 #: the accept length SGLang's gauge holds before its first decode (a real one is >= 1.0)
 UNSET_ACCEPT = 1.0
 
 
 @functools.lru_cache(maxsize=1)
 def status_program() -> str:
-    return inline_program([("host_ops", HOST_OPS.read_text())], "host_ops")
+    """server_status.py with the host_ops.py it uses (its /proc readers, the verify prompts)."""
+    return inline_program([("host_ops", (REMOTE / "host_ops.py").read_text()),
+                           ("server_status", (REMOTE / "server_status.py").read_text())], "server_status")
 
 
 def status_command(python: str, state_dir: str, base_url: str, *, window_s: float = 2.0, probe: int = 0,
                    timeout_s: float = 5.0, script: str | None = None) -> str:
-    """ONE command: host_ops.py status, inline. ``probe``: greedy requests between the reads (0: none;
+    """ONE command: server_status.py, inline. ``probe``: greedy requests between the reads (0: none;
     their concurrency and length are the last good benchmark's, read on the host)."""
     program = status_program() if script is None else script
-    args = ["status", "--pidfile", quote_path(path_join(state_dir, "server.pid")),
+    args = ["--pidfile", quote_path(path_join(state_dir, "server.pid")),
             "--record", quote_path(deployment_path(state_dir)), "--last-good", quote_path(last_good_path(state_dir)),
             "--base", quote(base_url), "--window", f"{window_s:g}", "--timeout", f"{timeout_s:g}"]
     if probe:

@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/facts/capture_status.py
 
-The command is the product's (deploy/facts/status.py ``status_command``: host_ops.py sent inline),
+The command is the product's (deploy/facts/status.py ``status_command``: server_status.py sent inline),
 run under this machine's python against a small HTTP server started here that answers like SGLang
 0.5.23 does (/metrics lines in SGLang's names and labels, a /server_info with internal_states,
 /v1/loads, /generate with meta_info), and a process whose command line says sglang (a ``sleep``
@@ -27,7 +27,7 @@ from deploy.facts.status import status_command, status_program  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "status"
 PY = sys.executable
-PROGRAM = "<host_ops.py, inline>"
+PROGRAM = "<server_status.py + host_ops.py, inline>"
 LABELS = '{engine_type="unified",model_name="kimi-k25",pp_rank="0",tp_rank="0"}'
 
 
@@ -132,7 +132,7 @@ def capture(case: str, tmp: Path, state: Server, expect: dict, *, probe: int = 0
                                script=PROGRAM)
         stdout = done.stdout.replace(str(server.pid), "4242").replace(base, "http://127.0.0.1:PORT")
         save(case, {"command": shown, "exit_code": done.returncode, "stdout": stdout, "stderr": done.stderr},
-             str(tmp), expect | {"source": "captured here: host_ops.py status against an SGLang-shaped HTTP stand-in"})
+             str(tmp), expect | {"source": "captured here: server_status.py against an SGLang-shaped HTTP stand-in"})
     finally:
         server.kill()
         server.wait(timeout=10)

@@ -126,7 +126,7 @@ def test_status_is_one_exec_channel_and_writes_nothing(clean_sandbox, tmp_path, 
 
     monkeypatch.setattr(HostConnection, "_exec", counted)
     code, _ = cli_json(capsys, "-c", path, "status", "--json")
-    assert code == 0 and len(sent) == 1 and "host_ops.py" not in sent[0]  # inline: no helper file needed
+    assert code == 0 and len(sent) == 1 and "host_ops.py" not in sent[0] and "server_status" not in sent[0]  # inline: no helper file needed
     monkeypatch.undo()
     assert clean_sandbox.run("sb1", listing).stdout == before
 
