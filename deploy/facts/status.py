@@ -54,8 +54,9 @@ def status_program() -> str:
 
 def status_command(python: str, state_dir: str, base_url: str, *, window_s: float = 2.0, probe: int = 0,
                    timeout_s: float = 5.0, script: str | None = None) -> str:
-    """ONE command: server_status.py, inline. ``probe``: greedy requests between the reads (0: none;
-    their concurrency and length are the last good benchmark's, read on the host)."""
+    """ONE command: server_status.py, inline. ``probe``: at least this many greedy requests after the
+    reads when the server generated nothing in the window (0: none); their concurrency and length
+    are the last good benchmark's, read on the host."""
     program = status_program() if script is None else script
     args = ["--pidfile", quote_path(path_join(state_dir, "server.pid")),
             "--record", quote_path(deployment_path(state_dir)), "--last-good", quote_path(last_good_path(state_dir)),
