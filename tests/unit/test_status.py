@@ -377,3 +377,34 @@ def test_a_truncated_metrics_answer_is_not_read():
     document["reads"][1]["metrics"]["truncated"] = True
     with pytest.raises(RemoteOutputError, match="more than the status read's limit"):
         facts.parse_status(0, json.dumps(document) + "\n", "", "gpu-a")
+
+
+@pytest.mark.parametrize("enabled,code", [(True, 200), (False, 404)])
+def test_the_stand_in_serves_metrics_only_with_enable_metrics(enabled, code):
+    """Like SGLang: the /metrics route exists only with --enable-metrics (404 otherwise)."""
+    import threading
+    import types
+    import urllib.error
+    import urllib.request
+
+    sim = stand_in()
+    state = sim.MetricsState()
+    args = types.SimpleNamespace(enable_metrics=enabled, served_model_name="kimi")
+    engine = types.SimpleNamespace(args=args, metrics=lambda: state.render("kimi", 0, 0.0))
+    server = sim.SimHTTPServer(("127.0.0.1", 0), engine)
+    server.server_bind()
+    server.server_activate()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                got, body = resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            got, body = exc.code, ""
+        assert got == code
+        if enabled:
+            assert "sglang:spec_accept_length{" in body and "sglang:generation_tokens_total{" in body
+    finally:
+        server.shutdown()
+        server.server_close()
