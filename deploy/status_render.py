@@ -25,6 +25,10 @@ def _num(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
 def _uptime(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -57,7 +61,7 @@ def cells(r: HostReading) -> dict[str, str]:
         "up": _uptime(s.uptime_s) if s.alive else "down",
         "accept": _pair(s.live.accept_length, good.accept_length if good else None, 2),
         "tok/s": _pair(s.live.output_tok_s, throughput_then, 1),
-        "run/queue": f"{'-' if s.live.running is None else s.live.running}/{'-' if s.live.queued is None else s.live.queued}",
+        "run/queue": f"{_count(s.live.running)}/{_count(s.live.queued)}",
         "drafter": clean((s.drafter_fingerprint or "-")[:12]),
         "T": "-" if s.draft_tokens is None else str(s.draft_tokens),
         "configured": {True: "yes", False: "no: " + clean(", ".join(r.differences), 60), None: "-"}[r.configured],

@@ -33,7 +33,8 @@ def _finite(ctx, param, value):
               help="Exit 12 when accept length or output tok/s is under the gate's fraction of the last good "
                    "deployment's (1 not serving, 4 unreachable, 5 unexpected output, 0 otherwise).")
 @click.option("--watch", "watch_s", type=click.FloatRange(0.5, 86400), is_flag=False, flag_value=5.0, default=None,
-              metavar="[SECONDS]", callback=_finite, help="Read again every SECONDS (default 5) until Ctrl-C: a table redrawn in place on a terminal.")
+              metavar="[SECONDS]", callback=_finite,
+              help="Read again every SECONDS (default 5) until Ctrl-C: a table redrawn in place on a terminal.")
 @click.option("--rounds", type=click.IntRange(1, 10**9), default=None, help="With --watch: stop after N rounds.")
 @click.option("--prom-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures in Prometheus text format to FILE, atomically "

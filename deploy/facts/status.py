@@ -405,7 +405,8 @@ def _live(document: StatusDocument, source: str, notes: list[str]) -> tuple[Live
         if server_accept is not None:
             accept = server_accept
             accept_source = "/server_info avg_spec_accept_length (average since start)"
-        before_accept = _number(state_first.get("avg_spec_accept_length"), "/server_info avg_spec_accept_length", source)
+        before_accept = _number(state_first.get("avg_spec_accept_length"), "/server_info avg_spec_accept_length",
+                                source)
         before_gen = _number(state_first.get("last_gen_throughput"), "/server_info last_gen_throughput", source)
         traffic = (before_accept, before_gen) != (server_accept, server_gen) or bool(running)
     else:
