@@ -83,7 +83,7 @@ def configured(run: Run, host: Host, status: HostStatus) -> tuple[bool | None, l
     """(runs what this run would launch?, what differs). The drafter checkpoint itself is not
     fingerprinted again (read-only and quick); ``deployctl plan``/``up`` converge on it."""
     from deploy.facts.server import env_hash
-    from deploy.steps.launch import sglang_argv
+    from deploy.sglang.argv import sglang_argv
 
     record = status.deployment
     if run.nodes:
@@ -148,7 +148,7 @@ def evaluate(run: Run, status: HostStatus, gate: Gate) -> Verdict:
 
 
 def _base_url(run: Run, host: Host) -> str:
-    from deploy.steps.launch import probe_address
+    from deploy.sglang.argv import probe_address
 
     address = probe_address(run, host)
     return f"http://{'[' + address + ']' if ':' in address else address}:{run.port}"
@@ -168,7 +168,7 @@ def gather(config: Config, run: Run, hosts: Sequence[Host], gate: Gate, *, windo
 
     A multi-node run (``nodes``) is one server: only rank 0 serves HTTP and measures, so only rank
     0 is read (the other ranks are not checked here)."""
-    from deploy.orchestrator import network_host
+    from deploy.engine.session import network_host
 
     if run.nodes:
         hosts = [h for h in hosts if h.name == run.nodes[0]]

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from deploy.errors import RemoteOutputError
 from deploy.facts.helpers import helper_python
 from deploy.facts.inline import inline_program
-from deploy.facts.server import deployment_path, last_good_path
+from deploy.state_layout import deployment_path, last_good_path
 from deploy.shell import path_join, quote, quote_path
 
 REMOTE = Path(__file__).resolve().parents[1] / "remote"

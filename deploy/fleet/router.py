@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from deploy.config.models import Host, Run, RouterSpec
 from deploy.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
 from deploy.shell import quote, quote_path, path_join
-from deploy.steps.launch import probe_address
+from deploy.sglang.argv import probe_address
+from deploy.state_layout import RouterPaths, router_log_name
+from deploy.steps.base import Command
 
 FLEET_OPS = Path(__file__).resolve().parents[1] / "remote" / "fleet_ops.py"
 #: stop-stale --scope user leaves these command lines alone: a router on a replica host keeps
@@ -43,27 +44,6 @@ def router_url(spec: RouterSpec, host: Host) -> str:
     return f"http://{router_address(spec, host)}:{spec.port}"
 
 
-@dataclass(frozen=True)
-class RouterPaths:
-    state_dir: str
-
-    @property
-    def root(self) -> str:
-        return path_join(self.state_dir, "router")
-
-    @property
-    def pidfile(self) -> str:
-        return path_join(self.root, "router.pid")
-
-    @property
-    def logs(self) -> str:
-        return path_join(self.root, "logs")
-
-    @property
-    def latest_log(self) -> str:
-        return path_join(self.root, "logs", "latest.log")
-
-
 def router_argv(spec: RouterSpec, host: Host, workers: list[str]) -> list[str]:
     return [spec.python, "-m", "sglang_router.launch_router", "--host", spec.bind or host.address,
             "--port", str(spec.port), "--policy", spec.policy,
@@ -81,8 +61,76 @@ def start_command(spec: RouterSpec, host: Host, workers: list[str], log_name: st
             f"pid=$!; printf '%s\\n' \"$pid\" > {quote_path(paths.pidfile)} && echo \"$pid\"; }}")
 
 
-def ops_command(python: str, *args: str) -> str:
-    return f"{quote(python)} -c {quote(FLEET_OPS.read_text())} " + " ".join(quote(a) for a in args)
+def ops_command(python: str, *args: str, script: str | None = None) -> str:
+    """``script``: what the plan shows instead of fleet_ops.py's text (``<deploy/remote/fleet_ops.py>``)."""
+    return f"{quote(python)} -c {script or quote(FLEET_OPS.read_text())} " + " ".join(quote(a) for a in args)
+
+
+OPS_SCRIPT = "<deploy/remote/fleet_ops.py>"
+END_TO_END = {"text": "deployctl end-to-end check", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+
+
+class RouterCalls:
+    """Every command the router host gets, built once: ``RouterHost`` performs these, and the run's
+    plan (fleet/plan.py) lists the same ones (``planned``: fleet_ops.py shown by name)."""
+
+    def __init__(self, spec: RouterSpec, host: Host, planned: bool = False):
+        self.spec, self.host = spec, host
+        self.paths = RouterPaths(host.state_dir)
+        self.url = router_url(spec, host)
+        self.script = OPS_SCRIPT if planned else None
+
+    def ops(self, *args: str, timeout: float = 30, python: str | None = None, description: str = "",
+            when: str | None = None) -> Command:
+        return Command(description=description or f"fleet_ops {args[0]}", when=when,
+                       command=ops_command(python or self.host.python, *args, script=self.script),
+                       timeout_s=timeout + 30, what=f"fleet_ops {args[0]}")
+
+    def http(self, method: str, url: str, body: dict | None = None, timeout: float = 10, description: str = "",
+             when: str | None = None) -> Command:
+        args = ["request", method, url] + ([json.dumps(body)] if body is not None else [])
+        return self.ops(*args, "--timeout", f"{timeout:g}", timeout=timeout,
+                        description=description or f"{method} {url}", when=when)
+
+    def version(self) -> Command:
+        return self.ops("router-version", python=self.spec.python, description="sglang-router's version (its API)")
+
+    def state(self) -> Command:
+        return self.ops("router-state", self.paths.pidfile, self.url + "/workers", "--timeout", "5", timeout=5,
+                        description="the router's PID file, process and worker list")
+
+    def workers(self, modern: bool) -> Command:
+        return self.http("GET", self.url + ("/workers" if modern else "/list_workers"))
+
+    def add(self, url: str, modern: bool) -> Command:
+        if modern:
+            return self.http("POST", self.url + "/workers", {"url": url}, description=f"add worker {url}")
+        return self.http("POST", self.url + "/add_worker?url=" + url, description=f"add worker {url}")
+
+    def remove(self, url: str, worker_id: str, modern: bool) -> Command:
+        if modern:
+            return self.http("DELETE", self.url + "/workers/" + worker_id, description=f"remove worker {url}")
+        return self.http("POST", self.url + "/remove_worker?url=" + url, description=f"remove worker {url}")
+
+    def loads(self, url: str) -> Command:
+        return self.http("GET", url + "/v1/loads", timeout=5, description=f"requests in flight on {url}")
+
+    def start(self, workers: list[str], log_name: str) -> Command:
+        return Command(description="start sglang-router detached (setsid nohup), PID file and log in the state dir",
+                       command=start_command(self.spec, self.host, workers, log_name), timeout_s=30,
+                       what="starting sglang-router")
+
+    def stop(self, grace: float = 15) -> Command:
+        return self.ops("stop-router", self.paths.pidfile, "--timeout", f"{grace:g}", timeout=grace + 10,
+                        description="stop the router by its PID file (SIGTERM, then SIGKILL)")
+
+    def log_tail(self, lines: int = 30) -> Command:
+        return Command(description="the router's log tail", when="the router died",
+                       command=f"tail -n {lines} -- {quote_path(self.paths.latest_log)}")
+
+    def end_to_end(self) -> Command:
+        return self.http("POST", self.url + "/generate", END_TO_END, timeout=60,
+                         description="one request through the router must answer")
 
 
 def parse_json_line(output: str, source: str, keys: tuple[str, ...]) -> dict:
@@ -138,23 +186,19 @@ class RouterHost:
         self.conn, self.host, self.run, self.spec = conn, host, run, run.router
         self.paths = RouterPaths(host.state_dir)
         self.url = router_url(self.spec, host)
+        self.calls = RouterCalls(self.spec, host)
         self.progress = progress
         self._version: str | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    def _ops(self, *args: str, timeout: float = 30, python: str | None = None) -> dict:
-        command = ops_command(python or self.host.python, *args)
-        result = self.conn.check(command, timeout=timeout + 30, what=f"fleet_ops {args[0]}")
+    def _do(self, call: Command) -> dict:
+        result = self.conn.check(call.command, timeout=call.timeout_s, what=call.what or "fleet_ops")
         return parse_json_line(result.stdout.strip(), self.host.name, ())
-
-    def http(self, method: str, url: str, body: dict | None = None, timeout: float = 10) -> dict:
-        args = ["request", method, url] + ([json.dumps(body)] if body is not None else [])
-        return self._ops(*args, "--timeout", f"{timeout:g}", timeout=timeout)
 
     def version(self) -> str:
         if self._version is None:
-            got = self._ops("router-version", python=self.spec.python)
+            got = self._do(self.calls.version())
             if not got.get("version"):
                 raise RouterError(f"{self.host.name}: {got.get('error') or 'sglang-router not found'} "
                                   f"(router.python: {self.spec.python}); pip install sglang-router there")
@@ -164,7 +208,7 @@ class RouterHost:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def state(self) -> dict:
-        got = self._ops("router-state", self.paths.pidfile, self.url + "/workers", "--timeout", "5", timeout=5)
+        got = self._do(self.calls.state())
         if got.get("alive") and got.get("status") == 200:
             got["workers"] = parse_workers(got.get("body") or "", self.host.name)
         return got
@@ -174,9 +218,9 @@ class RouterHost:
 
     def start(self, workers: list[str], stamp: str) -> int:
         self.version()
-        log_name = f"router-{stamp}.log"
-        result = self.conn.check(start_command(self.spec, self.host, workers, log_name), timeout=30,
-                                 what="starting sglang-router")
+        log_name = router_log_name(stamp)
+        call = self.calls.start(workers, log_name)
+        result = self.conn.check(call.command, timeout=call.timeout_s, what=call.what or "starting sglang-router")
         text = result.stdout.strip()
         if not text.isdigit():
             raise RemoteOutputError(f"{self.host.name}: starting the router printed {text[:200]!r}; expected its PID")
@@ -186,16 +230,17 @@ class RouterHost:
         return pid
 
     def stop(self, grace: float = 15) -> dict:
-        return self._ops("stop-router", self.paths.pidfile, "--timeout", f"{grace:g}", timeout=grace + 10)
+        return self._do(self.calls.stop(grace))
 
     def log_tail(self, lines: int = 30) -> str:
-        return self.conn.run(f"tail -n {lines} -- {quote_path(self.paths.latest_log)}").stdout.rstrip()
+        return self.conn.run(self.calls.log_tail(lines).command).stdout.rstrip()
 
     # -- membership ---------------------------------------------------------------------------
 
     def workers(self) -> list[dict]:
-        path = "/workers" if modern_api(self.version()) else "/list_workers"
-        got = self.http("GET", self.url + path)
+        modern = modern_api(self.version())
+        path = "/workers" if modern else "/list_workers"
+        got = self._do(self.calls.workers(modern))
         if got.get("status") != 200:
             raise RouterError(f"{self.host.name}: router GET {path} answered {got.get('status')} "
                               f"{got.get('error') or got.get('body', '')[:200]}")
@@ -224,10 +269,7 @@ class RouterHost:
             time.sleep(0.2)
 
     def add(self, url: str) -> None:
-        if modern_api(self.version()):
-            got = self.http("POST", self.url + "/workers", {"url": url})
-        else:
-            got = self.http("POST", self.url + "/add_worker?url=" + url)
+        got = self._do(self.calls.add(url, modern_api(self.version())))
         if got.get("status") not in (200, 201, 202):
             raise RouterError(f"{self.host.name}: router refused to add {url}: {got.get('status')} "
                               f"{got.get('error') or got.get('body', '')[:200]}")
@@ -238,9 +280,9 @@ class RouterHost:
             ids = [w["id"] for w in self.workers() if w["url"] == url]
             if not ids:
                 return
-            got = self.http("DELETE", self.url + "/workers/" + ids[0])
+            got = self._do(self.calls.remove(url, ids[0], True))
         else:
-            got = self.http("POST", self.url + "/remove_worker?url=" + url)
+            got = self._do(self.calls.remove(url, "", False))
         if got.get("status") not in (200, 202, 204):
             raise RouterError(f"{self.host.name}: router refused to remove {url}: {got.get('status')} "
                               f"{got.get('error') or got.get('body', '')[:200]}")
@@ -248,7 +290,7 @@ class RouterHost:
 
     def in_flight(self, url: str) -> int | None:
         """Requests running or waiting on a worker (SGLang /v1/loads); None when it does not answer."""
-        got = self.http("GET", url + "/v1/loads", timeout=5)
+        got = self._do(self.calls.loads(url))
         if got.get("status") != 200:
             return None
         return parse_loads(got["body"], url)
@@ -277,10 +319,7 @@ class RouterHost:
 
     def end_to_end(self) -> dict:
         """One /generate through the router; the run is up only when it answers."""
-        got = self.http("POST", self.url + "/generate",
-                        {"text": "deployctl end-to-end check", "sampling_params": {"max_new_tokens": 8,
-                                                                                  "temperature": 0}},
-                        timeout=60)
+        got = self._do(self.calls.end_to_end())
         if got.get("status") != 200:
             raise RouterError(f"{self.host.name}: a request through the router ({self.url}/generate) failed: "
                               f"{got.get('status')} {got.get('error') or got.get('body', '')[:300]}")

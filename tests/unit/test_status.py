@@ -16,7 +16,7 @@ from deploy.config.models import Host, Run
 from deploy.errors import ExitCode, RemoteOutputError
 from deploy.facts import status as facts
 from deploy.facts.server import env_hash
-from deploy.steps.launch import sglang_argv
+from deploy.sglang.argv import sglang_argv
 from deploy import status
 from deploy.status_render import cells, clean, findings, plain_lines, table
 
