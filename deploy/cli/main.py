@@ -69,8 +69,8 @@ def cli(ctx: click.Context, config_path: Path | None, accept_new_host_keys: bool
 
 
 #: every verb, one module each under deploy/cli/ (each defines ``command``), in --help order.
-VERBS = ("up", "restart", "down", "plan", "bench", "nightly", "doctor", "gpu_status", "logs", "history",
-         "fix_keys")
+VERBS = ("up", "restart", "down", "plan", "bench", "nightly", "doctor", "gpu_status", "status", "logs",
+         "history", "fix_keys")
 
 
 def _register() -> None:

@@ -45,6 +45,9 @@ def sglang_argv(run: Run, host: Host, draft_tokens: int, drafter: str | None = N
         "--host", serve_address(run, host),
         "--port", str(run.port),
         "--trust-remote-code",
+        # /metrics (Prometheus): `deployctl status` reads sglang:spec_accept_length and the token
+        # counters from it while the server serves (SGLang only serves /metrics with this flag)
+        "--enable-metrics",
         # the doctor's decision for an unquantized drafter under a quantized target (sglang#28196)
         *(["--speculative-draft-model-quantization", draft_quantization] if draft_quantization else []),
         *run.extra_args,

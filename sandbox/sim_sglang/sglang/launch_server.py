@@ -24,7 +24,8 @@ Faithful (on purpose, because deployctl must cope with it):
 - HTTP: /health, /health_generate (503 until warmed up), /model_info (/get_model_info),
   /v1/models, /v1/loads (num_running_reqs per DP rank), /server_info (/get_server_info) with internal_states[0].avg_spec_accept_length once a
   decode log line was printed, /generate, /v1/completions, /v1/chat/completions, /flush_cache
-  (resets the average), /metrics with --enable-metrics.
+  (resets the average), /metrics with --enable-metrics (404 without it, like SGLang: the route is
+  only added then; SGLang's metric names and labels, see MetricsState).
 
 Also modelled (srt/speculative/pitfalls.py, issue 19): a reduced draft vocabulary without d2t
 (accept len 1.00), the draft inheriting the target's quantization (``Cannot find the config file
@@ -57,7 +58,8 @@ Not faithful:
 Env knobs: SGLANG_SIM_CONFIG (the host's sim config, default ~/.sim/config.json),
 SGLANG_SIM_LOAD_SECONDS (1.0), SGLANG_SIM_WARMUP_SECONDS (0.3), SGLANG_SIM_TIME_SCALE (0.02),
 SGLANG_SIM_CRASH_DURING_LOAD=1 (or the file ~/.sim/crash_during_load): crash with CUDA OOM
-midway through loading, exit 1.
+midway through loading, exit 1. ``~/.sim/accept_factor`` holding F in (0, 1]: acceptance decays
+while serving (accept length ~1 + F (L - 1) from the next request on, same PID; see accept_factor).
 
 Drafter markers (files in the drafter directory, so a test's "bad new checkpoint" carries its own
 badness and a rollback to the previous drafter's bytes really cures it):
@@ -766,6 +768,83 @@ def oom_message(gpu: int, total_mib: int) -> str:
 # the engine: decode simulation and the numbers SGLang reports
 
 
+def accept_factor() -> float:
+    """The acceptance decay knob: ``~/.sim/accept_factor`` (beside the sim config) holding F in (0, 1].
+
+    From the next request on, each verify step keeps only F of its accepted draft tokens, so the
+    accept length falls from L to about 1 + F (L - 1) while the server keeps serving with the same
+    PID, as upstream saw after HiCache loadback (sglang#32176: 4.49 -> 1.59) or over hours
+    (#28771: 3.4 -> 1.9). No file (or a bad one): 1.0."""
+    config = os.environ.get("SGLANG_SIM_CONFIG") or os.path.expanduser("~/.sim/config.json")
+    try:
+        with open(os.path.join(os.path.dirname(config), "accept_factor"), encoding="utf-8") as handle:
+            value = float(handle.read(64).strip())
+    except (OSError, ValueError):
+        return 1.0
+    return value if 0.0 < value <= 1.0 else 1.0
+
+
+def _prom_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class MetricsState:
+    """What SGLang's Prometheus collectors hold (srt/metrics/collector.py, 0.5.23), for /metrics with
+    --enable-metrics: the scheduler's gauges are set at each decode log line (so
+    ``sglang:spec_accept_length`` is the last interval's, not the average since start that
+    /server_info reports), the tokenizer's counters grow per finished request."""
+
+    def __init__(self) -> None:
+        self.accept_length = 0.0
+        self.accept_rate = 0.0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.requests = 0
+        self.created = time.time()
+        self._v = 0.5
+
+    def decode_logged(self, accept: float | None, rate: float) -> None:
+        if accept is not None:
+            self.accept_length, self.accept_rate = accept, rate
+
+    def finished(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.generation_tokens += completion_tokens
+        self.requests += 1
+
+    def decayed(self, accepted: int, factor: float) -> int:
+        if factor >= 1.0 or accepted <= 1:
+            return accepted
+        extra = (accepted - 1) * factor
+        self._v = (self._v + 0.7548776662466927) % 1.0  # low-discrepancy: the mean is kept
+        return 1 + int(extra) + (1 if self._v < extra - int(extra) else 0)
+
+    def render(self, model: str, running: int, gen_throughput: float) -> str:
+        name = _prom_label(model)
+        scheduler = f'{{engine_type="unified",model_name="{name}",pp_rank="0",tp_rank="0"}}'
+        tokenizer = f'{{model_name="{name}"}}'
+        rows = [
+            ("sglang:num_running_reqs", "gauge", "The number of running requests.", scheduler, running),
+            ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", scheduler, 0),
+            ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", scheduler, gen_throughput),
+            ("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative decoding.",
+             scheduler, self.accept_length),
+            ("sglang:spec_accept_rate", "gauge", "The average acceptance rate of speculative decoding "
+             "(`accepted tokens / total draft tokens` in batch).", scheduler, self.accept_rate),
+        ]
+        out = []
+        for metric, kind, doc, labels, value in rows:
+            out += [f"# HELP {metric} {doc}", f"# TYPE {metric} {kind}", f"{metric}{labels} {float(value)}"]
+        for base, doc, value in (("sglang:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens),
+                                 ("sglang:generation_tokens", "Number of generation tokens processed.",
+                                  self.generation_tokens),
+                                 ("sglang:num_requests", "Number of requests processed.", self.requests)):
+            # prometheus_client: a Counter exposes NAME_total and NAME_created
+            out += [f"# HELP {base}_total {doc}", f"# TYPE {base}_total counter",
+                    f"{base}_total{tokenizer} {float(value)}", f"{base}_created{tokenizer} {self.created}"]
+        return "\n".join(out) + "\n"
+
+
 class Engine:
     def __init__(self, args: argparse.Namespace, version: str, spec: Speculation,
                  base_config: dict, seed: float):
@@ -785,6 +864,7 @@ class Engine:
         self.avg_accept: float | None = None
         self.last_gen_throughput = 0.0
         self._u = seed % 1.0
+        self.metrics_state = MetricsState()
 
     # Low-discrepancy draws keep the average close to its expectation after a few steps.
     def _accepted_this_step(self, position: int = 0) -> int:
@@ -818,6 +898,7 @@ class Engine:
         accept = self.interval_tokens / self.interval_steps
         throughput = self.interval_tokens / (self.interval_steps * self.spec.step_s)
         self.last_gen_throughput = throughput
+        self.metrics_state.decode_logged(accept if self.spec.enabled else None, self._accept_rate(accept))
         tokens = max(1, self.total_tokens_in_use)
         parts = [f"Decode batch. #running-req: {max(1, self.running)}", f"#token: {tokens}",
                  f"token usage: {tokens / MAX_TOTAL_TOKENS:.2f}"]
@@ -841,10 +922,11 @@ class Engine:
         produced = steps = 0
         printed = False
         interval = max(1, self.args.decode_log_interval)
+        decay = accept_factor()
         try:
             while produced < max_new_tokens:
                 with self.lock:
-                    k = self._accepted_this_step(prompt_tokens + produced)
+                    k = self.metrics_state.decayed(self._accepted_this_step(prompt_tokens + produced), decay)
                     steps += 1
                     produced += k
                     self.total_tokens_in_use += k
@@ -875,6 +957,8 @@ class Engine:
             with self.lock:
                 self.running -= 1
                 self.total_tokens_in_use = max(0, self.total_tokens_in_use - prompt_tokens - produced)
+        with self.lock:
+            self.metrics_state.finished(prompt_tokens, max_new_tokens)
         text = " ".join(FILLER[(i * 7 + prompt_tokens) % len(FILLER)] for i in range(max_new_tokens))
         meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": "length", "length": max_new_tokens},
                 "prompt_tokens": prompt_tokens, "completion_tokens": max_new_tokens,
@@ -924,16 +1008,8 @@ class Engine:
                 "architectures": self.base_config.get("architectures")}
 
     def metrics(self) -> str:
-        name = self.args.served_model_name
-        label = f'{{model_name="{name}"}}'
-        rows = [("sglang:num_running_reqs", "gauge", self.running),
-                ("sglang:gen_throughput", "gauge", self.last_gen_throughput),
-                ("sglang:spec_accept_length", "gauge", self.avg_accept or 0.0)]
-        out = []
-        for metric, kind, value in rows:
-            out += [f"# HELP {metric} {metric} (simulated)", f"# TYPE {metric} {kind}",
-                    f"{metric}{label} {float(value)}"]
-        return "\n".join(out) + "\n"
+        with self.lock:
+            return self.metrics_state.render(self.args.served_model_name, self.running, self.last_gen_throughput)
 
 
 # --------------------------------------------------------------------------------------------
