@@ -1,4 +1,4 @@
-"""SGLang's router (``sglang-router``) on the router host: start, stop, membership, drain, requests.
+"""SGLang's router (``smg`` or ``sglang-router``, see router_package.py) on the router host: start, stop, membership, drain, requests.
 
 Command builders and strict parsers, plus ``RouterHost``: the few lines that send them over the
 router host's SSH connection. Every HTTP call (the router's management API, a worker's
@@ -16,31 +16,41 @@ from pathlib import Path
 
 from deploy.config.models import Host, Run, RouterSpec
 from deploy.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
+from deploy.fleet.router_package import (ROUTER_CMDLINE_MARKS, RouterPackage, choose_package, parse_release,
+                                         policy_problem)
 from deploy.shell import quote, quote_path, path_join
 from deploy.steps.launch import probe_address
 
 FLEET_OPS = Path(__file__).resolve().parents[1] / "remote" / "fleet_ops.py"
-#: stop-stale --scope user leaves these command lines alone: a router on a replica host keeps
-#: routing to the other replicas while that host is redeployed (launch_router renames itself
-#: "sglang::router" with setproctitle once started)
-ROUTER_CMDLINE_MARKS = ("sglang_router", "sglang::router")
+#: stop-stale --scope user leaves ROUTER_CMDLINE_MARKS alone: a router on a replica host keeps
+#: routing to the other replicas while that host is redeployed
+__all__ = ["ROUTER_CMDLINE_MARKS"]
 
 
 class RouterError(DeployError):
     exit_code = ExitCode.FAILED
 
 
+def url_host(address: str) -> str:
+    """An address as the host part of a URL: an IPv6 literal goes in brackets (RFC 3986)."""
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
 def worker_url(run: Run, host: Host) -> str:
-    return f"http://{probe_address(run, host)}:{run.port}"
+    """Where the router reaches the replica: the address the server binds (``host`` as the network
+    sees it: an ssh_config alias resolved to its HostName, see engine network_host)."""
+    return f"http://{url_host(probe_address(run, host))}:{run.port}"
 
 
 def router_address(spec: RouterSpec, host: Host) -> str:
     address = spec.bind or host.address
-    return "127.0.0.1" if address in ("0.0.0.0", "::") else address
+    if address == "0.0.0.0":
+        return "127.0.0.1"
+    return "::1" if address == "::" else address
 
 
 def router_url(spec: RouterSpec, host: Host) -> str:
-    return f"http://{router_address(spec, host)}:{spec.port}"
+    return f"http://{url_host(router_address(spec, host))}:{spec.port}"
 
 
 @dataclass(frozen=True)
@@ -64,17 +74,24 @@ class RouterPaths:
         return path_join(self.root, "logs", "latest.log")
 
 
-def router_argv(spec: RouterSpec, host: Host, workers: list[str]) -> list[str]:
-    return [spec.python, "-m", "sglang_router.launch_router", "--host", spec.bind or host.address,
+#: shown by ``plan`` where the package is chosen on the router host at run time
+MODULE_PLACEHOLDER = "<smg.launch_router|sglang_router.launch_router>"
+
+
+def router_argv(spec: RouterSpec, host: Host, workers: list[str], package: RouterPackage | None = None) -> list[str]:
+    module = package.module if package is not None else (
+        RouterPackage(spec.package, "0").module if spec.package != "auto" else MODULE_PLACEHOLDER)
+    return [spec.python, "-m", module, "--host", spec.bind or host.address,
             "--port", str(spec.port), "--policy", spec.policy,
             "--worker-startup-timeout-secs", str(int(spec.startup_timeout_s)),
             *spec.extra_args, "--worker-urls", *workers]
 
 
-def start_command(spec: RouterSpec, host: Host, workers: list[str], log_name: str) -> str:
+def start_command(spec: RouterSpec, host: Host, workers: list[str], log_name: str,
+                  package: RouterPackage | None = None) -> str:
     paths = RouterPaths(host.state_dir)
     log = path_join(paths.logs, log_name)
-    argv = " ".join(quote(a) for a in router_argv(spec, host, workers))
+    argv = " ".join(quote(a) for a in router_argv(spec, host, workers, package))
     return (f"mkdir -p -- {quote_path(paths.logs)} && cd {quote_path(paths.root)} && "
             f"ln -sfn -- {quote(log_name)} {quote_path(paths.latest_log)} && "
             f"{{ setsid nohup {argv} > {quote_path(log)} 2>&1 < /dev/null & "
@@ -123,11 +140,33 @@ def parse_loads(body: str, source: str) -> int:
 
 def modern_api(version: str) -> bool:
     """sglang-router 0.3.x manages workers at /workers; older releases at /add_worker, /remove_worker."""
-    try:
-        major, minor = (int(x) for x in version.split(".")[:2])
-    except ValueError:
-        raise RemoteOutputError(f"sglang-router version {version!r} is not a release number") from None
-    return (major, minor) >= (0, 3)
+    return parse_release(version, "sglang-router") >= (0, 3)
+
+
+def router_packages_command(spec: RouterSpec) -> str:
+    # the package metadata of router.python, never an import (each package loads a ~100 MB extension)
+    return ops_command(spec.python, "router-packages")
+
+
+def parse_router_packages(output: str, source: str) -> dict[str, str | None]:
+    """fleet_ops.py router-packages -> {"smg": version|None, "sglang-router": version|None}, strictly."""
+    document = parse_json_line(output, source, ("packages",))
+    packages = document["packages"]
+    if not isinstance(packages, dict) or not all(
+            isinstance(k, str) and (v is None or (isinstance(v, str) and 0 < len(v) <= 64)) for k, v in packages.items()):
+        raise RemoteOutputError(f"{source}: fleet_ops.py router-packages printed unexpected output: {output[:300]!r}")
+    return dict(packages)
+
+
+def read_router_package(conn, host: Host, spec: RouterSpec) -> RouterPackage:
+    """The package router.python runs on ``host`` (router.package, or smg before sglang-router)."""
+    result = conn.check(router_packages_command(spec), timeout=60, what="reading the router package")
+    installed = parse_router_packages(result.stdout.strip(), host.name)
+    package = choose_package(installed, spec.package, f"{host.name} ({spec.python})")
+    problem = policy_problem(package, spec.policy)
+    if problem:
+        raise RouterError(f"{host.name}: {problem}")
+    return package
 
 
 class RouterHost:
@@ -139,7 +178,7 @@ class RouterHost:
         self.paths = RouterPaths(host.state_dir)
         self.url = router_url(self.spec, host)
         self.progress = progress
-        self._version: str | None = None
+        self._package: RouterPackage | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -152,14 +191,10 @@ class RouterHost:
         args = ["request", method, url] + ([json.dumps(body)] if body is not None else [])
         return self._ops(*args, "--timeout", f"{timeout:g}", timeout=timeout)
 
-    def version(self) -> str:
-        if self._version is None:
-            got = self._ops("router-version", python=self.spec.python)
-            if not got.get("version"):
-                raise RouterError(f"{self.host.name}: {got.get('error') or 'sglang-router not found'} "
-                                  f"(router.python: {self.spec.python}); pip install sglang-router there")
-            self._version = str(got["version"])
-        return self._version
+    def package(self) -> RouterPackage:
+        if self._package is None:
+            self._package = read_router_package(self.conn, self.host, self.spec)
+        return self._package
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -173,10 +208,10 @@ class RouterHost:
         return bool(self.state().get("alive"))
 
     def start(self, workers: list[str], stamp: str) -> int:
-        self.version()
+        package = self.package()
         log_name = f"router-{stamp}.log"
-        result = self.conn.check(start_command(self.spec, self.host, workers, log_name), timeout=30,
-                                 what="starting sglang-router")
+        result = self.conn.check(start_command(self.spec, self.host, workers, log_name, package), timeout=30,
+                                 what=f"starting the router ({package.label})")
         text = result.stdout.strip()
         if not text.isdigit():
             raise RemoteOutputError(f"{self.host.name}: starting the router printed {text[:200]!r}; expected its PID")
@@ -194,7 +229,7 @@ class RouterHost:
     # -- membership ---------------------------------------------------------------------------
 
     def workers(self) -> list[dict]:
-        path = "/workers" if modern_api(self.version()) else "/list_workers"
+        path = "/workers" if self.package().workers_api else "/list_workers"
         got = self.http("GET", self.url + path)
         if got.get("status") != 200:
             raise RouterError(f"{self.host.name}: router GET {path} answered {got.get('status')} "
@@ -224,7 +259,7 @@ class RouterHost:
             time.sleep(0.2)
 
     def add(self, url: str) -> None:
-        if modern_api(self.version()):
+        if self.package().workers_api:
             got = self.http("POST", self.url + "/workers", {"url": url})
         else:
             got = self.http("POST", self.url + "/add_worker?url=" + url)
@@ -234,7 +269,7 @@ class RouterHost:
         self.wait_members({url})
 
     def remove(self, url: str) -> None:
-        if modern_api(self.version()):
+        if self.package().workers_api:
             ids = [w["id"] for w in self.workers() if w["url"] == url]
             if not ids:
                 return

@@ -5,8 +5,10 @@ host: that is where the router reaches the workers from, so what works here work
 
     fleet_ops.py request METHOD URL [JSON_BODY] [--timeout S]
         one JSON line: {"status": int|null, "body": str, "error": str|null, "error_kind": ...}
-    fleet_ops.py router-version
-        {"version": "0.3.2"|null} from the sglang-router package metadata (never imported)
+    fleet_ops.py router-packages
+        {"packages": {"smg": "1.13.0"|null, "sglang-router": "0.3.2"|null}, "python": sys.executable}
+        from the package metadata of this interpreter (never imported: each loads a ~100 MB Rust
+        extension)
     fleet_ops.py stop-router PIDFILE [--timeout GRACE]
         SIGTERM the router named by PIDFILE (only if its command line says router), SIGKILL after
         GRACE: {"pid", "stopped": bool, "signal": "TERM"|"KILL"|null, "note"}
@@ -26,6 +28,8 @@ import urllib.error
 import urllib.request
 
 MAX_BODY = 1 << 20
+#: the same marks as deploy/fleet/router_package.py ROUTER_CMDLINE_MARKS (a unit test keeps them equal)
+ROUTER_CMDLINE_MARKS = ("sglang_router", "sglang::router", "smg.launch_router", "smg::router")
 
 
 def _kind(exc) -> str:
@@ -59,15 +63,22 @@ def request(method: str, url: str, body, timeout: float) -> dict:
     return result
 
 
-def router_version() -> dict:
+#: SGLang's router under its two names: Shepherd Model Gateway (smg, 2026-) and sglang-router (-0.3.2)
+ROUTER_PACKAGES = ("smg", "sglang-router")
+
+
+def router_packages() -> dict:
     try:
         from importlib import metadata
     except ImportError:  # Python 3.7
-        return {"version": None, "error": "python older than 3.8"}
-    try:
-        return {"version": metadata.version("sglang-router"), "error": None}
-    except metadata.PackageNotFoundError:
-        return {"version": None, "error": "sglang-router is not installed for " + sys.executable}
+        return {"packages": {}, "python": sys.executable, "error": "python older than 3.8"}
+    found = {}
+    for name in ROUTER_PACKAGES:
+        try:
+            found[name] = str(metadata.version(name))[:64]
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return {"packages": found, "python": sys.executable, "error": None}
 
 
 def _pid_of(pidfile: str):
@@ -87,8 +98,10 @@ def _is_router(pid: int) -> bool:
             state = handle.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
-    # sglang_router's launch_router renames itself (setproctitle "sglang::router")
-    return state not in ("Z", "X") and ("sglang::router" in cmd or "sglang_router" in cmd)
+    # launch_router renames itself with setproctitle: "sglang::router" (sglang-router), "smg::router"
+    # (smg); before that the command line names the module. Either package's router is ours: one
+    # started before the host switched packages must still be stopped by `down`.
+    return state not in ("Z", "X") and any(mark in cmd for mark in ROUTER_CMDLINE_MARKS)
 
 
 def stop_router(pidfile: str, grace: float) -> dict:
@@ -140,8 +153,8 @@ def main(argv) -> int:
     if argv and argv[0] == "request" and len(argv) in (3, 4):
         body = json.loads(argv[3]) if len(argv) == 4 else None
         out = request(argv[1], argv[2], body, timeout)
-    elif argv and argv[0] == "router-version" and len(argv) == 1:
-        out = router_version()
+    elif argv and argv[0] == "router-packages" and len(argv) == 1:
+        out = router_packages()
     elif argv and argv[0] == "stop-router" and len(argv) == 2:
         out = stop_router(argv[1], timeout)
     elif argv and argv[0] == "port-check" and len(argv) == 4 and argv[2].isdigit():
@@ -149,7 +162,7 @@ def main(argv) -> int:
     elif argv and argv[0] == "router-state" and len(argv) == 3:
         out = router_state(argv[1], argv[2], timeout)
     else:
-        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | router-version | stop-router PIDFILE | router-state PIDFILE URL | port-check ADDRESS PORT PIDFILE\n")
+        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | router-packages | stop-router PIDFILE | router-state PIDFILE URL | port-check ADDRESS PORT PIDFILE\n")
         return 2
     sys.stdout.write(json.dumps(out) + "\n")
     return 0
