@@ -72,7 +72,7 @@ def router_packages() -> dict:
         from importlib import metadata
     except ImportError:  # Python 3.7
         return {"packages": {}, "python": sys.executable, "error": "python older than 3.8"}
-    found = {}
+    found = {}  # type: dict
     for name in ROUTER_PACKAGES:
         try:
             found[name] = str(metadata.version(name))[:64]
