@@ -361,6 +361,56 @@ class Run(Strict):
         return args
 
 
+def _home_of(user: str) -> str:
+    return "/root" if user == "root" else f"/home/{user}"
+
+
+def _comparable(path: str, user: str) -> str | None:
+    """``path`` as an absolute, normalised path for the overlap check (``~`` as the user's usual
+    home), or None for what is not a host path (a Hugging Face model id, ``~other/...``)."""
+    if path == "~" or path.startswith("~/"):
+        path = _home_of(user) + path[1:]
+    if not path.startswith("/"):
+        return None
+    return posixpath.normpath(path)
+
+
+def _relation(store: str, path: str) -> str | None:
+    if store == path:
+        return "is"
+    if path.startswith(store.rstrip("/") + "/"):
+        return "contains"
+    if store.startswith(path.rstrip("/") + "/"):
+        return "lies inside"
+    return None
+
+
+def store_overlaps(index: int, run: Run, hosts: list[Host]) -> list[tuple[tuple[str | int, ...], str]]:
+    """A host's drafter store (``<state_dir>/drafters``) that is, contains or lies inside the run's
+    drafter or base model. The store prunes its entries: with ``state_dir: ~/data`` and the
+    drafters in ``~/data/drafters/``, the first ``up`` deleted a user's other checkpoints. (The
+    fixer checks the resolved paths on the host too; ``~`` is assumed to be /root or /home/USER
+    here, where the host cannot be asked.)"""
+    names = set(run.nodes or run.hosts)
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    for host in hosts:
+        if not (host.name in names or (run.group and run.group in host.groups)):
+            continue
+        store_text = posixpath.join(host.state_dir, "drafters")
+        store = _comparable(store_text, host.user)
+        for field in ("drafter", "base_model"):
+            value = getattr(run, field)
+            path = _comparable(value, host.user)
+            relation = _relation(store, path) if store and path else None
+            if relation:
+                problems.append(((("runs", index, field)),
+                                 f"host {host.name!r}: its drafter store {store_text} (state_dir {host.state_dir}) "
+                                 f"{relation} run {run.name!r}'s {field} {value}: the store deletes its old "
+                                 "entries, so it must never hold a user's checkpoint; set the host's state_dir "
+                                 "elsewhere (the default is ~/.deployctl)"))
+    return problems
+
+
 class Config(Strict):
     ssh: SSHSettings = Field(default_factory=SSHSettings)
     hosts: list[Host]
@@ -397,6 +447,7 @@ class Config(Strict):
                 problems.append(
                     (("runs", i, "group"), f"no host is in group {run.group!r}; known groups: {sorted(groups)}")
                 )
+            problems += store_overlaps(i, run, self.hosts)
         return problems
 
     def host(self, name: str) -> Host:

@@ -149,7 +149,7 @@ def check_drafter_config(d: DoctorInput) -> Check:
     if drafter.config is None:
         return Check("drafter-config", "fail", f"cannot read {drafter.path}/config.json: {drafter.config_error}",
                      "point the run's drafter at a checkpoint directory with a config.json")
-    kind = fixer_config._config_kind(drafter.config)
+    kind = fixer_config.config_kind(drafter.config)
     archs = drafter.config.get("architectures")
     if kind == "sglang":
         return Check("drafter-config", "pass", f"SGLang form ({fixer.SGLANG_ARCH})")
@@ -167,7 +167,7 @@ def check_drafter_layers(d: DoctorInput) -> Check:
     config = d.facts.drafter.config
     if config is None:
         return Check("drafter-layers", "warn", "cannot decide: the drafter's config.json is unreadable")
-    effective = fixer_loader._effective_config(config)
+    effective = fixer_loader.effective_config(config)
     layers = effective.get("num_hidden_layers", 1)
     installed = _installed(d)
     if not isinstance(layers, int):
@@ -226,9 +226,9 @@ def _aux_ids(d: DoctorInput) -> tuple[Optional[list[int]], Optional[dict], Optio
     else:
         config, files = d.facts.drafter.config, _drafter_files(d)
         shapes = {k: v for f in (files or {}).values() for k, v in f.items()} if files else None
-        if config is not None and fixer_config._config_kind(config) == "speculators":
+        if config is not None and fixer_config.config_kind(config) == "speculators":
             try:
-                config, _, _ = fixer_config._convert_config(config, d.hidden_states_from, shapes or {}, "config.json")
+                config, _, _ = fixer_config.convert_config(config, d.hidden_states_from, shapes or {}, "config.json")
             except fixer.FixError:
                 pass
     eagle = (config or {}).get("eagle_config")
@@ -361,7 +361,7 @@ def check_sizes(d: DoctorInput) -> Check:
     if config is None or dims["hidden_size"] is None or dims["vocab_size"] is None:
         return Check("hidden-and-vocab", "warn", "cannot decide: the drafter's or the base model's config.json "
                      "lacks hidden_size/vocab_size")
-    effective = fixer_loader._effective_config(config)
+    effective = fixer_loader.effective_config(config)
     shapes = {k: v for f in (_drafter_files(d) or {}).values() for k, v in f.items()}
     problems = []
     hidden, target = effective.get("hidden_size"), effective.get("target_hidden_size")

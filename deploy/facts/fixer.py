@@ -84,6 +84,8 @@ class Pruned(_Strict):
     removed: list[str]
     protected: Optional[str]
     error: Optional[str]
+    #: store entries deployctl did not create (no owner marker): never counted, never removed
+    foreign: list[str] = []
 
 
 class FixerSummary(_Strict):
@@ -102,6 +104,8 @@ class FixerSummary(_Strict):
     config: Optional[ConfigChange]
     verification: Optional[Verification]
     pruned: Optional[Pruned]
+    #: what the copy into the store left out (links leaving the drafter directory, FIFOs, ...)
+    skipped: list[str] = []
 
 
 def failure_text(stdout: str, stderr: str) -> str:

@@ -28,7 +28,8 @@ def helper_python(python: str) -> str:
 REMOTE_DIR = Path(__file__).resolve().parents[1] / "remote"
 FIXER_PACKAGE = REMOTE_DIR / "fixer"
 #: the zipapp's top-level entry point: the package sits beside it as ``fixer``
-FIXER_ENTRY = b"import sys\nfrom fixer.cli import main\nsys.exit(main())\n"
+#: host_verbs: ``store`` (the fix-keys step's host side) exists only here, never in ``deployctl fix-keys``
+FIXER_ENTRY = b"import sys\nfrom fixer.cli import main\nsys.exit(main(host_verbs=True))\n"
 #: a fixed entry time, so the archive's bytes (and sha256) depend only on the sources
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 

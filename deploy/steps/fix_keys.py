@@ -140,10 +140,16 @@ def outcome_of(ctx: StepContext, summary: FixerSummary | FixerFailure) -> StepOu
         raise RemoteOutputError(f"{source}: key fixer exited {summary.exit_code} with status {summary.status!r}")
     data = {"status": summary.status, "renamed": summary.renamed, "sglang_version": summary.sglang_version,
             "verification": verification.model_dump() if verification else {}, "fingerprint": summary.fingerprint,
-            "store": store, "pruned": summary.pruned.model_dump() if summary.pruned else None}
+            "store": store, "pruned": summary.pruned.model_dump() if summary.pruned else None,
+            "skipped": list(summary.skipped)}
     detail = ("already converted" if summary.status == "already_converted"
               else f"converted, {summary.renamed} keys renamed")
-    return StepOutcome("ok", f"{detail} in {store}", data)
+    text = f"{detail} in {store}"
+    if summary.skipped:
+        # links leaving the drafter directory, FIFOs, ...: the copy names each one (data.skipped)
+        text += (f"; {len(summary.skipped)} note(s) on the copy (links leaving the drafter directory are not "
+                 f"followed), first: {summary.skipped[0][:200]}")
+    return StepOutcome("ok", text, data)
 
 
 def run(ctx: StepContext) -> StepOutcome:

@@ -284,7 +284,7 @@ PATH_CASES = [
     ("missing", lambda root: root / "nope", "does not exist"),
     ("empty-dir", lambda root: (root / "e").mkdir() or root / "e", "no .safetensors"),
     ("fifo", _fifo_weights, "neither a directory nor a regular file"),
-    ("dangling-shard-link", _dangling_shard, "no .safetensors"),
+    ("dangling-shard-link", _dangling_shard, "dangling link"),
     ("two-files-no-index", _two_files, "no model.safetensors.index.json"),
 ]
 
@@ -362,6 +362,7 @@ def test_enospc_mid_copy_leaves_no_temporary_file(tmp_path, monkeypatch):
     snap = tmp_path / "snap"
     snap.mkdir()
     os.symlink(source / WEIGHTS, snap / WEIGHTS)
+    os.symlink(source / "config.json", snap / "config.json")
     before = tree_state(tmp_path)
     real_copy = conversion._copy_range
 

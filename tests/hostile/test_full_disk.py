@@ -122,9 +122,29 @@ def test_converted_copy_on_a_full_disk_is_refused_before_writing(full_fs, tmp_pa
     snap = mount / "snap"
     snap.mkdir()
     os.symlink(source / "model.safetensors", snap / "model.safetensors")
+    os.symlink(source / "config.json", snap / "config.json")    # no config.json would be exit 6 first
     fill()
     before = tree_state(tmp_path)
     with pytest.raises(fix.FixError) as caught:
         fix.convert(snap)
     assert caught.value.code == 10
     assert tree_state(tmp_path) == before
+
+
+def test_store_copy_on_a_full_disk_is_refused_before_copying(full_fs, tmp_path):
+    """The drafter store on a full disk: refused from the free space before the first byte is copied
+    (no staging directory left), the user's drafter untouched."""
+    from deploy.remote.fixer import store
+
+    mount, fill = full_fs
+    drafter = make_speculators_drafter(tmp_path / "d")
+    (mount / "drafters").mkdir()
+    fill()
+    before = tree_state(tmp_path)
+    with pytest.raises(fix.FixError) as caught:
+        store.store_drafter(str(drafter), str(mount / "drafters"), keep=1, last_good=str(tmp_path / "lg"),
+                            generation="legacy")
+    assert caught.value.code == 10 and "no space left on device" in caught.value.message
+    assert str(drafter) in caught.value.message
+    assert tree_state(tmp_path) == before
+    assert list((mount / "drafters").iterdir()) == []

@@ -10,6 +10,7 @@ import pytest
 
 from deploy.errors import ExitCode
 from deploy.facts.helpers import helper_payloads
+from deploy.cli.main import main
 from tests.integration.helpers import cli_json, write_config
 
 pytestmark = pytest.mark.sandbox
@@ -88,3 +89,59 @@ def test_missing_drafter_path_names_it(clean_sandbox, tmp_path, capsys):
     code, steps = run_fix(clean_sandbox, tmp_path, capsys, drafter="~/drafters/does-not-exist")
     assert code == ExitCode.CHECKPOINT
     assert "does-not-exist" in steps["fix-keys"]["detail"]
+
+
+def _user_checkpoints(sandbox) -> None:
+    """The user's own trained checkpoints on the big disk, beside where the store would go."""
+    sandbox.run("sb1", "mkdir -p ~/data/drafters && cp -r ~/drafters/kimi-k25-eagle3 ~/data/drafters/kimi-1ep && "
+                       "cp -r ~/drafters/kimi-k25-eagle3 ~/data/drafters/kimi-3ep && "
+                       "cp -r ~/drafters/kimi-k25-eagle3 ~/drafters/second")
+
+
+def _hosts_with_state_dir(sandbox, state_dir: str) -> list[dict]:
+    import yaml
+    from pathlib import Path
+
+    hosts = yaml.safe_load(Path(sandbox.config_path).read_text())["hosts"]
+    for host in hosts:
+        if host["name"] == "sb1":
+            host["state_dir"] = state_dir
+    return hosts
+
+
+def test_issue_17_state_dir_on_the_data_disk_never_loses_a_user_checkpoint(clean_sandbox, tmp_path, capsys):
+    """Issue 17: ``state_dir: ~/data`` with the drafters in ``~/data/drafters/``: the first ``up`` pruned
+    kimi-1ep and kimi-3ep. Now a run deploying one of them is refused at config load (exit 3), and a run
+    deploying drafters from elsewhere prunes only the store entries it created."""
+    from tests.hostile.tree import tree_state
+
+    _user_checkpoints(clean_sandbox)
+    home = clean_sandbox.host("sb1").home
+    users = home / "data" / "drafters"
+    before = tree_state(users)
+    hosts = _hosts_with_state_dir(clean_sandbox, "~/data")
+
+    path = write_config(clean_sandbox, tmp_path, hosts=hosts,
+                        run={"group": None, "hosts": ["sb1"], "drafter": "~/data/drafters/kimi-1ep"})
+    code = main(["-c", str(path), "up"])
+    captured = capsys.readouterr()
+    assert code == ExitCode.CONFIG, captured.err
+    assert "~/data/drafters/kimi-1ep" in captured.err and "state_dir ~/data" in captured.err and "sb1" in captured.err
+    assert tree_state(users) == before
+
+    book = BOOK.replace("  - step: fix-keys\n", "  - step: fix-keys\n    keep_drafters: 1\n")
+    (tmp_path / "fix.yaml").write_text(book)
+    stored = []
+    for drafter in ("~/drafters/kimi-k25-eagle3", "~/drafters/second"):
+        path = write_config(clean_sandbox, tmp_path, hosts=hosts, run={"group": None, "hosts": ["sb1"],
+                                                                       "drafter": drafter})
+        code, doc = cli_json(capsys, "-c", str(path), "up", "--json", "--playbook", str(tmp_path / "fix.yaml"))
+        steps = {s["step"]: s for s in doc["hosts"][0]["steps"]}
+        assert code == 0, json.dumps(steps, indent=1)
+        stored.append(steps["fix-keys"]["data"]["store"].rsplit("/", 1)[-1])
+    pruned = steps["fix-keys"]["data"]["pruned"]
+    assert pruned["removed"] == [stored[0]]                          # the store's own older entry
+    assert set(pruned["foreign"]) == {"kimi-1ep", "kimi-3ep"}          # the user's: never touched
+    after = tree_state(users)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert sorted(p.name for p in users.iterdir()) == sorted(["kimi-1ep", "kimi-3ep", stored[1]])

@@ -119,18 +119,20 @@ def test_sharded_checkpoint_updates_every_shard_and_the_index(tmp_path):
 
 def test_shorter_header_is_padded_with_spaces_in_place(tmp_path):
     drafter = make_speculators_drafter(tmp_path / "d")
+    fix.convert(drafter, renames=["layers.0.=model.midlayer."])     # longer: rewritten
     weights = drafter / "model.safetensors"
     size = weights.stat().st_size
     raw = weights.read_bytes()
     n = int.from_bytes(raw[:8], "little")
 
-    summary = fix.convert(drafter, renames=["layers.0.=m."])
+    # model.midlayer.X and midlayer.X load into the same parameter (SGLang prefixes "model.")
+    summary = fix.convert(drafter, renames=["model.midlayer.=midlayer."])
 
-    assert summary["files"][0]["mode"] == "in_place"
+    assert summary["files"][0]["mode"] == "in_place" and summary["exit_code"] == 0
     new = weights.read_bytes()
     assert len(new) == size and new[:8] == raw[:8]
-    assert new[8:8 + n].endswith(b" " * (10 * len("layers.0.") - 10 * len("m.")))
-    assert "m.hidden_norm.weight" in load_all(drafter)
+    assert new[8:8 + n].endswith(b" " * (10 * len("model.midlayer.") - 10 * len("midlayer.")))
+    assert "midlayer.hidden_norm.weight" in load_all(drafter)
 
 
 def test_longer_header_falls_back_to_a_new_file_atomically(tmp_path):
@@ -140,15 +142,16 @@ def test_longer_header_falls_back_to_a_new_file_atomically(tmp_path):
     data_sha = data_region_sha256(weights)
     ino = weights.stat().st_ino
 
-    summary = fix.convert(drafter, renames=["layers.0.=model.layers.0."])
+    summary = fix.convert(drafter, renames=["layers.0.=model.midlayer."])
 
-    assert summary["files"][0]["mode"] == "rewritten"
+    assert summary["files"][0]["mode"] == "rewritten" and summary["exit_code"] == 0
     assert weights.stat().st_ino != ino
     assert data_region_sha256(weights) == data_sha
     n = int.from_bytes(weights.read_bytes()[:8], "little")
     assert (8 + n) % 8 == 0                     # data stays 8-byte aligned
     after = load_all(drafter)
-    assert after == {("model." + k if k.startswith("layers.0.") else k): v for k, v in before.items()}
+    assert after == {("model.midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v
+                     for k, v in before.items()}
     assert not [p for p in drafter.iterdir() if p.name.endswith(".tmp-fix")]
 
 
@@ -170,10 +173,13 @@ def test_multi_layer_drafter_keeps_layer_names_and_maps_later_input_norms(tmp_pa
 
 def test_multi_layer_drafter_fails_verification_for_legacy_sglang(tmp_path):
     drafter = make_speculators_drafter(tmp_path / "d", layers=2)
+    before = contents(drafter)
     code, out, err = run_cli(str(drafter), "--sglang-generation", "legacy")
     assert code == 8
     assert "EAGLE3 currently only supports 1 layer" in err
-    assert "converted" in out          # the conversion itself happened
+    assert "nothing written" in out    # verified before the first write: the drafter is as it was
+    assert contents(drafter) == before
+    assert fix.convert(drafter, generation="modern")["exit_code"] == 0
     assert fix.verify(drafter, "modern")["ok"] is True
 
 
@@ -300,7 +306,7 @@ def test_restore_puts_back_every_original_byte(tmp_path):
 def test_restore_of_a_rewritten_file(tmp_path):
     drafter = make_speculators_drafter(tmp_path / "d")
     original = contents(drafter)
-    fix.convert(drafter, renames=["layers.0.=model.layers.0."])
+    fix.convert(drafter, renames=["layers.0.=model.midlayer."])
     assert fix.restore(drafter)["files"][0]["mode"] == "rewritten"
     assert contents(drafter) == original
 
@@ -310,7 +316,7 @@ def test_backup_keeps_the_original_across_later_conversions(tmp_path):
     original = contents(drafter)
     first = (drafter / "model.safetensors").read_bytes()[:4096]
     fix.convert(drafter)
-    fix.convert(drafter, renames=["midlayer.=mid."])      # a second change on top
+    fix.convert(drafter, renames=["midlayer.=model.midlayer."])      # a second change on top
     sidecar = json.loads((drafter / ".deployctl-fix-backup.json").read_text())
     import base64
     raw = base64.b64decode(sidecar["files"]["model.safetensors"]["original"]["b64"])
@@ -517,11 +523,12 @@ def test_fixer_runs_as_a_standalone_zipapp(tmp_path):
 
 
 def test_metadata_and_unusual_header_formatting_survive(tmp_path):
-    import numpy as np
-
-    path = tmp_path / "model.safetensors"
-    tensors = {"layers.0.a.weight": np.arange(6, dtype=np.float32).reshape(2, 3),
-               "b": np.ones(3, dtype=np.int64)}
+    drafter = make_speculators_drafter(tmp_path / "d")
+    path = drafter / "model.safetensors"
+    tensors = {}
+    with safe_open(str(path), "np") as handle:
+        for key in handle.keys():
+            tensors[key] = handle.get_tensor(key)
     save_file(tensors, str(path), metadata={"format": "pt", "note": "h\u00e9llo \"q\""})
     # re-write the header pretty-printed (another tool's style): longer N, same data
     raw = path.read_bytes()
@@ -530,14 +537,14 @@ def test_metadata_and_unusual_header_formatting_survive(tmp_path):
     pretty += b" " * ((-len(pretty)) % 8)
     path.write_bytes(len(pretty).to_bytes(8, "little") + pretty + raw[8 + n:])
     order = list(json.loads(pretty))
-    summary = fix.convert(path)
-    assert summary["files"][0]["mode"] == "in_place"
+    summary = fix.convert(drafter)
+    assert summary["files"][0]["mode"] == "in_place" and summary["exit_code"] == 0
     assert path.stat().st_size == len(pretty) + 8 + len(raw) - 8 - n
     header = header_json(path)
     assert header["__metadata__"] == {"format": "pt", "note": "h\u00e9llo \"q\""}
     assert list(header) == [renamed(k) for k in order]
-    loaded = load_all(tmp_path)
-    assert loaded["midlayer.a.weight"][2] == tensors["layers.0.a.weight"].tobytes()
+    loaded = load_all(drafter)
+    assert loaded["midlayer.hidden_norm.weight"][2] == tensors["layers.0.hidden_norm.weight"].tobytes()
 
 
 PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python3.8")

@@ -275,14 +275,14 @@ def test_torn_multi_page_header_is_completed_by_the_next_run(tmp_path):
     make_speculators_drafter(directory, layers=40)          # ~400 tensors: a multi-page header
     expected = tmp_path / "expected"
     shutil.copytree(directory, expected)
-    fix.convert(expected, renames=["layers.=block."], generation="modern")
+    fix.convert(expected, generation="modern")     # layers.N.input_layernorm -> hidden_norm, N > 0
     weights = directory / "model.safetensors"
     original = contents(directory)
     raw = weights.read_bytes()
     n = int.from_bytes(raw[:8], "little")
     assert 8 + n > 3 * 4096
     code = run_killed_at(directory, None, "before_header_write",
-                         extra=["--rename", "layers.=block."])
+                         extra=["--sglang-generation", "modern"])
     assert code == -signal.SIGKILL
     entry = json.loads((directory / SIDECAR).read_text())["files"]["model.safetensors"]
     target = base64.b64decode(entry["target"]["b64"])
@@ -291,12 +291,12 @@ def test_torn_multi_page_header_is_completed_by_the_next_run(tmp_path):
     with open(weights, "r+b") as handle:
         handle.write(torn)
 
-    summary = fix.convert(directory, renames=["layers.=block."], generation="modern")
+    summary = fix.convert(directory, generation="modern")
 
     assert any("half done" in line for line in summary["log"])
     assert summary["files"][0]["mode"] == "unchanged"        # the header was completed
     assert state(directory) == state(expected)
-    assert fix.convert(directory, renames=["layers.=block."])["status"] == "already_converted"
+    assert fix.convert(directory, generation="modern")["status"] == "already_converted"
     fix.restore(directory)
     assert contents(directory) == original
 
@@ -309,11 +309,11 @@ def test_torn_header_is_restored_directly(tmp_path):
     raw = weights.read_bytes()
     n = int.from_bytes(raw[:8], "little")
     assert run_killed_at(directory, None, "after_header_write",
-                         extra=["--rename", "layers.=block."]) == -signal.SIGKILL
+                         extra=["--sglang-generation", "modern"]) == -signal.SIGKILL
     new = weights.read_bytes()
     with open(weights, "r+b") as handle:
         handle.write(raw[:4096] + new[4096:8 + n])          # first page old, the rest new
     with pytest.raises(fix.FixError):
-        fix.convert(directory, renames=["layers.=block."], dry_run=True)
+        fix.convert(directory, generation="modern", dry_run=True)
     fix.restore(directory)
     assert contents(directory) == original

@@ -146,3 +146,17 @@ def test_anything_but_the_summary_is_a_remote_output_error(tmp_path, stdout):
     with pytest.raises(RemoteOutputError) as exc:
         fix_keys.run(ctx)
     assert "gpu-a" in str(exc.value) and len(conn.commands) == 1
+
+
+def test_a_link_out_of_the_drafter_is_not_copied_and_the_step_says_so(tmp_path):
+    world = World(tmp_path)
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "weights.bin").write_bytes(b"B" * 4096)
+    (world.drafter / "base-model").symlink_to(tmp_path / "base")
+    conn, ctx, _ = world.step(memory={"sglang_version": "0.5.11"})
+    outcome = fix_keys.run(ctx)
+    assert outcome.status == "ok"
+    entry = world.home / "state dir" / "drafters" / outcome.data["fingerprint"][:32]
+    assert not (entry / "base-model").exists()
+    assert any(str(world.drafter / "base-model") in note for note in outcome.data["skipped"])
+    assert "not followed" in outcome.detail and "base-model" in outcome.detail

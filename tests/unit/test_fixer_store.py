@@ -105,18 +105,28 @@ def test_a_checkpoint_written_during_the_copy_is_refused_and_the_staging_copy_re
     assert list((tmp_path / "drafters").iterdir()) == []
 
 
+def owned_entry(drafters: Path, digest: str, staging: bool = False) -> Path:
+    """A store entry as deployctl makes it: fingerprint name, owner marker inside."""
+    entry = drafters / ((store.STAGING_PREFIX if staging else "") + digest[:32])
+    entry.mkdir(parents=True)
+    (entry / store.OWNER_MARKER).write_text(json.dumps({"format": store.OWNER_FORMAT, "fingerprint": digest}))
+    return entry
+
+
 def test_prune_keeps_the_most_recent_and_the_last_good(tmp_path):
     drafters = tmp_path / "drafters"
-    for i, name in enumerate(["old-good", "a", "b", "c"]):
-        (drafters / name).mkdir(parents=True)
-        os.utime(drafters / name, (1000 + i, 1000 + i))
-    (drafters / ".staging-dead").mkdir()
-    os.utime(drafters / ".staging-dead", (1, 1))
-    (drafters / ".staging-live").mkdir()                                  # a conversion running now
-    (tmp_path / "last-good.json").write_text(json.dumps({"drafter_path": str(drafters / "old-good")}))
+    names = {}
+    for i, label in enumerate(["old-good", "a", "b", "c"]):
+        entry = owned_entry(drafters, ("%x" % (i + 10)) * 64)
+        names[label] = entry.name
+        os.utime(entry, (1000 + i, 1000 + i))
+    dead = owned_entry(drafters, "d" * 64, staging=True)
+    os.utime(dead, (1, 1))
+    live = owned_entry(drafters, "e" * 64, staging=True)                  # a conversion running now
+    (tmp_path / "last-good.json").write_text(json.dumps({"drafter_path": str(drafters / names["old-good"])}))
     result = store.prune_drafters(str(drafters), 2, str(tmp_path / "last-good.json"))
-    assert sorted(os.listdir(drafters)) == [".staging-live", "b", "c", "old-good"]
-    assert result["removed"] == [".staging-dead", "a"] and result["protected"] == "old-good"
+    assert sorted(os.listdir(drafters)) == sorted([live.name, names["b"], names["c"], names["old-good"]])
+    assert result["removed"] == sorted([dead.name, names["a"]]) and result["protected"] == names["old-good"]
 
 
 def test_the_new_drafter_is_the_most_recent_and_an_old_one_is_pruned(tmp_path):

@@ -22,7 +22,10 @@ What it does, for a drafter directory (``model.safetensors``, or shards with
   ``eagle_config.eagle_aux_hidden_state_layer_ids``), see ``--hidden-states-from``.
 * keeps the original header bytes, config.json and index in a sidecar
   (``.deployctl-fix-backup.json`` beside the weights) written and fsynced before the first byte
-  changes; ``--restore`` puts them back byte for byte.
+  changes, sealed with a sha256 over its own content; ``--restore`` puts them back byte for byte,
+  only after the seal, every name (a plain file name in the directory) and every hash checked.
+  It never writes through a link or hard link leaving the directory, and puts a config.json or
+  index link back only when it stays inside (or in the Hugging Face cache's ``blobs/``).
 * simulates SGLang's name resolution for the chosen SGLang generation and lists, by name, every
   tensor that would be dropped and every parameter that would stay uninitialised.
 
@@ -47,14 +50,20 @@ Usage::
         -- DRAFTER                                (the fix-keys step's host side: see store.py)
 
 Exit codes (the same as deployctl's ``deploy.errors.ExitCode``): 0 done or already converted and
-verified; 1 ``--check``: a change is needed; 2 usage; 6 invalid checkpoint (nothing written);
-8 verification failed (a tensor would be dropped, a parameter stays uninitialised, aux capture not
-configured; the conversion itself did happen and the summary says so); 10 writing failed
-(read-only, no space); 130 interrupted.
+verified; 1 ``--check``: a change is needed; 2 usage (conflicting ``--rename`` rules included);
+3 (``store`` only) the store overlaps the drafter; 6 invalid checkpoint (config.json missing or not
+a regular file, a weights file that is a FIFO, a directory or a dangling link, a header field of
+the wrong JSON type; nothing written); 8 verification failed (a tensor would be dropped, a
+parameter stays uninitialised, a tensor name is empty or holds a control character, aux capture
+not configured): the planned result is verified BEFORE the first write, so the checkpoint is left
+byte-identical (status ``verify_failed``); an already converted drafter that fails is 8 too;
+10 writing failed (read-only, no space); 130 interrupted. ``store`` is a host-side command: only
+the zipapp's entry (and ``python3 -m deploy.remote.fixer``) accept it, ``deployctl fix-keys``
+refuses it (exit 2).
 
 ``--json`` prints exactly one JSON document on stdout::
 
-    {"status": "converted" | "already_converted" | "needs_conversion" | "restored",
+    {"status": "converted" | "already_converted" | "needs_conversion" | "verify_failed" | "restored",
      "path": str, "exit_code": int, "dry_run": bool,
      "files": [{"file": str, "mode": "in_place" | "rewritten" | "copied" | "unchanged",
                 "renamed": int}],
@@ -84,8 +93,8 @@ through: it is replaced by a converted copy (mode ``copied``, space checked firs
 Standalone: Python 3.8+ standard library only. Shipped to GPU hosts as one zipapp, ``fixer.pyz``
 (built deterministically at upload by deploy/facts/helpers.py), and imported by ``deployctl
 fix-keys``. Modules: errors, header (also embedded in the doctor's inline program), fileio,
-checkpoint, sidecar, rename, config, loader, conversion, restoration, store (the host-side drafter
-store), cli. Library API: ``convert``, ``restore``, ``verify``,
+checkpoint, plan, sidecar, rename, config, loader, conversion, restoration, store (the host-side
+drafter store), cli. Library API: ``convert``, ``restore``, ``verify``,
 ``fingerprint``, ``read_header``, ``main`` and ``FixError``.
 
 Test hooks (environment variables, for the fault-injection tests only):

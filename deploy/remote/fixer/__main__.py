@@ -1,5 +1,5 @@
-"""``python3 -m deploy.remote.fixer ARGS`` (the zipapp on a host has its own entry, see
-deploy/facts/helpers.py: ``python3 fixer.pyz ARGS``)."""
+"""``python3 -m deploy.remote.fixer ARGS``: the host-side command line, ``store`` included, like the
+zipapp's own entry (deploy/facts/helpers.py: ``python3 fixer.pyz ARGS``)."""
 
 from __future__ import annotations
 
@@ -7,4 +7,4 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+sys.exit(main(host_verbs=True))

@@ -6,10 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from typing import Any, Dict, Optional, Tuple
 
 from .errors import EXIT_CHECKPOINT, FixError
-from .header import _parse_json, _read_bounded, _read_region
+from .header import _parse_json, _read_bounded, _read_region, file_kind, open_regular
 
 #: size limits of the JSON files beside the weights, checked before reading: a drafter's
 #: config.json is ~2 KB; the index of a 1T-parameter model ~2 MB; the sidecar holds the headers.
@@ -28,6 +29,37 @@ def _check_file_name(name: str, where: str) -> None:
         raise FixError(EXIT_CHECKPOINT, "%s names the weights file %r, which is not a file name in "
                        "its directory (expected a name such as model-00001-of-00002.safetensors)"
                        % (where, name))
+
+
+def inspect_entry(path: str, display: str = "") -> str:
+    """'' when ``path`` is absent; 'file' when it is (or links to) a regular file; FixError 6 when it
+    is something else: a FIFO, a directory, a socket, a device, a dangling link. A FIFO opened for
+    reading blocks until a writer comes, so nothing is opened before this check."""
+    display = display or path
+    try:
+        lst = os.lstat(path)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        raise FixError(EXIT_CHECKPOINT, "cannot read %s: %s" % (display, exc.strerror or exc))
+    try:
+        st = os.stat(path)
+    except OSError:
+        raise FixError(EXIT_CHECKPOINT, "%s is a dangling link (to %s); expected a regular file"
+                       % (display, _link_text(path)))
+    if not stat.S_ISREG(st.st_mode):
+        what = file_kind(st.st_mode)
+        if stat.S_ISLNK(lst.st_mode):
+            what = "a link to %s" % what
+        raise FixError(EXIT_CHECKPOINT, "%s is %s, not a regular file; refused" % (display, what))
+    return "file"
+
+
+def _link_text(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
 
 
 class _WeightsFile(object):
@@ -77,8 +109,9 @@ class _Checkpoint(object):
         self.index_path: Optional[str] = None
         self.index_raw: Optional[bytes] = None
         self.index: Optional[Dict[str, Any]] = None
-        if os.path.isfile(index_path):
+        if inspect_entry(index_path):
             self.index_raw, self.index = _read_index(index_path)
+        inspect_entry(self.config_path)
         if self.single_file:
             name = os.path.basename(self.input)
             self.weights = [_WeightsFile(self.dir, name)]
@@ -93,17 +126,17 @@ class _Checkpoint(object):
             for name in names:
                 _check_file_name(name, index_path)
             for name in names:
-                if not os.path.isfile(os.path.join(self.dir, name)):
+                if not inspect_entry(os.path.join(self.dir, name)):
                     raise FixError(EXIT_CHECKPOINT, "%s lists %s but %s has no such file"
                                    % (index_path, name, self.dir))
             if not names:
                 raise FixError(EXIT_CHECKPOINT, "%s has an empty weight_map" % index_path)
-        elif os.path.isfile(os.path.join(self.dir, "model.safetensors")):
+        elif inspect_entry(os.path.join(self.dir, "model.safetensors")):
             names = ["model.safetensors"]
         else:
             names = sorted(n for n in os.listdir(self.dir)
                            if n.endswith(".safetensors") and not n.startswith(".")
-                           and os.path.isfile(os.path.join(self.dir, n)))
+                           and inspect_entry(os.path.join(self.dir, n)))
             if not names:
                 raise FixError(EXIT_CHECKPOINT, "%s has no .safetensors file (expected "
                                "model.safetensors, or shards with %s)" % (self.dir, INDEX_NAME))
@@ -137,7 +170,9 @@ def _read_index(path: str) -> Tuple[bytes, Dict[str, Any]]:
 
 
 def _read_config(path: str) -> Tuple[Optional[bytes], Optional[Dict[str, Any]]]:
-    if not os.path.isfile(path):
+    """(raw, parsed), or (None, None) when there is no config.json; FixError 6 when config.json is
+    a FIFO, a directory, a dangling link or anything else but a regular file."""
+    if not inspect_entry(path):
         return None, None
     return _read_json_object(path)
 
@@ -154,15 +189,19 @@ def fingerprint(path: str) -> str:
         st = os.stat(weights.real)
         region, _ = _read_region(weights.real)
         if region is None:
-            with open(weights.real, "rb") as handle:
-                region = handle.read(8)
+            fd = open_regular(weights.real, weights.path)
+            try:
+                region = os.pread(fd, 8, 0)
+            finally:
+                os.close(fd)
         digest.update(("%s\0%d\0%d\0%d\0" % (weights.name, st.st_size, st.st_mtime_ns,
                                              len(region))).encode("utf-8"))
         digest.update(region)
-    for extra in (ckpt.config_path, ckpt.index_path):
-        if extra and os.path.isfile(extra):
-            with open(extra, "rb") as handle:
-                data = handle.read()
+    # bounded like every other read: a 2 GB config.json once took 2.1 GB of memory here
+    for extra, limit, what in ((ckpt.config_path, MAX_CONFIG_BYTES, CONFIG_NAME),
+                               (ckpt.index_path, MAX_INDEX_BYTES, INDEX_NAME)):
+        if extra and inspect_entry(extra):
+            data = _read_bounded(extra, limit, what)
             digest.update(("%s\0%d\0" % (os.path.basename(extra), len(data))).encode("utf-8"))
             digest.update(data)
     return digest.hexdigest()

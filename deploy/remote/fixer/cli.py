@@ -117,13 +117,21 @@ def _render_verification(when: str, verification: Dict[str, Any], out: Any) -> N
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None, stdout: Any = None,
-         stderr: Any = None) -> int:
-    """The command line; returns the exit code (no traceback for user errors)."""
+         stderr: Any = None, host_verbs: bool = False) -> int:
+    """The command line; returns the exit code (no traceback for user errors).
+
+    ``host_verbs``: accept ``store`` (the zipapp on a host, deploy/facts/helpers.py). Off for
+    ``deployctl fix-keys``: ``fix-keys store DIR --store FOLDER --keep 1`` once pruned a user's
+    folder; the store is the deploy's, not a user verb."""
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
     args_list = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in args_list or "--fingerprint" in args_list
     try:
+        if args_list[:1] == ["store"] and not host_verbs:
+            raise FixError(EXIT_USAGE, "'store' is the host side of the fix-keys step (deployctl up runs it "
+                           "in the host's drafter store), not a command of %s; to convert a drafter "
+                           "directory named store, write ./store" % (prog or "the fixer"))
         if args_list[:1] == ["store"]:
             as_json = True
             stored = _store(args_list[1:], prog)

@@ -13,7 +13,7 @@ SPECULATORS_ARCHS = ("Eagle3DraftModel", "Eagle3Speculator")
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 
 
-def _config_kind(config: Optional[Dict[str, Any]]) -> str:
+def config_kind(config: Optional[Dict[str, Any]]) -> str:
     if config is None:
         return "missing"
     archs = config.get("architectures") or []
@@ -42,7 +42,7 @@ def _sglang_ids(config: Dict[str, Any]) -> Optional[List[int]]:
     return None
 
 
-def _convert_config(config: Dict[str, Any], ids_mode: str, shapes: Dict[str, List[int]],
+def convert_config(config: Dict[str, Any], ids_mode: str, shapes: Dict[str, List[int]],
                     where: str) -> Tuple[Dict[str, Any], List[str], Optional[List[int]]]:
     """speculators config -> the flat form LlamaForCausalLMEagle3 reads."""
     layer = config.get("transformer_layer_config")

@@ -9,32 +9,14 @@ import stat
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import EXIT_CHANGE_NEEDED, EXIT_CHECKPOINT, EXIT_IO, EXIT_OK, EXIT_USAGE, EXIT_VERIFY, FixError
-from .header import Header, _header_region, _pread_exact, _read_region, read_header
-from .fileio import TMP_SUFFIX, _atomic_write, _close_quiet, _copy_range, _fsync_dir, _io_error, _sha256, _stage, _tmp_path, _unb64, _unlink_quiet, _write_all
+from .header import _pread_exact, _read_region, open_regular, read_header
+from .fileio import NOFOLLOW, TMP_SUFFIX, _atomic_write, _close_quiet, _copy_range, _fsync_dir, _io_error, _sha256, _stage, _tmp_path, _unb64, _unlink_quiet, _write_all
 from .checkpoint import CONFIG_NAME, INDEX_NAME, SIDECAR_NAME, _Checkpoint, _WeightsFile, _dump_json, _read_config, fingerprint
-from .sidecar import _json_entry, _known, _load_sidecar, _new_sidecar, _record, _torn_between
-from .rename import _parse_rules, _plan_renames, _plan_weight_map, _renamed_entries
-from .config import IDS_MODES, _config_kind, _convert_config, _sglang_ids
-from .loader import _merged_shapes, _resolve_generation, _simulate_load
-
-
-class _FilePlan(object):
-    def __init__(self, weights: _WeightsFile, header: Header, mapping: Dict[str, str]) -> None:
-        self.weights = weights
-        self.header = header
-        self.renamed = [(k, mapping[k]) for k in header.tensor_names if k in mapping]
-        self.new_raw = header.raw
-        self.mode = "unchanged"
-        if self.renamed:
-            self.new_raw, in_place = _header_region(_renamed_entries(header.entries, mapping),
-                                                    header.header_len)
-            self.mode = "in_place" if in_place else "rewritten"
-            if weights.shared:
-                self.mode = "copied"        # never write through a shared file: a converted copy
-        self.new_size = header.size - len(header.raw) + len(self.new_raw)
-        self.fd: Optional[int] = None
-        #: set as soon as a byte of the file may have changed (the backup is needed from then on)
-        self.touched = False
+from .sidecar import _json_entry, _known, _load_sidecar, _new_sidecar, _record, _torn_between, seal
+from .rename import _parse_rules, _plan_renames, _plan_weight_map
+from .plan import FilePlan
+from .config import IDS_MODES, config_kind, convert_config, _sglang_ids
+from .loader import _merged_shapes, _resolve_generation, _simulate_load, name_problems
 
 
 def _heal_torn(ckpt: _Checkpoint, sidecar: Dict[str, Any], dry_run: bool, log: List[str]) -> None:
@@ -50,17 +32,20 @@ def _heal_torn(ckpt: _Checkpoint, sidecar: Dict[str, Any], dry_run: bool, log: L
         current = region
         if current is None or len(current) != len(target):
             try:
-                with open(weights.real, "rb") as handle:
-                    current = handle.read(len(target))
-            except OSError:
+                rfd = open_regular(weights.real, weights.path)
+            except FixError:
                 continue
+            try:
+                current = _pread_exact(rfd, len(target), 0)
+            finally:
+                os.close(rfd)
         if _sha256(current) in _known(entry) or not _torn_between(current, source, target):
             continue
         if dry_run:
             raise FixError(EXIT_CHECKPOINT, "%s: an interrupted header rewrite left the header half "
                            "old, half new; run without --check to complete it, or --restore"
                            % weights.path)
-        fd = None
+        fd: Optional[int] = None
         try:
             fd = os.open(weights.real, os.O_RDWR)
             os.pwrite(fd, target[8:], 8)
@@ -126,16 +111,16 @@ def _convert(ckpt: _Checkpoint, rules: List[Tuple[str, str]], custom: bool, ids_
     shapes_before = _merged_shapes(headers)
     mapping, layers, layer_log = _plan_renames(headers, rules, custom)
     log.extend(layer_log)
-    plans = [_FilePlan(w, h, mapping) for w, h in zip(ckpt.weights, headers)]
+    plans = [FilePlan(w, h, mapping) for w, h in zip(ckpt.weights, headers)]
     shapes_after = dict((mapping.get(k, k), v) for k, v in shapes_before.items())
 
     config_raw, config = _read_config(ckpt.config_path)
-    kind = _config_kind(config)
+    kind = config_kind(config)
     new_config: Optional[Dict[str, Any]] = None
     aux_ids: Optional[List[int]] = None
     config_log: List[str] = []
     if kind == "speculators" and config is not None:
-        new_config, config_log, aux_ids = _convert_config(config, ids_mode, shapes_after,
+        new_config, config_log, aux_ids = convert_config(config, ids_mode, shapes_after,
                                                           CONFIG_NAME)
     elif kind == "sglang" and config is not None:
         aux_ids = _sglang_ids(config)
@@ -206,14 +191,29 @@ def _convert(ckpt: _Checkpoint, rules: List[Tuple[str, str]], custom: bool, ids_
                        exit_code=EXIT_OK if verification["ok"] else EXIT_VERIFY)
         return _ordered(summary)
 
+    # Verify the planned result against the loader's rules BEFORE the first byte is written: a
+    # checkpoint that would fail (an empty or NUL tensor name, stray tensors SGLang drops, renames
+    # that miss the loader's names, no config.json) is left exactly as it was.
+    planned_config = new_config if new_config is not None else config
+    planned = _simulate_load(shapes_after, planned_config, generation)
+    planned["problems"][:0] = name_problems(list(shapes_after))
+    if planned["problems"]:
+        planned["ok"] = False
     if dry_run:
         log.append("check only: nothing written")
-        planned_config = new_config if new_config is not None else config
         summary.update(status="needs_conversion",
                        verification=_simulate_load(shapes_before, config, generation),
-                       verification_after_conversion=_simulate_load(shapes_after, planned_config,
-                                                                    generation),
+                       verification_after_conversion=planned,
                        fingerprint=fingerprint(ckpt.input), log=log, exit_code=EXIT_CHANGE_NEEDED)
+        return _ordered(summary)
+    if kind == "missing":
+        raise FixError(EXIT_CHECKPOINT, "%s has no %s: SGLang cannot build the draft model without "
+                       "it; nothing was written" % (ckpt.dir, CONFIG_NAME))
+    if not planned["ok"]:
+        log.append("the converted drafter would fail verification for SGLang %s; nothing written"
+                   % planned["sglang_versions"])
+        summary.update(status="verify_failed", verification=planned,
+                       fingerprint=fingerprint(ckpt.input), log=log, exit_code=EXIT_VERIFY)
         return _ordered(summary)
 
     sidecar_written = json_touched = False
@@ -282,7 +282,7 @@ def _ordered(summary: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def _preflight(ckpt: _Checkpoint, changing: List[_FilePlan], config: bool, index: bool,
+def _preflight(ckpt: _Checkpoint, changing: List[FilePlan], config: bool, index: bool,
                full_backup: bool) -> None:
     """Fail with exit 10 before anything changes: read-only files, directory, space."""
     if not os.access(ckpt.dir, os.W_OK):
@@ -323,7 +323,7 @@ def _preflight(ckpt: _Checkpoint, changing: List[_FilePlan], config: bool, index
                            % plan.weights.path)
 
 
-def _full_backup(ckpt: _Checkpoint, changing: List[_FilePlan], config: bool, index: bool,
+def _full_backup(ckpt: _Checkpoint, changing: List[FilePlan], config: bool, index: bool,
                  log: List[str]) -> None:
     # a copied (shared) file's backup goes beside the link, never beside the shared blob
     pairs = [(p.weights.real, (p.weights.path if p.mode == "copied" else p.weights.real) + ".orig")
@@ -337,8 +337,9 @@ def _full_backup(ckpt: _Checkpoint, changing: List[_FilePlan], config: bool, ind
         tmp = _tmp_path(backup)
         src = dst = None
         try:
-            src = os.open(path, os.O_RDONLY)
-            dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            src = open_regular(path)
+            _unlink_quiet(tmp)
+            dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
             _copy_range(src, dst, 0, os.fstat(src).st_size, 0,
                         lambda: _stage("mid_full_backup"))
             os.fchmod(dst, stat.S_IMODE(os.fstat(src).st_mode))
@@ -356,7 +357,7 @@ def _full_backup(ckpt: _Checkpoint, changing: List[_FilePlan], config: bool, ind
         log.append("full copy: %s" % os.path.basename(backup))
 
 
-def _write_sidecar(ckpt: _Checkpoint, sidecar: Optional[Dict[str, Any]], plans: List[_FilePlan],
+def _write_sidecar(ckpt: _Checkpoint, sidecar: Optional[Dict[str, Any]], plans: List[FilePlan],
                    config_raw: Optional[bytes], new_config_raw: Optional[bytes],
                    new_index_raw: Optional[bytes], log: List[str]) -> None:
     """The backup must always hold the ORIGINAL bytes: keep older entries for files in a state
@@ -396,7 +397,7 @@ def _write_sidecar(ckpt: _Checkpoint, sidecar: Optional[Dict[str, Any]], plans: 
     if new_index_raw is not None and ckpt.index_raw is not None:
         side["index"], _ = _json_entry(side.get("index"), ckpt.index_raw, new_index_raw)
         _note_link(side["index"], ckpt.index_path or "")
-    _atomic_write(ckpt.sidecar_path, _dump_json(side), "after_backup_tmp_write", "",
+    _atomic_write(ckpt.sidecar_path, _dump_json(seal(side)), "after_backup_tmp_write", "",
                   "after_backup_rename")
     log.append("original headers%s saved in %s" % (" and config" if new_config_raw else "",
                                                   SIDECAR_NAME))
@@ -409,7 +410,7 @@ def _note_link(entry: Dict[str, Any], path: str) -> None:
         entry["link"] = os.readlink(path)
 
 
-def _write_header_in_place(plan: _FilePlan) -> None:
+def _write_header_in_place(plan: FilePlan) -> None:
     # Crash model. The header region is rewritten with ONE pwrite() of its N bytes; the length
     # prefix and every tensor byte stay where they are. A process killed at any instant (SIGKILL,
     # OOM killer) leaves the old or the new header when the region [8, 8+N) lies within one page
@@ -447,9 +448,9 @@ def _rewrite_file(path: str, new_raw: bytes, data_offset: int, data_len: int, di
     _unlink_quiet(tmp)
     src = dst = None
     try:
-        src = os.open(path, os.O_RDONLY)
+        src = open_regular(path, display)
         st = os.fstat(src)
-        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
         _write_all(dst, new_raw, 0)
         if not prefix:
             _stage("before_copy")

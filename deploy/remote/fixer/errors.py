@@ -5,6 +5,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_CHANGE_NEEDED = 1
 EXIT_USAGE = 2
+EXIT_CONFIG = 3
 EXIT_CHECKPOINT = 6
 EXIT_VERIFY = 8
 EXIT_IO = 10

@@ -14,6 +14,7 @@ from typing import Callable, Dict, Optional
 from .errors import EXIT_IO, FixError
 
 TMP_SUFFIX = ".tmp-fix"
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 DEFAULT_COPY_CHUNK = 8 << 20
 
 _stage_hits: Dict[str, int] = {}
@@ -136,7 +137,10 @@ def _atomic_write(path: str, data: bytes, stage_tmp: str = "", stage_before: str
         mode = 0o644
     fd = None
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # never through what is already there: a link planted at the tmp name would send the
+        # bytes out of the checkpoint directory
+        _unlink_quiet(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
         _write_all(fd, data, 0)
         if stage_tmp:
             _stage(stage_tmp)

@@ -144,14 +144,9 @@ def _parse_json(text: str, display: str, pairs_hook: Any = None) -> Any:
 
 def _read_bounded(path: str, limit: int, what: str) -> bytes:
     """The bytes of the regular file ``path``, at most ``limit`` (FixError 6 naming the file)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        raise FixError(EXIT_CHECKPOINT, "cannot read %s: %s" % (path, exc.strerror or exc))
+    fd = open_regular(path)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise FixError(EXIT_CHECKPOINT, "%s is not a regular file" % path)
         if st.st_size > limit:
             raise FixError(EXIT_CHECKPOINT, "%s is %d bytes, over the %d-byte limit for %s; refused"
                            % (path, st.st_size, limit, what))
@@ -170,9 +165,44 @@ def _is_uint(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def open_regular(path: str, display: Optional[str] = None) -> int:
+    """An O_RDONLY fd of the regular file ``path``; FixError 6 naming it otherwise.
+
+    O_NONBLOCK: opening a FIFO for reading blocks until a writer comes (a drafter whose
+    model.safetensors is a FIFO hung doctor and up for 75 s); with it the open returns at once and
+    the fstat below refuses it. The flag is cleared again for the regular file it admits.
+    """
+    display = display or path
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise FixError(EXIT_CHECKPOINT, "%s does not exist" % display)
+    except OSError as exc:
+        raise FixError(EXIT_CHECKPOINT, "cannot read %s: %s" % (display, exc.strerror or exc))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise FixError(EXIT_CHECKPOINT, "%s is not a regular file (%s); refused"
+                           % (display, file_kind(mode)))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
 def _read_region(path: str) -> Tuple[Optional[bytes], int]:
     """The prefix and header bytes as they are, unvalidated (None when the length is absurd)."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path)
     try:
         size = os.fstat(fd).st_size
         prefix = _pread_exact(fd, 8, 0)
@@ -189,16 +219,9 @@ def _read_region(path: str) -> Tuple[Optional[bytes], int]:
 def read_header(path: str, display: Optional[str] = None) -> Header:
     """Read and validate a safetensors header the way the safetensors library does (FixError 6)."""
     display = display or path
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise FixError(EXIT_CHECKPOINT, "%s does not exist" % display)
-    except OSError as exc:
-        raise FixError(EXIT_CHECKPOINT, "cannot read %s: %s" % (display, exc.strerror or exc))
+    fd = open_regular(path, display)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise FixError(EXIT_CHECKPOINT, "%s is not a regular file" % display)
         size = st.st_size
         if size < 8:
             raise FixError(EXIT_CHECKPOINT, "%s is not a safetensors file: it has %d bytes, fewer "
@@ -253,7 +276,8 @@ def _parse_header(display: str, raw: bytes, size: int) -> Dict[str, Any]:
             if field not in info:
                 raise FixError(EXIT_CHECKPOINT, "%s has no %s" % (where, field))
         dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if dtype not in DTYPE_BITS:
+        # a list or object here is unhashable: test the type before the table lookup
+        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
             raise FixError(EXIT_CHECKPOINT, "%s has unknown dtype %r (expected one of %s)"
                            % (where, dtype, ", ".join(sorted(DTYPE_BITS))))
         if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):

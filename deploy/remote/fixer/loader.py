@@ -11,7 +11,7 @@ from .errors import EXIT_CHECKPOINT, EXIT_USAGE, FixError
 from .header import Header, _is_uint, read_header
 from .checkpoint import CONFIG_NAME, _Checkpoint, _read_config
 from .rename import DEFAULT_RENAMES, _plan_renames
-from .config import SGLANG_ARCH, _config_kind, _convert_config
+from .config import SGLANG_ARCH, config_kind, convert_config
 
 GENERATIONS = {"legacy": "0.5.6-0.5.11", "modern": "0.5.12+"}
 OLDEST_SUPPORTED = (0, 5, 6)
@@ -62,9 +62,9 @@ def _resolve_generation(generation: Optional[str]) -> str:
     return "modern" if version >= FIRST_MODERN else "legacy"
 
 
-def _effective_config(config: Dict[str, Any]) -> Dict[str, Any]:
+def effective_config(config: Dict[str, Any]) -> Dict[str, Any]:
     """What SGLang's LlamaConfig would see; for a speculators config, the nested fields as a hint."""
-    if _config_kind(config) != "speculators":
+    if config_kind(config) != "speculators":
         return config
     merged = dict(config.get("transformer_layer_config") or {})
     merged.update((k, v) for k, v in config.items() if k != "transformer_layer_config")
@@ -82,7 +82,7 @@ def _simulate_load(shapes: Dict[str, List[int]], config: Optional[Dict[str, Any]
     if config is None:
         problems.append("config.json is missing: SGLang cannot build the draft model")
         return result
-    kind = _config_kind(config)
+    kind = config_kind(config)
     if kind == "speculators":
         problems.append("config.json is in speculators format (architectures %r): SGLang has no "
                         "such class and reads the Llama fields and eagle_config at the top level; "
@@ -90,7 +90,7 @@ def _simulate_load(shapes: Dict[str, List[int]], config: Optional[Dict[str, Any]
     elif kind == "other":
         problems.append("config.json architectures is %r; SGLang's EAGLE-3 Llama draft class is "
                         "%s" % (config.get("architectures"), SGLANG_ARCH))
-    eff = _effective_config(config)
+    eff = effective_config(config)
     defaults_used = [k for k in LLAMA_DEFAULTS if eff.get(k) is None]
     if defaults_used:
         notes.append("config.json has no %s; SGLang uses LlamaConfig's default (%s)"
@@ -235,14 +235,34 @@ def _simulate_load(shapes: Dict[str, List[int]], config: Optional[Dict[str, Any]
                             % (fc_name, num_aux, len(ids or ())))
     if result["dropped"]:
         problems.insert(0, "SGLang %s would drop %d tensor(s) without a word: %s"
-                        % (versions, len(result["dropped"]), ", ".join(result["dropped"])))
+                        % (versions, len(result["dropped"]), _some(result["dropped"])))
     if result["missing"]:
         problems.insert(0, "parameter(s) that no tensor loads into (they stay randomly "
-                        "initialised): %s" % ", ".join(result["missing"]))
+                        "initialised): %s" % _some(result["missing"]))
     fatal = [p for p in problems if "only supports 1 layer" in p or "speculators format" in p]
     problems[:] = fatal + [p for p in problems if p not in fatal]     # the root cause first
     result["ok"] = not (result["dropped"] or result["missing"] or problems)
     return result
+
+
+#: names listed in one problem line (a checkpoint with 200k stray tensors would print them all)
+MAX_NAMES_SHOWN = 20
+
+
+def _some(names: List[str]) -> str:
+    shown = ", ".join(repr(n) if not n or not n.isprintable() else n for n in names[:MAX_NAMES_SHOWN])
+    more = len(names) - MAX_NAMES_SHOWN
+    return shown + (" and %d more" % more if more > 0 else "")
+
+
+def name_problems(names: List[str]) -> List[str]:
+    """Tensor names no loader can mean: empty, or holding NUL or another control character (torch
+    and SGLang look tensors up by name; such a name is dropped or collides)."""
+    bad = [n for n in names if not n or any(ord(c) < 32 or ord(c) == 127 for c in n)]
+    if not bad:
+        return []
+    return ["%d tensor name(s) are empty or hold a control character (NUL, newline, ...): %s"
+            % (len(bad), _some(bad))]
 
 
 def _merged_shapes(headers: List[Header]) -> Dict[str, List[int]]:
@@ -272,8 +292,8 @@ def simulate_fixed(files: Dict[str, Dict[str, List[int]]], config: Optional[Dict
                for name, tensors in sorted(files.items())]
     mapping, _, _ = _plan_renames(headers, list(DEFAULT_RENAMES), False)
     shapes = dict((mapping.get(k, k), v) for k, v in _merged_shapes(headers).items())
-    if config is not None and _config_kind(config) == "speculators":
-        config, _, _ = _convert_config(config, hidden_states_from, shapes, CONFIG_NAME)
+    if config is not None and config_kind(config) == "speculators":
+        config, _, _ = convert_config(config, hidden_states_from, shapes, CONFIG_NAME)
     return _simulate_load(shapes, config, generation), config, shapes
 
 

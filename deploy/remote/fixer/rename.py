@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Tuple, TYPE_CHECKING
+from typing import Any, Dict, List, Tuple
 
 from .errors import EXIT_CHECKPOINT, EXIT_USAGE, FixError
 from .header import Header
 from .checkpoint import INDEX_NAME
-
-if TYPE_CHECKING:
-    from .conversion import _FilePlan
+from .plan import FilePlan
 
 DEFAULT_RENAMES = (("layers.0.", "midlayer."),)
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
@@ -38,6 +36,18 @@ def _parse_rules(renames: Any) -> Tuple[List[Tuple[str, str]], bool]:
         if new.startswith(old):
             raise FixError(EXIT_USAGE, "--rename %s=%s: the new prefix starts with the old one, so "
                            "every run would rename again" % (old, new))
+        if (old, new) in pairs:
+            continue
+        for earlier_old, earlier_new in pairs:
+            # the first rule whose OLD starts a key wins: a later rule it shadows never applies
+            if old == earlier_old:
+                raise FixError(EXIT_USAGE, "--rename %s=%s conflicts with --rename %s=%s (the same "
+                               "prefix renamed two ways); nothing was written"
+                               % (old, new, earlier_old, earlier_new))
+            if old.startswith(earlier_old):
+                raise FixError(EXIT_USAGE, "--rename %s=%s never applies: --rename %s=%s comes first and "
+                               "matches every key it would; put the longer prefix first; nothing was "
+                               "written" % (old, new, earlier_old, earlier_new))
         pairs.append((old, new))
     if not pairs:
         raise FixError(EXIT_USAGE, "no rename given")
@@ -96,7 +106,7 @@ def _plan_renames(headers: List[Header], rules: List[Tuple[str, str]], custom: b
     return mapping, layers, log
 
 
-def _plan_weight_map(weight_map: Dict[str, str], plans: List["_FilePlan"],
+def _plan_weight_map(weight_map: Dict[str, str], plans: List[FilePlan],
                      mapping: Dict[str, str], rules: List[Tuple[str, str]]
                      ) -> Tuple[Dict[str, str], List[str]]:
     """The index's weight_map as the shards will be: built from their final keys, in the old order.
@@ -139,7 +149,3 @@ def _plan_weight_map(weight_map: Dict[str, str], plans: List["_FilePlan"],
         log.append("%s: weight_map rebuilt from the shards (%d entr%s added)"
                    % (INDEX_NAME, len(missing), "y" if len(missing) == 1 else "ies"))
     return new_map, log
-
-
-def _renamed_entries(entries: Dict[str, Any], mapping: Dict[str, str]) -> Dict[str, Any]:
-    return dict((mapping.get(k, k) if k != "__metadata__" else k, v) for k, v in entries.items())

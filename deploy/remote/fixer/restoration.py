@@ -6,9 +6,10 @@ import os
 from typing import Any, Dict, List
 
 from .errors import EXIT_CHECKPOINT, EXIT_IO, EXIT_OK, FixError
-from .header import _read_bounded, _read_region
+from .header import _pread_exact, _read_bounded, _read_region, open_regular
 from .fileio import TMP_SUFFIX, _atomic_write, _close_quiet, _fsync_dir, _io_error, _sha256, _stage, _tmp_path, _unb64, _unlink_quiet, _write_all
-from .checkpoint import INDEX_NAME, SIDECAR_NAME, _Checkpoint, fingerprint
+from .checkpoint import (CONFIG_NAME, INDEX_NAME, MAX_CONFIG_BYTES, MAX_INDEX_BYTES, SIDECAR_NAME, _Checkpoint,
+                         fingerprint, inspect_entry)
 from .sidecar import _known, _load_sidecar, _torn_between
 from .conversion import _lock_dir, _rewrite_file
 
@@ -39,6 +40,28 @@ def _check_link_target(directory: str, name: str, link: str, entry: Dict[str, An
                        % (os.path.join(directory, name), link))
 
 
+def _inside(directory: str, path: str) -> bool:
+    real_dir = os.path.realpath(directory).rstrip("/")
+    return os.path.realpath(path).startswith(real_dir + "/")
+
+
+def link_leaves(directory: str, link: str) -> str:
+    """Why putting the JSON file link ``link`` back in ``directory`` would point the checkpoint out
+    of it ('' when it may go back): its target must be inside the directory, or, for the Hugging
+    Face cache layout ``<repo>/snapshots/<rev>/x -> ../../blobs/<sha>``, in that repo's blobs/. A
+    forged sidecar once turned config.json into a link to /etc/passwd this way; otherwise the
+    original bytes are written into the directory's own file instead."""
+    target = os.path.realpath(os.path.join(directory, link))
+    real_dir = os.path.realpath(directory)
+    if target.startswith(real_dir.rstrip("/") + "/"):
+        return ""
+    snapshots = os.path.dirname(real_dir)
+    if os.path.basename(snapshots) == "snapshots" and \
+            os.path.dirname(target) == os.path.join(os.path.dirname(snapshots), "blobs"):
+        return ""
+    return "it leads out of the checkpoint directory (to %s)" % target
+
+
 def _relink(path: str, link: str) -> None:
     """Replace the converted copy at ``path`` by the original symbolic link, atomically."""
     tmp = _tmp_path(path)
@@ -60,10 +83,11 @@ def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:
     log: List[str] = []
     steps = []
     for name, entry in sidecar["files"].items():
-        file_path = os.path.realpath(os.path.join(ckpt.dir, name))
-        if not os.path.isfile(file_path):
+        shown = os.path.join(ckpt.dir, name)
+        file_path = os.path.realpath(shown)
+        if not inspect_entry(shown):
             raise FixError(EXIT_CHECKPOINT, "%s is in the backup %s but missing"
-                           % (os.path.join(ckpt.dir, name), SIDECAR_NAME))
+                           % (shown, SIDECAR_NAME))
         original = _unb64(entry["original"]["b64"])
         orig_size = int(entry["original"]["size"])
         region, size = _read_region(file_path)
@@ -76,8 +100,11 @@ def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:
         else:
             target = _unb64(entry["target"]["b64"])
             source = _unb64(entry["source"]["b64"])
-            with open(file_path, "rb") as handle:
-                head = handle.read(len(target))
+            rfd = open_regular(file_path, shown)
+            try:
+                head = _pread_exact(rfd, len(target), 0)
+            finally:
+                os.close(rfd)
             if _torn_between(head, source, target):
                 state, current = "converted", head
         if state is None or current is None:
@@ -90,7 +117,19 @@ def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:
                                                      orig_size - len(original)))
         link = entry.get("link")
         if link is not None and state == "converted":
+            # a weights link may lead out (a shared blob): it goes back only to a regular file
+            # holding the original header and size recorded in the (hash-checked) sidecar
             _check_link_target(ckpt.dir, name, link, entry)
+        if state == "converted" and link is None:
+            # the bytes go into file_path itself: it must be this directory's own file
+            if not _inside(ckpt.dir, file_path):
+                raise FixError(EXIT_CHECKPOINT, "%s is a link to %s, outside the checkpoint directory: "
+                               "--restore writes only inside it; nothing restored" % (shown, file_path))
+            links = os.stat(file_path).st_nlink
+            if links > 1:
+                raise FixError(EXIT_CHECKPOINT, "%s has %d hard links (its bytes are shared with files "
+                               "elsewhere): --restore does not write through them; nothing restored"
+                               % (shown, links))
         steps.append((name, file_path, state, original, current, size, link))
     json_steps = []
     for key, json_path in (("index", os.path.join(ckpt.dir, INDEX_NAME)),
@@ -100,15 +139,19 @@ def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:
             continue
         original = _unb64(entry["original"]["b64"])
         current = None
-        if os.path.isfile(json_path):
-            with open(json_path, "rb") as handle:
-                current = handle.read()
+        if inspect_entry(json_path):
+            current = _read_bounded(json_path, MAX_INDEX_BYTES if key == "index" else MAX_CONFIG_BYTES,
+                                    INDEX_NAME if key == "index" else CONFIG_NAME)
         if current == original:
             continue
         if current is not None and _sha256(current) not in _known(entry):
             raise FixError(EXIT_CHECKPOINT, "%s changed since it was converted (it matches neither "
                            "the original nor the converted version); nothing restored" % json_path)
         link = entry.get("link")
+        if link is not None and link_leaves(ckpt.dir, link):
+            log.append("%s: the link %s is not put back: %s; the original bytes are restored instead"
+                       % (os.path.basename(json_path), link, link_leaves(ckpt.dir, link)))
+            link = None
         if link is not None:
             link_target = os.path.join(ckpt.dir, link)
             try:
@@ -165,7 +208,11 @@ def _restore(ckpt: _Checkpoint) -> Dict[str, Any]:
         _atomic_write(json_path, original)
         log.append("%s restored" % os.path.basename(json_path))
     _stage("restore_after_config")
-    for name in sorted(n for n in os.listdir(ckpt.dir) if n.endswith(TMP_SUFFIX)):
+    # only the temporary files this fixer names (".<file>.tmp-fix"), never another file
+    ours = set(sidecar["files"]) | {CONFIG_NAME, INDEX_NAME, SIDECAR_NAME}
+    ours |= set(n + ".orig" for n in list(ours))
+    for name in sorted(n for n in os.listdir(ckpt.dir)
+                       if n.startswith(".") and n.endswith(TMP_SUFFIX) and n[1:-len(TMP_SUFFIX)] in ours):
         _unlink_quiet(os.path.join(ckpt.dir, name))
         log.append("removed %s left by an interrupted run" % name)
     _stage("restore_before_sidecar_remove")

@@ -4,6 +4,7 @@ written and fsynced before the first byte of the checkpoint changes, read back b
 from __future__ import annotations
 
 import base64
+import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -15,9 +16,34 @@ from .checkpoint import MAX_SIDECAR_BYTES, _Checkpoint
 SIDECAR_FORMAT = "deployctl-fix-backup"
 
 
+#: the sidecar's own hash: sha256 over its canonical JSON without this key. Version 2 sidecars
+#: carry it; version 1 (deployctl before it) are accepted without it: every path and hash in them
+#: is checked all the same (see _sidecar_problem, restoration.py), and refusing them would leave
+#: their users no way back to the original bytes.
+CONTENT_HASH = "content_sha256"
+SIDECAR_VERSION = 2
+MAX_NAME_BYTES = 255
+
+
+def content_digest(sidecar: Dict[str, Any]) -> str:
+    body = dict((k, v) for k, v in sidecar.items() if k != CONTENT_HASH)
+    return _sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii"))
+
+
+def seal(sidecar: Dict[str, Any]) -> Dict[str, Any]:
+    sealed = dict(sidecar)
+    sealed["version"] = SIDECAR_VERSION
+    sealed[CONTENT_HASH] = content_digest(sealed)
+    return sealed
+
+
 def _load_sidecar(path: str) -> Optional[Dict[str, Any]]:
     if not os.path.lexists(path):
         return None
+    if os.path.islink(path):
+        # deployctl writes the sidecar as a regular file (tmp + rename); a link is not its own
+        raise FixError(EXIT_CHECKPOINT, "backup sidecar %s is a symbolic link (to %s), not the file "
+                       "deployctl wrote; nothing was changed (move it away)" % (path, os.readlink(path)))
     raw = _read_bounded(path, MAX_SIDECAR_BYTES, "the backup sidecar")
     try:
         sidecar = _parse_json(raw.decode("utf-8"), path)
@@ -31,6 +57,10 @@ def _load_sidecar(path: str) -> Optional[Dict[str, Any]]:
     if not isinstance(sidecar, dict) or sidecar.get("format") != SIDECAR_FORMAT or not isinstance(
             sidecar.get("files"), dict):
         raise FixError(EXIT_CHECKPOINT, "%s is not a deployctl backup sidecar; move it away" % path)
+    if CONTENT_HASH in sidecar and sidecar[CONTENT_HASH] != content_digest(sidecar):
+        raise FixError(EXIT_CHECKPOINT, "backup sidecar %s is damaged: its content does not match its "
+                       "%s; it is not trusted and nothing was changed (move it away only if the "
+                       "drafter holds its original bytes)" % (path, CONTENT_HASH))
     problem = _sidecar_problem(sidecar)
     if problem:
         raise FixError(EXIT_CHECKPOINT, "backup sidecar %s is damaged: %s; nothing was changed (move "
@@ -55,8 +85,11 @@ def _is_record(value: Any, with_mode: bool = False) -> bool:
 def _sidecar_problem(sidecar: Dict[str, Any]) -> str:
     """What is wrong with a sidecar's structure ('' when it is usable): every b64 decodes to its
     sha256, every entry has what --restore and the next run read."""
+    if CONTENT_HASH in sidecar and not isinstance(sidecar[CONTENT_HASH], str):
+        return "%s is not a string" % CONTENT_HASH
     for name, entry in sidecar["files"].items():
-        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        if (not isinstance(name, str) or not name or "/" in name or name in (".", "..")
+                or _bad_text(name) or len(name.encode("utf-8", "replace")) > MAX_NAME_BYTES):
             return "file name %r is not a file in the checkpoint directory" % (name,)
         if not isinstance(entry, dict):
             return "entry %r is not an object" % name
@@ -64,8 +97,8 @@ def _sidecar_problem(sidecar: Dict[str, Any]) -> str:
             return "entry %r has no valid original/source header record" % name
         if not _is_record(entry.get("target"), with_mode=True):
             return "entry %r has no valid target header record" % name
-        if "link" in entry and not isinstance(entry["link"], str):
-            return "entry %r: link is not a string" % name
+        if "link" in entry and not _link_text_ok(entry["link"]):
+            return "entry %r: link is not a link text (a non-empty string without NUL)" % name
         known = entry.get("known_sha256", [])
         if not isinstance(known, list) or not all(isinstance(k, str) for k in known):
             return "entry %r: known_sha256 is not a list of strings" % name
@@ -75,12 +108,20 @@ def _sidecar_problem(sidecar: Dict[str, Any]) -> str:
             continue
         if not isinstance(entry, dict) or not _is_record(entry.get("original")):
             return "%s entry has no valid original record" % key
-        if "link" in entry and not isinstance(entry["link"], str):
-            return "%s entry: link is not a string" % key
+        if "link" in entry and not _link_text_ok(entry["link"]):
+            return "%s entry: link is not a link text (a non-empty string without NUL)" % key
         known = entry.get("known_sha256", [])
         if not isinstance(known, list) or not all(isinstance(k, str) for k in known):
             return "%s entry: known_sha256 is not a list of strings" % key
     return ""
+
+
+def _bad_text(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def _link_text_ok(value: Any) -> bool:
+    return isinstance(value, str) and bool(value) and not _bad_text(value) and len(value) <= 4096
 
 
 def _record(raw: bytes, size: int) -> Dict[str, Any]:
@@ -112,7 +153,7 @@ def _torn_between(current: bytes, source: bytes, target: bytes) -> bool:
 
 
 def _new_sidecar(ckpt: _Checkpoint) -> Dict[str, Any]:
-    return {"format": SIDECAR_FORMAT, "version": 1, "tool": "deployctl fixer",
+    return {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "tool": "deployctl fixer",
             "checkpoint": ckpt.dir, "files": {}}
 
 
