@@ -223,6 +223,16 @@ class RouterHost:
     def stop(self, grace: float = 15) -> dict:
         return self._ops("stop-router", self.paths.pidfile, "--timeout", f"{grace:g}", timeout=grace + 10)
 
+    def unreachable(self, urls: list[str], timeout: float = 3) -> list[str]:
+        """Worker URLs the router host cannot open a connection to, each with why (empty: all fine)."""
+        got = self._ops("reach", *urls, "--timeout", f"{timeout:g}", timeout=timeout * len(urls) + 5)
+        entries = got.get("reach")
+        if not isinstance(entries, list) or len(entries) != len(urls) or not all(
+                isinstance(e, dict) and isinstance(e.get("reachable"), bool) and e.get("url") == u
+                for e, u in zip(entries, urls)):
+            raise RemoteOutputError(f"{self.host.name}: fleet_ops.py reach printed unexpected output: {str(got)[:300]!r}")
+        return [f"{e['url']} ({str(e.get('error') or 'unreachable')[:200]})" for e in entries if not e["reachable"]]
+
     def log_tail(self, lines: int = 30) -> str:
         return self.conn.run(f"tail -n {lines} -- {quote_path(self.paths.latest_log)}").stdout.rstrip()
 

@@ -14,6 +14,11 @@ host: that is where the router reaches the workers from, so what works here work
         GRACE: {"pid", "stopped": bool, "signal": "TERM"|"KILL"|null, "note"}
     fleet_ops.py router-state PIDFILE URL
         {"pid", "alive", "status", "body"} (URL: the router's GET /workers)
+    fleet_ops.py reach URL [URL ...] [--timeout S]
+        {"reach": [{"url", "reachable": bool, "listening": bool, "error": str|null}]}: can this host
+        open a TCP connection to each URL's host and port (what the router will need). A refused
+        connection still reaches the host (no server there yet is fine before a first deploy); a
+        name that does not resolve, a timeout or no route does not.
     fleet_ops.py port-check ADDRESS PORT PIDFILE
         {"listening": bool, "ours": bool}: something accepts on ADDRESS:PORT; ours = the router
         named by PIDFILE is alive (then it is the one listening)
@@ -134,6 +139,29 @@ def router_state(pidfile: str, url: str, timeout: float) -> dict:
     return out
 
 
+def reach(urls, timeout: float) -> dict:
+    try:
+        from urllib.parse import urlsplit
+    except ImportError:  # pragma: no cover - Python 2
+        return {"reach": [], "error": "python too old"}
+    out = []
+    for url in urls:
+        entry = {"url": url, "reachable": False, "listening": False, "error": None}
+        try:
+            parts = urlsplit(url)
+            host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+            if not host:
+                raise ValueError("no host in the URL")
+            socket.create_connection((host, port), timeout=timeout).close()
+            entry["reachable"] = entry["listening"] = True
+        except ConnectionRefusedError:
+            entry["reachable"] = True
+        except (OSError, ValueError) as exc:
+            entry["error"] = (type(exc).__name__ + ": " + str(exc))[:200]
+        out.append(entry)
+    return {"reach": out, "error": None}
+
+
 def port_check(address: str, port: int, pidfile: str) -> dict:
     try:
         socket.create_connection((address, port), timeout=2).close()
@@ -157,12 +185,14 @@ def main(argv) -> int:
         out = router_packages()
     elif argv and argv[0] == "stop-router" and len(argv) == 2:
         out = stop_router(argv[1], timeout)
+    elif argv and argv[0] == "reach" and len(argv) >= 2:
+        out = reach(argv[1:], min(timeout, 10.0))
     elif argv and argv[0] == "port-check" and len(argv) == 4 and argv[2].isdigit():
         out = port_check(argv[1], int(argv[2]), argv[3])
     elif argv and argv[0] == "router-state" and len(argv) == 3:
         out = router_state(argv[1], argv[2], timeout)
     else:
-        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | router-packages | stop-router PIDFILE | router-state PIDFILE URL | port-check ADDRESS PORT PIDFILE\n")
+        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | router-packages | stop-router PIDFILE | router-state PIDFILE URL | reach URL... | port-check ADDRESS PORT PIDFILE\n")
         return 2
     sys.stdout.write(json.dumps(out) + "\n")
     return 0
