@@ -11,7 +11,7 @@ Everything else builds command strings and parses their output; it hands command
 * Timeouts. ``Connection.run(timeout=...)`` raises ``CommandTimedOut`` but with ``pty=False`` the
   remote process keeps running. Every command is therefore also wrapped in coreutils ``timeout``
   on the host, so a timed-out command does not linger there.
-* ssh_config and jump hosts. The user's ``~/.ssh/config`` is resolved by deploy/ssh_config.py
+* ssh_config and jump hosts (deploy/connect/hop.py opens each hop: auth, host-key policy). The user's ``~/.ssh/config`` is resolved by deploy/ssh_config.py
   (paramiko's parser, YAML values first); each hop of a ProxyJump chain is its own fabric
   ``Connection`` used as the next one's ``gateway``, with its own keys and its own host key check.
   Jump connections are shared by all targets of a run (:class:`JumpConnections`).
@@ -23,25 +23,22 @@ Everything else builds command strings and parses their output; it hands command
 
 from __future__ import annotations
 
-import getpass
 import os
 import shlex
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from deploy import ssh_trust
 from deploy.config.models import Host, SSHSettings
-from deploy.errors import (DeployError, ConnectionFailed, HostKeyRejected, Interrupted, RemoteCommandFailed,
+from deploy.connect.hop import JumpConnections, open_hop
+from deploy.errors import (DeployError, ConnectionFailed, Interrupted, RemoteCommandFailed,
                            StepTimeout)
 from deploy.ssh_config import (
     Endpoint,
     SSHConfigSource,
-    expand_path,
     load_ssh_config,
     resolve_endpoint,
     ssh_config_path,
@@ -307,300 +304,6 @@ def describe_endpoints(hosts, ssh: SSHSettings) -> dict[str, dict]:
         except DeployError as exc:
             out[host.name] = {"error": str(exc), "exit_code": int(exc.exit_code)}
     return out
-
-
-# -- one hop: host key policy, keys, the fabric Connection ----------------------------------------
-
-
-def known_hosts_files(hop: Endpoint) -> tuple[list[Path], list[Path]]:
-    """(every known_hosts file of the hop, those that exist)."""
-    files = [expand_path(f) for f in hop.known_hosts.value]
-    return files, [f for f in files if f.exists()]
-
-
-def apply_host_key_policy(client: paramiko.SSHClient, hop: Endpoint, label: str) -> None:
-    """Load the hop's known_hosts files and install the hop's policy for unknown keys.
-
-    A changed key never reaches a policy: paramiko raises BadHostKeyException first. Jump hosts go
-    through here exactly like targets (their own UserKnownHostsFile / StrictHostKeyChecking).
-    The files are read by deploy/ssh_trust.py, not client.load_host_keys: paramiko misreads
-    OpenSSH's @revoked/@cert-authority lines.
-    """
-    files, present = known_hosts_files(hop)
-    if not present and hop.host_key_policy.value == "reject":
-        raise HostKeyRejected(
-            f"known_hosts file {', '.join(map(str, files))} does not exist; host keys cannot be "
-            "verified (set ssh.known_hosts, or use accept-new once)"
-        )
-    known = ssh_trust.load_known_hosts_files(present) if present else None
-    if known is not None:
-        client._host_keys = known.host_keys  # type: ignore[attr-defined]  # what SSHClient.connect looks keys up in
-    reject, accept_new = ssh_trust.make_policies(known, files[0], label)
-    if hop.host_key_policy.value == "accept-new":
-        client.set_missing_host_key_policy(accept_new())
-    else:
-        client.set_missing_host_key_policy(reject())
-
-
-_passphrases: dict[str, str] = {}
-_passphrase_lock = threading.Lock()
-
-
-def _public_blob(key_file: Path) -> bytes | None:
-    """The public key of a private key file, from the ``.pub`` beside it (None when absent)."""
-    import base64
-    import binascii
-
-    try:
-        fields = key_file.with_name(key_file.name + ".pub").read_text().split()
-        return base64.b64decode(fields[1], validate=True) if len(fields) >= 2 else None
-    except (OSError, UnicodeDecodeError, binascii.Error):
-        return None
-
-
-def _agent_keys() -> list:
-    """Keys of the ssh-agent at $SSH_AUTH_SOCK (none when no agent runs).
-
-    The agent connection stays open (closed when the keys are garbage-collected): an AgentKey
-    signs through it during authentication. One connection per call, never shared between
-    threads: the agent protocol has no request ids, concurrent signatures would interleave.
-    """
-    import paramiko
-
-    if not os.environ.get("SSH_AUTH_SOCK"):
-        return []
-    return list(paramiko.Agent().get_keys())
-
-
-def auth_kwargs(hop: Endpoint, label: str) -> dict:
-    """paramiko connect() keyword arguments for the hop's identities and ssh-agent.
-
-    No identity file (YAML or ssh_config): the agent's keys, then ~/.ssh/id_* (as OpenSSH).
-    With identity files: those files; agent keys too unless IdentitiesOnly. A passphrase-protected
-    file is used through the agent when the agent holds it, asked for on a terminal, and otherwise
-    refused with a clear error: a cron job must never hang on a prompt nobody sees.
-    """
-    import paramiko
-
-    files = [expand_path(f) for f in hop.identity_files.value]
-    if not files:
-        return {"allow_agent": True, "look_for_keys": True}
-    if hop.identity_files.source == "yaml":
-        for key_file in files:  # missing, not a regular file, or readable by group/others: refused
-            ssh_trust.check_private_key_file(key_file, label)
-    existing = [f for f in files if f.is_file()]
-    for key_file in existing:
-        ssh_trust.check_private_key_file(key_file, label)  # OpenSSH refuses group/other-readable keys
-    if not existing:
-        # OpenSSH skips IdentityFile entries that do not exist; so do we.
-        return {"allow_agent": True, "look_for_keys": not hop.identities_only.value}
-    kwargs: dict = {"look_for_keys": False, "allow_agent": not hop.identities_only.value}
-    usable: list[str] = []
-    agent_keys = None
-    for key_file in existing:
-        try:
-            paramiko.PKey.from_path(key_file)
-            usable.append(str(key_file))
-            continue
-        except (paramiko.PasswordRequiredException, TypeError):
-            # an encrypted PEM key raises the former; an encrypted OpenSSH-format key the latter
-            # (cryptography's "Key is password-protected, but password was not provided").
-            pass
-        except (paramiko.SSHException, ValueError, OSError) as exc:
-            raise ConnectionFailed(f"{label}: identity file {key_file} is not a private key "
-                                   f"deployctl can read: {exc}") from None
-        if agent_keys is None:
-            agent_keys = _agent_keys()
-        blob = _public_blob(key_file)
-        in_agent = [k for k in agent_keys if blob is not None and k.asbytes() == blob]
-        if in_agent:
-            kwargs["pkey"] = in_agent[0]
-            continue
-        if sys.stdin is not None and sys.stdin.isatty():
-            with _passphrase_lock:
-                if str(key_file) not in _passphrases:
-                    _passphrases[str(key_file)] = getpass.getpass(f"Passphrase for {key_file}: ")
-            kwargs["passphrase"] = _passphrases[str(key_file)]
-            usable.append(str(key_file))
-            continue
-        if agent_keys and blob is None and not hop.identities_only.value:
-            continue  # no .pub to compare with: let the agent's keys try
-        raise ConnectionFailed(
-            f"{label}: identity file {key_file} is protected by a passphrase and stdin is not a "
-            "terminal, so deployctl does not ask for it; load it into ssh-agent "
-            f"(`ssh-add {key_file}`, with SSH_AUTH_SOCK set for deployctl) or use a key without "
-            "a passphrase"
-        )
-    if usable:
-        kwargs["key_filename"] = usable
-    elif "pkey" not in kwargs:
-        kwargs["allow_agent"] = True  # only the agent's keys are left to try
-    return kwargs
-
-
-_hop_class = None
-
-
-def _hop_connection_class():
-    """fabric.Connection whose gateway channel honours the connect timeout.
-
-    fabric 3.2's ``open_gateway`` opens the direct-tcpip channel without a timeout, and paramiko's
-    default is an hour: a target the jump host cannot reach would hang the run.
-    """
-    global _hop_class
-    if _hop_class is None:
-        import fabric
-
-        class HopConnection(fabric.Connection):
-            def open_gateway(self):
-                self.gateway.open()
-                return self.gateway.transport.open_channel(
-                    kind="direct-tcpip", dest_addr=(self.host, int(self.port)), src_addr=("", 0),
-                    timeout=self.connect_timeout,
-                )
-
-        _hop_class = HopConnection
-    return _hop_class
-
-
-def build_hop_connection(hop: Endpoint, gateway: fabric.Connection | None, label: str) -> fabric.Connection:
-    """An unopened fabric Connection for one hop, through ``gateway`` (the previous hop) if any."""
-    import fabric
-
-    timeout = hop.connect_timeout_s.value
-    connect_kwargs: dict = {
-        "banner_timeout": timeout,
-        "auth_timeout": timeout,
-        "channel_timeout": timeout,
-        **auth_kwargs(hop, label),
-    }
-    # fabric's own ssh_config loading stays off: deployctl resolved the settings itself
-    # (deploy/ssh_config.py) and fabric would apply ProxyJump without any host key check.
-    config = fabric.Config(overrides={"load_ssh_configs": False})
-    conn = _hop_connection_class()(
-        hop.hostname.value, user=hop.user.value, port=hop.port.value, config=config,
-        connect_timeout=timeout, connect_kwargs=connect_kwargs, gateway=gateway,
-    )
-    apply_host_key_policy(conn.client, hop, label)
-    return conn
-
-
-def _transient(exc: BaseException) -> bool:
-    import paramiko
-
-    if isinstance(exc, (HostKeyRejected, ConnectionFailed, paramiko.BadHostKeyException,
-                        paramiko.AuthenticationException)):
-        return False
-    return isinstance(
-        exc,
-        (socket.timeout, TimeoutError, ConnectionError, EOFError,
-         paramiko.ssh_exception.NoValidConnectionsError, paramiko.SSHException),
-    )
-
-
-def open_hop(hop: Endpoint, gateway: fabric.Connection | None, retries: int, label: str) -> fabric.Connection:
-    """Connect one hop (retrying refused/timed-out connects); errors are DeployErrors naming ``label``."""
-    import paramiko
-    from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
-
-    @retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(retries + 1),
-           wait=wait_exponential(multiplier=0.5, max=5), reraise=True)
-    def attempt() -> fabric.Connection:
-        conn = build_hop_connection(hop, gateway, label)
-        try:
-            conn.open()
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    try:
-        return attempt()
-    except ConnectionFailed as exc:
-        text = str(exc)
-        if text.startswith(label):
-            raise
-        raise type(exc)(f"{label}: {text}") from None
-    except paramiko.PasswordRequiredException as exc:
-        raise ConnectionFailed(f"{label}: authentication failed: {exc} (load the key into ssh-agent)") from None
-    except paramiko.BadHostKeyException as exc:
-        present = known_hosts_files(hop)[1]
-        known = ssh_trust.load_known_hosts_files(present) if present else None
-        if known is not None and known.revoked_for(exc.hostname, exc.key):
-            raise HostKeyRejected(ssh_trust.revoked_message(label, exc.hostname, exc.key, known.path)) from None
-        raise HostKeyRejected(
-            f"{label}: REMOTE HOST KEY CHANGED: got {exc.key.get_name()} {exc.key.fingerprint}, "
-            f"known_hosts has {exc.expected_key.fingerprint}. Refusing to connect (possible "
-            "man-in-the-middle, or the host was reinstalled: remove the old key to proceed)"
-        ) from None
-    except paramiko.AuthenticationException as exc:
-        raise ConnectionFailed(f"{label}: authentication failed: {exc}") from None
-    except socket.gaierror as exc:
-        raise ConnectionFailed(f"{label}: cannot resolve address: {exc}") from None
-    except paramiko.ChannelException as exc:
-        raise ConnectionFailed(f"{label}: the jump host could not open a channel to it: {exc}") from None
-    except (OSError, EOFError, paramiko.SSHException) as exc:
-        raise ConnectionFailed(f"{label}: cannot connect: {exc or type(exc).__name__}") from None
-
-
-def _hop_label(hop: Endpoint) -> str:
-    return f"{hop.role} {hop.alias} ({hop.user.value}@{hop.hostname.value}:{hop.port.value})"
-
-
-class JumpConnections:
-    """Jump-host connections shared by all targets of one run: one per distinct hop chain.
-
-    Targets behind the same bastion each get a direct-tcpip channel on the ONE connection to it
-    (paramiko's Transport multiplexes channels and is thread-safe), so 8 hosts behind a bastion
-    cost the bastion one login, not 8. A jump host that failed is not retried by the next target
-    of the same run: every target gets the same error.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._hop_locks: dict[tuple, threading.Lock] = {}
-        self._conns: dict[tuple, fabric.Connection] = {}
-        self._failures: dict[tuple, ConnectionFailed] = {}
-        self._order: list[tuple] = []
-
-    def gateway_for(self, endpoint: Endpoint, retries: int) -> fabric.Connection | None:
-        """The open connection to the last jump hop before ``endpoint`` (None: direct)."""
-        return self._open(endpoint.jumps[-1], retries) if endpoint.jumps else None
-
-    def _open(self, hop: Endpoint, retries: int) -> fabric.Connection:
-        key = hop.chain_key()
-        with self._lock:
-            lock = self._hop_locks.setdefault(key, threading.Lock())
-        with lock:
-            if key in self._failures:
-                raise self._failures[key]
-            conn = self._conns.get(key)
-            if conn is not None and conn.is_connected:
-                return conn
-            if conn is not None:
-                conn.close()  # dropped: reconnect, between commands only
-            gateway = self._open(hop.jumps[-1], retries) if hop.jumps else None
-            try:
-                conn = open_hop(hop, gateway, retries, _hop_label(hop))
-            except ConnectionFailed as exc:
-                self._failures[key] = exc
-                raise
-            self._conns[key] = conn
-            if key not in self._order:
-                self._order.append(key)
-            return conn
-
-    def close(self) -> None:
-        with self._lock:
-            for key in reversed(self._order):  # innermost hops first
-                self._conns.pop(key).close()
-            self._order.clear()
-
-    def __enter__(self) -> JumpConnections:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class HostConnection(Transport):

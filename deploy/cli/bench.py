@@ -25,7 +25,8 @@ def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concu
             playbook_name, dry_run, as_json, ignore_doctor) -> int:
     """Redeploy with each --draft-tokens value, verify acceptance, run sglang.bench_serving; compare."""
     from deploy import render
-    from deploy.orchestrator import exit_code, plan_playbook, run_locked
+    from deploy.engine.plan import plan_playbook
+    from deploy.engine.run import exit_code, run_locked
     from deploy.playbook import load_playbook
 
     config = globals_.load()

@@ -1,5 +1,5 @@
 """What the verbs share: selecting hosts and the run (with its overrides, re-validated) from the
-config, and running or planning a playbook through the orchestrator. No SSH here."""
+config, and running or planning a playbook through the engine (deploy/engine/). No SSH here."""
 
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
     """
     from deploy import fleet, render
     from deploy.errors import DeployError
-    from deploy.orchestrator import exit_code, plan_with_endpoints, run_locked
+    from deploy.engine.plan import plan_with_endpoints
+    from deploy.engine.run import exit_code, run_locked
     from deploy.playbook import load_playbook
 
     config = globals_.load()
@@ -91,7 +92,12 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
     is_fleet = run.router is not None or serial is not None
     if dry_run:
         plans, endpoints = plan_with_endpoints(playbook, run, hosts, config)
-        fleet_plan = fleet.plan_fleet(config, run, hosts, command, serial, allow_downtime) if is_fleet else None
+        # what the run would do: down (the verb or the playbook) runs no run-level phases
+        phased = command != "down" and (playbook_name or default_playbook) != "down"
+        fleet_plan = fleet.plan_fleet(config, run, hosts, command, serial, allow_downtime,
+                                      playbook=playbook if phased else None, endpoints=endpoints) if is_fleet else None
+        if run.nodes and phased:
+            plans, fleet_plan = fleet.plan_nodes(config, playbook, run, hosts, endpoints)
         if as_json:
             document = render.plan_document(command, run.name, plans, endpoints)
             if fleet_plan is not None:

@@ -14,7 +14,7 @@ from deploy.cli import options
 @click.pass_obj
 def command(globals_, run_name, host_names, as_json: bool) -> int:
     """Check every known silent EAGLE-3 failure on each host; reads, never changes (exit 0 / 8 / 4)."""
-    from deploy import orchestrator, render
+    from deploy import inspect, render
     from deploy.cli.common import run_and_hosts
     from deploy.errors import ExitCode
 
@@ -22,7 +22,7 @@ def command(globals_, run_name, host_names, as_json: bool) -> int:
     run, hosts = run_and_hosts(config, run_name, host_names)
 
     results, code = [], ExitCode.OK
-    for outcome in orchestrator.doctor(config, run, hosts):
+    for outcome in inspect.doctor(config, run, hosts):
         if outcome.error is not None:
             error = outcome.error
             checks = [{"name": "reachable", "status": "fail", "reason": str(error),

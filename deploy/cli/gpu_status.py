@@ -14,14 +14,14 @@ from deploy.cli import options
 @click.pass_obj
 def command(globals_, host_names: tuple[str, ...], group: str | None, as_json: bool) -> int:
     """Show GPU memory, utilisation and holder processes on each host (in parallel)."""
-    from deploy import orchestrator, render
+    from deploy import inspect, render
     from deploy.cli.common import select_hosts
 
     config = globals_.load()
     hosts = select_hosts(config, list(host_names), group)
-    outcomes = orchestrator.gpu_status(config, hosts)
-    routers = orchestrator.router_status(config, hosts)
-    endpoints = orchestrator.describe_endpoints(hosts, config)
+    outcomes = inspect.gpu_status(config, hosts)
+    routers = inspect.router_status(config, hosts)
+    endpoints = inspect.describe_endpoints(hosts, config)
     if as_json:
         document = render.gpu_status_document(outcomes, endpoints)
         if routers:
@@ -33,4 +33,4 @@ def command(globals_, host_names: tuple[str, ...], group: str | None, as_json: b
             from deploy.fleet.plan import print_router_status
 
             print_router_status(routers)
-    return int(orchestrator.exit_code(outcomes))
+    return int(inspect.exit_code(outcomes))

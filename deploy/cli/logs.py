@@ -16,7 +16,7 @@ from deploy.cli.common import run_and_hosts
 @click.pass_obj
 def command(globals_, run_name, host_names, lines: int, follow: bool) -> int:
     """Show the latest SGLang server log of the run's hosts."""
-    from deploy import orchestrator
+    from deploy import inspect
 
     config = globals_.load()
     _, hosts = run_and_hosts(config, run_name, host_names)
@@ -26,14 +26,14 @@ def command(globals_, run_name, host_names, lines: int, follow: bool) -> int:
             from deploy.errors import UsageError
 
             raise UsageError("--follow needs exactly one host (use --host NAME)")
-        orchestrator.follow_log(config, hosts[0], lines)
+        inspect.follow_log(config, hosts[0], lines)
         return 0
 
-    outcomes = orchestrator.read_logs(config, hosts, lines)
+    outcomes = inspect.read_logs(config, hosts, lines)
     for outcome in outcomes:
-        click.echo(f"==> {outcome.host.name}: {orchestrator.latest_log_path(outcome.host)} <==")
+        click.echo(f"==> {outcome.host.name}: {inspect.latest_log_path(outcome.host)} <==")
         if outcome.error is not None:
             click.echo(f"error: {outcome.error}", err=True)
         else:
             click.echo(outcome.value, nl=False)
-    return int(orchestrator.exit_code(outcomes))
+    return int(inspect.exit_code(outcomes))

@@ -1,4 +1,4 @@
-"""The deployctl command line: parse flags, load config, call the orchestrator, render.
+"""The deployctl command line: parse flags, load config, call the engine or the read-only verbs, render.
 
 Heavy imports (fabric, paramiko, pydantic, rich) happen inside commands so ``--help`` stays fast.
 """

@@ -62,7 +62,7 @@ def command(globals_, run_name, host_names, playbook_name, force, no_rollback, m
     """Lock, converge to the drafter now at the configured path, verify, benchmark, gate, roll back on failure."""
     from deploy import render
     from deploy.cli.common import run_and_hosts
-    from deploy.orchestrator import exit_code, run_locked
+    from deploy.engine.run import exit_code, run_locked
     from deploy.playbook import load_playbook
 
     config = globals_.load()

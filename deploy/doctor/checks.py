@@ -21,7 +21,7 @@ from deploy.facts.gpus import parse_gpu_rows
 from deploy.remote import fixer
 from deploy.remote.fixer import config as fixer_config
 from deploy.remote.fixer import loader as fixer_loader
-from deploy.steps.launch import serve_address, speculative_plan
+from deploy.sglang.argv import serve_address, speculative_plan
 
 Status = Literal["pass", "warn", "fail"]
 

@@ -23,8 +23,8 @@ from deploy.config.models import Host, Run
 from deploy.errors import RemoteOutputError
 from deploy.facts.inline import inline_program
 from deploy.shell import quote
-from deploy.steps.base import StatePaths
-from deploy.steps.launch import serve_address
+from deploy.state_layout import StatePaths
+from deploy.sglang.argv import serve_address
 
 HELPER = Path(__file__).resolve().parents[1] / "remote" / "doctor_facts.py"
 #: the key fixer's modules the doctor's program embeds (its safetensors header reader)
@@ -185,7 +185,7 @@ from deploy.facts.helpers import helper_python
 
 
 def run_state_spec(host: Host, helpers: list[str], health_url: str) -> dict[str, Any]:
-    from deploy.facts.server import deployment_path, last_good_path
+    from deploy.state_layout import deployment_path, last_good_path
 
     paths = StatePaths(host.state_dir)
     return {"helpers": {name: paths.helper(name) for name in helpers},

@@ -14,23 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from deploy.errors import RemoteOutputError
-from deploy.shell import path_join, quote, quote_path
+from deploy.shell import quote, quote_path
 from deploy.facts.helpers import helper_python
+from deploy.state_layout import (StatePaths, deployment_path, last_good_env_path,  # noqa: F401  (re-exported)
+                                 last_good_path)
 
 #: the fields that make two deployments the same server (the rest is bookkeeping)
 IDENTITY = ("argv", "drafter_fingerprint", "env_hash", "sglang_version")
-
-
-def deployment_path(state_dir: str) -> str:
-    return path_join(state_dir, "deployment.json")
-
-
-def last_good_path(state_dir: str) -> str:
-    return path_join(state_dir, "last-good.json")
-
-
-def last_good_env_path(state_dir: str) -> str:
-    return path_join(state_dir, "last-good.env")
 
 
 def env_hash(env: dict[str, str]) -> str:
@@ -52,7 +42,7 @@ def same_deployment(a: dict | None, b: dict | None) -> bool:
 
 def server_state_command(python: str, helper: str, state_dir: str, health_url: str) -> str:
     return " ".join([helper_python(python), quote_path(helper), "server-state",
-                     "--pidfile", quote_path(path_join(state_dir, "server.pid")),
+                     "--pidfile", quote_path(StatePaths(state_dir).pidfile),
                      "--record", quote_path(deployment_path(state_dir)), "--url", quote(health_url)])
 
 

@@ -13,6 +13,12 @@ def plan_fleet(*args: Any, **kw: Any):
     return impl(*args, **kw)
 
 
+def plan_nodes(*args: Any, **kw: Any):
+    from deploy.fleet.nodes import plan_nodes as impl
+
+    return impl(*args, **kw)
+
+
 def print_fleet_plan(*args: Any, **kw: Any):
     from deploy.fleet.plan import print_fleet_plan as impl
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 from deploy.doctor.checks import Check
 from deploy.errors import DeployError
 from deploy.fanout import for_each_host
-from deploy.fleet.router import (RouterPaths, ops_command, parse_json_line, parse_router_packages, router_address,
-                                 router_packages_command)
+from deploy.fleet.router import RouterCalls, ops_command, parse_json_line, parse_router_packages, router_address
 from deploy.fleet.router_package import choose_package, policy_problem
+from deploy.state_layout import RouterPaths
 
 
 def router_checks(conn, host, run) -> list[Check]:
     spec = run.router
     checks = []
-    got = conn.run(router_packages_command(spec), timeout=60)
+    got = conn.run(RouterCalls(spec, host).packages().command, timeout=60)
     try:
         if got.exit_code != 0:
             raise DeployError(f"{spec.python} could not run: "

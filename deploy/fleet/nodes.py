@@ -35,14 +35,13 @@ from typing import Any
 
 from deploy.config.models import Host, Run
 from deploy.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied, VerificationFailed
+from deploy.engine.records import RolledBack, launch_stamp
+from deploy.engine.session import HostSession, rollback_steps
 from deploy.facts.server import identity, last_good_path, parse_record, read_record_command, same_deployment
-from deploy.fanout import for_each_host
-from deploy.fleet.phases import PhaseRecord, RunResult
-from deploy.orchestrator import (HostReport, RolledBack, StepRecord, _died, _rollback_steps, _run_steps,
-                                 _server_state, launch_stamp, network_host)
+from deploy.fleet.phases import Barrier, PhaseRecord, RunResult
 from deploy.playbook import PlannedStep
 from deploy.steps import REGISTRY
-from deploy.transport import HostConnection, JumpConnections
+from deploy.transport import JumpConnections
 
 RANK0_ONLY = ("wait-ready", "verify-acceptance", "benchmark", "regression-gate")
 
@@ -103,57 +102,10 @@ def matching_group(records: Sequence[dict | None], hosts: Sequence[str]) -> tupl
     return list(records), ""  # type: ignore[arg-type]
 
 
-class NodeSession:
-    """One node's connection, host lock and step memory, kept across the run's phases."""
+class Node(HostSession):
+    """A node of the group: the engine's host session and its rank (0: the rendezvous, the HTTP server)."""
 
-    def __init__(self, config, host: Host, run: Run, rank: int, jumps, options, progress, cancelled, stamp):
-        self.config, self.host, self.run, self.rank = config, host, run, rank
-        self.jumps, self.options, self.progress, self.cancelled = jumps, options, progress, cancelled
-        self.stamp = stamp
-        self.report = HostReport(host)
-        self.memory: dict[str, Any] = {"force": options.force}
-        self.conn: HostConnection | None = None
-        self.held = None
-        self.started = time.monotonic()
-
-    def open(self) -> None:
-        from deploy.locks import acquire_host_lock
-
-        self.conn = HostConnection(self.host, self.config.ssh, self.jumps)
-        self.conn.connect()
-        self.host = network_host(self.host, self.conn.endpoint.hostname.value)
-        self.report.host = self.host
-        if self.options.lock:
-            self.held, warning = acquire_host_lock(self.conn, self.host, self.options.owner or {})
-            if warning:
-                self.report.warnings.append(warning)
-            self.memory["host_lock"] = self.held
-            self.progress(self.host.name, "lock", "held")
-
-    def steps(self, steps: Sequence[PlannedStep]) -> DeployError | None:
-        records, error, failed_at = _run_steps(steps, self.host, self.run, self.conn, self.stamp,
-                                               self.progress, self.memory, self.cancelled)
-        self.report.steps.extend(records)
-        if error is not None:
-            error = _died(self.conn, self.host, self.run, self.memory, error, steps[failed_at].name)
-            records[failed_at].detail, records[failed_at].exit_code = str(error), int(error.exit_code)
-            self.report.error = self.report.error or error
-        return error
-
-    def skip(self, steps: Sequence[PlannedStep], why: str) -> None:
-        self.report.steps.extend(StepRecord(s.name, "skipped", detail=why) for s in steps)
-
-    def close(self) -> None:
-        if self.conn is not None:
-            if self.report.error is not None:
-                try:
-                    self.report.left_running = _server_state(self.conn, self.host, self.run, self.memory).describe()
-                except DeployError as exc:
-                    self.report.left_running = f"unknown: {exc}"
-            if self.held is not None:
-                self.held.close()
-            self.conn.close()
-        self.report.duration_s = time.monotonic() - self.started
+    rank: int = 0
 
 
 def _slices(playbook) -> dict[str, list[PlannedStep]]:
@@ -172,39 +124,18 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
     stamp = launch_stamp()
     slices = _slices(playbook)
     phases: list[PhaseRecord] = []
-    error: DeployError | None = None
     with JumpConnections() as jumps:
-        sessions = [NodeSession(config, h, run, r, jumps, options, progress, cancelled, stamp)
-                    for r, h in enumerate(hosts)]
-        by_name = {s.host.name: s for s in sessions}
-
-        def each(group: Sequence[NodeSession], name: str, work) -> bool:
-            nonlocal error
-            if error is not None:
-                phases.append(PhaseRecord(name, "not-run"))
-                return False
-            started = time.monotonic()
-            progress("*", name, "start")
-            outcomes = for_each_host([s.host for s in group], lambda h: work(by_name[h.name]),
-                                     config.ssh.max_parallel, cancel=cancelled)
-            failed = None
-            for outcome in outcomes:
-                session = by_name[outcome.host.name]
-                problem = outcome.error or outcome.value
-                if problem is not None:
-                    session.report.error = session.report.error or problem
-                    failed = failed or problem
-            if failed is not None:
-                error = failed
-                phases.append(PhaseRecord(name, "failed", str(failed).splitlines()[0], time.monotonic() - started,
-                                          int(failed.exit_code)))
-                progress("*", name, f"FAILED: {str(failed).splitlines()[0][:300]}")
-                return False
-            phases.append(PhaseRecord(name, "ok", "", time.monotonic() - started))
-            return True
+        sessions = []
+        for rank, host in enumerate(hosts):
+            node = Node(config, host, run, jumps=jumps, options=options, progress=progress, cancelled=cancelled,
+                        stamp=stamp)
+            node.rank = rank
+            sessions.append(node)
+        barrier = Barrier(phases, progress, config.ssh.max_parallel, cancel=cancelled)
+        each = barrier.phase
 
         try:
-            def opened(s: NodeSession):
+            def opened(s: Node) -> None:
                 s.open()
                 # addresses are known once connected (ssh_config HostName)
                 return None
@@ -216,7 +147,7 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
             each(sessions, "every node: " + ", ".join(p.name for p in slices["prepare"]),
                  lambda s: s.steps(slices["prepare"]))
             each(sessions[:1], f"rank 0 dist-init port {sessions[0].host.name}", _dist_init_port_problem)
-            if error is None:
+            if barrier.error is None:
                 for s in sessions[1:]:
                     _converged_without_http(s)
                 converged = all(s.memory.get("converged") for s in sessions)
@@ -234,21 +165,22 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
             for s in sessions[1:]:
                 s.skip(slices["verify"], "node rank > 0 serves no HTTP: rank 0 was checked")
 
-            def still_alive(s: NodeSession):
+            def still_alive(s: Node) -> DeployError | None:
                 if s.memory.get("converged"):
                     return None
-                state = _server_state(s.conn, s.host, s.run, s.memory)
+                state = s.server_state()
                 if not (state.alive and state.pid == s.memory.get("pid")):
                     return ServerDied(f"{s.host.name}: node rank {s.rank} (pid {s.memory.get('pid')}) is not running "
                                       f"after rank 0 became ready: {state.describe()}")
                 return None
 
             each(sessions[1:], "ranks 1+ alive", still_alive)
-            if error is None:
+            if barrier.error is None:
                 _mark_group(sessions)
             each(sessions, "every node: record-good", lambda s: s.steps(slices["record"]))
             cleared = any(p.name.startswith("every node: stop-stale") and p.status != "not-run" for p in phases)
             redeployed = not all(s.memory.get("converged") for s in sessions)
+            error = barrier.error
             if error is not None and cleared and redeployed:
                 if options.rollback and not cancelled.is_set() and not isinstance(error, LockHeld):
                     _roll_back_group(sessions, playbook, error, phases, progress, config.ssh.max_parallel)
@@ -257,6 +189,7 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
         finally:
             for s in sessions:
                 s.close()
+    error = barrier.error
     reports = [s.report for s in sessions]
     for report in reports:
         if error is not None and report.error is None:
@@ -267,19 +200,96 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
     return result
 
 
-def _dist_init_port_problem(s: NodeSession) -> DeployError | None:
+def dist_init_probe(host: Host, rank0_run: Run):
+    """The doctor's host read for rank 0's rendezvous port: (command, addr, port, the run it probes)."""
+    from deploy.facts.doctor import host_command
+    from deploy.steps.base import Command
+
+    addr = _flag(rank0_run.extra_args, "--dist-init-addr") or ""
+    port = int(addr.rsplit(":", 1)[1])
+    probe = rank0_run.model_copy(update={"port": port, "serve_host": addr.rsplit(":", 1)[0]})
+    return (Command(description=f"rank 0's --dist-init-addr {addr} must be free or our own rank 0's (the doctor's "
+                                "listener read)", command=host_command(host, probe), timeout_s=60), addr, port, probe)
+
+
+def _group_stop_step() -> PlannedStep:
+    return PlannedStep("stop-stale", REGISTRY["stop-stale"].Settings(step="stop-stale", scope="pidfile", grace_s=10))
+
+
+def plan_nodes(config, playbook, run: Run, hosts: Sequence[Host], endpoints: dict | None):
+    """The node group's plan, from what run_nodes runs: each node's playbook with its own multi-node
+    flags (``node_run``: ``--nnodes --node-rank --dist-init-addr``; ranks 1+ without the steps only
+    rank 0 runs), and the group's phases in order with the commands each sends."""
+    from deploy.engine.plan import plan_failure, plan_playbook
+    from deploy.engine.session import server_state_action, step_context
+    from deploy.fleet.plan import network_hosts
+
+    net = network_hosts(hosts, endpoints)
+    nodes = [net[h.name] for h in hosts]
+    addr = dist_init_addr(run, nodes[0])
+    runs = [node_run(run, rank, len(hosts), addr) for rank in range(len(hosts))]
+    slices = _slices(playbook)
+    plans: dict = {}
+    for rank, host in enumerate(hosts):
+        book = playbook
+        for step in slices["verify"] if rank > 0 else []:
+            book = book.with_settings(step.name, enabled=False)  # rank > 0 serves no HTTP: rank 0 is checked
+        plans.update(plan_playbook(book, runs[rank], [host], {host.name: nodes[rank].address}, lock=True))
+
+    def entry(name: str, on: Sequence[Host] = (), commands: Sequence[tuple[Host, str, Any]] = ()) -> dict:
+        doc: dict[str, Any] = {"phase": name, "commands": [{"host": h.name, "step": step, **a.to_dict()}
+                                                         for h, step, a in commands]}
+        if on:
+            doc["playbook_on"] = [h.name for h in on]
+        return doc
+
+    def names(key: str) -> str:
+        return ", ".join(p.name for p in slices[key])
+
+    rest = nodes[1:]
+    import dataclasses
+
+    alive = [(n, "alive", dataclasses.replace(server_state_action(n, runs[r + 1]), when=(
+        "rank 0 is ready (launched now), or converge found this node's record unchanged (rank > 0 serves no "
+        "/health)"))) for r, n in enumerate(rest)]
+    stop = _group_stop_step()
+    stops = []
+    for rank, node in enumerate(nodes):
+        ctx = step_context(node, runs[rank], stop.settings, None, "<launch stamp>", lambda m: None, {}, step=stop.name)
+        stops += [(node, "group-stop/stop-stale", dataclasses.replace(a, when=(
+            "a node failed after stop-stale and no rollback of the whole group is possible, or it failed")))
+                  for a in stop.module.plan(ctx)]
+    failure = [(node, step, a) for rank, node in enumerate(nodes)
+               for step, actions in plan_failure(playbook, runs[rank], node) for a in actions]
+    phases = [
+        entry("connect and lock every node"),
+        entry("every node: " + names("prepare"), nodes),
+        entry(f"rank 0 dist-init port {nodes[0].name}", (), [(nodes[0], "dist-init-port",
+                                                              dist_init_probe(nodes[0], runs[0])[0])]),
+        entry("node group converge", (), [(n, "converge", s) for n, _, s in alive]),
+        entry("every node: stop-stale, free GPUs", nodes),
+        entry(f"rank 0 launch {nodes[0].name}", nodes[:1]),
+        entry("ranks 1+ launch " + ",".join(n.name for n in rest), rest),
+        entry(f"rank 0 ready and verified {nodes[0].name}", nodes[:1]),
+        entry("ranks 1+ alive", (), alive),
+        entry("every node: record-good", nodes),
+        entry("on failure after stop-stale: the group's rollback (every node's last good deployment of ONE group, "
+              "rank 0 first), or every node stopped", (), failure + stops),
+    ]
+    return plans, {"nodes": [h.name for h in hosts], "dist_init_addr": addr, "phases": phases}
+
+
+def _dist_init_port_problem(s: Node) -> DeployError | None:
     """Rank 0's rendezvous port must be free, or held by our own rank 0 (converging, or about to be
     stopped by stop-stale): anything else makes every rank hang in the rendezvous or fail to bind,
     so it is refused before any node is stopped. The doctor's own serve-port facts and judgement
     (/proc/net/tcp listeners and their holders; our server by its PID file and session)."""
     from deploy.doctor.checks import DoctorInput, check_serve_port
-    from deploy.facts.doctor import host_command, parse_host_facts
+    from deploy.facts.doctor import parse_host_facts
 
     assert s.conn is not None
-    addr = _flag(s.run.extra_args, "--dist-init-addr") or ""
-    port = int(addr.rsplit(":", 1)[1])
-    probe = s.run.model_copy(update={"port": port, "serve_host": addr.rsplit(":", 1)[0]})
-    facts = parse_host_facts(s.conn.run(host_command(s.host, probe), timeout=60), s.host.name)
+    action, addr, port, probe = dist_init_probe(s.host, s.run)
+    facts = parse_host_facts(s.conn.run(action.command, timeout=action.timeout_s), s.host.name)
     check = check_serve_port(DoctorInput(s.host, probe, s.run.draft_tokens, facts, None))
     if check.status == "fail":
         return VerificationFailed(f"{s.host.name}: the node group's --dist-init-addr {addr}: {check.reason} "
@@ -288,7 +298,7 @@ def _dist_init_port_problem(s: NodeSession) -> DeployError | None:
     return None
 
 
-def _converged_without_http(s: NodeSession) -> None:
+def _converged_without_http(s: Node) -> None:
     """converge also wants /health 200, which a rank > 0 never answers (it serves no HTTP): such a
     node runs as desired when its recorded deployment is unchanged and its server is alive."""
     record = next((r for r in reversed(s.report.steps) if r.name == "converge"), None)
@@ -296,13 +306,13 @@ def _converged_without_http(s: NodeSession) -> None:
         return
     if record.data.get("changed") or not record.data.get("alive"):
         return
-    state = _server_state(s.conn, s.host, s.run, s.memory)
+    state = s.server_state()
     if state.alive and state.record is not None and state.pid == record.data.get("recorded_pid"):
         s.memory.update(converged=True, pid=state.pid, log=state.record.get("log"), deployment=state.record)
         record.detail = f"already running as desired (pid {state.pid}; node rank {s.rank} serves no HTTP)"
 
 
-def _mark_group(sessions: Sequence[NodeSession]) -> None:
+def _mark_group(sessions: Sequence[Node]) -> None:
     """Every node's deployment (launched now or converged) carries its node group, so that its last
     good record says which group deployment it belongs to."""
     deployments = [{k: v for k, v in (s.memory.get("deployment") or {}).items() if k != "node_group"}
@@ -314,18 +324,17 @@ def _mark_group(sessions: Sequence[NodeSession]) -> None:
             s.memory["deployment"] = deployment | {"node_group": group}
 
 
-def _stop_every_node(sessions: Sequence[NodeSession], phases: list[PhaseRecord], progress, why: str = "",
+def _stop_every_node(sessions: Sequence[Node], phases: list[PhaseRecord], progress, why: str = "",
                      name: str = "stop every node") -> list[str]:
     """A node group with a failed node only hangs: stop every node's server (by its PID file)."""
-    step = PlannedStep("stop-stale", REGISTRY["stop-stale"].Settings(step="stop-stale", scope="pidfile", grace_s=10))
+    step = _group_stop_step()
     started = time.monotonic()
     progress("*", name, "a node failed: stopping the server on every node")
     problems = []
     for s in sessions:
         if s.conn is None:
             continue
-        records, failure, _ = _run_steps([step], s.host, s.run, s.conn, s.stamp, s.progress, {},
-                                         threading.Event(), label="group-stop/")
+        records, failure, _ = s.run_steps([step], memory={}, label="group-stop/", cancelled=threading.Event())
         s.report.rollback.extend(records)
         if failure is not None:
             problems.append(f"{s.host.name}: {failure}")
@@ -335,7 +344,7 @@ def _stop_every_node(sessions: Sequence[NodeSession], phases: list[PhaseRecord],
     return problems
 
 
-def _roll_back_group(sessions: Sequence[NodeSession], playbook, error: DeployError, phases: list[PhaseRecord],
+def _roll_back_group(sessions: Sequence[Node], playbook, error: DeployError, phases: list[PhaseRecord],
                      progress, parallel: int) -> None:
     """The group failed after stop-stale: relaunch every node's last good deployment of ONE group
     deployment (rank 0 first), rank 0 ready and verified, the other ranks alive: exit 11. Anything
@@ -367,44 +376,26 @@ def _roll_back_group(sessions: Sequence[NodeSession], playbook, error: DeployErr
             s.report.warnings.append(why)
         return
     progress("*", "rollback", f"relaunching the node group's last good deployment ({drafter})")
-    steps = _rollback_steps(playbook)
+    steps = rollback_steps(playbook)
     clear = [p for p in steps if p.name in ("stop-stale", "free-gpus", "wait-gpus-free")]
     launch = [p for p in steps if p.name == "launch"]
     verify = [p for p in steps if p.name in ("wait-ready", "verify-acceptance")]
     memories = {s.host.name: {"rollback_record": good, "env_file": good.get("env_file"),
                               "host_lock": s.memory.get("host_lock")} for s, good in zip(sessions, records, strict=True)}
-    failed: list[DeployError] = []
+    barrier = Barrier(phases, progress, parallel, blame=False)
+    on = barrier.phase
 
-    def on(group: Sequence[NodeSession], name: str, work) -> bool:
-        if failed:
-            phases.append(PhaseRecord(name, "not-run"))
-            return False
-        started = time.monotonic()
-        progress("*", name, "start")
-        by_name = {s.host.name: s for s in group}
-        outcomes = for_each_host([s.host for s in group], lambda h: work(by_name[h.name]), parallel)
-        problem = next((o.error or o.value for o in outcomes if (o.error or o.value) is not None), None)
-        if problem is not None:
-            failed.append(problem)
-            phases.append(PhaseRecord(name, "failed", str(problem).splitlines()[0], time.monotonic() - started,
-                                      int(problem.exit_code)))
-            progress("*", name, f"FAILED: {str(problem).splitlines()[0][:300]}")
-            return False
-        phases.append(PhaseRecord(name, "ok", "", time.monotonic() - started))
-        return True
-
-    def steps_on(s: NodeSession, planned: Sequence[PlannedStep]) -> DeployError | None:
+    def steps_on(s: Node, planned: Sequence[PlannedStep]) -> DeployError | None:
         memory = memories[s.host.name]
-        done, failure, at = _run_steps(planned, s.host, s.run, s.conn, s.stamp, s.progress, memory,
-                                       threading.Event(), label="rollback/")
+        done, failure, at = s.run_steps(planned, memory=memory, label="rollback/", cancelled=threading.Event())
         s.report.rollback.extend(done)
         if failure is not None:
-            failure = _died(s.conn, s.host, s.run, memory, failure, planned[at].name)
+            failure = s.died(failure, planned[at].name, memory=memory)
         return failure
 
-    def alive(s: NodeSession) -> DeployError | None:
+    def alive(s: Node) -> DeployError | None:
         memory = memories[s.host.name]
-        state = _server_state(s.conn, s.host, s.run, memory)
+        state = s.server_state(memory)
         if not (state.alive and state.pid == memory.get("pid")):
             return ServerDied(f"{s.host.name}: node rank {s.rank} (pid {memory.get('pid')}) is not running after "
                               f"rank 0 became ready: {state.describe()}")
@@ -416,7 +407,7 @@ def _roll_back_group(sessions: Sequence[NodeSession], playbook, error: DeployErr
     on(sessions[:1], f"rollback: rank 0 ready and verified {names[0]}", lambda s: steps_on(s, verify))
     on(sessions[1:], "rollback: ranks 1+ alive", alive)
     first = str(error).splitlines()[0]
-    if not failed:
+    if barrier.error is None:
         addr = records[0]["node_group"]["dist_init_addr"]
         restored = (f"previous deployment restored and verified on every node ({drafter}, --dist-init-addr "
                     f"{addr}, pids " + ", ".join(f"{n} {memories[n].get('pid')}" for n in names) + ")")
@@ -433,6 +424,6 @@ def _roll_back_group(sessions: Sequence[NodeSession], playbook, error: DeployErr
         s.report.cause = s.report.error
         s.report.error = DeployError(
             f"failed: {first}\n-> the rollback to the node group's last good deployment ({drafter}) failed too: "
-            f"{str(failed[0]).splitlines()[0]}{told}\nTHE NODE GROUP IS SERVING NOTHING (every node was stopped)",
+            f"{str(barrier.error).splitlines()[0]}{told}\nTHE NODE GROUP IS SERVING NOTHING (every node was stopped)",
             exit_code=ExitCode.FAILED)
     progress("*", "rollback", "FAILED: the node group is serving nothing")

@@ -23,8 +23,8 @@ from typing import Any
 from deploy.config.models import Config, Host, Run
 from deploy.errors import DeployError, ExitCode, Interrupted, UsageError
 from deploy.fanout import for_each_host
-from deploy.orchestrator import (HostReport, Progress, RunOptions, StepRecord, _run_on_host, launch_stamp,
-                                 network_host)
+from deploy.engine.records import HostReport, Progress, RunOptions, StepRecord
+from deploy.engine.session import network_host, run_on_host
 from deploy.playbook import Playbook
 from deploy.transport import HostConnection, JumpConnections
 
@@ -80,6 +80,8 @@ class RunPhase:
     action: Callable[[RunState], str]
     #: runs even after an earlier phase failed (puts a rolled-back host back into the router)
     always: bool = False
+    #: the commands ``action`` may send, as (host name, action) for ``plan`` (fleet/plan.py)
+    plan: Callable[[Any], list[tuple[str, Any]]] | None = None
 
 
 Phase = HostPhase | RunPhase
@@ -99,6 +101,59 @@ class RunResult:
         return ExitCode(self.error.exit_code) if self.error is not None else ExitCode.OK
 
 
+class Barrier:
+    """Run-level phases as barriers: a phase runs ``work`` on each of its host sessions in parallel,
+    and the next phase starts only when every one has finished; the first failing phase stops the
+    ones after it (recorded as not-run). ``work(session)`` returns a DeployError (or raises one)
+    to fail its host; ``blame``: that error also becomes the session's report error.
+
+    The one barrier loop of the fleet: node groups (nodes.py) and their rollback use ``phase``;
+    ``run_phases`` records its phases through ``ok`` and ``failed``.
+    """
+
+    def __init__(self, records: list[PhaseRecord], progress: Progress, parallel: int,
+                 cancel: threading.Event | None = None, blame: bool = True):
+        self.records, self.progress, self.parallel, self.cancel, self.blame = records, progress, parallel, cancel, blame
+        self.error: DeployError | None = None
+
+    def phase(self, sessions: Sequence[Any], name: str, work: Callable[[Any], DeployError | None]) -> bool:
+        if self.error is not None:
+            self.records.append(PhaseRecord(name, "not-run"))
+            return False
+        started = time.monotonic()
+        self.progress("*", name, "start")
+        by_name = {s.host.name: s for s in sessions}
+        outcomes = for_each_host([s.host for s in sessions], lambda h: work(by_name[h.name]), self.parallel,
+                                 cancel=self.cancel)
+        failed = None
+        for outcome in outcomes:
+            problem = outcome.error or outcome.value
+            if problem is not None:
+                if self.blame:
+                    session = by_name[outcome.host.name]
+                    session.report.error = session.report.error or problem
+                failed = failed or problem
+        if failed is not None:
+            self.failed(name, failed, started)
+            return False
+        self.ok(name, "", started, say=False)
+        return True
+
+    def ok(self, name: str, detail: str, started: float, say: bool = True) -> None:
+        self.records.append(PhaseRecord(name, "ok", detail, time.monotonic() - started))
+        if say:
+            self.progress("*", name, f"ok: {detail}")
+
+    def failed(self, name: str, error: DeployError, started: float, detail: str | None = None,
+               said: str | None = None) -> None:
+        """``detail``: the record's (the error's first line by default); ``said``: the progress line's."""
+        self.error = self.error or error
+        first = str(error).splitlines()[0]
+        self.records.append(PhaseRecord(name, "failed", first if detail is None else detail,
+                                        time.monotonic() - started, int(error.exit_code)))
+        self.progress("*", name, f"FAILED: {first[:300]}" if said is None else f"FAILED: {said}")
+
+
 def _host_phase(state: RunState, phase: HostPhase) -> DeployError | None:
     # hosts kept in the router must only converge (the playbook fails them before stop-stale otherwise)
     kept = frozenset(state.data.get("kept", ())) & {h.name for h in phase.hosts}
@@ -106,8 +161,8 @@ def _host_phase(state: RunState, phase: HostPhase) -> DeployError | None:
     try:
         outcomes = for_each_host(
             list(phase.hosts),
-            lambda h: _run_on_host(state.config, state.playbook, state.run, h, state.stamp,
-                                   state.progress, state.cancelled, state.jumps, options),
+            lambda h: run_on_host(state.config, state.playbook, state.run, h, state.stamp,
+                                  state.progress, state.cancelled, state.jumps, options),
             state.config.ssh.max_parallel, cancel=state.cancelled)
     except KeyboardInterrupt as interrupt:
         # Ctrl-C mid-batch: the hosts that finished keep their reports; one that did not may have been
@@ -149,10 +204,10 @@ def run_phases(state: RunState, hosts: Sequence[Host], phases: Sequence[Phase]) 
 
 def _run_phases(state: RunState, hosts: Sequence[Host], phases: Sequence[Phase],
                 records: list[PhaseRecord]) -> RunResult:
-    error: DeployError | None = None
+    barrier = Barrier(records, state.progress, state.config.ssh.max_parallel, state.cancelled)
     for phase in phases:
         always = isinstance(phase, RunPhase) and phase.always and not state.cancelled.is_set()
-        if (error is not None or state.cancelled.is_set()) and not always:
+        if (barrier.error is not None or state.cancelled.is_set()) and not always:
             records.append(PhaseRecord(phase.name, "not-run"))
             continue
         started = time.monotonic()
@@ -161,22 +216,18 @@ def _run_phases(state: RunState, hosts: Sequence[Host], phases: Sequence[Phase],
             if isinstance(phase, HostPhase):
                 failed = _host_phase(state, phase)
                 if failed is not None:
-                    error = failed
-                    records.append(PhaseRecord(phase.name, "failed", str(failed).splitlines()[0],
-                                               time.monotonic() - started, int(failed.exit_code)))
-                    state.progress("*", phase.name, "FAILED: the run stops here; later batches are untouched")
+                    barrier.error = failed
+                    barrier.failed(phase.name, failed, started,
+                                   said="the run stops here; later batches are untouched")
                     continue
                 detail = "ok"
             else:
                 detail = phase.action(state)
         except DeployError as exc:
-            error = error or exc
-            records.append(PhaseRecord(phase.name, "failed", str(exc), time.monotonic() - started,
-                                       int(exc.exit_code)))
-            state.progress("*", phase.name, f"FAILED: {str(exc).splitlines()[0][:300]}")
+            barrier.failed(phase.name, exc, started, detail=str(exc))
             continue
-        records.append(PhaseRecord(phase.name, "ok", detail, time.monotonic() - started))
-        state.progress("*", phase.name, f"ok: {detail}")
+        barrier.ok(phase.name, detail, started)
+    error = barrier.error
     reports = []
     for host in hosts:
         report = state.reports.get(host.name)

@@ -2,19 +2,78 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import click
 
 from deploy.fleet.phases import batches, default_serial
-from deploy.fleet.router import RouterPaths, router_argv, router_url, worker_url
+from deploy.fleet.router import RouterCalls, RouterPaths, router_argv, router_url, worker_url
 
 
-def plan_fleet(config, run, hosts, command: str, serial: int | None, allow_downtime: bool) -> dict[str, Any]:
+@dataclass
+class PlanView:
+    """What a phase's ``plan`` builds its commands from (no connection: placeholders for run-time values)."""
+
+    config: Any
+    run: Any
+    #: host name -> the host as the run sees it (address: its ssh_config HostName)
+    hosts: dict[str, Any]
+    calls: Any = None
+    router_host: str = ""
+    stamp: str = "<launch stamp>"
+
+    def network(self, host):
+        return self.hosts.get(host.name, host)
+
+
+def network_hosts(hosts, endpoints: dict | None) -> dict[str, Any]:
+    from deploy.engine.session import network_host
+
+    return {h.name: network_host(h, (endpoints or {}).get(h.name, {}).get("hostname", {}).get("value", h.address))
+            for h in hosts}
+
+
+def phase_plan(phases, view: PlanView, playbook) -> list[dict[str, Any]]:
+    """Every run-level phase in the order the run takes it, with the commands it sends: a RunPhase's
+    from its own ``plan`` (the builders its action uses), a HostPhase's playbook from each host's
+    plan, plus what a failing host gets (server-state, rollback)."""
+    from deploy.engine.plan import plan_failure
+    from deploy.fleet.phases import HostPhase
+
+    out: list[dict[str, Any]] = []
+    for phase in phases:
+        entry: dict[str, Any] = {"phase": phase.name, "commands": []}
+        if isinstance(phase, HostPhase):
+            entry["playbook_on"] = [h.name for h in phase.hosts]
+            for host in phase.hosts:
+                for step, actions in plan_failure(playbook, view.run, view.network(host)):
+                    entry["commands"] += [{"host": host.name, "step": step, **a.to_dict()} for a in actions]
+        elif phase.plan is not None:
+            entry["commands"] = [{"host": h, **a.to_dict()} for h, a in phase.plan(view)]
+        if getattr(phase, "always", False):
+            entry["always"] = True
+        out.append(entry)
+    return out
+
+
+def plan_fleet(config, run, hosts, command: str, serial: int | None, allow_downtime: bool,
+               playbook=None, endpoints: dict | None = None) -> dict[str, Any]:
+    from deploy.fleet.rolling import fleet_phases, with_router_spared
+
     serial = serial or default_serial(run, hosts)
     groups = batches(hosts, serial)
     document: dict[str, Any] = {"serial": serial, "allow_downtime": allow_downtime,
                                 "batches": [[h.name for h in batch] for batch in groups]}
+    if playbook is not None:
+        view = PlanView(config, run, network_hosts(config.hosts_of(run), endpoints))
+        if run.router is not None:
+            view.calls = RouterCalls(run.router, view.network(config.host(run.router.host)), planned=True)
+            view.router_host = run.router.host
+            playbook = with_router_spared(playbook, run)
+        benchmarks = any(s.name == "benchmark" and s.settings.enabled for s in playbook.steps)
+        document["phases"] = phase_plan(fleet_phases(hosts, serial, run.router is not None, allow_downtime,
+                                                     keep_unchanged=not benchmarks), view, playbook)
     if run.router is not None:
         host = config.host(run.router.host)
         paths = RouterPaths(host.state_dir)
@@ -43,7 +102,22 @@ def plan_fleet(config, run, hosts, command: str, serial: int | None, allow_downt
     return document
 
 
+def print_phase_plan(phases: list[dict[str, Any]]) -> None:
+    for phase in phases:
+        on = f" (the playbook on {', '.join(phase['playbook_on'])}: see each host's plan)" if "playbook_on" in phase else ""
+        click.echo(f"  phase {phase['phase']}{on}" + (" [also after a failure]" if phase.get("always") else ""))
+        for c in phase["commands"]:
+            click.echo(f"    {c['host']}: {c['description']}" + (f" (only when {c['when']})" if c.get("when") else ""))
+            click.echo(f"      {'$' if c['kind'] != 'upload' else '>'} {c.get('command') or c.get('directory')}")
+
+
 def print_fleet_plan(document: dict[str, Any]) -> None:
+    if "nodes" in document:
+        click.echo(f"node group {', '.join(document['nodes'])}: one SGLang server, --dist-init-addr "
+                   f"{document['dist_init_addr']}; phases in order, with every command each sends besides the "
+                   "nodes' playbooks:")
+        print_phase_plan(document["phases"])
+        return
     click.echo(f"fleet: --serial {document['serial']}: batches " +
                " | ".join(",".join(b) for b in document["batches"]))
     router = document.get("router")
@@ -55,6 +129,9 @@ def print_fleet_plan(document: dict[str, Any]) -> None:
         for line in router["per_batch"]:
             click.echo("  per batch: " + line)
         click.echo("  end: " + router["end"])
+    if document.get("phases"):
+        click.echo("run-level phases, in order, with every command each sends besides the hosts' playbooks:")
+        print_phase_plan(document["phases"])
 
 
 def fleet_report(result) -> dict[str, Any]:
@@ -85,37 +162,6 @@ def print_fleet_report(result) -> None:
         click.echo(f"  {host}: out of rotation {window:.2f} s" if window is not None else f"  {host}: {entry.get('note')}")
     if result.error is not None:
         click.echo(f"error: {result.error}", err=True)
-
-
-def router_status(config, hosts, jumps) -> list[dict[str, Any]]:
-    """gpu-status: each run's router that runs on one of ``hosts``: PID, alive, its workers."""
-    from deploy.errors import DeployError
-    from deploy.fleet.router import RouterHost
-    from deploy.orchestrator import network_host
-    from deploy.transport import HostConnection
-
-    names = {h.name for h in hosts}
-    rows = []
-    for run in config.runs:
-        if run.router is None or run.router.host not in names:
-            continue
-        host = config.host(run.router.host)
-        row: dict[str, Any] = {"run": run.name, "host": host.name}
-        try:
-            with HostConnection(host, config.ssh, jumps) as conn:
-                router = RouterHost(conn, network_host(host, conn.endpoint.hostname.value), run)
-                state = router.state()
-                try:
-                    package = router.package()
-                    row["package"] = {"name": package.name, "version": package.version}
-                except DeployError as exc:
-                    row["package"] = {"error": str(exc)}
-                row.update(url=router.url, pid=state.get("pid"), alive=bool(state.get("alive")),
-                           workers=[{"url": w["url"], "healthy": w["is_healthy"]} for w in state.get("workers", [])])
-        except DeployError as exc:
-            row["error"] = str(exc)
-        rows.append(row)
-    return rows
 
 
 def _package_text(row: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from deploy.config.models import Host
 from deploy.errors import DeployError, ExitCode
@@ -29,31 +30,46 @@ def _serving(state: RunState, hosts: Sequence[Host]) -> list[Host]:
     return [h for h in hosts if h.name in state.reports and state.reports[h.name].outcome in SERVING_OUTCOMES]
 
 
+def probe_actions(host: Host, run, stamp: str):
+    """The pre-drain probe's two read-only commands (the doctor's read, the drafter's fingerprint)
+    and the context converge's rule judges them in; ``plan`` lists the same two."""
+    from deploy.facts.doctor import doctor_command, run_state_spec
+    from deploy.facts.helpers import HELPER_FILES
+    from deploy.steps import converge
+    from deploy.steps.base import Command, StepContext
+    from deploy.steps.fix_keys import fingerprint_command
+    from deploy.steps.wait_ready import health_url
+
+    ctx = StepContext(host=host, run=run, settings=converge.Settings(step="converge"), conn=None,
+                      launch_stamp=stamp, memory={})
+    spec = run_state_spec(host, list(HELPER_FILES), health_url(ctx))
+    when = "the router runs and --force is not given (a host found unchanged stays in the router)"
+    return ctx, (Command(description="probe (read-only): the doctor's read of SGLang's version and the running server",
+                         command=doctor_command(host, run, run_state=spec), timeout_s=90, when=when),
+                 Command(description="probe (read-only): the drafter's fingerprint", command=fingerprint_command(ctx),
+                         timeout_s=600, when=when))
+
+
 def _unchanged(state: RunState, host: Host) -> tuple[bool, str]:
     """Would the playbook only converge on ``host``? Read-only: the doctor's command (SGLang's version,
     the running server and its record) and the drafter's fingerprint, judged by converge's own rule."""
-    from deploy.facts.doctor import doctor_command, facts_of, run_state_spec
+    from deploy.engine.session import network_host
+    from deploy.facts.doctor import facts_of
     from deploy.facts.fixer import parse_fingerprint
-    from deploy.facts.helpers import HELPER_FILES
     from deploy.facts.server import snapshot_of
-    from deploy.orchestrator import network_host
     from deploy.steps import converge
-    from deploy.steps.base import StepContext
-    from deploy.steps.fix_keys import fingerprint_command, store_path
-    from deploy.steps.wait_ready import health_url
+    from deploy.steps.fix_keys import store_path
     from deploy.transport import HostConnection
 
     with HostConnection(host, state.config.ssh, state.jumps) as conn:
         host = network_host(host, conn.endpoint.hostname.value)
-        ctx = StepContext(host=host, run=state.run, settings=converge.Settings(step="converge"), conn=conn,
-                          launch_stamp=state.stamp, memory={})
-        spec = run_state_spec(host, list(HELPER_FILES), health_url(ctx))
-        facts, sglang, why = facts_of(conn.run(doctor_command(host, state.run, run_state=spec), timeout=90), host,
-                                      state.run)
+        ctx, (doctor, fingerprint_call) = probe_actions(host, state.run, state.stamp)
+        ctx.conn = conn
+        facts, sglang, why = facts_of(conn.run(doctor.command, timeout=doctor.timeout_s), host, state.run)
         if sglang is None or sglang.version is None or facts.run_state is None:
             return False, f"SGLang's version is unknown ({why or sglang and sglang.version_error})"
         server = snapshot_of(facts.run_state, facts.python.version, host.name, host.state_dir).server
-        result = conn.run(fingerprint_command(ctx), timeout=600)
+        result = conn.run(fingerprint_call.command, timeout=fingerprint_call.timeout_s)
         fingerprint = parse_fingerprint(result.exit_code, result.stdout, result.stderr, host.name).fingerprint
         ctx.memory.update(drafter_fingerprint=fingerprint, drafter_path=store_path(ctx, fingerprint),
                           sglang_version=sglang.version)
@@ -175,15 +191,16 @@ def fleet_phases(hosts: Sequence[Host], serial: int, has_router: bool, allow_dow
         tag = f"batch {i}/{len(groups)}"
         names = ",".join(h.name for h in batch)
         if has_router and keep_unchanged:
-            phases.append(RunPhase(f"{tag} check unchanged {names}", _probe(batch)))
+            phases.append(RunPhase(f"{tag} check unchanged {names}", _probe(batch), plan=_probe_plan(batch)))
         if has_router:
-            phases.append(RunPhase(f"{tag} router-remove {names}", _remove(batch, allow_downtime)))
-            phases.append(RunPhase(f"{tag} drain {names}", _drain(batch)))
+            phases.append(RunPhase(f"{tag} router-remove {names}", _remove(batch, allow_downtime),
+                                   plan=_remove_plan(batch)))
+            phases.append(RunPhase(f"{tag} drain {names}", _drain(batch), plan=_drain_plan(batch)))
         phases.append(HostPhase(batch, f"{tag} redeploy {names}"))
         if has_router:
-            phases.append(RunPhase(f"{tag} router-add {names}", _add(batch), always=True))
+            phases.append(RunPhase(f"{tag} router-add {names}", _add(batch), always=True, plan=_join_plan(batch)))
     if has_router:
-        phases.append(RunPhase("router end-to-end", _final(hosts)))
+        phases.append(RunPhase("router end-to-end", _final(hosts), plan=_join_plan(hosts, end_to_end=True)))
     return phases
 
 
@@ -206,7 +223,7 @@ def run_fleet(config, playbook, run, hosts: Sequence[Host], progress, options,
     import threading
 
     from deploy.fleet.phases import RunState, check_serial, close_router, default_serial, run_phases
-    from deploy.orchestrator import launch_stamp
+    from deploy.engine.records import launch_stamp
     from deploy.transport import JumpConnections
 
     serial = serial or default_serial(run, hosts)
@@ -247,7 +264,8 @@ def remove_from_router(config, run, hosts, progress) -> dict:
     it first (a stopped worker would still get requests until the router's health checks caught
     up). The router itself stops only when the whole run is brought down."""
     from deploy.fleet.phases import RunState, close_router, open_router
-    from deploy.orchestrator import describe_endpoints, network_host
+    from deploy.engine.plan import describe_endpoints
+    from deploy.engine.session import network_host
     from deploy.transport import JumpConnections
 
     endpoints = describe_endpoints(hosts, config)
@@ -269,3 +287,67 @@ def remove_from_router(config, run, hosts, progress) -> dict:
             close_router(state)
     return {"stopped": False, "removed": removed,
             "note": "the router keeps serving the run's other replicas; stopped only by a down of the whole run"}
+
+
+# -- what each phase sends, for ``plan`` (the same builders as the actions above) ----------------
+
+RUNNING = "the router runs"
+NOT_RUNNING = "the router is not running yet (it starts with the hosts that serve)"
+
+
+def _probe_plan(batch: tuple[Host, ...]):
+    def plan(view) -> list[tuple[str, Any]]:
+        steps: list[tuple[str, Any]] = [(view.router_host, view.calls.state())]
+        for host in batch:
+            steps += [(host.name, a) for a in probe_actions(view.network(host), view.run, view.stamp)[1]]
+        return steps
+    return plan
+
+
+def _remove_plan(batch: tuple[Host, ...]):
+    def plan(view) -> list[tuple[str, Any]]:
+        calls, at = view.calls, view.router_host
+        steps: list[tuple[str, Any]] = [(at, calls.state()), (at, _when(calls.packages(), RUNNING)),
+                                        (at, _when(calls.workers(True), RUNNING))]
+        for host in batch:
+            url = worker_url(view.run, host)
+            steps += [(at, _when(calls.workers(True), RUNNING)),
+                      (at, _when(calls.remove(url, "<worker id>", True), f"{RUNNING}, lists {host.name} and the "
+                                 "probe did not keep it (smg, sglang-router 0.3.x; older: POST /remove_worker?url=); then "
+                                 "GET /workers until it is gone (smg: after its drain settle, 5 s)")),
+                      (at, _when(calls.remove(url, "", False), "the router is older than 0.3"))]
+        return steps
+    return plan
+
+
+def _drain_plan(batch: tuple[Host, ...]):
+    def plan(view) -> list[tuple[str, Any]]:
+        return [(view.router_host, _when(view.calls.loads(worker_url(view.run, h)), f"{h.name} was taken out: "
+                                         f"polled until nothing is in flight")) for h in batch]
+    return plan
+
+
+def _join_plan(hosts: Sequence[Host], end_to_end: bool = False):
+    def plan(view) -> list[tuple[str, Any]]:
+        from deploy.state_layout import router_log_name
+
+        calls, at = view.calls, view.router_host
+        urls = [worker_url(view.run, h) for h in hosts]
+        steps: list[tuple[str, Any]] = [(at, calls.state()), (at, _when(calls.packages(), "the first router call of the run (the package and its version decide the "
+                                                               "launcher module and the API)")),
+                                        (at, _when(calls.start(urls, router_log_name(view.stamp)), NOT_RUNNING)),
+                                        (at, _when(calls.workers(True), RUNNING))]
+        steps += [(at, _when(calls.add(u, True), f"{RUNNING} without {u} (older than 0.3: POST /add_worker?url=)"))
+                  for u in urls]
+        steps += [(at, _when(calls.add(u, False), "the router is older than 0.3")) for u in urls]
+        steps.append((at, _when(calls.log_tail(), "the router died while starting")))
+        if end_to_end:
+            steps.append((at, calls.end_to_end()))
+        return steps
+    return plan
+
+
+def _when(action, when: str):
+    import dataclasses
+
+    return dataclasses.replace(action, when=when)

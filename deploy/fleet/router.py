@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from deploy.config.models import Host, Run, RouterSpec
@@ -19,7 +18,9 @@ from deploy.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
 from deploy.fleet.router_package import (ROUTER_CMDLINE_MARKS, RouterPackage, choose_package, parse_release,
                                          policy_problem)
 from deploy.shell import quote, quote_path, path_join
-from deploy.steps.launch import probe_address
+from deploy.sglang.argv import probe_address
+from deploy.state_layout import RouterPaths, router_log_name
+from deploy.steps.base import Command
 
 FLEET_OPS = Path(__file__).resolve().parents[1] / "remote" / "fleet_ops.py"
 #: stop-stale --scope user leaves ROUTER_CMDLINE_MARKS alone: a router on a replica host keeps
@@ -38,7 +39,7 @@ def url_host(address: str) -> str:
 
 def worker_url(run: Run, host: Host) -> str:
     """Where the router reaches the replica: the address the server binds (``host`` as the network
-    sees it: an ssh_config alias resolved to its HostName, see engine network_host)."""
+    sees it: an ssh_config alias resolved to its HostName, see engine.session.network_host)."""
     return f"http://{url_host(probe_address(run, host))}:{run.port}"
 
 
@@ -51,27 +52,6 @@ def router_address(spec: RouterSpec, host: Host) -> str:
 
 def router_url(spec: RouterSpec, host: Host) -> str:
     return f"http://{url_host(router_address(spec, host))}:{spec.port}"
-
-
-@dataclass(frozen=True)
-class RouterPaths:
-    state_dir: str
-
-    @property
-    def root(self) -> str:
-        return path_join(self.state_dir, "router")
-
-    @property
-    def pidfile(self) -> str:
-        return path_join(self.root, "router.pid")
-
-    @property
-    def logs(self) -> str:
-        return path_join(self.root, "logs")
-
-    @property
-    def latest_log(self) -> str:
-        return path_join(self.root, "logs", "latest.log")
 
 
 #: shown by ``plan`` where the package is chosen on the router host at run time
@@ -98,8 +78,83 @@ def start_command(spec: RouterSpec, host: Host, workers: list[str], log_name: st
             f"pid=$!; printf '%s\\n' \"$pid\" > {quote_path(paths.pidfile)} && echo \"$pid\"; }}")
 
 
-def ops_command(python: str, *args: str) -> str:
-    return f"{quote(python)} -c {quote(FLEET_OPS.read_text())} " + " ".join(quote(a) for a in args)
+def ops_command(python: str, *args: str, script: str | None = None) -> str:
+    """``script``: what the plan shows instead of fleet_ops.py's text (``<deploy/remote/fleet_ops.py>``)."""
+    return f"{quote(python)} -c {script or quote(FLEET_OPS.read_text())} " + " ".join(quote(a) for a in args)
+
+
+OPS_SCRIPT = "<deploy/remote/fleet_ops.py>"
+END_TO_END = {"text": "deployctl end-to-end check", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+
+
+class RouterCalls:
+    """Every command the router host gets, built once: ``RouterHost`` performs these, and the run's
+    plan (fleet/plan.py) lists the same ones (``planned``: fleet_ops.py shown by name)."""
+
+    def __init__(self, spec: RouterSpec, host: Host, planned: bool = False):
+        self.spec, self.host = spec, host
+        self.paths = RouterPaths(host.state_dir)
+        self.url = router_url(spec, host)
+        self.script = OPS_SCRIPT if planned else None
+
+    def ops(self, *args: str, timeout: float = 30, python: str | None = None, description: str = "",
+            when: str | None = None) -> Command:
+        return Command(description=description or f"fleet_ops {args[0]}", when=when,
+                       command=ops_command(python or self.host.python, *args, script=self.script),
+                       timeout_s=timeout + 30, what=f"fleet_ops {args[0]}")
+
+    def http(self, method: str, url: str, body: dict | None = None, timeout: float = 10, description: str = "",
+             when: str | None = None) -> Command:
+        args = ["request", method, url] + ([json.dumps(body)] if body is not None else [])
+        return self.ops(*args, "--timeout", f"{timeout:g}", timeout=timeout,
+                        description=description or f"{method} {url}", when=when)
+
+    def packages(self) -> Command:
+        # the package metadata of router.python, never an import (each package loads a ~100 MB extension)
+        return self.ops("router-packages", python=self.spec.python,
+                        description="which router package router.python has (smg, sglang-router) and its version")
+
+    def reach(self, urls: list[str], timeout: float = 3) -> Command:
+        return self.ops("reach", *urls, "--timeout", f"{timeout:g}", timeout=timeout * len(urls) + 5,
+                        description="the router host can open a connection to every worker URL")
+
+    def state(self) -> Command:
+        return self.ops("router-state", self.paths.pidfile, self.url + "/workers", "--timeout", "5", timeout=5,
+                        description="the router's PID file, process and worker list")
+
+    def workers(self, modern: bool) -> Command:
+        return self.http("GET", self.url + ("/workers" if modern else "/list_workers"))
+
+    def add(self, url: str, modern: bool) -> Command:
+        if modern:
+            return self.http("POST", self.url + "/workers", {"url": url}, description=f"add worker {url}")
+        return self.http("POST", self.url + "/add_worker?url=" + url, description=f"add worker {url}")
+
+    def remove(self, url: str, worker_id: str, modern: bool) -> Command:
+        if modern:
+            return self.http("DELETE", self.url + "/workers/" + worker_id, description=f"remove worker {url}")
+        return self.http("POST", self.url + "/remove_worker?url=" + url, description=f"remove worker {url}")
+
+    def loads(self, url: str) -> Command:
+        return self.http("GET", url + "/v1/loads", timeout=5, description=f"requests in flight on {url}")
+
+    def start(self, workers: list[str], log_name: str, package: RouterPackage | None = None) -> Command:
+        label = package.label if package is not None else "the router"
+        return Command(description=f"start {label} detached (setsid nohup), PID file and log in the state dir",
+                       command=start_command(self.spec, self.host, workers, log_name, package), timeout_s=30,
+                       what=f"starting {label}")
+
+    def stop(self, grace: float = 15) -> Command:
+        return self.ops("stop-router", self.paths.pidfile, "--timeout", f"{grace:g}", timeout=grace + 10,
+                        description="stop the router by its PID file (SIGTERM, then SIGKILL)")
+
+    def log_tail(self, lines: int = 30) -> Command:
+        return Command(description="the router's log tail", when="the router died",
+                       command=f"tail -n {lines} -- {quote_path(self.paths.latest_log)}")
+
+    def end_to_end(self) -> Command:
+        return self.http("POST", self.url + "/generate", END_TO_END, timeout=60,
+                         description="one request through the router must answer")
 
 
 def parse_json_line(output: str, source: str, keys: tuple[str, ...]) -> dict:
@@ -143,11 +198,6 @@ def modern_api(version: str) -> bool:
     return parse_release(version, "sglang-router") >= (0, 3)
 
 
-def router_packages_command(spec: RouterSpec) -> str:
-    # the package metadata of router.python, never an import (each package loads a ~100 MB extension)
-    return ops_command(spec.python, "router-packages")
-
-
 def parse_router_packages(output: str, source: str) -> dict[str, str | None]:
     """fleet_ops.py router-packages -> {"smg": version|None, "sglang-router": version|None}, strictly."""
     document = parse_json_line(output, source, ("packages",))
@@ -158,10 +208,18 @@ def parse_router_packages(output: str, source: str) -> dict[str, str | None]:
     return dict(packages)
 
 
-def read_router_package(conn, host: Host, spec: RouterSpec) -> RouterPackage:
+def parse_reach(got: dict, urls: list[str], source: str) -> list[str]:
+    """fleet_ops.py reach -> the URLs the router host cannot reach, each with why (empty: all fine)."""
+    entries = got.get("reach")
+    if not isinstance(entries, list) or len(entries) != len(urls) or not all(
+            isinstance(e, dict) and isinstance(e.get("reachable"), bool) and e.get("url") == u
+            for e, u in zip(entries, urls)):
+        raise RemoteOutputError(f"{source}: fleet_ops.py reach printed unexpected output: {str(got)[:300]!r}")
+    return [f"{e['url']} ({str(e.get('error') or 'unreachable')[:200]})" for e in entries if not e["reachable"]]
+
+
+def choose_router_package(installed: dict[str, str | None], spec: RouterSpec, host: Host) -> RouterPackage:
     """The package router.python runs on ``host`` (router.package, or smg before sglang-router)."""
-    result = conn.check(router_packages_command(spec), timeout=60, what="reading the router package")
-    installed = parse_router_packages(result.stdout.strip(), host.name)
     package = choose_package(installed, spec.package, f"{host.name} ({spec.python})")
     problem = policy_problem(package, spec.policy)
     if problem:
@@ -177,29 +235,32 @@ class RouterHost:
         self.conn, self.host, self.run, self.spec = conn, host, run, run.router
         self.paths = RouterPaths(host.state_dir)
         self.url = router_url(self.spec, host)
+        self.calls = RouterCalls(self.spec, host)
         self.progress = progress
         self._package: RouterPackage | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    def _ops(self, *args: str, timeout: float = 30, python: str | None = None) -> dict:
-        command = ops_command(python or self.host.python, *args)
-        result = self.conn.check(command, timeout=timeout + 30, what=f"fleet_ops {args[0]}")
+    def _do(self, call: Command) -> dict:
+        result = self.conn.check(call.command, timeout=call.timeout_s, what=call.what or "fleet_ops")
         return parse_json_line(result.stdout.strip(), self.host.name, ())
-
-    def http(self, method: str, url: str, body: dict | None = None, timeout: float = 10) -> dict:
-        args = ["request", method, url] + ([json.dumps(body)] if body is not None else [])
-        return self._ops(*args, "--timeout", f"{timeout:g}", timeout=timeout)
 
     def package(self) -> RouterPackage:
         if self._package is None:
-            self._package = read_router_package(self.conn, self.host, self.spec)
+            call = self.calls.packages()
+            result = self.conn.check(call.command, timeout=call.timeout_s, what=call.what or "router-packages")
+            self._package = choose_router_package(parse_router_packages(result.stdout.strip(), self.host.name),
+                                                  self.spec, self.host)
         return self._package
+
+    def unreachable(self, urls: list[str], timeout: float = 3) -> list[str]:
+        """Worker URLs the router host cannot open a connection to, each with why (empty: all fine)."""
+        return parse_reach(self._do(self.calls.reach(urls, timeout)), urls, self.host.name)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def state(self) -> dict:
-        got = self._ops("router-state", self.paths.pidfile, self.url + "/workers", "--timeout", "5", timeout=5)
+        got = self._do(self.calls.state())
         if got.get("alive") and got.get("status") == 200:
             got["workers"] = parse_workers(got.get("body") or "", self.host.name)
         return got
@@ -209,9 +270,9 @@ class RouterHost:
 
     def start(self, workers: list[str], stamp: str) -> int:
         package = self.package()
-        log_name = f"router-{stamp}.log"
-        result = self.conn.check(start_command(self.spec, self.host, workers, log_name, package), timeout=30,
-                                 what=f"starting the router ({package.label})")
+        log_name = router_log_name(stamp)
+        call = self.calls.start(workers, log_name, package)
+        result = self.conn.check(call.command, timeout=call.timeout_s, what=call.what or "starting sglang-router")
         text = result.stdout.strip()
         if not text.isdigit():
             raise RemoteOutputError(f"{self.host.name}: starting the router printed {text[:200]!r}; expected its PID")
@@ -221,26 +282,17 @@ class RouterHost:
         return pid
 
     def stop(self, grace: float = 15) -> dict:
-        return self._ops("stop-router", self.paths.pidfile, "--timeout", f"{grace:g}", timeout=grace + 10)
-
-    def unreachable(self, urls: list[str], timeout: float = 3) -> list[str]:
-        """Worker URLs the router host cannot open a connection to, each with why (empty: all fine)."""
-        got = self._ops("reach", *urls, "--timeout", f"{timeout:g}", timeout=timeout * len(urls) + 5)
-        entries = got.get("reach")
-        if not isinstance(entries, list) or len(entries) != len(urls) or not all(
-                isinstance(e, dict) and isinstance(e.get("reachable"), bool) and e.get("url") == u
-                for e, u in zip(entries, urls)):
-            raise RemoteOutputError(f"{self.host.name}: fleet_ops.py reach printed unexpected output: {str(got)[:300]!r}")
-        return [f"{e['url']} ({str(e.get('error') or 'unreachable')[:200]})" for e in entries if not e["reachable"]]
+        return self._do(self.calls.stop(grace))
 
     def log_tail(self, lines: int = 30) -> str:
-        return self.conn.run(f"tail -n {lines} -- {quote_path(self.paths.latest_log)}").stdout.rstrip()
+        return self.conn.run(self.calls.log_tail(lines).command).stdout.rstrip()
 
     # -- membership ---------------------------------------------------------------------------
 
     def workers(self) -> list[dict]:
-        path = "/workers" if self.package().workers_api else "/list_workers"
-        got = self.http("GET", self.url + path)
+        modern = self.package().workers_api
+        path = "/workers" if modern else "/list_workers"
+        got = self._do(self.calls.workers(modern))
         if got.get("status") != 200:
             raise RouterError(f"{self.host.name}: router GET {path} answered {got.get('status')} "
                               f"{got.get('error') or got.get('body', '')[:200]}")
@@ -269,10 +321,7 @@ class RouterHost:
             time.sleep(0.2)
 
     def add(self, url: str) -> None:
-        if self.package().workers_api:
-            got = self.http("POST", self.url + "/workers", {"url": url})
-        else:
-            got = self.http("POST", self.url + "/add_worker?url=" + url)
+        got = self._do(self.calls.add(url, self.package().workers_api))
         if got.get("status") not in (200, 201, 202):
             raise RouterError(f"{self.host.name}: router refused to add {url}: {got.get('status')} "
                               f"{got.get('error') or got.get('body', '')[:200]}")
@@ -283,9 +332,9 @@ class RouterHost:
             ids = [w["id"] for w in self.workers() if w["url"] == url]
             if not ids:
                 return
-            got = self.http("DELETE", self.url + "/workers/" + ids[0])
+            got = self._do(self.calls.remove(url, ids[0], True))
         else:
-            got = self.http("POST", self.url + "/remove_worker?url=" + url)
+            got = self._do(self.calls.remove(url, "", False))
         if got.get("status") not in (200, 202, 204):
             raise RouterError(f"{self.host.name}: router refused to remove {url}: {got.get('status')} "
                               f"{got.get('error') or got.get('body', '')[:200]}")
@@ -293,7 +342,7 @@ class RouterHost:
 
     def in_flight(self, url: str) -> int | None:
         """Requests running or waiting on a worker (SGLang /v1/loads); None when it does not answer."""
-        got = self.http("GET", url + "/v1/loads", timeout=5)
+        got = self._do(self.calls.loads(url))
         if got.get("status") != 200:
             return None
         return parse_loads(got["body"], url)
@@ -322,10 +371,7 @@ class RouterHost:
 
     def end_to_end(self) -> dict:
         """One /generate through the router; the run is up only when it answers."""
-        got = self.http("POST", self.url + "/generate",
-                        {"text": "deployctl end-to-end check", "sampling_params": {"max_new_tokens": 8,
-                                                                                  "temperature": 0}},
-                        timeout=60)
+        got = self._do(self.calls.end_to_end())
         if got.get("status") != 200:
             raise RouterError(f"{self.host.name}: a request through the router ({self.url}/generate) failed: "
                               f"{got.get('status')} {got.get('error') or got.get('body', '')[:300]}")

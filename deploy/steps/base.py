@@ -27,7 +27,7 @@ from pydantic import Field
 
 from deploy.config.models import Host, Run, Strict
 from deploy.errors import Interrupted
-from deploy.shell import path_join
+from deploy.state_layout import StatePaths  # noqa: F401  (re-exported: steps use ctx.paths)
 from deploy.transport import CommandResult, Transport, WatchResult
 
 
@@ -39,36 +39,6 @@ class StepSettings(Strict):
     timeout_s: float | None = Field(default=None, gt=0, le=24 * 3600)
     retries: int = Field(default=0, ge=0, le=10)
     on_failure: Literal["stop", "continue"] = "stop"
-
-
-@dataclass(frozen=True)
-class StatePaths:
-    """Files deployctl keeps in the host's persistent state directory (never /tmp)."""
-
-    root: str
-
-    @property
-    def helpers(self) -> str:
-        return path_join(self.root, "helpers")
-
-    @property
-    def logs(self) -> str:
-        return path_join(self.root, "logs")
-
-    @property
-    def latest_log(self) -> str:
-        return path_join(self.root, "logs", "latest.log")
-
-    @property
-    def pidfile(self) -> str:
-        return path_join(self.root, "server.pid")
-
-    @property
-    def drafters(self) -> str:
-        return path_join(self.root, "drafters")
-
-    def helper(self, filename: str) -> str:
-        return path_join(self.helpers, filename)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from datetime import datetime, timezone
 
 from deploy.config.models import Host, Run
 from deploy.errors import RemoteOutputError
 from deploy.facts.server import deployment_path, env_hash
+from deploy.sglang.argv import PATH_POSITIONS, sglang_argv, speculative_plan
 from deploy.shell import path_join, quote, quote_path
+from deploy.state_layout import SERVER_LOG_PATTERN, SERVER_LOG_PLACEHOLDER, server_log_name
 from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings, Upload, UploadFile
 
 NAME = "launch"
@@ -38,48 +39,6 @@ class Settings(StepSettings):
     pass
 
 
-def speculative_plan(run: Run, draft_tokens: int) -> tuple[int, int, int]:
-    """(num_steps, topk, num_draft_tokens) passed explicitly.
-
-    With topk 1 SGLang logs a warning and silently rewrites num_draft_tokens to num_steps + 1, so
-    "16 draft tokens" must be sent as num_steps 15 (sglang server_args, all versions in use).
-    """
-    if run.eagle_topk == 1:
-        return draft_tokens - 1, 1, draft_tokens
-    assert run.speculative_num_steps is not None
-    return run.speculative_num_steps, run.eagle_topk, draft_tokens
-
-
-def serve_address(run: Run, host: Host) -> str:
-    return run.serve_host or host.address
-
-
-def probe_address(run: Run, host: Host) -> str:
-    address = serve_address(run, host)
-    return "127.0.0.1" if address in ("0.0.0.0", "::") else address
-
-
-def sglang_argv(run: Run, host: Host, draft_tokens: int, drafter: str | None = None) -> list[str]:
-    steps, topk, tokens = speculative_plan(run, draft_tokens)
-    return [
-        run.sglang_python, "-m", "sglang.launch_server",
-        "--model-path", run.base_model,
-        "--speculative-algorithm", run.speculative_algorithm,
-        "--speculative-draft-model-path", drafter or run.drafter,
-        "--speculative-num-steps", str(steps),
-        "--speculative-eagle-topk", str(topk),
-        "--speculative-num-draft-tokens", str(tokens),
-        "--tp-size", str(run.tp_size),
-        "--host", serve_address(run, host),
-        "--port", str(run.port),
-        "--trust-remote-code",
-        *run.extra_args,
-    ]
-
-
-PATH_POSITIONS = ("--model-path", "--speculative-draft-model-path")
-
-
 def _quoted_argv(argv: list[str]) -> str:
     words = []
     for i, arg in enumerate(argv):
@@ -88,7 +47,7 @@ def _quoted_argv(argv: list[str]) -> str:
 
 
 def env_path(ctx: StepContext) -> str:
-    return path_join(ctx.paths.root, "launch.env")
+    return ctx.paths.env_file
 
 
 def env_file_text(env: dict[str, str]) -> str:
@@ -118,17 +77,16 @@ def desired_record(ctx: StepContext) -> dict:
 
 
 def new_log_name() -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-    return f"sglang-{stamp}-{secrets.token_hex(3)}.log"
+    return server_log_name()
 
 
 def log_path(ctx: StepContext) -> str:
-    return ctx.memory.get("log") or path_join(ctx.paths.logs, "sglang-<UTC time>-<random>.log")
+    return ctx.memory.get("log") or path_join(ctx.paths.logs, SERVER_LOG_PLACEHOLDER)
 
 
 def prune_logs_command(ctx: StepContext) -> str:
     # Our names sort by time; anything else in logs/ is left alone. A subshell: the cd stays in it.
-    return (f"( cd {quote_path(ctx.paths.logs)} && ls -1 | grep -E '^sglang-[0-9]{{8}}T[0-9.]+Z(-[0-9a-f]+)?\\.log$' "
+    return (f"( cd {quote_path(ctx.paths.logs)} && ls -1 | grep -E {quote(SERVER_LOG_PATTERN)} "
             f"| sort -r | tail -n +{KEEP_LOGS + 1} | while IFS= read -r f; do rm -f -- \"$f\"; done ); true")
 
 

@@ -14,7 +14,7 @@ from deploy.doctor.suspects import likely_causes
 from deploy.errors import VerificationFailed
 from deploy.facts.host_helper import accept_check_command, parse_accept_check
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
-from deploy.steps.launch import probe_address
+from deploy.sglang.argv import probe_address
 
 NAME = "verify-acceptance"
 

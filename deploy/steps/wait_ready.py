@@ -23,7 +23,7 @@ from deploy.errors import RemoteOutputError, ServerDied, ServerUnhealthy, StepTi
 from deploy.facts import host_helper
 from deploy.shell import quote_path
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings, Watch
-from deploy.steps.launch import probe_address
+from deploy.sglang.argv import probe_address
 
 NAME = "wait-ready"
 TAIL_LINES = 50

@@ -12,7 +12,7 @@ as wall time from start to the last answer:
 - ``openssh``: 8 ``ssh`` client processes started at once, the same user, key, known_hosts and
   strict host key checking, no connection sharing (a fresh handshake each, as deployctl makes), each
   running the same remote command (both nvidia-smi queries, ``deploy.facts.gpus.gpu_status_command``);
-- ``deployctl in-process``: ``orchestrator.gpu_status`` in this already-started Python (connect,
+- ``deployctl in-process``: ``inspect.gpu_status`` in this already-started Python (connect,
   query, parse: deployctl without its process start-up), to tell start-up from the connect path;
 - the same in-process with the two queries as two remote commands (two exec channels per host), as
   gpu-status sent them before they became one command.
@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from deploy import orchestrator  # noqa: E402
+from deploy import inspect  # noqa: E402  (the read-only verbs)
 from deploy.config import load_config  # noqa: E402
 from deploy.facts import gpus  # noqa: E402
 from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
@@ -71,11 +71,11 @@ def openssh_round(sandbox, names: list[str]) -> float:
 
 def in_process_round(config) -> float:
     started = time.monotonic()
-    outcomes = orchestrator.gpu_status(config, config.hosts)
+    outcomes = inspect.gpu_status(config, config.hosts)
     wall = time.monotonic() - started
     failed = [o.error for o in outcomes if o.error is not None]
     if failed:
-        raise SystemExit(f"orchestrator.gpu_status failed: {failed[0]}")
+        raise SystemExit(f"inspect.gpu_status failed: {failed[0]}")
     return wall
 
 

@@ -10,13 +10,14 @@ skipped must say when it runs (``when``), unless its whole step was skipped.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
 import pytest
 
 from deploy.config.loader import load_config
-from deploy.orchestrator import plan_with_endpoints
+from deploy.engine.plan import plan_with_endpoints
 from deploy.playbook import load_playbook
 from deploy.steps import base
 from deploy import transport
@@ -121,3 +122,102 @@ def test_every_builtin_playbook_runs_exactly_what_plan_lists(clean_sandbox, tmp_
         ran = {s["step"]: s["status"] for s in report["steps"]}
         assert recorder, argv
         check_run_follows_plan(plans["sb1"], [(s.removeprefix("rollback/"), a) for s, a in recorder], ran)
+
+
+# -- run-level plans: a fleet (router, rolling batches) and a node group ------------------------------
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """Every command any connection sends, as (host name, command): steps, router calls, probes, reads."""
+    log: list[tuple[str, str]] = []
+    for name in ("run", "watch", "hold"):
+        original = getattr(transport.Transport if name != "hold" else transport.HostConnection, name)
+
+        def recorded(self, command, *args, _original=original, **kwargs):
+            log.append((self.host.name, command))
+            return _original(self, command, *args, **kwargs)
+
+        monkeypatch.setattr(transport.Transport if name != "hold" else transport.HostConnection, name, recorded)
+    return log
+
+
+def _planned_commands(doc: dict) -> dict[str, list[str]]:
+    """host -> every command ``deployctl plan --json`` lists for it: its playbook and the run's phases."""
+    out: dict[str, list[str]] = {}
+    for host in doc["hosts"]:
+        out.setdefault(host["host"], []).extend(c["command"] for s in host["steps"] for c in s["commands"]
+                                                if "command" in c)
+    for phase in doc["fleet"]["phases"]:
+        for c in phase["commands"]:
+            if "command" in c:
+                out.setdefault(c["host"], []).append(c["command"])
+    return out
+
+
+def _command_matches(planned: str, done: str) -> bool:
+    want, got = _words(planned), _words(done)
+    return len(want) == len(got) and all(_word_matches(w, g) for w, g in zip(want, got))
+
+
+def check_every_command_planned(planned: dict[str, list[str]], log: list[tuple[str, str]]) -> None:
+    unplanned = [(host, command[:300]) for host, command in log
+                 if not any(_command_matches(p, command) for p in planned.get(host, []))]
+    assert unplanned == [], f"sent but not in the plan: {unplanned}"
+
+
+def test_a_fleet_sends_only_what_its_plan_lists(clean_sandbox, tmp_path, capsys, sent):
+    """Router up (started with the first batch), a repeat (the probe keeps unchanged replicas in the
+    router), a forced restart (each batch taken out, drained, redeployed, put back): every command
+    sent to any host, router calls included, is one ``plan`` listed for that host."""
+    from tests.integration.test_fleet import ROUTER_PYTHON, fleet_config
+
+    if not ROUTER_PYTHON.is_file():
+        pytest.skip(f"{ROUTER_PYTHON} missing: run tests/bootstrap.sh (installs sglang-router 0.3.2 there)")
+    path = fleet_config(clean_sandbox, tmp_path)
+    try:
+        for argv in (["up"], ["up"], ["restart", "--force"]):
+            # the plan of the same verb (its playbook: restart's fix-keys runs --when changed)
+            code, doc = cli_json(capsys, "-c", str(path), *argv, "--dry-run", "--json")
+            assert code == 0
+            planned = _planned_commands(doc)
+            kinds = " ".join(c["description"] for p in doc["fleet"]["phases"] for c in p["commands"])
+            for needed in ("remove worker", "add worker", "start the router", "requests in flight",
+                           "probe (read-only)", "one request through the router", "read the last good deployment"):
+                assert needed in kinds, needed
+            sent.clear()
+            code, report = cli_json(capsys, "-c", str(path), *argv, "--json")
+            assert code == 0, (argv, report.get("fleet"))
+            assert any("fleet_ops" in c and "request" in c for _, c in sent), argv  # the router was talked to
+            check_every_command_planned(planned, sent)
+    finally:
+        cli_json(capsys, "-c", str(path), "down", "--json")
+
+
+def test_a_node_group_sends_only_what_its_plan_lists(clean_sandbox, tmp_path, capsys, sent):
+    """Each node's launch carries its own --nnodes/--node-rank/--dist-init-addr in the plan, and the
+    run sends exactly those argvs and nothing the plan does not list."""
+    from tests.integration.test_fleet import nodes_config
+
+    path = nodes_config(clean_sandbox, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "plan", "--json")
+    assert code == 0
+    launches = {h["host"]: c["argv"] for h in doc["hosts"] for s in h["steps"] if s["step"] == "launch"
+                for c in s["commands"] if c.get("argv")}
+    addr = doc["fleet"]["dist_init_addr"]
+    for rank, host in enumerate(("sb1", "sb2")):
+        assert launches[host][-6:] == ["--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr", addr]
+    steps_of = {h["host"]: [s["step"] for s in h["steps"]] for h in doc["hosts"]}
+    assert "wait-ready" in steps_of["sb1"] and "wait-ready" not in steps_of["sb2"]  # rank 1 serves no HTTP
+    planned = _planned_commands(doc)
+    try:
+        sent.clear()
+        code, report = cli_json(capsys, "-c", str(path), "up", "--json")
+        assert code == 0, report.get("fleet")
+        check_every_command_planned(planned, sent)
+        for host in ("sb1", "sb2"):
+            argv = json.loads(clean_sandbox.run(host, "cat ~/.deployctl/deployment.json").stdout)["argv"]
+            want = launches[host]
+            assert len(argv) == len(want) and all(_word_matches(p, a) for p, a in zip(want, argv)), (want, argv)
+    finally:
+        cli_json(capsys, "-c", str(path), "down", "--json")

@@ -15,7 +15,7 @@ from deploy.config.models import Host, Run
 from deploy.errors import ConfigError, RemoteOutputError
 from deploy.facts.fuser import parse_killed
 from deploy.facts.host_helper import parse_probe, parse_stop_report
-from deploy.orchestrator import plan_playbook
+from deploy.engine.plan import plan_playbook
 from deploy.playbook import load_playbook
 from deploy.steps import REGISTRY, ensure_helper, free_gpus, launch, stop_stale, wait_gpus_free, wait_ready
 from deploy.steps.base import StepContext

@@ -10,7 +10,7 @@ from deploy.config.models import Host
 from deploy.errors import ConnectionFailed, RemoteOutputError
 from deploy.facts.gpus import GpuRow
 from deploy.fanout import HostOutcome
-from deploy.orchestrator import HostReport, StepRecord
+from deploy.engine.records import HostReport, StepRecord
 
 A = Host(name="gpu-a", address="10.0.0.1")
 B = Host(name="gpu-b", address="10.0.0.2")

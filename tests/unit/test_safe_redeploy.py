@@ -326,7 +326,8 @@ from types import SimpleNamespace  # noqa: E402
 
 from deploy.config.models import Host, Run  # noqa: E402
 from deploy.errors import DeployError, Regression  # noqa: E402
-from deploy.orchestrator import RunOptions, StepRecord, _run_steps, _should_roll_back  # noqa: E402
+from deploy.engine.records import RunOptions, StepRecord  # noqa: E402
+from deploy.engine.session import run_steps, should_roll_back  # noqa: E402
 from deploy.playbook import load_playbook  # noqa: E402
 from deploy.steps.base import StepOutcome, StepSettings  # noqa: E402
 
@@ -348,7 +349,7 @@ def fake_step(name: str, calls: list, fail: DeployError | None = None, skips: bo
 def test_converged_memory_skips_only_the_steps_that_stop_free_or_launch():
     calls: list = []
     steps = [fake_step("a", calls), fake_step("launch", calls, skips=True), fake_step("verify", calls)]
-    records, error, _ = _run_steps(steps, HOST, RUN, None, "s", lambda *a: None, {"converged": True},
+    records, error, _ = run_steps(steps, HOST, RUN, None, "s", lambda *a: None, {"converged": True},
                                    threading.Event())
     assert calls == ["a", "verify"] and error is None
     assert [r.status for r in records] == ["ok", "skipped", "ok"]
@@ -363,7 +364,7 @@ def test_a_lost_host_lock_stops_before_the_next_step():
         if step == "a" and message.startswith("ok"):
             held.running = False
 
-    records, error, failed_at = _run_steps(steps, HOST, RUN, None, "s", drop_after_a, {"host_lock": held},
+    records, error, failed_at = run_steps(steps, HOST, RUN, None, "s", drop_after_a, {"host_lock": held},
                                            threading.Event())
     assert calls == ["a"] and failed_at == 1 and error.exit_code == ExitCode.LOCKED
     assert [r.status for r in records] == ["ok", "failed", "not-run"]
@@ -383,7 +384,7 @@ def test_rollback_happens_only_after_stop_stale(failing, statuses, error, option
     playbook = load_playbook("nightly")
     names = [s.name for s in playbook.steps]
     records = [StepRecord(n, (statuses or {}).get(n, "ok")) for n in names]
-    assert _should_roll_back(playbook, records, names.index(failing), error, options, threading.Event()) is expected
+    assert should_roll_back(playbook, records, names.index(failing), error, options, threading.Event()) is expected
 
 
 def test_no_rollback_after_ctrl_c():
@@ -392,7 +393,7 @@ def test_no_rollback_after_ctrl_c():
     records = [StepRecord(n, "ok") for n in names]
     cancelled = threading.Event()
     cancelled.set()
-    assert not _should_roll_back(playbook, records, names.index("wait-ready"), DeployError("x"), RunOptions(), cancelled)
+    assert not should_roll_back(playbook, records, names.index("wait-ready"), DeployError("x"), RunOptions(), cancelled)
 
 
 def test_history_verb_plain_lines_and_json(capsys):

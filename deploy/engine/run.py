@@ -1,0 +1,91 @@
+"""Running a playbook on a run's hosts: one session per host, hosts in parallel (``run_playbook``),
+and the verbs that change hosts around it (``run_locked``: local lock, host locks, history).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from deploy.config.models import Config, Host, Run
+from deploy.engine.records import HostReport, Progress, RunOptions, launch_stamp
+from deploy.engine.session import run_on_host
+from deploy.errors import DeployError, LockHeld
+from deploy.fanout import exit_code, for_each_host
+from deploy.transport import JumpConnections
+
+if TYPE_CHECKING:
+    from deploy.playbook import Playbook
+
+__all__ = ["exit_code", "run_locked", "run_playbook"]
+
+
+def run_playbook(config: Config, playbook: Playbook, run: Run, hosts: Sequence[Host],
+                 progress: Progress, options: RunOptions | None = None) -> list[HostReport]:
+    stamp = launch_stamp()
+    cancelled = threading.Event()
+    with JumpConnections() as jumps:  # one connection per jump host, shared by its targets
+        outcomes = for_each_host(
+            hosts, lambda h: run_on_host(config, playbook, run, h, stamp, progress, cancelled, jumps,
+                                         options),
+            config.ssh.max_parallel, cancel=cancelled,
+        )
+    reports = []
+    for outcome in outcomes:
+        if outcome.value is not None:
+            reports.append(outcome.value)
+        else:
+            reports.append(HostReport(outcome.host, error=outcome.error))
+    return reports
+
+
+def run_locked(config_path, config: Config, command: str, playbook: Playbook, run: Run, hosts: Sequence[Host],
+               progress: Progress, *, rollback: bool = True, force: bool = False, runner=None):
+    """Run a playbook that changes hosts: local lock per config and run, host locks, history.
+
+    ``runner(options)``: a fleet's run-level phases instead of one parallel playbook
+    (deploy/fleet/); it returns a RunResult, which is what this returns then.
+    """
+    from contextlib import ExitStack
+
+    from deploy import history
+    from deploy.locks import local_lock, owner_info
+
+    owner = owner_info(command, run.name)
+    started = datetime.now(timezone.utc)
+    with ExitStack() as held:
+        try:
+            held.enter_context(local_lock(config_path, run.name, owner))
+        except LockHeld as refused:
+            try:
+                history.append({"time": started.isoformat(timespec="seconds"), "verb": command, "run": run.name,
+                                "host": host.name, "draft_tokens": run.draft_tokens, "outcome": "locked",
+                                "exit_code": int(refused.exit_code), "duration_s": 0.0} for host in hosts)
+            except (OSError, DeployError):
+                pass
+            raise
+        try:
+            options = RunOptions(command=command, lock=True, owner=owner, rollback=rollback, force=force)
+            result: Any
+            if runner is not None:
+                result = runner(options)
+                reports = result.reports
+            else:
+                result = reports = run_playbook(config, playbook, run, hosts, progress, options)
+        except KeyboardInterrupt as interrupt:
+            # Ctrl-C: no rollback, but say what each host was left running, and record it.
+            partial = [o.value for o in getattr(interrupt, "outcomes", []) if o.value is not None]
+            for report in partial:
+                progress(report.host.name, "interrupted", f"left running: {report.left_running or 'unknown'}")
+            try:
+                history.append(history.records_for(command, run.name, partial, started))
+            except (OSError, DeployError):
+                pass
+            raise
+    try:
+        history.append(history.records_for(command, run.name, reports, started))
+    except (OSError, DeployError) as exc:  # history is a record, never a reason to fail the deploy
+        progress("*", "history", f"WARNING: could not append to {history.history_path()}: {exc}")
+    return result

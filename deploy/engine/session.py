@@ -1,0 +1,363 @@
+"""The host session: one host's connection, host lock and step memory, and what it does with them.
+
+Per host, for verbs that change it: take the host lock (held for the whole run, rollback
+included), run the steps (``converge`` may mark the server "already running as desired": the
+steps that stop, free or launch are then skipped), and when a step after ``stop-stale`` fails,
+relaunch the host's last good deployment, wait until ready and verify it (exit 11), or say
+plainly that the host serves nothing. A failure while a server PID is known is checked: a dead
+server is reported as "server died" with its log tail, whichever step noticed. A failed host's
+report says what it left running.
+
+``HostSession`` is that session as an object the run-level phases keep across their barriers
+(deploy/fleet/: rolling batches, node groups); ``run_on_host`` is the whole playbook on one host.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from deploy.config.models import Config, Host, Run
+from deploy.engine.records import HostReport, Progress, RolledBack, RunOptions, StepRecord
+from deploy.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied
+from deploy.facts.server import (ServerState, last_good_path, parse_record, parse_server_state, read_record_command,
+                                 same_deployment, server_state_command)
+from deploy.state_layout import StatePaths
+from deploy.transport import HostConnection, JumpConnections
+
+if TYPE_CHECKING:  # the playbook and its steps load when a playbook runs: gpu-status, logs and doctor never need them
+    from deploy.playbook import Playbook, PlannedStep
+    from deploy.steps.base import Command, StepContext
+
+#: what a rollback runs, with the playbook's settings for each step where it has them
+ROLLBACK_STEPS = ("stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready", "verify-acceptance")
+
+
+def step_context(host: Host, run: Run, settings, conn, stamp: str, progress, memory,
+             cancelled: threading.Event | None = None, step: str = "") -> StepContext:
+    from deploy.steps.base import StepContext
+    # the journal lives in the host's memory: every step (and a rollback's) appends to one list
+    journal = memory.setdefault("journal", [])
+    return StepContext(host=host, run=run, settings=settings, conn=conn,
+                       launch_stamp=stamp, progress=progress, memory=memory,
+                       cancelled=cancelled or threading.Event(), journal=journal, step=step)
+
+
+def network_host(host: Host, address: str) -> Host:
+    """The host as its steps see it: ``address`` is where it is on the network.
+
+    The YAML address may be an ssh_config alias (``gpu-a``) that only ssh understands; SGLang's
+    default bind address (a run without serve_host) must be the HostName it resolves to.
+    """
+    return host if address == host.address else host.model_copy(update={"address": address})
+
+
+def run_steps(steps: Sequence[PlannedStep], host: Host, run: Run, conn, stamp: str,
+               progress: Progress, memory: dict, cancelled: threading.Event, label: str = "") -> tuple[list[StepRecord], DeployError | None, int]:
+    """Run steps in order; returns (records, first error, index of the failing step or -1)."""
+    records: list[StepRecord] = []
+    error: DeployError | None = None
+    failed_at = -1
+    stop = False
+    for index, step in enumerate(steps):
+        if stop or cancelled.is_set():
+            records.append(StepRecord(step.name, "not-run"))
+            continue
+        held = memory.get("host_lock")
+        if held is not None and not held.running:
+            # The connection dropped and was re-opened between commands: the host-side helper saw
+            # EOF and the lock is gone, so another run may be changing this host now.
+            lost = LockHeld(f"{host.name}: lost the host lock (the SSH connection holding it dropped); "
+                            "stopped before the next step")
+            if error is None:
+                error, failed_at = lost, index
+            stop = True
+            records.append(StepRecord(step.name, "failed", detail=str(lost), exit_code=int(lost.exit_code)))
+            continue
+        if not step.settings.enabled:
+            records.append(StepRecord(step.name, "disabled"))
+            continue
+        if memory.get("converged") and getattr(step.module, "CONVERGE_SKIPS", False):
+            records.append(StepRecord(step.name, "skipped", detail="already running as desired"))
+            continue
+        name = f"{label}{step.name}"
+        record = StepRecord(step.name, "failed")
+        started = time.monotonic()
+        for attempt in range(1, step.settings.retries + 2):
+            record.attempts = attempt
+            ctx = step_context(host, run, step.settings, conn, stamp,
+                           lambda m, s=name: progress(host.name, s, m), memory, cancelled, step=name)
+            progress(host.name, name, "start" if attempt == 1 else f"retry {attempt - 1}")
+            try:
+                outcome = step.module.run(ctx)
+            except DeployError as exc:
+                record.detail = str(exc)
+                record.exit_code = int(exc.exit_code)
+                if attempt <= step.settings.retries and not cancelled.is_set():
+                    progress(host.name, name, f"failed, retrying: {str(exc).splitlines()[0][:200]}")
+                    continue
+                if error is None:
+                    error, failed_at = exc, index
+                stop = step.settings.on_failure == "stop"
+                progress(host.name, name, f"FAILED: {str(exc).splitlines()[0][:300]}")
+                break
+            record.status, record.detail, record.data = outcome.status, outcome.detail, outcome.data
+            progress(host.name, name, f"{outcome.status}: {outcome.detail}")
+            break
+        record.duration_s = time.monotonic() - started
+        records.append(record)
+    return records, error, failed_at
+
+
+def server_state_action(host: Host, run: Run) -> Command:
+    """The server-state read (PID file, process, deployment record, /health) after a failure."""
+    from deploy.steps.base import Command
+    from deploy.steps.wait_ready import health_url
+
+    ctx = step_context(host, run, None, None, "", lambda m: None, {})
+    paths = StatePaths(host.state_dir)
+    return Command(description="what the host runs now (PID file, process, deployment record, /health)",
+                   when="a step failed: the report says what the host was left running",
+                   command=server_state_command(host.python, paths.helper("host_ops.py"), paths.root, health_url(ctx)),
+                   timeout_s=30, what="server-state")
+
+
+def server_state(conn, host: Host, run: Run, memory: dict) -> ServerState:
+    action = server_state_action(host, run)
+    output = conn.check(action.command, timeout=action.timeout_s, what=action.what or "server-state").stdout
+    return parse_server_state(output, host.name)
+
+
+def died(conn, host: Host, run: Run, memory: dict, error: DeployError, step: str) -> DeployError:
+    """A failure while a server PID is known: if that server is gone, say so with its log tail."""
+    from deploy.steps.wait_ready import died_message, tail_command
+
+    if isinstance(error, (ServerDied, LockHeld)) or "pid" not in memory:
+        return error
+    try:
+        state = server_state(conn, host, run, memory)
+    except DeployError:
+        return error
+    if state.alive and state.pid == memory["pid"]:
+        return error
+    log = memory.get("log") or ""
+    tail = conn.run(tail_command(log)).stdout.rstrip() if log else ""
+    ctx = step_context(host, run, None, conn, "", lambda m: None, memory)
+    return ServerDied(died_message(ctx, memory["pid"], log, tail, f"(noticed by {step}; it had reported: "
+                                   f"{str(error).splitlines()[0][:200]})"))
+
+
+def rollback_steps(playbook: Playbook) -> list[PlannedStep]:
+    from deploy.playbook import PlannedStep
+    from deploy.steps import REGISTRY
+
+    steps = []
+    for name in ROLLBACK_STEPS:
+        mine = next((s for s in playbook.steps if s.name == name), None)
+        if mine is None:
+            steps.append(PlannedStep(name, REGISTRY[name].Settings(step=name)))
+        elif mine.settings.enabled:
+            steps.append(mine)
+    return steps
+
+
+def should_roll_back(playbook: Playbook, records: list[StepRecord], failed_at: int, error: DeployError,
+                      options: RunOptions, cancelled: threading.Event) -> bool:
+    if not options.rollback or cancelled.is_set() or isinstance(error, LockHeld) or failed_at < 0:
+        return False
+    names = [s.name for s in playbook.steps]
+    if "stop-stale" not in names:
+        return False
+    stop_index = names.index("stop-stale")
+    return failed_at > stop_index and records[stop_index].status in ("ok", "skipped")
+
+
+def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str,
+               progress: Progress, memory: dict, cancelled: threading.Event) -> None:
+    host = report.host
+    error = report.error
+    assert error is not None
+    path = last_good_path(host.state_dir)
+    snapshot = memory.get("snapshot")
+    try:
+        # as doctor read it under the host lock in this run (nothing but record-good, the last step, writes it)
+        good = snapshot.last_good if snapshot is not None else \
+            parse_record(conn.run(read_record_command(path)).stdout, host.name, path)
+    except DeployError as exc:
+        report.warnings.append(f"rollback impossible: {exc}")
+        return
+    if good is None:
+        report.warnings.append("no last good deployment is recorded on this host: nothing to roll back to")
+        progress(host.name, "rollback", "no last good deployment recorded: nothing to roll back to")
+        return
+    if isinstance(error, Regression) and same_deployment(good, memory.get("deployment")):
+        report.warnings.append("the regressing deployment is the last good one: nothing else to roll back to")
+        return
+    progress(host.name, "rollback", f"relaunching the last good deployment ({good.get('drafter_path')})")
+    rb_memory: dict[str, Any] = {"rollback_record": good, "env_file": good.get("env_file"),
+                                 "host_lock": memory.get("host_lock")}
+    records, rb_error, _ = run_steps(rollback_steps(playbook), host, run, conn, stamp, progress,
+                                      rb_memory, cancelled, label="rollback/")
+    report.rollback = records
+    report.cause = error
+    first = str(error).splitlines()[0]
+    if rb_error is None:
+        memory.update(restored=rb_memory.get("deployment"))
+        restored = f"previous deployment restored and verified ({good.get('drafter_path')}, pid {rb_memory.get('pid')})"
+        if isinstance(error, Regression):
+            report.error = Regression(f"{error}\n-> rolled back: {restored}")
+        else:
+            report.error = RolledBack(f"failed: {first}\n-> {restored}")
+        progress(host.name, "rollback", restored)
+    else:
+        report.error = DeployError(
+            f"failed: {first}\n-> the rollback to the last good deployment ({good.get('drafter_path')}) failed too: "
+            f"{str(rb_error).splitlines()[0]}\nTHE HOST IS SERVING NOTHING (no verified deployment is running)",
+            exit_code=ExitCode.FAILED)
+        progress(host.name, "rollback", "FAILED: the host is serving nothing")
+
+
+def collect_facts(report: HostReport, memory: dict, run: Run) -> None:
+    deployment = memory.get("deployment") or {}
+    report.facts = {
+        "sglang_version": memory.get("sglang_version") or deployment.get("sglang_version"),
+        "drafter_fingerprint": memory.get("drafter_fingerprint") or deployment.get("drafter_fingerprint"),
+        "draft_tokens": run.draft_tokens,
+        "accept_length": (memory.get("verify") or {}).get("accept_length"),
+        "output_tok_s": (memory.get("bench") or {}).get("output_tok_s"),
+        "converged": bool(memory.get("converged")),
+    }
+
+
+class HostSession:
+    """One host's connection, host lock and step memory, kept across a run's phases.
+
+    ``open`` connects (the host's address becomes its ssh_config HostName) and takes the host lock
+    when the options say so; ``steps`` runs planned steps into the report (a failure while a server
+    PID is known is checked for a dead server); ``close`` says what a failed host left running,
+    releases the lock and closes the connection.
+    """
+
+    def __init__(self, config: Config, host: Host, run: Run, *, jumps: JumpConnections | None,
+                 options: RunOptions, progress: Progress, cancelled: threading.Event, stamp: str):
+        self.config, self.host, self.run = config, host, run
+        self.jumps, self.options, self.progress, self.cancelled = jumps, options, progress, cancelled
+        self.stamp = stamp
+        self.report = HostReport(host)
+        self.memory: dict[str, Any] = {"force": options.force, "must_converge": host.name in options.keep_serving}
+        self.conn: HostConnection | None = None
+        self.held: Any = None
+        self.started = time.monotonic()
+
+    def connect(self) -> None:
+        self.conn = HostConnection(self.host, self.config.ssh, self.jumps)
+        self.conn.connect()
+        self.host = network_host(self.host, self.conn.endpoint.hostname.value)
+        self.report.host = self.host
+
+    def lock(self) -> None:
+        from deploy.locks import acquire_host_lock
+
+        if not self.options.lock:
+            return
+        assert self.conn is not None
+        self.held, warning = acquire_host_lock(self.conn, self.host, self.options.owner or {})
+        if warning:
+            self.report.warnings.append(warning)
+            self.progress(self.host.name, "lock", f"WARNING: {warning}")
+        self.progress(self.host.name, "lock", "held")
+        self.memory["host_lock"] = self.held
+
+    def open(self) -> None:
+        """Connect, then take the host lock (when the options say so)."""
+        self.connect()
+        self.lock()
+
+    def run_steps(self, steps: Sequence[PlannedStep], memory: dict | None = None, label: str = "",
+                  cancelled: threading.Event | None = None) -> tuple[list[StepRecord], DeployError | None, int]:
+        """``run_steps`` on this host; ``memory``: another step memory (a rollback's), not the session's."""
+        assert self.conn is not None
+        return run_steps(steps, self.host, self.run, self.conn, self.stamp, self.progress,
+                         self.memory if memory is None else memory,
+                         self.cancelled if cancelled is None else cancelled, label=label)
+
+    def steps(self, steps: Sequence[PlannedStep]) -> DeployError | None:
+        """Run steps into the report; a failure is checked for a dead server and becomes the report's error."""
+        records, error, failed_at = self.run_steps(steps)
+        self.report.steps.extend(records)
+        if error is not None:
+            error = self.died(error, steps[failed_at].name)
+            records[failed_at].detail, records[failed_at].exit_code = str(error), int(error.exit_code)
+            self.report.error = self.report.error or error
+        return error
+
+    def skip(self, steps: Sequence[PlannedStep], why: str) -> None:
+        self.report.steps.extend(StepRecord(s.name, "skipped", detail=why) for s in steps)
+
+    def server_state(self, memory: dict | None = None) -> ServerState:
+        assert self.conn is not None
+        return server_state(self.conn, self.host, self.run, self.memory if memory is None else memory)
+
+    def died(self, error: DeployError, step: str, memory: dict | None = None) -> DeployError:
+        assert self.conn is not None
+        return died(self.conn, self.host, self.run, self.memory if memory is None else memory, error, step)
+
+    def roll_back(self, playbook: Playbook) -> None:
+        """Relaunch the host's last good deployment (the report's error becomes the outcome)."""
+        roll_back(self.report, playbook, self.run, self.conn, self.stamp, self.progress, self.memory, self.cancelled)
+
+    def close(self, describe: bool = True) -> None:
+        """A failed host's report says what it left running (``describe``); the lock is released, the
+        connection closed."""
+        if self.conn is not None:
+            if describe and self.report.error is not None:
+                try:
+                    self.report.left_running = self.server_state().describe()
+                except DeployError as exc:
+                    self.report.left_running = f"unknown: {exc}"
+            if self.held is not None:
+                self.held.close()
+            self.conn.close()
+        self.report.duration_s = time.monotonic() - self.started
+
+
+def run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, stamp: str,
+                progress: Progress, cancelled: threading.Event, jumps: JumpConnections | None,
+                options: RunOptions | None = None) -> HostReport:
+    """The whole playbook on one host: connect, lock, steps, rollback, what it left running."""
+    options = options or RunOptions()
+    session = HostSession(config, host, run, jumps=jumps, options=options, progress=progress,
+                          cancelled=cancelled, stamp=stamp)
+    report = session.report
+    try:
+        session.connect()
+    except DeployError as exc:
+        report.error = exc
+        report.steps = [StepRecord(s.name, "not-run") for s in playbook.steps]
+        return report
+    finished = False
+    try:
+        try:
+            session.lock()
+        except DeployError as exc:
+            report.error = exc
+            report.steps = [StepRecord(s.name, "not-run") for s in playbook.steps]
+            progress(session.host.name, "lock", f"FAILED: {exc}")
+            return report
+        records, error, failed_at = session.run_steps(playbook.steps)
+        report.steps = records
+        collect_facts(report, session.memory, run)
+        if error is not None and not cancelled.is_set():
+            error = session.died(error, playbook.steps[failed_at].name)
+            records[failed_at].detail = str(error)
+            records[failed_at].exit_code = int(error.exit_code)
+        report.error = error
+        if error is not None and should_roll_back(playbook, records, failed_at, error, options, cancelled):
+            session.roll_back(playbook)
+        finished = True
+    finally:
+        # interrupted (Ctrl-C): no more commands; the caller says what each host was left running
+        session.close(describe=finished)
+    return report

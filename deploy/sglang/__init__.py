@@ -1,0 +1,1 @@
+"""What deployctl knows about SGLang itself, pure (no I/O): the launch argv rules (argv.py)."""

@@ -1,0 +1,51 @@
+"""SGLang's launch argv and addresses, pure: the one place its flags are spelled.
+
+The launch step, converge, the doctor's checks and facts, and the fleet's router all read these
+rules from here (below the steps: facts and doctor never import a step).
+"""
+
+from __future__ import annotations
+
+from deploy.config.models import Host, Run
+
+
+def speculative_plan(run: Run, draft_tokens: int) -> tuple[int, int, int]:
+    """(num_steps, topk, num_draft_tokens) passed explicitly.
+
+    With topk 1 SGLang logs a warning and silently rewrites num_draft_tokens to num_steps + 1, so
+    "16 draft tokens" must be sent as num_steps 15 (sglang server_args, all versions in use).
+    """
+    if run.eagle_topk == 1:
+        return draft_tokens - 1, 1, draft_tokens
+    assert run.speculative_num_steps is not None
+    return run.speculative_num_steps, run.eagle_topk, draft_tokens
+
+
+def serve_address(run: Run, host: Host) -> str:
+    return run.serve_host or host.address
+
+
+def probe_address(run: Run, host: Host) -> str:
+    address = serve_address(run, host)
+    return "127.0.0.1" if address in ("0.0.0.0", "::") else address
+
+
+def sglang_argv(run: Run, host: Host, draft_tokens: int, drafter: str | None = None) -> list[str]:
+    steps, topk, tokens = speculative_plan(run, draft_tokens)
+    return [
+        run.sglang_python, "-m", "sglang.launch_server",
+        "--model-path", run.base_model,
+        "--speculative-algorithm", run.speculative_algorithm,
+        "--speculative-draft-model-path", drafter or run.drafter,
+        "--speculative-num-steps", str(steps),
+        "--speculative-eagle-topk", str(topk),
+        "--speculative-num-draft-tokens", str(tokens),
+        "--tp-size", str(run.tp_size),
+        "--host", serve_address(run, host),
+        "--port", str(run.port),
+        "--trust-remote-code",
+        *run.extra_args,
+    ]
+
+
+PATH_POSITIONS = ("--model-path", "--speculative-draft-model-path")
