@@ -1,6 +1,6 @@
 """Errors a user can cause, each with the documented exit code the CLI returns.
 
-The exit codes are part of the interface (cron jobs branch on them); see README "Exit codes".
+The exit codes are part of the interface (cron jobs branch on them); see README "Exit codes" and docs/exit-codes.md.
 """
 
 from __future__ import annotations

@@ -16,9 +16,13 @@ from deploy.errors import ConfigError, UsageError
 from deploy.steps import REGISTRY
 from deploy.steps.base import StepSettings
 
-#: shipped inside the package (deploy/playbooks/*.yaml), read with importlib.resources, so a wheel
-#: install has them too (they used to be data-files that `pip install .` left out).
+#: the top-level playbooks/ directory of the repository; the wheel ships it as the package data of
+#: `deploy.playbooks` (setup.py maps that package to playbooks/; they once were data-files that
+#: `pip install .` left out), read with importlib.resources.
 BUILTIN = ("up", "restart", "down", "bench", "nightly")
+#: playbooks/ next to the package in a source checkout (and an editable install, whose finder maps
+#: only packages with an __init__.py, so `deploy.playbooks` is not importable there)
+_SOURCE_PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 
 
 class _PlaybookFile(BaseModel):
@@ -66,7 +70,11 @@ def builtin_playbook(name: str):
     """The packaged playbook ``name`` (an importlib.resources Traversable), or None."""
     if name not in BUILTIN:
         return None
-    return importlib.resources.files("deploy") / "playbooks" / f"{name}.yaml"
+    try:
+        shipped = importlib.resources.files("deploy.playbooks") / f"{name}.yaml"
+    except ModuleNotFoundError:  # a source checkout: no deploy.playbooks package, playbooks/ beside deploy/
+        return _SOURCE_PLAYBOOKS / f"{name}.yaml"
+    return shipped if shipped.is_file() else _SOURCE_PLAYBOOKS / f"{name}.yaml"
 
 
 def find_playbook(name_or_path: str):

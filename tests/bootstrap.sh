@@ -10,6 +10,9 @@ missing=()
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
 command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)
 command -v fuser >/dev/null 2>&1 || missing+=(psmisc)
+command -v pgrep >/dev/null 2>&1 || missing+=(procps)      # pgrep/pkill: the sandbox's process checks
+command -v ss >/dev/null 2>&1 || missing+=(iproute2)       # ss: the ProxyJump tests' socket owners
+command -v git >/dev/null 2>&1 || missing+=(git)           # the wheel test builds from the tracked files
 command -v useradd >/dev/null 2>&1 || missing+=(passwd)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 # the sglang-router venv below is made from the system python (the sandbox users must run it)

@@ -23,6 +23,9 @@ import pytest
 SANDBOX_ROOT = Path(os.environ.get("DEPLOYCTL_TEST_SANDBOX_ROOT", "/var/tmp/deployctl-test-sandbox"))
 SANDBOX_HOSTS = ("sb1", "sb2", "sb3")
 LOCK_WAIT_S = float(os.environ.get("DEPLOYCTL_TEST_SANDBOX_LOCK_WAIT_S", "600"))
+#: .ci/run sets it: a machine that cannot run the sandbox fails the sandbox tests instead of
+#: skipping them (a green CI that never ran the integration tests proves nothing)
+REQUIRE_SANDBOX = os.environ.get("DEPLOYCTL_TEST_REQUIRE_SANDBOX") == "1"
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +34,8 @@ def sandbox_machine_lock():
     from sandbox.hosts import sandbox_unavailable_reason
 
     reason = sandbox_unavailable_reason()
+    if reason and REQUIRE_SANDBOX:
+        pytest.fail(f"sandbox unavailable: {reason} (DEPLOYCTL_TEST_REQUIRE_SANDBOX=1: CI must run these tests)")
     if reason:
         pytest.skip(f"sandbox unavailable: {reason}")
     from sandbox.machine_lock import MachineLockTimeout, machine_lock

@@ -107,7 +107,10 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
             render.plan_text(command, plans, render.console(), endpoints)
             if fleet_plan is not None:
                 fleet.print_fleet_plan(fleet_plan)
-        return 0
+        # a host whose ssh settings are refused (ssh_config) is planned as "ssh: ERROR": the plan
+        # is still printed, but it exits with that error's code, like gpu-status (HOSTILE, issue 22)
+        refused = [int(e["exit_code"]) for e in (endpoints or {}).values() if "error" in e]
+        return max(refused) if refused else 0
     progress = render.progress_printer()
     result = stopped = None
     if command != "down" and (run.nodes or is_fleet):

@@ -47,13 +47,19 @@ class StopReport(_Fact):
     processes: list[StoppedProcess]
     note: str | None = None
     helper_pid: int | None = None
+    #: scope pidfile: host_ops.check_server_pid's verdict on the PID file (facts.server.PID_CHECKS)
+    pid_check: Literal["verified", "unverified", "not-ours", "elsewhere", "dead", "invalid", "none"] | None = None
+    #: what really runs when the PID file does not name the server deployctl launched
+    running: str | None = None
 
 
 def stop_processes_command(python: str, helper: str, scope: str, grace_s: float, pidfile: str | None = None,
-                           exclude: tuple[str, ...] | list[str] = ()) -> str:
+                           exclude: tuple[str, ...] | list[str] = (), record: str | None = None) -> str:
     parts = [helper_python(python), quote_path(helper), "stop-processes", "--scope", scope, "--grace", f"{grace_s:g}"]
     if scope == "pidfile":
         parts += ["--pidfile", quote_path(pidfile or "")]
+        if record:
+            parts += ["--record", quote_path(record)]  # the PID's command line must be its argv
     else:
         for pattern in exclude:
             parts += ["--exclude", quote(pattern)]

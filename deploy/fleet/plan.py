@@ -155,13 +155,16 @@ def fleet_report(result) -> dict[str, Any]:
 
 
 def print_fleet_report(result) -> None:
+    from deploy.terminal import safe_line, safe_text  # router and host text, escaped (issue 22)
+
     for phase in result.phases:
-        click.echo(f"  {phase.status:8} {phase.name}: {phase.detail}"[:300])
+        click.echo(safe_line(f"  {phase.status:8} {phase.name}: {phase.detail}"[:300]))
     for host, entry in fleet_report(result)["rotation"].items():
         window = entry.get("out_of_rotation_s")
-        click.echo(f"  {host}: out of rotation {window:.2f} s" if window is not None else f"  {host}: {entry.get('note')}")
+        click.echo(f"  {host}: out of rotation {window:.2f} s" if window is not None else
+                   f"  {host}: {safe_line(entry.get('note'))}")
     if result.error is not None:
-        click.echo(f"error: {result.error}", err=True)
+        click.echo(f"error: {safe_text(result.error)}", err=True)
 
 
 def _package_text(row: dict[str, Any]) -> str:

@@ -95,8 +95,13 @@ def _unchanged(state: RunState, host: Host) -> tuple[bool, str]:
         server = snapshot_of(facts.run_state, facts.python.version, host.name, host.state_dir).server
         result = conn.run(fingerprint_call.command, timeout=fingerprint_call.timeout_s)
         fingerprint = parse_fingerprint(result.exit_code, result.stdout, result.stderr, host.name).fingerprint
+        from deploy.doctor.speculation import draft_quantization_flag
+        from deploy.doctor.verdict import DoctorInput
+
         ctx.memory.update(drafter_fingerprint=fingerprint, drafter_path=store_path(ctx, fingerprint),
-                          sglang_version=sglang.version)
+                          sglang_version=sglang.version,  # and the doctor step's draft quantization decision
+                          draft_quantization=draft_quantization_flag(DoctorInput(host, state.run, state.run.draft_tokens,
+                                                                                 facts, sglang)))
         return converge.would_converge(ctx, server)
 
 

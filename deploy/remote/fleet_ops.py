@@ -26,6 +26,8 @@ host: that is where the router reaches the workers from, so what works here work
 
 import json
 import os
+import stat
+import re
 import signal
 import socket
 import sys
@@ -87,12 +89,24 @@ def router_packages() -> dict:
 
 
 def _pid_of(pidfile: str):
+    """The router's PID from its PID file: a small regular file holding 2..pid_max, else None."""
+    path = os.path.expanduser(pidfile)  # "~/..." arrives quoted, unexpanded
     try:
-        with open(os.path.expanduser(pidfile)) as handle:  # "~/..." arrives quoted, unexpanded
-            text = handle.read().strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO never blocks (HOSTILE, issue 22)
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, 64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not re.match(r"^[0-9]{1,10}$", text):
+        return None
+    pid = int(text)
+    return pid if 1 < pid <= (1 << 22) and pid != os.getpid() else None  # never init, never ourselves
 
 
 def _is_router(pid: int) -> bool:

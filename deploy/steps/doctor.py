@@ -81,7 +81,12 @@ def run(ctx: StepContext) -> StepOutcome:
         ctx.memory["snapshot"] = snapshot_of(facts.run_state, facts.python.version, ctx.host.name,
                                              ctx.host.state_dir)
     from deploy.doctor.checks import failed
+    from deploy.doctor.speculation import DRAFT_QUANT_FLAG, draft_quantization_flag
 
+    # an unquantized drafter under a quantized target: the launch passes the draft's own quantization
+    quantization = draft_quantization_flag(DoctorInput(ctx.host, ctx.run, ctx.run.draft_tokens, facts, sglang))
+    ctx.memory["draft_quantization"] = quantization
+    passes = f"; the launch passes {DRAFT_QUANT_FLAG} {quantization}" if quantization else ""
     documents = [c.to_dict() for c in checks]
     ctx.memory["doctor_checks"] = documents
     data = {"checks": documents}
@@ -92,6 +97,6 @@ def run(ctx: StepContext) -> StepOutcome:
     if bad:
         names = ", ".join(c.name for c in bad)
         ctx.progress(f"--ignore-doctor: running on past {len(bad)} failing check(s): {names}")
-        return StepOutcome("ok", f"IGNORED {len(bad)} failing check(s) (--ignore-doctor): {names}", data)
-    suffix = f"; warnings: {', '.join(warned)}" if warned else ""
+        return StepOutcome("ok", f"IGNORED {len(bad)} failing check(s) (--ignore-doctor): {names}{passes}", data)
+    suffix = (f"; warnings: {', '.join(warned)}" if warned else "") + passes
     return StepOutcome("ok", f"{len(checks)} checks passed{suffix}", data)

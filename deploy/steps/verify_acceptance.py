@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from deploy.doctor.suspects import likely_causes
+from deploy.doctor.suspects import likely_causes, simulated_acceptance
 from deploy.errors import VerificationFailed
 from deploy.facts.host_helper import accept_check_command, parse_accept_check
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
@@ -54,6 +54,9 @@ def run(ctx: StepContext) -> StepOutcome:
     length = float(document["accept_length"])
     data = {k: document.get(k) for k in ("accept_length", "completion_tokens", "spec_verify_ct", "server_avg_spec_accept_length")}
     ctx.memory["verify"] = data
+    simulated = simulated_acceptance(ctx.memory.get("doctor_checks"))
+    if simulated:  # the doctor ran (--ignore-doctor too) and found the knob: no number proves anything
+        raise VerificationFailed(f"{ctx.host.name}: accept length {length:.2f} is simulated, not measured: {simulated}")
     if length < ctx.settings.min_accept_length:
         hint = ""
         if length < 1.05:

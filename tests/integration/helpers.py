@@ -10,6 +10,14 @@ import yaml
 
 from deploy.cli.main import main
 
+#: The stand-in SGLang's `import sglang` sleeps 2.5 s like a real install's (sandbox/sim_sglang),
+#: and every server a test launches pays it before it even starts loading: about a quarter of the
+#: integration suite's wall time went there. The tests' servers import in 0.2 s instead, the way
+#: they already load in 0.5-1 s instead of minutes. Only the launch sources the run's env, so a
+#: deployctl code path that regressed to `import sglang` on the host (doctor, fix-keys) still pays
+#: the full 2.5 s. A test that sets its own value keeps it.
+TEST_LAUNCH_ENV = {"SGLANG_SIM_IMPORT_SECONDS": "0.2"}
+
 
 def write_config(sandbox, tmp_path: Path, *, ssh: dict | None = None, hosts: list[dict] | None = None,
                  run: dict | None = None, extra_hosts: list[dict] | None = None) -> Path:
@@ -21,6 +29,7 @@ def write_config(sandbox, tmp_path: Path, *, ssh: dict | None = None, hosts: lis
     config["hosts"] += extra_hosts or []
     if run:
         config["runs"][0].update(run)
+    config["runs"][0]["env"] = {**TEST_LAUNCH_ENV, **(config["runs"][0].get("env") or {})}
     path = tmp_path / "deployctl.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path

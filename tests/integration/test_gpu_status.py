@@ -179,7 +179,7 @@ def test_remote_command_timeout_kills_the_remote_process(clean_sandbox, tmp_path
     with HostConnection(host, ssh) as conn:
         with pytest.raises(StepTimeout):
             conn.run("exec python3 -c 'import time; time.sleep(300)' deployctl-timeout-probe", timeout=1)
-        wait_until(lambda: "deployctl-timeout-probe" not in conn.run("ps -eo args").stdout, timeout=15,
+        wait_until(lambda: "deployctl-timeout-probe" not in conn.run('ps -u "$(id -u)" -o args=').stdout, timeout=15,
                    what="the timed-out remote process to be gone")
 
 

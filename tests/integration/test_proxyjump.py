@@ -26,7 +26,7 @@ import yaml
 from deploy.config import load_config
 from deploy.errors import ExitCode, HostKeyRejected
 from deploy.transport import HostConnection, JumpConnections
-from tests.integration.helpers import cli_json, cli_json_err
+from tests.integration.helpers import TEST_LAUNCH_ENV, cli_json, cli_json_err
 
 pytestmark = pytest.mark.sandbox
 
@@ -79,7 +79,7 @@ def write_configs(sb, tmp_path: Path, ssh_config: str, *, ssh: dict | None = Non
         entry.update((host_overrides or {}).get(name, {}))
         hosts.append(entry)
     doc = {"ssh": {"config_file": str(cfg), "connect_retries": 0, **(ssh or {})},
-           "hosts": hosts, "runs": base["runs"]}
+           "hosts": hosts, "runs": [{**base["runs"][0], "env": {**TEST_LAUNCH_ENV, **(base["runs"][0].get("env") or {})}}]}
     path = tmp_path / "deployctl.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

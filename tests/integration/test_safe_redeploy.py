@@ -53,7 +53,9 @@ def read_until(proc: subprocess.Popen, fragment: str, timeout: float = 60) -> st
 
 
 def servers(sandbox) -> list[str]:
-    out = sandbox.run("sb1", "pgrep -a -f 'sglang.launch_server' || true").stdout
+    """sb1's SGLang servers: only its own Unix user's processes (pgrep -u), never another sandbox's
+    (the demo's dsb-demo1 server, left running on purpose) or any other user's SGLang."""
+    out = sandbox.run("sb1", "pgrep -a -u \"$(id -u)\" -f 'sglang.launch_server' || true").stdout
     return [line for line in out.splitlines() if "pgrep" not in line]
 
 

@@ -28,6 +28,9 @@ SIM_SMI = REPO / "sandbox" / "sim_nvidia_smi.py"
 SIM_LAUNCH = REPO / "sandbox" / "sim_sglang" / "sglang" / "launch_server.py"
 H200_MIB = 143771
 
+#: the stand-in's `import sglang` sleeps 2.5 s like a real install's; these tests of the stand-in
+#: itself start it a dozen times and pay 0.2 s (tests/integration/helpers.py TEST_LAUNCH_ENV)
+FAST_IMPORT = "SGLANG_SIM_IMPORT_SECONDS=0.2"
 LAUNCH = ("python3 -m sglang.launch_server --model-path ~/models/Kimi-K2.5 "
           "--speculative-algorithm EAGLE3 --speculative-draft-model-path {drafter} "
           "--speculative-num-steps 15 --speculative-eagle-topk 1 --speculative-num-draft-tokens 16 "
@@ -84,7 +87,7 @@ def health(host, port: int) -> int | None:
 
 def launch_detached(sb, name: str, args: str, log: str, env: str = "") -> int:
     # Not "cd ~ && X &": that backgrounds a subshell which keeps ssh's stdout open (reference 7).
-    cmd = f"cd ~ || exit 1; {env} setsid nohup {args} > {log} 2>&1 < /dev/null & echo $!"
+    cmd = f"cd ~ || exit 1; {FAST_IMPORT} {env} setsid nohup {args} > {log} 2>&1 < /dev/null & echo $!"
     res = sb.run(name, cmd)
     assert res.returncode == 0, res.stderr
     return int(res.stdout.strip())
@@ -234,7 +237,7 @@ def test_hosts_answer_ssh_as_their_own_user_with_the_stand_ins(clean_sandbox):
     assert len({h.address for h in sandbox.hosts}) == 3
     for h in sandbox.hosts:
         res = sandbox.run(h.name, 'id -un; command -v nvidia-smi; '
-                                  'python3 -c "import sglang; print(sglang.__file__, sglang.__version__)"')
+                                  f'{FAST_IMPORT} python3 -c "import sglang; print(sglang.__file__, sglang.__version__)"')
         assert res.returncode == 0, res.stderr
         assert res.stdout.split("\n")[:3] == [
             h.user, f"{h.home}/bin/nvidia-smi", f"{h.home}/pylib/sglang/__init__.py 0.5.11"]
@@ -394,16 +397,16 @@ def test_renamed_drafter_accepts_and_sigterm_frees_the_gpus(clean_sandbox):
 def test_sglang_flag_errors(clean_sandbox):
     sb = clean_sandbox
     h = sb.host("sb3")
-    res = sb.run("sb3", "python3 -m sglang.launch_server --model-path ~/models/Kimi-K2.5 --bogus-flag 1")
+    res = sb.run("sb3", f"{FAST_IMPORT} python3 -m sglang.launch_server --model-path ~/models/Kimi-K2.5 --bogus-flag 1")
     assert res.returncode == 2 and "unrecognized arguments: --bogus-flag" in res.stderr
 
-    res = sb.run("sb3", "python3 -m sglang.launch_server --model-path ~/models/Kimi-K2.5 "
+    res = sb.run("sb3", f"{FAST_IMPORT} python3 -m sglang.launch_server --model-path ~/models/Kimi-K2.5 "
                         "--speculative-algorithm EAGLE3 --speculative-draft-model-path ~/drafters/kimi-k25-eagle3 "
                         "--speculative-eagle-topk 1 --speculative-num-draft-tokens 16")
     assert res.returncode == 1 and "ValueError: speculative_num_steps is not set" in res.stderr
 
     # topk 1 and T != S + 1: warning, T = S + 1; then an unexpanded '~' path fails like SGLang.
-    res = sb.run("sb3", "python3 -m sglang.launch_server --model-path ~/models/Kimi-K2.5 "
+    res = sb.run("sb3", f"{FAST_IMPORT} python3 -m sglang.launch_server --model-path ~/models/Kimi-K2.5 "
                         "--speculative-algorithm EAGLE3 --speculative-draft-model-path '~/drafters/nope' "
                         "--speculative-num-steps 5 --speculative-eagle-topk 1 --speculative-num-draft-tokens 16")
     assert res.returncode == 1
@@ -423,13 +426,13 @@ def test_sglang_port_taken_and_crash_during_load(clean_sandbox):
         taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         taken.bind((h.address, 30000))
         taken.listen()
-        res = sb.run("sb3", args)
+        res = sb.run("sb3", f"{FAST_IMPORT} {args}")
     assert res.returncode == 1
     assert ("ERROR:    [Errno 98] error while attempting to bind on address "
             f"('{h.address}', 30000): address already in use") in res.stderr
     assert gpu_used(sb, "sb3") == [0] * 8
 
-    res = sb.run("sb3", f"SGLANG_SIM_CRASH_DURING_LOAD=1 SGLANG_SIM_LOAD_SECONDS=0.4 {args}")
+    res = sb.run("sb3", f"{FAST_IMPORT} SGLANG_SIM_CRASH_DURING_LOAD=1 SGLANG_SIM_LOAD_SECONDS=0.4 {args}")
     assert res.returncode == 1
     assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a " \
            "total capacity of 139.81 GiB" in res.stderr

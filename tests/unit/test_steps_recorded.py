@@ -94,7 +94,8 @@ def _stop_output(*processes, note=None):
 def test_stop_stale_lists_what_it_stopped():
     out = _stop_output({"pid": 11, "cmdline": "python3 -m sglang.launch_server", "signal": "TERM", "exited": True},
                        {"pid": 12, "cmdline": "python3 stubborn.py", "signal": "KILL", "exited": True})
-    conn = RecordingTransport(HOST, [Reply(r"host_ops\.py' stop-processes --scope pidfile --grace 30 --pidfile ~/'deployctl state/server\.pid'$", stdout=out)])
+    conn = RecordingTransport(HOST, [Reply(r"host_ops\.py' stop-processes --scope pidfile --grace 30 --pidfile ~/'deployctl state/server\.pid' "
+                                            r"--record ~/'deployctl state/deployment\.json'$", stdout=out)])
     outcome = stop_stale.run(ctx(stop_stale, conn))
     assert outcome.detail == "stopped 2 process(es), 1 needed SIGKILL"
 

@@ -36,7 +36,7 @@ def installed(tmp_path_factory):
             continue
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, src / name)
-    for name in ("deploy/playbooks/up.yaml", "deploy/playbooks/bench.yaml"):
+    for name in ("playbooks/up.yaml", "playbooks/bench.yaml", "setup.py"):
         assert (src / name).is_file(), name
     dist = root / "dist"
     # isolated build: pip fetches setuptools and wheel from the configured index, as `pip install .` does
@@ -65,6 +65,25 @@ def _run(installed, *argv):
                           text=True, timeout=120)
 
 
+def _run_together(installed, argvs: dict) -> dict:
+    """Each argv a run of the installed console script, all started at once (one at a time they
+    were most of this file's time after the build); bounded like _run."""
+    venv, work, env = installed
+    procs = {key: subprocess.Popen([str(venv / "bin" / "deployctl"), *argv], cwd=work, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for key, argv in argvs.items()}
+    results = {}
+    for key, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        results[key] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return results
+
+
 def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
     venv, work, env = installed
     out = subprocess.run([str(venv / "bin" / "python"), "-c", "import deploy; print(deploy.__file__)"],
@@ -73,21 +92,40 @@ def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
     assert out.stdout.startswith(str(venv)), out.stdout
 
 
+def test_the_builtin_playbooks_come_from_the_wheel(installed):
+    """playbooks/ at the top of the clone is shipped as deploy.playbooks; the installed deployctl
+    reads it from there (the checkout's playbooks/ is not next to the installed package)."""
+    venv, work, env = installed
+    code = "from deploy.playbook import BUILTIN, builtin_playbook; print(*(builtin_playbook(n) for n in BUILTIN))"
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=work, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    paths = out.stdout.split()
+    assert len(paths) == len(BUILTIN) and all(p.startswith(str(venv)) and "/deploy/playbooks/" in p for p in paths), paths
+    assert all(Path(p).is_file() for p in paths), paths
+
+
 def test_every_verb_has_help(installed):
     from deploy.cli.main import cli
 
     verbs = sorted(cli.commands)
     assert {"up", "restart", "down", "plan", "logs", "bench", "gpu-status", "fix-keys"} <= set(verbs)
-    for verb in [None, *verbs]:
-        result = _run(installed, *([verb] if verb else []), "--help")
+    results = _run_together(installed, {verb: [*([verb] if verb else []), "--help"] for verb in [None, *verbs]})
+    for verb, result in results.items():
         assert result.returncode == 0, (verb, result.stderr)
         assert "Traceback" not in result.stderr
         assert "usage" in (result.stdout + result.stderr).lower(), verb
 
 
+@pytest.fixture(scope="module")
+def plans(installed):
+    """`deployctl plan NAME` for every built-in playbook, each its own run of the installed script."""
+    return _run_together(installed, {name: ["plan", name] for name in BUILTIN})
+
+
 @pytest.mark.parametrize("playbook", BUILTIN)
-def test_plan_with_every_builtin_playbook(installed, playbook):
-    result = _run(installed, "plan", playbook)
+def test_plan_with_every_builtin_playbook(plans, playbook):
+    result = plans[playbook]
     assert result.returncode == 0, result.stderr
     assert f"{playbook} on h200-a" in result.stdout or "on h200-a" in result.stdout
     assert "Traceback" not in result.stderr

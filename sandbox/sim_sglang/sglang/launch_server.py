@@ -26,6 +26,11 @@ Faithful (on purpose, because deployctl must cope with it):
   decode log line was printed, /generate, /v1/completions, /v1/chat/completions, /flush_cache
   (resets the average), /metrics with --enable-metrics.
 
+Also modelled (srt/speculative/pitfalls.py, issue 19): a reduced draft vocabulary without d2t
+(accept len 1.00), the draft inheriting the target's quantization (``Cannot find the config file
+for awq`` at draft load), SGLANG_SIMULATE_ACC_LEN (reports that accept length whatever the drafter),
+drafts past the drafter's window (accept only the bonus token there), topk > 1 with page size > 1.
+
 Not faithful:
 - The port is bound (not listened on) before loading so a taken port fails fast; real SGLang
   finds out when uvicorn starts after loading. Connections are still refused until then.
@@ -83,6 +88,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from sglang.srt.layers.quantization import QUANTIZATION_CHOICES
+from sglang.srt.speculative import pitfalls
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 SIM_STEP_S = 0.0195  # one simulated decode step of a large MoE target at TP8
@@ -163,6 +171,12 @@ def build_parser(version: str) -> argparse.ArgumentParser:
     a("--speculative-num-steps", type=int, default=None)
     a("--speculative-eagle-topk", type=int, default=None)
     a("--speculative-num-draft-tokens", type=int, default=None)
+    a("--speculative-token-map", type=str, default=None)
+    a("--quantization", type=str, choices=QUANTIZATION_CHOICES, default=None)
+    if version_tuple(version) >= (0, 5, 7):  # absent from 0.5.6's server_args.py
+        a("--speculative-draft-model-quantization", type=str, choices=QUANTIZATION_CHOICES, default=None)
+    a("--enable-hierarchical-cache", action="store_true")
+    a("--disable-overlap-schedule", action="store_true")
     return p
 
 
@@ -212,6 +226,12 @@ def finalize_args(args: argparse.Namespace) -> list[str]:
         warnings.append("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
                         "when speculative_eagle_topk == 1")
         args.speculative_num_draft_tokens = args.speculative_num_steps + 1
+    # since #9784 (0.5.6 - 0.5.12 server_args.py: flashinfer, fa3; 0.5.13+ also triton)
+    tree_backends = ("flashinfer", "fa3") + (("triton",) if version_tuple(args.sim_version) >= (0, 5, 13) else ())
+    if args.speculative_eagle_topk > 1 and args.page_size > 1 and args.attention_backend not in tree_backends:
+        raise ValueError(f"speculative_eagle_topk > 1 with page_size > 1 is only supported on {tree_backends}; "
+                         f"got attention_backend={args.attention_backend!r}. Use page_size == 1 or one of those "
+                         "backends.")
     return warnings
 
 
@@ -439,6 +459,13 @@ class Speculation:
     crash_during_load: bool = False
     crash_on_generate: bool = False
     step_s: float = SIM_STEP_S
+    draft_quantization: str | None = None
+    #: the draft load's ValueError (an unquantized drafter inheriting a quantization that needs a file)
+    draft_load_error: str | None = None
+    #: SGLANG_SIMULATE_ACC_LEN: the accept length reported whatever the drafter does
+    simulated_accept: float | None = None
+    #: positions the drafter drafts well at (its window); later steps accept only the bonus token
+    draft_window: int | None = None
 
     @property
     def enabled(self) -> bool:
@@ -485,6 +512,15 @@ def analyse_speculation(args: argparse.Namespace, version: str) -> Speculation:
     jitter = int(digest[:8], 16) / 0xFFFFFFFF
     spec.accept_p = 0.64 + 0.04 * min(jitter, 0.999)
     read_drafter_markers(draft_dir, spec)
+    target = read_json(os.path.join(args.model_path, "config.json"))
+    if args.quantization == "unquant":
+        target_quant = None
+    else:  # --quantization, else what the target's config.json declares
+        target_quant = args.quantization or pitfalls.declared_quantization(target)
+    spec.draft_quantization, spec.draft_load_error = pitfalls.draft_load_error(
+        target_quant, getattr(args, "speculative_draft_model_quantization", None), config, draft_dir)
+    spec.simulated_accept = pitfalls.simulated_accept_length()
+    spec.draft_window = pitfalls.draft_window(config, target)
     if spec.collapse_reason or not is_eagle3_drafter(config):
         return spec
     if algo == "EAGLE":
@@ -493,7 +529,6 @@ def analyse_speculation(args: argparse.Namespace, version: str) -> Speculation:
         spec.collapse_reason = "EAGLE algorithm with an EAGLE-3 drafter: one hidden state"
         return spec
     vt = version_tuple(version)
-    target = read_json(os.path.join(args.model_path, "config.json"))
     capture = target_capture(target, vt)
     if capture is not None:
         spec.accept_p = 0.0
@@ -532,6 +567,11 @@ def analyse_speculation(args: argparse.Namespace, version: str) -> Speculation:
         if unset:  # speculators' layer N>0 pre-attention norm went to input_layernorm
             spec.accept_p *= 0.55
             spec.debug.append(f"eagle3: hidden_norm left at 1.0 for {unset}")
+    vocab = pitfalls.vocab_collapse(config, target, res.hot_token_map, args.speculative_token_map)
+    if vocab is not None:
+        spec.accept_p = 0.0
+        spec.collapse_reason = vocab
+        return spec
     if "model.norm.weight" not in res.loaded:
         spec.accept_p *= 0.85
     return spec
@@ -747,10 +787,18 @@ class Engine:
         self._u = seed % 1.0
 
     # Low-discrepancy draws keep the average close to its expectation after a few steps.
-    def _accepted_this_step(self) -> int:
+    def _accepted_this_step(self, position: int = 0) -> int:
         if not self.spec.enabled:
             return 1
         p, t = self.spec.accept_p, self.spec.draft_tokens
+        simulated = self.spec.simulated_accept
+        if simulated is not None:  # SGLANG_SIMULATE_ACC_LEN: the drafter does not matter
+            self._u = (self._u + 0.6180339887498949) % 1.0
+            whole = int(math.floor(simulated))
+            return max(1, min(t, whole + (1 if self._u < simulated - whole else 0)))
+        window = self.spec.draft_window
+        if window is not None and position >= window:
+            return 1  # past the drafter's window its drafts are noise (sglang#6783)
         if p <= 0.0 or t <= 1:
             return 1
         self._u = (self._u + 0.6180339887498949) % 1.0
@@ -796,7 +844,7 @@ class Engine:
         try:
             while produced < max_new_tokens:
                 with self.lock:
-                    k = self._accepted_this_step()
+                    k = self._accepted_this_step(prompt_tokens + produced)
                     steps += 1
                     produced += k
                     self.total_tokens_in_use += k
@@ -1178,9 +1226,14 @@ def main(argv: list[str] | None = None) -> int:
     from sglang.version import __version__ as version
 
     args = build_parser(version).parse_args(argv)
+    args.sim_version = version
     log(f"SIMULATED SGLang {version}: deployctl sandbox TEST DOUBLE (no GPU, no model weights; "
         "see sglang/launch_server.py)")
     warnings = finalize_args(args)
+    if "SGLANG_ENABLE_SPEC_V2" in os.environ and (0, 5, 14) <= version_tuple(version) <= (0, 5, 22):
+        # PR #27964 removed it in 0.5.14; the notice is gone again in 0.5.23
+        warnings.append("SGLANG_ENABLE_SPEC_V2 has been removed: speculative decoding always runs the V2 "
+                        "worker; use --disable-overlap-schedule for the synchronous path")
     for warning in warnings:
         log(f"WARNING: {warning}")
     shown = ", ".join(f"{k}={v!r}" for k, v in vars(args).items())
@@ -1312,7 +1365,14 @@ def _run(args, version, config, engine: Engine, server: SimHTTPServer, ranks: li
         if "Eagle3" in draft_arch or "Speculator" in draft_arch:
             draft_arch = "LlamaForCausalLMEagle3"
         log(f"Load weight begin. avail mem={capacity_gib(free[0] - WEIGHTS_MIB):.2f} GB", tp=0)
-        log(f"Load weight end. type={draft_arch}, dtype=torch.bfloat16, avail mem="
+        if spec.draft_load_error:
+            scheduler_exception(0, LOAD_FRAMES + [
+                (_srt("model_loader/weight_utils.py"), 389, "get_quant_config",
+                 'raise ValueError(f"Cannot find the config file for {model_config.quantization}")')],
+                f"ValueError: {spec.draft_load_error}")
+            return 1
+        quant = f", quant={spec.draft_quantization}" if spec.draft_quantization else ""
+        log(f"Load weight end. type={draft_arch}{quant}, dtype=torch.bfloat16, avail mem="
             f"{capacity_gib(free[0] - WEIGHTS_MIB) - 0.01:.2f} GB, mem usage=0.01 GB.", tp=0)
     for rank in ranks:
         write_alloc(config, rank, final_mib)
