@@ -603,3 +603,33 @@ def test_ctrl_c_during_a_drain_puts_the_batch_back_into_the_router(clean_sandbox
     # sb1 was taken out and drained, never touched: it serves on and is back in the router
     assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in HOSTS)
     assert {h: server_pid(sb, h) for h in HOSTS} == pids
+
+
+def test_a_failing_replica_doctor_stops_the_roll_before_any_replica_is_touched(clean_sandbox, tmp_path, capsys):
+    """Issue 18: every router check and every replica's doctor run before the first replica is
+    stopped; before, batch 1 was redeployed and only then did a later check fail."""
+    sb = clean_sandbox
+    path = fleet_config(sb, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    old = {h: server_pid(sb, h) for h in HOSTS}
+    records = {h: sb.run(h, "cat ~/.deployctl/deployment.json").stdout for h in HOSTS}
+    for host in HOSTS:
+        new_checkpoint(sb, host)
+    # sb3's login environment sets SGLang's test knob: its doctor fails (issue 19's check)
+    assert sb.run("sb3", "echo 'export SGLANG_SIMULATE_ACC_LEN=3.5' >> ~/.bashrc").returncode == 0
+    try:
+        code, doc = cli_json(capsys, "-c", str(path), "restart", "--serial", "1", "--json")
+    finally:
+        sb.run("sb3", "sed -i '/SGLANG_SIMULATE_ACC_LEN/d' ~/.bashrc")
+    assert code == ExitCode.VERIFY, summary(doc)
+    phases = doc["fleet"]["phases"]
+    assert phases[0]["phase"].startswith("pre-flight") and phases[0]["status"] == "failed", phases[0]
+    assert "sb3" in phases[0]["detail"] and "no replica was stopped" in phases[0]["detail"]
+    assert all(p["status"] == "not-run" for p in phases[1:]), [(p["phase"], p["status"]) for p in phases]
+    assert {h: server_pid(sb, h) for h in HOSTS} == old
+    assert {h: sb.run(h, "cat ~/.deployctl/deployment.json").stdout for h in HOSTS} == records
+    assert all(h["outcome"] != "ok" for h in doc["hosts"]), [(h["host"], h["outcome"]) for h in doc["hosts"]]
+    workers = router_workers(sb)
+    assert sorted(w["url"] for w in workers) == sorted(worker_url(sb, h) for h in HOSTS)
+    assert all(w["is_healthy"] for w in workers)
