@@ -172,6 +172,8 @@ def _add(batch: tuple[Host, ...]):
         serving = _serving(state, batch)
         # taken out but never redeployed (the drain timed out): still serving what it served
         serving += [h for h in batch if h.name not in state.reports and "out" in state.rotation.get(h.name, {})]
+        if not serving and not any(h.name in state.reports or "out" in state.rotation.get(h.name, {}) for h in batch):
+            return "nothing of this batch was taken out or redeployed: nothing to add"
         if not serving:
             return "no host of this batch serves a verified deployment: none added"
         router = open_router(state)

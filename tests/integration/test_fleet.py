@@ -626,7 +626,9 @@ def test_a_failing_replica_doctor_stops_the_roll_before_any_replica_is_touched(c
     phases = doc["fleet"]["phases"]
     assert phases[0]["phase"].startswith("pre-flight") and phases[0]["status"] == "failed", phases[0]
     assert "sb3" in phases[0]["detail"] and "no replica was stopped" in phases[0]["detail"]
-    assert all(p["status"] == "not-run" for p in phases[1:]), [(p["phase"], p["status"]) for p in phases]
+    for phase in phases[1:]:  # router-add runs always (it puts back what a batch took out): nothing here
+        assert phase["status"] == "not-run" or ("router-add" in phase["phase"] and
+                                               phase["detail"].startswith("nothing of this batch")), phase
     assert {h: server_pid(sb, h) for h in HOSTS} == old
     assert {h: sb.run(h, "cat ~/.deployctl/deployment.json").stdout for h in HOSTS} == records
     assert all(h["outcome"] != "ok" for h in doc["hosts"]), [(h["host"], h["outcome"]) for h in doc["hosts"]]
