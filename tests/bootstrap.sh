@@ -36,10 +36,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 
-# sglang-router (SGLang's router, a Rust binary in a wheel) for the fleet tests: its own venv made
-# from the system python, so the sandbox's Unix users can run it (.venv's interpreter may live
-# under a private home such as /root/.pyenv).
+# SGLang's router (a Rust binary in a wheel) for the fleet tests, under both of its names, each in
+# its own venv made from the system python, so the sandbox's Unix users can run it (.venv's
+# interpreter may live under a private home such as /root/.pyenv): sglang-router 0.3.2 (its last
+# release) and smg 1.13.0 (Shepherd Model Gateway, the package SGLang's docs install since 2026).
 if [ ! -x .router-venv/bin/python ]; then
   /usr/bin/python3 -m venv .router-venv
 fi
 .router-venv/bin/python -m pip install -q --disable-pip-version-check 'sglang-router==0.3.2'
+if [ ! -x .smg-venv/bin/python ]; then
+  /usr/bin/python3 -m venv .smg-venv
+fi
+.smg-venv/bin/python -m pip install -q --disable-pip-version-check 'smg==1.13.0'

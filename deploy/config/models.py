@@ -284,11 +284,13 @@ class Timeouts(Strict):
 ROUTER_OPTION_ALIASES: dict[str, tuple[str, ...]] = {
     "--host": ("--host",), "--port": ("--port",), "--policy": ("--policy",),
     "--worker-urls": ("--worker-urls",),
+    "--worker-startup-timeout-secs": ("--worker-startup-timeout-secs",),
 }
 
 
 class RouterSpec(Strict):
-    """SGLang's own router (the ``sglang-router`` package) in front of the run's replicas."""
+    """SGLang's own router in front of the run's replicas: Shepherd Model Gateway (``smg``, its
+    name since 2026) or ``sglang-router`` 0.3.x, whichever router.python has (smg when both)."""
 
     #: a host of the config (it may also be one of the replicas)
     host: Name
@@ -296,9 +298,14 @@ class RouterSpec(Strict):
     port: Annotated[int, Field(ge=1, le=65535)] = 30080
     #: address the router binds; null = the router host's own address
     bind: Address | None = None
-    policy: Literal["cache_aware", "round_robin", "random", "power_of_two", "manual"] = "cache_aware"
-    #: interpreter that has sglang-router installed on the router host
+    #: smg 1.13 has all of these; sglang-router 0.3.x only the first five (checked on the router
+    #: host against the installed package before anything is stopped)
+    policy: Literal["cache_aware", "round_robin", "random", "power_of_two", "manual", "least_load",
+                    "consistent_hashing", "prefix_hash", "passthrough"] = "cache_aware"
+    #: interpreter that has smg or sglang-router installed on the router host
     python: HostPath = "python3"
+    #: which router package to run; auto = smg when installed, else sglang-router
+    package: Literal["auto", "smg", "sglang-router"] = "auto"
     extra_args: list[PlainText] = Field(default_factory=list)
     #: the router's wait for its first workers, and each worker's wait after POST /workers
     startup_timeout_s: PositiveSeconds = 120
