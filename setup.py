@@ -14,5 +14,5 @@ from setuptools import find_packages, setup
 setup(
     packages=[*find_packages(include=["deploy", "deploy.*"]), "deploy.playbooks"],
     package_dir={"deploy.playbooks": "playbooks"},
-    package_data={"deploy": ["py.typed"], "deploy.playbooks": ["*.yaml"]},
+    package_data={"deploy": ["py.typed", "data/*.json"], "deploy.playbooks": ["*.yaml"]},
 )

@@ -1,23 +1,23 @@
 """Local history: one JSON line per host per invocation, in ``$XDG_STATE_HOME/deployctl/history.jsonl``.
 
 Appended under a file lock (several deployctl runs may finish at once); a line that cannot be
-parsed (a crash mid-write on an old kernel, a hand edit) is reported, never silently dropped.
+parsed (a crash mid-write on an old kernel, a hand edit) is skipped with a warning naming its line,
+never silently dropped and never fatal. Reads are bounded (deploy/local_state.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from deploy.errors import DeployError, ExitCode
-from deploy.local_state import state_home
+from deploy.local_state import LocalStateError, check_state_root, ensure_directory, read_regular, require_not_directory, state_home
+from deploy.local_state import write_regular
 
 FIELDS = ("time", "verb", "run", "host", "sglang_version", "drafter_fingerprint", "draft_tokens", "accept_length",
-          "output_tok_s", "outcome", "exit_code", "duration_s")
+          "output_tok_s", "dataset", "dataset_sha256", "outcome", "exit_code", "duration_s")
 
 
 def history_path() -> Path:
@@ -33,7 +33,8 @@ def records_for(verb: str, run: str, reports: Sequence, started_at: datetime | N
             "time": when, "verb": verb, "run": run, "host": report.host.name,
             "sglang_version": facts.get("sglang_version"), "drafter_fingerprint": facts.get("drafter_fingerprint"),
             "draft_tokens": facts.get("draft_tokens"), "accept_length": facts.get("accept_length"),
-            "output_tok_s": facts.get("output_tok_s"), "outcome": report.outcome,
+            "output_tok_s": facts.get("output_tok_s"),
+            "dataset": facts.get("dataset"), "dataset_sha256": facts.get("dataset_sha256"), "outcome": report.outcome,
             "exit_code": int(report.error.exit_code) if report.error is not None else 0,
             "duration_s": round(report.duration_s, 3),
             # what the host serves after the run (deploy/serving.py): the same decision as the report's
@@ -42,41 +43,72 @@ def records_for(verb: str, run: str, reports: Sequence, started_at: datetime | N
     return rows
 
 
+#: history is one ~300-byte line per host per invocation: 64 MiB is ~200k records, years of use
+MAX_HISTORY_BYTES = 64 << 20
+#: a record is a flat object of a dozen fields; a longer line is not one of ours
+MAX_RECORD_BYTES = 64 << 10
+#: seconds to wait for another deployctl appending at the same moment
+LOCK_TIMEOUT_S = 10
+
+
 def append(rows: Iterable[dict[str, Any]], path: Path | None = None) -> None:
-    from filelock import FileLock
+    """Append records under a lock; a history that is not a regular file is a LocalStateError (exit 10).
+
+    The open is non-blocking: a FIFO as history.jsonl used to block ``up`` forever after the deploy,
+    its report never printed. Callers after a deploy catch the error and warn (the deploy stands).
+    """
+    from filelock import FileLock, Timeout
 
     path = path or history_path()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
     if not text:
         return
-    with FileLock(str(path) + ".lock", timeout=30):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-
-
-def read(run: str | None = None, host: str | None = None, path: Path | None = None) -> list[dict[str, Any]]:
-    path = path or history_path()
+    ensure_directory(path.parent)
+    lock_path = Path(str(path) + ".lock")
+    require_not_directory(lock_path, "the history's lock file")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return []
+        with FileLock(str(lock_path), timeout=LOCK_TIMEOUT_S):
+            write_regular(path, text.encode(), "the history", append=True)
+    except Timeout:
+        raise LocalStateError(f"{lock_path}: held by another process for over {LOCK_TIMEOUT_S} s; "
+                              "history not appended") from None
     except OSError as exc:
-        raise DeployError(f"{path}: cannot read the history: {exc}", exit_code=ExitCode.IO) from None
+        raise LocalStateError(f"{lock_path}: cannot lock the history: {exc.strerror or exc}") from None
+
+
+def read(run: str | None = None, host: str | None = None, path: Path | None = None,
+         warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    """Records, oldest first. A line that is not a record (not UTF-8, not JSON, nested too deep, too
+    long: a crash mid-write, a hand edit) is skipped and named in ``warnings``, never fatal."""
+    if path is None:
+        check_state_root()
+    path = path or history_path()
+    data = read_regular(path, MAX_HISTORY_BYTES, "the history")
+    if data is None:
+        return []
     rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
             continue
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict):
-                raise ValueError
-        except ValueError:
-            raise DeployError(f"{path}:{number}: not a history record: {line[:120]!r}",
-                              exit_code=ExitCode.CONFIG) from None
+        row = _record(raw)
+        if row is None:
+            if warnings is not None:
+                warnings.append(f"{path}:{number}: skipped, not a history record: {raw[:80]!r}")
+            continue
         if (run is None or row.get("run") == run) and (host is None or row.get("host") == host):
             rows.append(row)
     return rows
+
+
+def _record(raw: bytes) -> dict[str, Any] | None:
+    if len(raw) > MAX_RECORD_BYTES:
+        return None
+    try:
+        # a record is flat: '[' or '{' nested deeper than a few levels is not one (and json
+        # recursion over 100k levels is a RecursionError)
+        if raw.count(b"[") + raw.count(b"{") > 64:
+            return None
+        row = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return row if isinstance(row, dict) else None

@@ -48,6 +48,11 @@ def router_status(config: Config, hosts: Sequence[Host]) -> list[dict[str, Any]]
                 with HostConnection(host, config.ssh, jumps) as conn:
                     router = RouterHost(conn, network_host(host, conn.endpoint.hostname.value), run)
                     state = router.state()
+                    try:
+                        package = router.package()
+                        row["package"] = {"name": package.name, "version": package.version}
+                    except DeployError as exc:
+                        row["package"] = {"error": str(exc)}
                     row.update(url=router.url, pid=state.get("pid"), alive=bool(state.get("alive")),
                                workers=[{"url": w["url"], "healthy": w["is_healthy"]} for w in state.get("workers", [])])
             except DeployError as exc:

@@ -24,12 +24,16 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from deploy.config.models import Host
-from deploy.errors import LockHeld, RemoteOutputError
-from deploy.local_state import state_home
+from deploy.errors import DeployError, ExitCode, LockHeld, RemoteOutputError
+from deploy.local_state import (LocalStateError, ensure_directory, read_regular, require_not_directory,
+                                 state_home, write_regular)
 from deploy.shell import path_join, quote, quote_path
 from deploy.facts.helpers import helper_python
 
 HOST_LOCK_SOURCE = Path(__file__).resolve().parent / "remote" / "host_lock.py"
+#: an OSError the host printed that means "this file system refuses the write" (EACCES, EPERM,
+#: ENOSPC, EROFS, EDQUOT): the state dir is read-only, full or not the user's, exit 10
+WRITE_FAILURE = re.compile(r"\[Errno (13|1|28|30|122)\]|Read-only file system|No space left|Disk quota|Permission denied")
 
 
 def owner_info(command: str, run: str) -> dict[str, Any]:
@@ -84,6 +88,9 @@ def acquire_host_lock(conn, host: Host, owner: dict):
     held = conn.hold(host_lock_command(host, owner), timeout=60)
     if held.exit_code not in (None, 0) or not held.first_line:
         detail = (held.stderr.strip().splitlines() or ["(no output)"])[-1]
+        if WRITE_FAILURE.search(detail):  # read-only, full, over quota, not ours: exit 10, as documented
+            raise DeployError(f"{host.name}: cannot write the host lock {host_lock_path(host)} in state_dir "
+                              f"{host.state_dir}: {detail}", exit_code=ExitCode.IO)
         raise RemoteOutputError(f"{host.name}: cannot take the host lock {host_lock_path(host)} "
                                 f"with {host.python} (exit {held.exit_code}): {detail}")
     document = parse_host_lock(held.first_line, host.name)
@@ -135,21 +142,26 @@ def local_lock(config_path: Path, run: str, owner: dict, scopes: Sequence[str] =
     try:
         for scope in sorted(set(scopes)):
             path = local_lock_path(config_path, run, scope)
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # every problem with the state directory is exit 10 naming the path (deploy/local_state.py)
+            ensure_directory(path.parent, "deployctl's local locks folder")
             owner_path = path.with_name(path.name + ".owner.json")
+            require_not_directory(path, "a local lock file")
+            require_not_directory(owner_path, "a local lock's owner file")
             lock = FileLock(str(path))
             try:
                 lock.acquire(timeout=0)
             except Timeout:
                 try:
-                    holder = json.loads(owner_path.read_text())
-                except (OSError, ValueError):
+                    holder = json.loads(read_regular(owner_path, 64 << 10, "the lock's owner file") or b"null")
+                except (DeployError, ValueError, RecursionError):
                     holder = None
                 what = f" {scope.replace(':', ' ', 1)}" if scope else ""
                 raise LockHeld(f"config {config_path} run {run!r}{what} is locked on this machine by "
-                               f"{describe_owner(holder)} ({path})") from None
+                               f"{describe_owner(holder if isinstance(holder, dict) else None)} ({path})") from None
+            except OSError as exc:
+                raise LocalStateError(f"{path}: cannot take the local lock: {exc.strerror or exc}") from None
             taken.append((lock, owner_path))
-            owner_path.write_text(json.dumps(owner) + "\n")
+            write_regular(owner_path, (json.dumps(owner) + "\n").encode(), "the lock's owner file", append=False)
         yield
     finally:
         for lock, owner_path in reversed(taken):

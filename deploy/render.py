@@ -1,4 +1,9 @@
-"""Rendering for humans (rich) and scripts (JSON). Deciding happens elsewhere."""
+"""Rendering for humans (rich) and scripts (JSON). Deciding happens elsewhere.
+
+Every text that came from a host or a local state file goes through deploy/terminal.py before it
+reaches a terminal (control characters shown escaped) and into rich as plain Text, never markup;
+JSON documents carry the raw text (json.dumps escapes it).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 from deploy.errors import ExitCode
 from deploy.facts.gpus import GpuRow
 from deploy.fanout import HostOutcome
+from deploy.terminal import safe_line, safe_text
 
 if TYPE_CHECKING:
     from rich.console import Console, JustifyMethod
@@ -36,7 +42,7 @@ def _holders_text(row: GpuRow) -> str:
     parts = []
     for app in row.holders:
         mem = f"{app.used_mib} MiB" if app.used_mib is not None else "? MiB"
-        parts.append(f"{app.pid} {app.process_name} ({mem})")
+        parts.append(f"{app.pid} {safe_line(app.process_name)} ({mem})")
     return "\n".join(parts)
 
 
@@ -59,7 +65,7 @@ def gpu_status_tables(outcomes: Sequence[HostOutcome[list[GpuRow]]], out: Consol
             # a host that answered but whose nvidia-smi failed is not "unreachable": say which
             label = "UNREACHABLE" if code == ExitCode.CONNECTION else "GPU QUERY FAILED (host reachable)"
             out.print(f"[bold]{title}[/bold]  [red]{label}[/red] (exit {code})")
-            out.print(f"  {outcome.error}", markup=False)
+            out.print(f"  {safe_text(outcome.error)}", markup=False)
             continue
         rows = outcome.value or []
         busy = sum(1 for r in rows if r.used_mib > 0)
@@ -68,10 +74,12 @@ def gpu_status_tables(outcomes: Sequence[HostOutcome[list[GpuRow]]], out: Consol
         table.add_column("used / total MiB", justify="right")
         table.add_column("util", justify="right")
         table.add_column("held by (pid, process, memory)")
+        from rich.text import Text
+
         for row in rows:
             style = "yellow" if row.used_mib > 0 else ""
             util = f"{row.utilization_pct}%" if row.utilization_pct is not None else "n/a"
-            table.add_row(str(row.index), f"{row.used_mib} / {row.total_mib}", util, _holders_text(row), style=style)
+            table.add_row(str(row.index), f"{row.used_mib} / {row.total_mib}", util, Text(_holders_text(row)), style=style)
         out.print(table)
 
 
@@ -107,7 +115,7 @@ def progress_printer(stream: TextIO | None = None):
     def show(host: str, step: str, message: str) -> None:
         stamp = __import__("time").strftime("%H:%M:%S")
         with lock:
-            out.write(f"{stamp} [{host}] {step}: {message}\n")
+            out.write(f"{stamp} [{safe_line(host)}] {safe_line(step)}: {safe_text(message)}\n")
             out.flush()
 
     return show
@@ -115,6 +123,7 @@ def progress_printer(stream: TextIO | None = None):
 
 def step_summary_tables(command: str, reports, out: Console) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     for report in reports:
         host = report.host
@@ -131,23 +140,23 @@ def step_summary_tables(command: str, reports, out: Console) -> None:
             style = _STATUS_STYLE.get(step.status, "")
             first_line = step.detail.splitlines()[0] if step.detail else ""
             table.add_row(step.name, f"[{style}]{step.status}[/{style}]" if style else step.status,
-                          f"{step.duration_s:.1f}s", first_line[:300])
+                          f"{step.duration_s:.1f}s", Text(safe_line(first_line[:300])))
         if report.rollback:
             for step in report.rollback:
                 style = _STATUS_STYLE.get(step.status, "")
                 first_line = step.detail.splitlines()[0] if step.detail else ""
                 table.add_row(f"rollback/{step.name}", f"[{style}]{step.status}[/{style}]" if style else step.status,
-                              f"{step.duration_s:.1f}s", first_line[:300])
+                              f"{step.duration_s:.1f}s", Text(safe_line(first_line[:300])))
         out.print(table)
         for warning in report.warnings:
-            out.print(f"warning: {warning}", markup=False, style="yellow")
+            out.print(f"warning: {safe_text(warning)}", markup=False, style="yellow")
         if report.error is not None:
-            out.print(str(report.error), markup=False, style="red")
+            out.print(safe_text(report.error), markup=False, style="red")
         if report.left_running is not None:
-            out.print(f"left running on {host.name}: {report.left_running}", markup=False)
+            out.print(f"left running on {host.name}: {safe_text(report.left_running)}", markup=False)
         serving = getattr(report, "serving", None)
         if serving is not None and (report.error is not None or serving.state != "serving"):
-            out.print(f"{host.name}: {serving.headline()}", markup=False)
+            out.print(f"{host.name}: {safe_text(serving.headline())}", markup=False)
 
 
 def report_document(command: str, run_name: str, reports) -> dict:
@@ -171,7 +180,7 @@ def plan_document(command: str, run_name: str, plans: dict, endpoints: dict | No
 def endpoint_lines(endpoint: dict) -> list[str]:
     """`deployctl plan`'s view of how a host is reached: each effective value and its source."""
     if "error" in endpoint:
-        return [f"ssh: ERROR (exit {endpoint['exit_code']}): {endpoint['error']}"]
+        return [f"ssh: ERROR (exit {endpoint['exit_code']}): {safe_text(endpoint['error'])}"]
 
     def one(ep: dict) -> str:
         parts = []
@@ -180,12 +189,12 @@ def endpoint_lines(endpoint: dict) -> list[str]:
             value = ep[key]["value"]
             if isinstance(value, list):
                 value = ",".join(value) or "(agent / default keys)"
-            parts.append(f"{key}={value} [{ep[key]['source']}]")
+            parts.append(f"{key}={safe_line(value)} [{ep[key]['source']}]")
         return " ".join(parts)
 
     lines = [f"ssh: {one(endpoint)}"]
     for jump in endpoint["jumps"]:
-        lines.append(f"  via jump host {jump['alias']}: {one(jump)}")
+        lines.append(f"  via jump host {safe_line(jump['alias'])}: {one(jump)}")
     return lines
 
 
@@ -199,10 +208,11 @@ def plan_text(command: str, plans: dict, out: Console, endpoints: dict | None = 
             out.print(f"  [cyan]{name}[/cyan]")
             for planned in commands:
                 n += 1
-                out.print(f"    {n}. {planned.description}", markup=False)
+                out.print(f"    {n}. {safe_text(planned.description)}", markup=False)
                 if planned.when:
-                    out.print(f"       (only when {planned.when})", markup=False)
-                out.print(f"       {'$' if planned.kind != 'upload' else '>'} {planned.shown}", markup=False, style="dim")
+                    out.print(f"       (only when {safe_text(planned.when)})", markup=False)
+                out.print(f"       {'$' if planned.kind != 'upload' else '>'} {safe_text(planned.shown)}", markup=False,
+                          style="dim")
 
 
 def _bench_rows(rounds):
@@ -212,7 +222,10 @@ def _bench_rows(rounds):
             data = step.data if step is not None and step.status == "ok" else {}
             yield {"host": report.host.name, "draft_tokens": tokens, "ok": report.ok and bool(data),
                    "accept_length": data.get("accept_length"), "output_tok_s": data.get("output_tok_s"),
-                   "mean_itl_ms": data.get("mean_itl_ms"), "duration_s": data.get("duration_s"),
+                   "mean_itl_ms": data.get("mean_itl_ms"), "p99_itl_ms": data.get("p99_itl_ms"),
+                   "mean_ttft_ms": data.get("mean_ttft_ms"), "p99_ttft_ms": data.get("p99_ttft_ms"),
+                   "dataset": data.get("dataset"), "dataset_sha256": data.get("dataset_sha256"),
+                   "duration_s": data.get("duration_s"),
                    "error": str(report.error) if report.error is not None else None}
 
 
@@ -224,20 +237,26 @@ def bench_document(run_name: str, rounds) -> dict:
 
 
 def bench_table(rounds, out: Console) -> None:
+    from rich.markup import escape as rich_escape
     from rich.table import Table
 
     table = Table(title="bench: sglang.bench_serving per host and draft-token count", title_justify="left")
     for name, justify in (("host", "left"), ("draft tokens", "right"), ("accept length", "right"),
-                          ("output tok/s", "right"), ("mean ITL ms", "right"), ("result", "left")):
+                          ("output tok/s", "right"), ("mean ITL ms", "right"), ("p99 ITL ms", "right"),
+                          ("mean TTFT ms", "right"), ("dataset", "left"), ("result", "left")):
         table.add_column(name, justify=cast("JustifyMethod", justify))
 
     def fmt(value, spec):
         return format(value, spec) if isinstance(value, (int, float)) else "-"
 
     for row in _bench_rows(rounds):
-        result = "[green]ok[/green]" if row["ok"] else f"[red]{(row['error'] or 'failed').splitlines()[0][:80]}[/red]"
+        from rich.text import Text
+
+        result = Text("ok", style="green") if row["ok"] else \
+            Text(safe_line((row["error"] or "failed").splitlines()[0][:80]), style="red")
         table.add_row(row["host"], str(row["draft_tokens"]), fmt(row["accept_length"], ".2f"),
-                      fmt(row["output_tok_s"], ".1f"), fmt(row["mean_itl_ms"], ".2f"), result)
+                      fmt(row["output_tok_s"], ".1f"), fmt(row["mean_itl_ms"], ".2f"), fmt(row["p99_itl_ms"], ".2f"),
+                      fmt(row["mean_ttft_ms"], ".1f"), rich_escape(str(row["dataset"] or "-")), result)
     out.print(table)
 
 
@@ -258,7 +277,8 @@ def doctor_tables(results, out: Console) -> None:
             table.add_column(column)
         for c in checks:
             # reasons quote host output and paths: plain Text, never rich markup
-            table.add_row(c["name"], Text(c["status"], style=style[c["status"]]), Text(c["reason"]), Text(c["fix"]))
+            table.add_row(c["name"], Text(c["status"], style=style[c["status"]]), Text(safe_text(c["reason"])),
+                          Text(safe_text(c["fix"])))
         out.print(table)
 
 
@@ -273,19 +293,36 @@ def plain_report_lines(command: str, reports, stamp: str) -> list[str]:
         lines.append(f"{stamp} [{report.host.name}] {command}: {report.outcome} (exit {code})"
                      + (f", {numbers}" if numbers else ""))
         for warning in report.warnings:
-            lines.append(f"{stamp} [{report.host.name}] warning: {warning}")
+            lines.append(f"{stamp} [{report.host.name}] warning: {safe_line(warning)}")
         if report.error is not None:
-            lines.extend(f"{stamp} [{report.host.name}]   {line}" for line in str(report.error).splitlines()[:60])
+            lines.extend(f"{stamp} [{report.host.name}]   {safe_line(line)}" for line in str(report.error).splitlines()[:60])
         if report.left_running is not None:
-            lines.append(f"{stamp} [{report.host.name}] left running: {report.left_running}")
+            lines.append(f"{stamp} [{report.host.name}] left running: {safe_line(report.left_running)}")
         serving = getattr(report, "serving", None)
         if serving is not None and (report.error is not None or serving.state != "serving"):
-            lines.append(f"{stamp} [{report.host.name}] serving: {serving.headline()}")
+            lines.append(f"{stamp} [{report.host.name}] serving: {safe_line(serving.headline())}")
     return lines
+
+
+def _history_field(value, spec=""):
+    """A history value for a terminal: a number formatted, text escaped (the file is anyone's to edit)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return format(value, spec)
+        except (ValueError, OverflowError):
+            return safe_line(value)
+    if value is None:
+        return "-"
+    return safe_line(value if isinstance(value, str) else json.dumps(value, default=str))
+
+
+def _drafter(value) -> str | None:
+    return value[:12] if isinstance(value, str) and value else None
 
 
 def history_table(rows, out: Console) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="deployctl history", title_justify="left")
     for name, justify in (("time", "left"), ("verb", "left"), ("run", "left"), ("host", "left"),
@@ -294,11 +331,11 @@ def history_table(rows, out: Console) -> None:
         table.add_column(name, justify=cast("JustifyMethod", justify))
 
     def fmt(value, spec=""):
-        return format(value, spec) if isinstance(value, (int, float)) else ("-" if value is None else str(value))
+        return Text(_history_field(value, spec))  # a cell as str would be read as rich markup
 
     for row in rows:
         table.add_row(fmt(row.get("time")), fmt(row.get("verb")), fmt(row.get("run")), fmt(row.get("host")),
-                      fmt(row.get("sglang_version")), fmt((row.get("drafter_fingerprint") or "")[:12] or None),
+                      fmt(row.get("sglang_version")), fmt(_drafter(row.get("drafter_fingerprint"))),
                       fmt(row.get("draft_tokens")), fmt(row.get("accept_length"), ".2f"),
                       fmt(row.get("output_tok_s"), ".1f"), fmt(row.get("outcome")), fmt(row.get("exit_code")),
                       fmt(row.get("duration_s"), ".1f"))
@@ -307,11 +344,9 @@ def history_table(rows, out: Console) -> None:
 
 def history_lines(rows) -> list[str]:
     """One plain line per record (for pipes, cron mail and grep): nothing is cut short."""
-    def fmt(value, spec=""):
-        return format(value, spec) if isinstance(value, (int, float)) else ("-" if value is None else str(value))
-
+    fmt = _history_field
     return [" ".join([fmt(r.get("time")), fmt(r.get("verb")), f"run={fmt(r.get('run'))}", f"host={fmt(r.get('host'))}",
-                      f"sglang={fmt(r.get('sglang_version'))}", f"drafter={fmt((r.get('drafter_fingerprint') or '')[:12] or None)}",
+                      f"sglang={fmt(r.get('sglang_version'))}", f"drafter={fmt(_drafter(r.get('drafter_fingerprint')))}",
                       f"T={fmt(r.get('draft_tokens'))}", f"accept={fmt(r.get('accept_length'), '.2f')}",
                       f"tok/s={fmt(r.get('output_tok_s'), '.1f')}", f"outcome={fmt(r.get('outcome'))}",
                       f"exit={fmt(r.get('exit_code'))}", f"{fmt(r.get('duration_s'), '.1f')}s"]) for r in rows]

@@ -7,8 +7,9 @@ source, so ``deployctl plan`` and ``gpu-status --json`` can show why a host is r
 is. No file is read and nothing connects here (``load_ssh_config`` is the one reader); the
 transport builds one connection per hop from an Endpoint.
 
-Parsing ssh_config is paramiko's (``SSHConfig.lookup``: Host/Match blocks, first value wins,
-``%h``/``~`` tokens). Precedence follows the issue: a value set in the YAML wins over ssh_config,
+Evaluating ssh_config is deploy/ssh_config_eval.py's, which follows OpenSSH's readconf.c (Host/
+Match blocks, Include scoped to its block, first value wins, tokens) and refuses what it cannot
+honour (``Match exec``, ``CanonicalizeHostname yes``); a generated test compares it with ``ssh -G``. Precedence follows the issue: a value set in the YAML wins over ssh_config,
 ssh_config wins over deployctl's default. "Set in the YAML" means the key is present in the file
 (pydantic's ``model_fields_set``), not that it differs from the default.
 """
@@ -16,19 +17,16 @@ ssh_config wins over deployctl's default. "Set in the YAML" means the key is pre
 from __future__ import annotations
 
 import getpass
-import glob
 import os
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from deploy.config.models import Host, SSHSettings
 from deploy.errors import ConfigError
-
-if TYPE_CHECKING:
-    import paramiko
+from deploy.limits import InputTooLarge, read_bounded
+from deploy.ssh_config_eval import OpenSSHConfig, expand_tokens, path_tokens
 
 Source = Literal["yaml", "ssh_config", "default"]
 T = TypeVar("T")
@@ -105,7 +103,8 @@ class Endpoint:
 class SSHConfigSource:
     """A parsed ssh_config and where it came from (``path`` None: none is used)."""
 
-    config: paramiko.SSHConfig
+    #: deploy/ssh_config_eval.OpenSSHConfig (or anything with its ``lookup(alias) -> dict``)
+    config: Any
     path: str | None
 
 
@@ -119,57 +118,39 @@ def ssh_config_path(ssh: SSHSettings) -> str | None:
     return default if os.path.isfile(default) else None
 
 
-#: ``Include`` nesting deeper than this is a loop (OpenSSH's own limit is 16).
-MAX_INCLUDE_DEPTH = 16
-_INCLUDE = re.compile(r"^\s*include(?:\s*=\s*|\s+)(.+?)\s*$", re.IGNORECASE)
+#: an ssh_config (with its Includes) is a few KB; OpenSSH itself refuses lines over 4 KB
+MAX_SSH_CONFIG_BYTES = 1 << 20
 
 
-def inline_includes(text: str, origin: str, depth: int = 0) -> str:
-    """``Include`` lines replaced by the files they name, in place, as OpenSSH reads them.
+def read_ssh_config_file(path: str, label: str) -> str:
+    """The text of one ssh_config file: a regular file, at most MAX_SSH_CONFIG_BYTES, UTF-8.
 
-    paramiko 3-5 keeps ``Include`` as an ordinary option and never opens the file: hosts described
-    in ``~/.ssh/config.d/*`` would silently not exist. Relative names are under ~/.ssh, globs are
-    expanded in sorted order (OpenSSH's glob(3)), a glob matching nothing is fine (as in OpenSSH).
+    Non-blocking and bounded (deploy/limits.py): ``/dev/zero`` took 6 GB in 15 s and a FIFO hung.
+    Every failure is a ConfigError (exit 3) naming the file.
     """
-    if depth > MAX_INCLUDE_DEPTH:
-        raise ConfigError(f"{origin}: Include nested more than {MAX_INCLUDE_DEPTH} deep (a loop?)")
-    out: list[str] = []
-    for line in text.splitlines():
-        match = _INCLUDE.match(line)
-        if not match:
-            out.append(line)
-            continue
-        for pattern in shlex.split(match.group(1)):
-            pattern = os.path.expanduser(pattern)
-            if not os.path.isabs(pattern):
-                pattern = os.path.join(os.path.expanduser("~/.ssh"), pattern)
-            for included in sorted(glob.glob(pattern)):
-                try:
-                    body = Path(included).read_text(encoding="utf-8")
-                except (OSError, UnicodeDecodeError) as exc:
-                    raise ConfigError(f"{origin}: Include {included}: cannot read: {exc}") from None
-                out.append(inline_includes(body, included, depth + 1))
-    return "\n".join(out) + "\n"
+    try:
+        data = read_bounded(Path(path), MAX_SSH_CONFIG_BYTES)
+    except InputTooLarge as exc:
+        raise ConfigError(f"{label}: refused: {exc} (an ssh_config is a few KB)") from None
+    except OSError as exc:
+        raise ConfigError(f"{label}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{label}: not UTF-8 text (byte {exc.start})") from None
 
 
 def load_ssh_config(ssh: SSHSettings) -> SSHConfigSource:
-    """Read the ssh_config named by the settings (paramiko parses it). Errors name the file."""
-    import paramiko
-
+    """Read the ssh_config named by the settings (deploy/ssh_config_eval.py evaluates it). Errors name the file."""
     path = ssh_config_path(ssh)
     if path is None:
-        return SSHConfigSource(paramiko.SSHConfig(), None)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"ssh.config_file: {path} does not exist (use `none` to ignore ssh_config)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"ssh.config_file: cannot read {path}: {exc}") from None
-    text = inline_includes(text, path)
-    try:
-        return SSHConfigSource(paramiko.SSHConfig.from_text(text), path)
-    except Exception as exc:  # paramiko raises ConfigParseError / ValueError on bad lines
-        raise ConfigError(f"{path}: ssh_config not understood: {exc}") from None
+        return SSHConfigSource(OpenSSHConfig.from_text("", "(no ssh_config)"), None)
+    if not os.path.lexists(path):
+        raise ConfigError(f"ssh.config_file: {path} does not exist (use `none` to ignore ssh_config)")
+    text = read_ssh_config_file(path, f"ssh.config_file: {path}")
+    config = OpenSSHConfig.from_text(text, path, read=read_ssh_config_file)
+    config.preload()  # every Include read now (bounded, loops refused), whichever block it is in
+    return SSHConfigSource(config, path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,7 +223,8 @@ def _refuse_unsupported(options: dict, source: SSHConfigSource, alias: str) -> N
                               f"uses the agent at $SSH_AUTH_SOCK; run it with SSH_AUTH_SOCK={wanted}")
 
 
-def _common(ssh: SSHSettings, options: dict, source: SSHConfigSource, alias: str) -> dict[str, Setting]:
+def _common(ssh: SSHSettings, options: dict, source: SSHConfigSource, alias: str,
+            tokens: dict[str, str]) -> dict[str, Setting]:
     """Settings a target and a jump host resolve the same way: timeouts, known_hosts, policy."""
     _refuse_unsupported(options, source, alias)
     if "connect_timeout_s" in ssh.model_fields_set or "connecttimeout" not in options:
@@ -257,10 +239,13 @@ def _common(ssh: SSHSettings, options: dict, source: SSHConfigSource, alias: str
         if seconds <= 0:
             raise ConfigError(f"{_where(source, alias, 'ConnectTimeout')} is {raw!r}; expected whole seconds > 0")
         timeout = Setting(seconds, "ssh_config")
+    known: Setting[tuple[str, ...]]
     if "known_hosts" in ssh.model_fields_set or "userknownhostsfile" not in options:
         known = Setting((ssh.known_hosts,), "yaml" if "known_hosts" in ssh.model_fields_set else "default")
     else:
-        files = tuple(f for f in options["userknownhostsfile"].split() if f.lower() != "none")
+        where = _where(source, alias, "UserKnownHostsFile")
+        files = tuple(expand_tokens(f, tokens, where, "UserKnownHostsFile")
+                      for f in options["userknownhostsfile"].split() if f.lower() != "none")
         if not files:
             raise ConfigError(f"{_where(source, alias, 'UserKnownHostsFile')} is none: host keys "
                               "could not be checked; name a known_hosts file")
@@ -342,7 +327,6 @@ def _local_user() -> str:
 def _resolve_jump(user: str | None, name: str, port: int | None, ssh: SSHSettings,
                   source: SSHConfigSource, seen: tuple[str, ...], outermost: bool) -> Endpoint:
     options = source.config.lookup(name)
-    common = _common(ssh, options, source, name)
     if user is not None:
         user_s = Setting(user, "ssh_config")
     elif "user" in options:
@@ -356,7 +340,9 @@ def _resolve_jump(user: str | None, name: str, port: int | None, ssh: SSHSetting
         port_s = Setting(_port(options["port"], source, name), "ssh_config")
     else:
         port_s = Setting(22, "default")
-    files = tuple(options.get("identityfile", []))
+    tokens = path_tokens(name, options["hostname"], user_s.value, port_s.value)
+    common = _common(ssh, options, source, name, tokens)
+    files = _identity_files(options, source, name, tokens)
     jumps = _jump_chain(options.get("proxyjump"), ssh, source, name, seen) if outermost else ()
     return Endpoint(
         alias=name, role="jump host",
@@ -368,6 +354,12 @@ def _resolve_jump(user: str | None, name: str, port: int | None, ssh: SSHSetting
     )
 
 
+def _identity_files(options: dict, source: SSHConfigSource, alias: str, tokens: dict[str, str]) -> tuple[str, ...]:
+    where = _where(source, alias, "IdentityFile")
+    return tuple(expand_tokens(f, tokens, where, "IdentityFile") for f in options.get("identityfile", [])
+                 if f.lower() != "none")
+
+
 def resolve_endpoint(host: Host, ssh: SSHSettings, source: SSHConfigSource) -> Endpoint:
     """The effective SSH settings of ``host`` with their provenance. Pure: reads no file.
 
@@ -377,11 +369,11 @@ def resolve_endpoint(host: Host, ssh: SSHSettings, source: SSHConfigSource) -> E
     alias = host.address
     options = source.config.lookup(alias)
     explicit = host.model_fields_set
-    common = _common(ssh, options, source, alias)
-    if options["hostname"] != alias:
+    # ssh lowercases the name (and so does its known_hosts lookup)
+    if options["hostname"] != alias.lower():
         hostname = Setting(options["hostname"], "ssh_config")
     else:
-        hostname = Setting(alias, "yaml")
+        hostname = Setting(options["hostname"], "yaml")
     if "user" in explicit or "user" not in options:
         user = Setting(host.user, "yaml" if "user" in explicit else "default")
     else:
@@ -390,11 +382,14 @@ def resolve_endpoint(host: Host, ssh: SSHSettings, source: SSHConfigSource) -> E
         port = Setting(host.port, "yaml" if "port" in explicit else "default")
     else:
         port = Setting(_port(options["port"], source, alias), "ssh_config")
+    # %r/%p/%h are the values deployctl connects with (the YAML may override ssh_config's)
+    tokens = path_tokens(alias, hostname.value, user.value, port.value)
+    common = _common(ssh, options, source, alias, tokens)
     identity: Setting[tuple[str, ...]]
     if host.identity_file:
         identity = Setting((host.identity_file,), "yaml")
     elif options.get("identityfile"):
-        identity = Setting(tuple(options["identityfile"]), "ssh_config")
+        identity = Setting(_identity_files(options, source, alias, tokens), "ssh_config")
     else:
         identity = Setting((), "default")
     jumps = _jump_chain(options.get("proxyjump"), ssh, source, alias, (alias,))

@@ -23,9 +23,11 @@ Everything else builds command strings and parses their output; it hands command
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -34,8 +36,8 @@ from typing import TYPE_CHECKING, Callable
 
 from deploy.config.models import Host, SSHSettings
 from deploy.connect.hop import JumpConnections, open_hop
-from deploy.errors import (DeployError, ConnectionFailed, Interrupted, RemoteCommandFailed,
-                           StepTimeout)
+from deploy.errors import (DeployError, ConnectionFailed, ExitCode, Interrupted, RemoteCommandFailed,
+                           RemoteOutputError, StepTimeout)
 from deploy.ssh_config import (
     Endpoint,
     SSHConfigSource,
@@ -68,6 +70,10 @@ class WatchResult:
     #: None: deployctl stopped it (it had its answer)
     exit_code: int | None
     stderr: str
+
+
+#: the longest line a host-side watch loop may print (deploy/bounded_channel.py)
+_MAX_WATCH_LINE = 1 << 20
 
 
 class ExecTimedOut(Exception):
@@ -206,7 +212,12 @@ class Transport:
             self._upload(directory, files)
         except OSError as exc:
             names = ", ".join(remote for _, remote, _ in files)
-            raise RemoteCommandFailed(f"{self.label}: SFTP upload of {names} failed: {exc}") from None
+            # read-only, full or over quota (SFTP maps ENOSPC to a bare "Failure"): exit 10 (HOSTILE, issue 22)
+            io = exc.errno in (errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EDQUOT) or \
+                str(exc).strip() in ("Failure", "Permission denied")
+            raise RemoteCommandFailed(f"{self.label}: SFTP upload of {names} failed: {exc}"
+                                      + (" (read-only, full or not writable)" if io else ""),
+                                      exit_code=ExitCode.IO if io else None) from None
 
     @property
     def home(self) -> str:
@@ -375,23 +386,37 @@ class HostConnection(Transport):
 
     # -- the wire ---------------------------------------------------------------------------
     def _exec(self, command: str, *, timeout: float) -> tuple[int, str, str]:
-        from invoke.exceptions import CommandTimedOut
-
+        # HOSTILE (issue 22): one channel read within a byte limit (deploy/bounded_channel.py),
+        # not fabric's run(hide=True), which kept a 60 MB nvidia-smi answer whole in memory.
         import paramiko
 
-        conn = self._live()
+        from deploy import bounded_channel
+
         try:
-            result = conn.run(command, hide=True, warn=True, in_stream=False, pty=False, timeout=timeout)
-        except CommandTimedOut:
-            raise ExecTimedOut(command) from None
+            channel = self._live().client.get_transport().open_session(timeout=self.ssh.connect_timeout_s)
         except paramiko.SSHException as exc:
             raise ConnectionError(str(exc)) from exc
-        return result.exited, result.stdout, result.stderr
+        try:
+            status, out, err = bounded_channel.exec_bounded(channel, command, deadline=time.monotonic() + timeout)
+        except bounded_channel.DeadlinePassed:
+            raise ExecTimedOut(command) from None
+        except bounded_channel.OutputTooLarge as exc:
+            raise RemoteOutputError(f"{self.label}: refused the answer of {command[:200]!r}: it {exc} "
+                                    "(every answer deployctl reads is far smaller)") from None
+        except paramiko.SSHException as exc:
+            raise ConnectionError(str(exc)) from exc
+        finally:
+            channel.close()
+        return status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
     def _stream(self, command: str) -> int:
         """A pty, so fabric's Ctrl-C handling (it writes ``\x03`` to the channel) reaches the remote
         command as SIGINT; without one the remote tail never hears it and the call never returns."""
-        result = self._live().run(command, hide=False, warn=True, in_stream=False, pty=True)
+        from deploy.terminal import SafeStream
+
+        # the log is printed with its control characters escaped (HOSTILE, issue 22)
+        result = self._live().run(command, hide=False, warn=True, in_stream=False, pty=True,
+                                  out_stream=SafeStream(sys.stdout), err_stream=SafeStream(sys.stderr))
         return result.exited
 
     def _watch(self, command: str, on_line: Callable[[str], bool], *, timeout: float,
@@ -407,7 +432,7 @@ class HostConnection(Transport):
             # short reads, so Ctrl-C and the local deadline are noticed within 0.1 s
             channel.settimeout(0.1)
             channel.exec_command(command)
-            pending = b""
+            pending = line = b""
             while True:
                 if cancelled.is_set():
                     self._end_watch(channel, wait_s=0.5)
@@ -423,9 +448,14 @@ class HostConnection(Transport):
                 pending += chunk
                 while b"\n" in pending:
                     line, pending = pending.split(b"\n", 1)
+                    if len(line) > _MAX_WATCH_LINE:
+                        break
                     if on_line(line.decode("utf-8", "replace")):
                         self._end_watch(channel)
                         return None, ""
+                if len(pending) > _MAX_WATCH_LINE or len(line) > _MAX_WATCH_LINE:  # HOSTILE (issue 22)
+                    raise RemoteOutputError(f"{self.label}: a host-side loop printed a line of more than "
+                                            f"{_MAX_WATCH_LINE} bytes: {bytes(max(line, pending, key=len)[:120])!r}")
             if pending.strip() and on_line(pending.decode("utf-8", "replace")):
                 return None, ""
             if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):

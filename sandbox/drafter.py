@@ -272,7 +272,7 @@ def write_base_model(
     out.mkdir(parents=True, exist_ok=True)
     text_config = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
                    "num_hidden_layers": num_hidden_layers, "hidden_size": hidden_size,
-                   "vocab_size": vocab_size}
+                   "vocab_size": vocab_size, "max_position_embeddings": 262144}  # Kimi-K2.5's window
     config = {
         "architectures": ["KimiK25ForConditionalGeneration"],
         "model_type": model_type,

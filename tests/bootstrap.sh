@@ -14,9 +14,17 @@ command -v pgrep >/dev/null 2>&1 || missing+=(procps)      # pgrep/pkill: the sa
 command -v ss >/dev/null 2>&1 || missing+=(iproute2)       # ss: the ProxyJump tests' socket owners
 command -v git >/dev/null 2>&1 || missing+=(git)           # the wheel test builds from the tracked files
 command -v useradd >/dev/null 2>&1 || missing+=(passwd)
+# status --watch is tested on a real terminal: tmux runs it, capture-pane reads the screen
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 # the sglang-router venv below is made from the system python (the sandbox users must run it)
 /usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3 python3-venv)
+# headless Chromium renders the bench report in tests/unit/test_bench_report_browser.py (skipped without it);
+# only where the distribution has the package (Debian: chromium; `apt-cache policy chromium`)
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 \
+    && apt-cache policy chromium 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+  missing+=(chromium)
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "bootstrap: installing ${missing[*]}" >&2
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -28,10 +36,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 
-# sglang-router (SGLang's router, a Rust binary in a wheel) for the fleet tests: its own venv made
-# from the system python, so the sandbox's Unix users can run it (.venv's interpreter may live
-# under a private home such as /root/.pyenv).
+# SGLang's router (a Rust binary in a wheel) for the fleet tests, under both of its names, each in
+# its own venv made from the system python, so the sandbox's Unix users can run it (.venv's
+# interpreter may live under a private home such as /root/.pyenv): sglang-router 0.3.2 (its last
+# release) and smg 1.13.0 (Shepherd Model Gateway, the package SGLang's docs install since 2026).
 if [ ! -x .router-venv/bin/python ]; then
   /usr/bin/python3 -m venv .router-venv
 fi
 .router-venv/bin/python -m pip install -q --disable-pip-version-check 'sglang-router==0.3.2'
+if [ ! -x .smg-venv/bin/python ]; then
+  /usr/bin/python3 -m venv .smg-venv
+fi
+.smg-venv/bin/python -m pip install -q --disable-pip-version-check 'smg==1.13.0'

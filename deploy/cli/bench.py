@@ -1,11 +1,12 @@
-"""deployctl bench: redeploy with each draft-token value, verify, benchmark, compare."""
+"""deployctl bench: redeploy with each draft-token value, verify, benchmark, compare; then serve the
+configured deployment again and write the sweep report (JSON + HTML with charts)."""
 
 from __future__ import annotations
 
 import click
 
 from deploy.cli import options
-from deploy.cli.common import doctor_override, run_and_hosts, with_draft_tokens
+from deploy.cli.common import doctor_override, run_and_hosts, with_dataset, with_draft_tokens
 
 
 @click.command("bench")
@@ -14,8 +15,9 @@ from deploy.cli.common import doctor_override, run_and_hosts, with_draft_tokens
 @options.draft_tokens_sweep
 @click.option("--num-prompts", type=click.IntRange(1, 100000), default=None)
 @click.option("--max-concurrency", type=click.IntRange(1, 4096), default=None)
-@click.option("--input-len", type=click.IntRange(1, 1_000_000), default=None)
-@click.option("--output-len", type=click.IntRange(1, 1_000_000), default=None)
+@click.option("--input-len", type=click.IntRange(1, 1_000_000), default=None, help="random-ids only.")
+@click.option("--output-len", type=click.IntRange(4, 1_000_000), default=None)
+@options.dataset
 @options.playbook("bench")
 @options.dry_run
 @options.as_json()
@@ -23,9 +25,12 @@ from deploy.cli.common import doctor_override, run_and_hosts, with_draft_tokens
 @options.replace
 @click.pass_obj
 def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concurrency, input_len, output_len,
-            playbook_name, dry_run, as_json, ignore_doctor, replace) -> int:
-    """Redeploy with each --draft-tokens value, verify acceptance, run sglang.bench_serving; compare."""
-    from deploy import render
+            dataset, playbook_name, dry_run, as_json, ignore_doctor, replace) -> int:
+    """Redeploy with each --draft-tokens value, verify acceptance, run sglang.bench_serving; compare.
+
+    Ends serving the run's configured draft tokens (a sweep value is never recorded as the last good
+    deployment) and writes bench/report-<time>.html and .json under the local state directory."""
+    from deploy import bench_report, bench_sweep, render
     from deploy.engine.plan import plan_playbook
     from deploy.engine.run import exit_code, run_locked
     from deploy.playbook import load_playbook
@@ -38,26 +43,49 @@ def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concu
                                  ("input_len", input_len), ("output_len", output_len)) if v is not None}
     if updates:
         playbook = playbook.with_settings("benchmark", **updates)
+    playbook = with_dataset(playbook, dataset, globals_.config_path)
     for step, settings in doctor_override(ignore_doctor, replace).items():
         playbook = playbook.with_settings(step, **settings)
     if dry_run:
-        documents = [render.plan_document("bench", r.name, plan_playbook(playbook, r, hosts, lock=True))
-                     | {"draft_tokens": r.draft_tokens} for r in runs]
+        plans = [(f"draft tokens {r.draft_tokens}", r, bench_sweep.round_playbook(playbook, r, run)) for r in runs]
+        if runs[-1].draft_tokens != run.draft_tokens:
+            plans.append((f"restore the configured deployment (draft tokens {run.draft_tokens})", run,
+                          bench_sweep.restore_playbook(playbook)))
         if as_json:
+            documents = [render.plan_document("bench", r.name, plan_playbook(p, r, hosts, lock=True))
+                         | {"draft_tokens": r.draft_tokens, "stage": label} for label, r, p in plans]
             render.print_json({"command": "bench", "run": run.name, "dry_run": True, "sweep": documents})
         else:
-            for r in runs:
-                render.plan_text(f"bench (draft tokens {r.draft_tokens})", plan_playbook(playbook, r, hosts, lock=True),
-                                 render.console())
+            for label, r, p in plans:
+                render.plan_text(f"bench ({label})", plan_playbook(p, r, hosts, lock=True), render.console())
         return 0
     progress = render.progress_printer()
-    rounds = []
-    for r in runs:
-        progress("*", "bench", f"draft tokens {r.draft_tokens}")
-        rounds.append((r.draft_tokens, run_locked(globals_.config_path, config, "bench", playbook, r, hosts, progress)))
+
+    def run_round(round_playbook, round_run):
+        return run_locked(globals_.config_path, config, "bench", round_playbook, round_run, hosts, progress)
+
+    result = bench_sweep.sweep(run_round, playbook, run, runs, hosts, progress)
+    table = bench_report.rows(result.rounds)
+    report = bench_report.document(run.name, run.draft_tokens, table, result.serving)
+    json_path = html_path = None
+    try:
+        json_path, html_path = bench_report.write(report)
+    except OSError as exc:  # the report is a record, never a reason to fail the benchmark
+        progress("*", "bench", f"WARNING: could not write the report: {exc}")
     if as_json:
-        render.print_json(render.bench_document(run.name, rounds))
+        render.print_json(render.bench_document(run.name, result.rounds)
+                          | result.to_dict() | {"report": report["rows"],
+                                                "report_html": str(html_path) if html_path else None,
+                                                "report_json": str(json_path) if json_path else None})
     else:
-        render.bench_table(rounds, render.console())
-    codes = [exit_code(reports) for _, reports in rounds]
+        out = render.console()
+        render.bench_table(result.rounds, out)
+        for line in result.serving:
+            out.print(f"{line['host']} serves: {line['serves']}", markup=False)
+        if html_path is not None:
+            out.print(f"report: {html_path} (data: {json_path})", markup=False)
+    if result.error is not None:
+        raise result.error
+    codes = [exit_code(reports) for _, reports in result.rounds] + \
+        ([exit_code(result.restore)] if result.restore is not None else [])
     return int(next((c for c in codes if c != 0), 0))

@@ -94,6 +94,7 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
     playbook = load_playbook(playbook_name or default_playbook)
     for step, updates in (overrides or {}).items():
         playbook = playbook.with_settings(step, **updates)
+    playbook = with_dataset(playbook, None, globals_.config_path)  # a playbook's benchmark dataset: exit 3 if bad
     is_fleet = run.router is not None or serial is not None
     if dry_run:
         plans, endpoints = plan_with_endpoints(playbook, run, hosts, config)
@@ -112,7 +113,10 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
             render.plan_text(command, plans, render.console(), endpoints)
             if fleet_plan is not None:
                 fleet.print_fleet_plan(fleet_plan)
-        return 0
+        # a host whose ssh settings are refused (ssh_config) is planned as "ssh: ERROR": the plan
+        # is still printed, but it exits with that error's code, like gpu-status (HOSTILE, issue 22)
+        refused = [int(e["exit_code"]) for e in (endpoints or {}).values() if "error" in e]
+        return max(refused) if refused else 0
     progress = render.progress_printer()
     result = stopped = None
     if command != "down" and (run.nodes or is_fleet):
@@ -149,3 +153,26 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
         if result is not None:
             fleet.print_fleet_report(result)
     return code
+
+
+def with_dataset(playbook, dataset: str | None, config_path) -> Any:
+    """The playbook with its benchmark step's ``dataset`` resolved and validated before any host is
+    touched (a bad file: exit 3 naming file and line). ``--dataset`` is relative to the current
+    directory; the playbook's ``dataset`` setting to the config file's folder."""
+    from pathlib import Path
+
+    from deploy import datasets
+
+    step = next((s for s in playbook.steps if s.name == "benchmark"), None)
+    if step is None:
+        if dataset is not None:
+            raise UsageError(f"--dataset: playbook {playbook.name!r} has no benchmark step")
+        return playbook
+    value = dataset if dataset is not None else step.settings.dataset
+    if value in (datasets.BUILTIN, datasets.RANDOM_IDS):
+        return playbook.with_settings("benchmark", dataset=value)
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = (Path.cwd() if dataset is not None else Path(config_path).resolve().parent) / path
+    datasets.load_file(path)
+    return playbook.with_settings("benchmark", dataset=str(path.resolve()))

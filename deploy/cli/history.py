@@ -17,7 +17,12 @@ def command(run_name, host_name, last, as_json) -> int:
     from deploy import history as store
     from deploy import render
 
-    rows = store.read(run_name, host_name)
+    warnings: list[str] = []
+    rows = store.read(run_name, host_name, warnings=warnings)
+    from deploy.terminal import safe_line
+
+    for warning in warnings:
+        click.echo(f"warning: {safe_line(warning)}", err=True)
     if last is not None:
         rows = rows[-last:]
     if as_json:

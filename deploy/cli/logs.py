@@ -29,11 +29,14 @@ def command(globals_, run_name, host_names, lines: int, follow: bool) -> int:
         inspect.follow_log(config, hosts[0], lines)
         return 0
 
+    from deploy.terminal import safe_text
+
     outcomes = inspect.read_logs(config, hosts, lines)
     for outcome in outcomes:
         click.echo(f"==> {outcome.host.name}: {inspect.latest_log_path(outcome.host)} <==")
         if outcome.error is not None:
-            click.echo(f"error: {outcome.error}", err=True)
+            click.echo(f"error: {safe_text(outcome.error)}", err=True)
         else:
-            click.echo(outcome.value, nl=False)
+            # the log is the server's (and whatever its requests made it print): escapes shown, not run
+            click.echo(safe_text(outcome.value), nl=False)
     return int(inspect.exit_code(outcomes))

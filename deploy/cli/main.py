@@ -40,7 +40,8 @@ class Globals:
     "-c",
     "--config",
     "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    # not dir_okay=False: click would exit 2; a directory given as the config is a config error (3)
+    type=click.Path(path_type=Path),
     default=None,
     help=f"Hosts and runs YAML. Default: $DEPLOYCTL_CONFIG, else ./{DEFAULT_CONFIG}.",
 )
@@ -68,8 +69,8 @@ def cli(ctx: click.Context, config_path: Path | None, accept_new_host_keys: bool
 
 
 #: every verb, one module each under deploy/cli/ (each defines ``command``), in --help order.
-VERBS = ("up", "restart", "down", "plan", "bench", "nightly", "doctor", "gpu_status", "logs", "history",
-         "fix_keys")
+VERBS = ("up", "restart", "down", "plan", "bench", "nightly", "doctor", "gpu_status", "status", "logs",
+         "history", "fix_keys")
 
 
 def _register() -> None:
@@ -130,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("aborted", err=True)
         return ExitCode.INTERRUPTED
     except DeployError as exc:
-        click.echo(f"error: {exc}", err=True)
+        from deploy.terminal import safe_text
+
+        click.echo(f"error: {safe_text(exc)}", err=True)
         return int(exc.exit_code)
     except Terminated as exc:  # SIGTERM/SIGHUP: handled like Ctrl-C, the exit code says which signal
         click.echo(f"terminated by {exc}", err=True)

@@ -9,6 +9,7 @@ plain timestamped lines otherwise, only the JSON document with ``--json``. Exit 
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import datetime, timezone
 
@@ -18,13 +19,17 @@ from deploy.cli import options
 
 
 def _log_file():
-    from deploy.local_state import state_home
+    from deploy.local_state import LocalStateError, ensure_directory, state_home
 
-    directory = state_home() / "nightly"
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    directory = ensure_directory(state_home() / "nightly", "deployctl's nightly log folder")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     path = directory / f"nightly-{stamp}.log"
-    return path, open(path, "a", encoding="utf-8")
+    try:
+        # O_EXCL|O_NOFOLLOW: a new file of ours, never a FIFO or link planted under the name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise LocalStateError(f"{path}: cannot create the nightly log: {exc.strerror or exc}") from None
+    return path, open(fd, "a", encoding="utf-8")
 
 
 def _progress(log):
@@ -34,7 +39,9 @@ def _progress(log):
 
     def show(host: str, step: str, message: str) -> None:
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        line = f"{stamp} [{host}] {step}: {message}\n"
+        from deploy.terminal import safe_line, safe_text
+
+        line = f"{stamp} [{safe_line(host)}] {safe_line(step)}: {safe_text(message)}\n"
         with lock:
             sys.stderr.write(line)
             sys.stderr.flush()
@@ -54,16 +61,17 @@ def _progress(log):
               help="Regression if accept length < this x the last good one's (playbook default 0.9).")
 @click.option("--min-throughput-fraction", type=click.FloatRange(0.01, 1.0), default=None,
               help="Regression if output tok/s < this x the last good one's (playbook default 0.9).")
+@options.dataset
 @options.as_json("Print only the JSON report on stdout.")
 @options.replace
 @options.retry_failed
 @options.fleet
 @click.pass_obj
 def command(globals_, run_name, host_names, playbook_name, force, no_rollback, min_accept_fraction,
-            min_throughput_fraction, as_json, replace, retry_failed, serial, allow_downtime) -> int:
+            min_throughput_fraction, dataset, as_json, replace, retry_failed, serial, allow_downtime) -> int:
     """Lock, converge to the drafter now at the configured path, verify, benchmark, gate, roll back on failure."""
     from deploy import render
-    from deploy.cli.common import run_and_hosts
+    from deploy.cli.common import run_and_hosts, with_dataset
     from deploy.engine.run import exit_code, run_locked
     from deploy.playbook import load_playbook
 
@@ -74,6 +82,8 @@ def command(globals_, run_name, host_names, playbook_name, force, no_rollback, m
                               ("min_throughput_fraction", min_throughput_fraction)) if v is not None}
     if gate:
         playbook = playbook.with_settings("regression-gate", **gate)
+    # the gate compares only records of the same dataset (sha256) and load: a bad file exits 3 here
+    playbook = with_dataset(playbook, dataset, globals_.config_path)
     from deploy.cli.common import doctor_override
 
     for step, settings in doctor_override(False, replace, retry_failed).items():

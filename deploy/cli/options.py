@@ -22,6 +22,10 @@ draft_tokens = click.option(
 draft_tokens_sweep = click.option(
     "--draft-tokens", "draft_tokens", type=int, multiple=True,
     help="Deploy and benchmark with T draft tokens; repeat for a sweep (16, 10, 5). Default: the run's.")
+dataset = click.option(
+    "--dataset", default=None, metavar="FILE|builtin|random-ids",
+    help="bench_serving's prompts: a ShareGPT .json or SGLang custom .jsonl file here (uploaded once per "
+         "sha256), 'builtin' (default: deployctl's chat/code/math/summarisation set) or 'random-ids'.")
 dry_run = click.option("--dry-run", is_flag=True, help="Print every command in order; change nothing.")
 force = click.option("--force", is_flag=True, help="Redeploy even when the server already runs as desired.")
 ignore_doctor = click.option("--ignore-doctor", is_flag=True,

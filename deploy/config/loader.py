@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import re
+
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from deploy.config.models import Config
+from deploy.config.models import Config, NonDecimalNumber
 from deploy.errors import ConfigError
 from deploy.limits import MAX_YAML_BYTES, MAX_YAML_DEPTH, InputTooLarge, check_yaml_graph, read_bounded
 
@@ -40,6 +42,30 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+#: what a number field accepts: decimal digits, optionally signed (no leading zero, 0x, 0b, _ or :)
+_DECIMAL_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+_DECIMAL_FLOAT = re.compile(r"[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
+
+
+def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode):
+    # YAML 1.1 (PyYAML) reads 02222 as octal, 0x.. as hex, 1_000 as 1000 and 37:02 as base 60;
+    # the text is kept so a number field can refuse it by name (models.NonDecimalNumber).
+    text = loader.construct_scalar(node)
+    if _DECIMAL_INT.fullmatch(text):
+        return int(text)
+    return NonDecimalNumber(text)
+
+
+def _construct_float(loader: _StrictLoader, node: yaml.ScalarNode):
+    text = loader.construct_scalar(node)
+    if _DECIMAL_FLOAT.fullmatch(text):
+        return yaml.SafeLoader.construct_yaml_float(loader, node)
+    return NonDecimalNumber(text)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
 
 
 def locate_node(node: yaml.Node | None, loc: tuple[Any, ...]) -> yaml.Node | None:

@@ -117,6 +117,50 @@ def accepts_bool(annotation: Any) -> bool:
     return False
 
 
+class NonDecimalNumber(str):
+    """A YAML 1.1 number written otherwise than in decimal (``02222``, ``0x1f``, ``1_000``, ``37:02``).
+
+    PyYAML's SafeLoader reads ``port: 02222`` as octal (port 1170) and ``37:02`` as base 60 (2222):
+    a port or GPU count nobody wrote. The config loader keeps such a scalar as its text in this
+    type; a number field refuses it (below), a text field gets the text as written.
+    """
+
+    @property
+    def kind(self) -> str:
+        text = self.lstrip("+-").lower()
+        if text.startswith("0x"):
+            return "hexadecimal"
+        if text.startswith("0b"):
+            return "binary"
+        if ":" in text:
+            return "base 60 (sexagesimal)"
+        if "_" in text:
+            return "a number with underscores"
+        if text.startswith("0") and text[1:2].isdigit():
+            return "octal"
+        return "not plain decimal"
+
+
+def accepts_number(annotation: Any) -> bool:
+    """Whether a field's type is (or admits) an int or a float."""
+    if annotation in (int, float):
+        return True
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return accepts_number(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType or origin in (list, tuple, set, frozenset):
+        return any(accepts_number(a) for a in get_args(annotation))
+    return False
+
+
+def _non_decimal_in(value: Any) -> NonDecimalNumber | None:
+    if isinstance(value, NonDecimalNumber):
+        return value
+    if isinstance(value, (list, tuple)):
+        return next((v for v in value if isinstance(v, NonDecimalNumber)), None)
+    return None
+
+
 class Strict(BaseModel):
     """Every model read from a user's YAML (config and playbook steps).
 
@@ -134,6 +178,11 @@ class Strict(BaseModel):
             if not accepts_bool(cls.model_fields[info.field_name].annotation):
                 raise ValueError(f"expected a value of another type, got the boolean {str(value).lower()} "
                                  "(YAML reads yes/no/on/off/true/false as booleans)")
+        odd = _non_decimal_in(value)
+        if odd is not None and info.field_name in cls.model_fields:
+            if accepts_number(cls.model_fields[info.field_name].annotation):
+                raise ValueError(f"expected a decimal integer, got {str(odd)!r} ({odd.kind}: YAML 1.1 would read "
+                                 "it as another number than the digits say); write the number in decimal")
         return value
 
 
@@ -235,11 +284,13 @@ class Timeouts(Strict):
 ROUTER_OPTION_ALIASES: dict[str, tuple[str, ...]] = {
     "--host": ("--host",), "--port": ("--port",), "--policy": ("--policy",),
     "--worker-urls": ("--worker-urls",),
+    "--worker-startup-timeout-secs": ("--worker-startup-timeout-secs",),
 }
 
 
 class RouterSpec(Strict):
-    """SGLang's own router (the ``sglang-router`` package) in front of the run's replicas."""
+    """SGLang's own router in front of the run's replicas: Shepherd Model Gateway (``smg``, its
+    name since 2026) or ``sglang-router`` 0.3.x, whichever router.python has (smg when both)."""
 
     #: a host of the config (it may also be one of the replicas)
     host: Name
@@ -247,9 +298,14 @@ class RouterSpec(Strict):
     port: Annotated[int, Field(ge=1, le=65535)] = 30080
     #: address the router binds; null = the router host's own address
     bind: Address | None = None
-    policy: Literal["cache_aware", "round_robin", "random", "power_of_two", "manual"] = "cache_aware"
-    #: interpreter that has sglang-router installed on the router host
+    #: smg 1.13 has all of these; sglang-router 0.3.x only the first five (checked on the router
+    #: host against the installed package before anything is stopped)
+    policy: Literal["cache_aware", "round_robin", "random", "power_of_two", "manual", "least_load",
+                    "consistent_hashing", "prefix_hash", "passthrough"] = "cache_aware"
+    #: interpreter that has smg or sglang-router installed on the router host
     python: HostPath = "python3"
+    #: which router package to run; auto = smg when installed, else sglang-router
+    package: Literal["auto", "smg", "sglang-router"] = "auto"
     extra_args: list[PlainText] = Field(default_factory=list)
     #: the router's wait for its first workers, and each worker's wait after POST /workers
     startup_timeout_s: PositiveSeconds = 120

@@ -80,11 +80,11 @@ def _agent_keys() -> list:
     signs through it during authentication. One connection per call, never shared between
     threads: the agent protocol has no request ids, concurrent signatures would interleave.
     """
-    import paramiko
-
     if not os.environ.get("SSH_AUTH_SOCK"):
         return []
-    return list(paramiko.Agent().get_keys())
+    from deploy.ssh_agent import timed_agent
+
+    return list(timed_agent().get_keys())
 
 
 def auth_kwargs(hop: Endpoint, label: str) -> dict:
@@ -97,6 +97,9 @@ def auth_kwargs(hop: Endpoint, label: str) -> dict:
     """
     import paramiko
 
+    from deploy.ssh_agent import check_agent_answers
+
+    check_agent_answers()  # HOSTILE (issue 22): an agent that never answers
     files = [expand_path(f) for f in hop.identity_files.value]
     if not files:
         return {"allow_agent": True, "look_for_keys": True}

@@ -9,61 +9,25 @@ where each behaviour was seen, with the PR where one is known, cited at each che
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
-from deploy.config.models import Host, Run, reserved_option_for
+from deploy.config.models import Run, reserved_option_for
+from deploy.doctor import speculation
+from deploy.doctor.verdict import Check, DoctorInput, Status, version_tuple  # noqa: F401  (Status: re-exported)
 from deploy.errors import RemoteOutputError
-from deploy.facts.doctor import HostFacts, SglangFacts, base_architectures
+from deploy.facts.doctor import base_architectures
 from deploy.facts.gpus import parse_gpu_rows
 from deploy.remote import fixer
 from deploy.remote.fixer import config as fixer_config
 from deploy.remote.fixer import loader as fixer_loader
 from deploy.sglang.argv import serve_address, speculative_plan
 
-Status = Literal["pass", "warn", "fail"]
-
 #: SGLang 0.5.6-0.5.11 build only model.midlayer and raise this for num_hidden_layers != 1.
 ONE_LAYER_LIMIT = "EAGLE3 currently only supports 1 layer"
 #: PR #22836: CUDA-graph capture ignored custom aux layer ids; fixed in 0.5.11.
 CUDA_GRAPH_FIXED = (0, 5, 11)
 WILDCARDS = ("0.0.0.0", "::", "")
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: Status
-    reason: str
-    fix: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class DoctorInput:
-    host: Host
-    run: Run
-    draft_tokens: int
-    facts: HostFacts
-    sglang: Optional[SglangFacts]
-    #: the playbook runs fix-keys after the doctor: a speculators drafter is judged as converted
-    fix_keys_will_run: bool = True
-    hidden_states_from: str = "keep"
-    #: why the SGLang facts are missing (sglang_python cannot be run), when they are
-    sglang_error: Optional[str] = None
-
-
-def version_tuple(version: Optional[str]) -> Optional[tuple[int, int, int]]:
-    if not version:
-        return None
-    match = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", version)
-    if not match:
-        return None
-    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
 
 
 def _installed(d: DoctorInput) -> Optional[tuple[int, int, int]]:
@@ -352,7 +316,11 @@ def check_speculative_flags(d: DoctorInput) -> Check:
         problems.append(f"{tokens} draft tokens exceed what {steps} steps x topk {topk} can propose")
     if problems:
         return Check("speculative-flags", "fail", "; ".join(problems), "use EAGLE3 and set these through the run's fields")
-    return Check("speculative-flags", "pass", f"EAGLE3, steps {steps}, topk {topk}, draft tokens {tokens}")
+    # sglang#36554: EAGLE-3 params left to SGLang's auto choice picked FA3 on Hopper where explicit
+    # ones get FlashInfer; deployctl never leaves them to auto (speculative_plan)
+    return Check("speculative-flags", "pass", f"EAGLE3, steps {steps}, topk {topk}, draft tokens {tokens}; "
+                 "deployctl always sends steps, topk and draft tokens explicitly (left to auto, SGLang picks a "
+                 "different attention backend on Hopper, sglang#36554)")
 
 
 def check_sizes(d: DoctorInput) -> Check:
@@ -521,6 +489,7 @@ CHECKS: tuple[Callable[[DoctorInput], Check | list[Check]], ...] = (
     check_serve_host, check_model_paths, check_dirs, check_drafter_config, check_drafter_layers,
     check_drafter_weights, check_aux_hidden_states, check_target_capture, check_cuda_graph_capture,
     check_speculative_flags, check_sizes,
+    *speculation.CHECKS,  # the silent EAGLE-3 failures reported since (issue 19)
 )
 
 

@@ -231,6 +231,9 @@ def collect_facts(report: HostReport, memory: dict, run: Run) -> None:
         "draft_tokens": run.draft_tokens,
         "accept_length": (memory.get("verify") or {}).get("accept_length"),
         "output_tok_s": (memory.get("bench") or {}).get("output_tok_s"),
+        # which prompts the numbers were measured on (BENCH, issue 20): history rows name them
+        "dataset": (memory.get("bench") or {}).get("dataset"),
+        "dataset_sha256": (memory.get("bench") or {}).get("dataset_sha256"),
         "converged": bool(memory.get("converged")),
     }
 

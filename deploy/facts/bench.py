@@ -32,6 +32,8 @@ OPTIONAL = {
     "Mean E2E Latency (ms)": "mean_e2e_ms",
     "Mean TTFT (ms)": "mean_ttft_ms",
     "Mean ITL (ms)": "mean_itl_ms",
+    "P99 TTFT (ms)": "p99_ttft_ms",
+    "P99 ITL (ms)": "p99_itl_ms",
     "Accept length": "accept_length",
 }
 
@@ -49,6 +51,9 @@ class BenchResult(BaseModel):
     mean_e2e_ms: float | None = Field(default=None, ge=0)
     mean_ttft_ms: float | None = Field(default=None, ge=0)
     mean_itl_ms: float | None = Field(default=None, ge=0)
+    #: the tail the sweep report shows next to the means (rows of SGLang's result block since 0.4)
+    p99_ttft_ms: float | None = Field(default=None, ge=0)
+    p99_itl_ms: float | None = Field(default=None, ge=0)
 
     def to_dict(self) -> dict:
         return self.model_dump()

@@ -112,6 +112,8 @@ class ModelDirFacts(_Strict):
     readable: bool
     config: Optional[dict[str, Any]]
     config_error: Optional[str]
+    #: quantization files present besides config.json (doctor_facts.QUANT_FILES)
+    quant_files: list[str]
     #: safetensors file -> tensor name -> shape (None: that file's header could not be read)
     files: Optional[dict[str, Optional[dict[str, list[int]]]]] = None
     files_error: Optional[str] = None
@@ -196,6 +198,8 @@ class HostFacts(_Strict):
     dirs: dict[str, DirFacts]
     base_model: ModelDirFacts
     drafter: ModelDirFacts
+    #: SGLang variables in the environment deployctl's commands (and so the server) get on the host
+    server_env: dict[str, str]
     run_state: Optional[RunStateFacts] = None
     sglang_run: Optional[SglangRun] = None
     gpu_holders: GpuHolderFacts

@@ -8,6 +8,8 @@ read as "fine". Table-tested from captured helper output in tests/facts/<fact>/.
 
 from __future__ import annotations
 
+import json
+
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -47,13 +49,19 @@ class StopReport(_Fact):
     processes: list[StoppedProcess]
     note: str | None = None
     helper_pid: int | None = None
+    #: scope pidfile: host_ops.check_server_pid's verdict on the PID file (facts.server.PID_CHECKS)
+    pid_check: Literal["verified", "unverified", "not-ours", "elsewhere", "dead", "invalid", "none"] | None = None
+    #: what really runs when the PID file does not name the server deployctl launched
+    running: str | None = None
 
 
 def stop_processes_command(python: str, helper: str, scope: str, grace_s: float, pidfile: str | None = None,
-                           exclude: tuple[str, ...] | list[str] = ()) -> str:
+                           exclude: tuple[str, ...] | list[str] = (), record: str | None = None) -> str:
     parts = [helper_python(python), quote_path(helper), "stop-processes", "--scope", scope, "--grace", f"{grace_s:g}"]
     if scope == "pidfile":
         parts += ["--pidfile", quote_path(pidfile or "")]
+        if record:
+            parts += ["--record", quote_path(record)]  # the PID's command line must be its argv
     else:
         for pattern in exclude:
             parts += ["--exclude", quote(pattern)]
@@ -116,9 +124,15 @@ class AcceptCheck(_Fact):
         return self
 
 
-def accept_check_command(python: str, helper: str, base_url: str, requests: int, max_new_tokens: int) -> str:
-    return " ".join([helper_python(python), quote_path(helper), "accept-check", "--base", quote(base_url),
-                     "--requests", str(requests), "--max-new-tokens", str(max_new_tokens)])
+def accept_check_command(python: str, helper: str, base_url: str, requests: int, max_new_tokens: int,
+                         prompts: list[str] | None = None, concurrency: int = 1) -> str:
+    """``prompts``: sent in turn (cycled), one JSON argument (a single line in the plan, newlines
+    escaped); ``concurrency``: at most this many requests in flight."""
+    argv = [helper_python(python), quote_path(helper), "accept-check", "--base", quote(base_url),
+            "--requests", str(requests), "--max-new-tokens", str(max_new_tokens), "--concurrency", str(concurrency)]
+    if prompts:
+        argv += ["--prompts-json", quote(json.dumps(prompts, ensure_ascii=True))]
+    return " ".join(argv)
 
 
 def parse_accept_check(output: str, source: str) -> AcceptCheck:

@@ -46,6 +46,10 @@ def server_state_command(python: str, helper: str, state_dir: str, health_url: s
                      "--record", quote_path(deployment_path(state_dir)), "--url", quote(health_url)])
 
 
+#: host_ops.check_server_pid's verdicts on the PID file (only the first two are ever signalled)
+PID_CHECKS = ("verified", "unverified", "not-ours", "elsewhere", "dead", "invalid", "none")
+
+
 @dataclass(frozen=True)
 class ServerState:
     pid: int | None
@@ -53,12 +57,22 @@ class ServerState:
     status: int | None
     error: str | None
     record: dict[str, Any] | None
+    #: what the PID file's PID is (PID_CHECKS): ``verified`` = alive and its command line is
+    #: deployment.json's argv; ``not-ours`` = another program; ``elsewhere`` = the recorded server
+    #: runs under a PID the file does not name. None: an older helper that did not say.
+    pid_check: str | None = None
+    #: why, in words (names the PID file and what it holds)
+    pid_note: str | None = None
+    #: what really runs when the PID file does not name the server: "PID 4242: python3 -m sglang..."
+    running: str | None = None
 
     @property
     def healthy(self) -> bool:
         return self.alive and self.status == 200
 
     def describe(self) -> str:
+        if not self.alive and self.pid_check in ("not-ours", "elsewhere", "invalid"):
+            return f"unknown: {self.pid_note}" + (f" (running: {self.running})" if self.running else "")
         if not self.alive:
             return "nothing: no SGLang server of deployctl's is running on this host"
         record = self.record or {}
@@ -81,11 +95,17 @@ def parse_server_state(output: str, source: str) -> ServerState:
         record = document["record"]
         if record is not None and not isinstance(record, dict):
             raise TypeError
-    except (ValueError, KeyError, TypeError):
+        check = document.get("pid_check")
+        if check is not None and check not in PID_CHECKS:
+            raise TypeError
+        texts = [document.get(k) for k in ("pid_note", "running")]
+        if any(t is not None and not isinstance(t, str) for t in texts):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise RemoteOutputError(f"{source}: server-state printed unexpected output: {output[:300]!r}") from None
     if record is not None and "unreadable" in record:
         record = None
-    return ServerState(pid, document["alive"], status, document.get("error"), record)
+    return ServerState(pid, document["alive"], status, document.get("error"), record, check, texts[0], texts[1])
 
 
 def parse_record(output: str, source: str, what: str) -> dict | None:
@@ -93,17 +113,25 @@ def parse_record(output: str, source: str, what: str) -> dict | None:
     text = output.strip()
     if not text:
         return None
+    if len(text) > MAX_RECORD_BYTES:
+        raise RemoteOutputError(f"{source}: {what} is over {MAX_RECORD_BYTES} bytes: not a deployment record")
     try:
         document = json.loads(text)
         if not isinstance(document, dict) or not isinstance(document.get("argv"), list):
             raise TypeError
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # 100k-deep nesting is a RecursionError
         raise RemoteOutputError(f"{source}: {what} is not a deployment record: {text[:200]!r}") from None
     return document
 
 
+#: a record is a few KB; read one byte more than this to know it is over
+MAX_RECORD_BYTES = 1 << 20
+
+
 def read_record_command(path: str) -> str:
-    return f"cat -- {quote_path(path)} 2>/dev/null || true"
+    # a regular file only (a FIFO would block cat), and bounded: head -c, not cat
+    quoted = quote_path(path)
+    return f"if [ -f {quoted} ]; then head -c {MAX_RECORD_BYTES + 1} -- {quoted} 2>/dev/null; fi; true"
 
 
 #: a snapshot older than this is read again by converge (the server may have died since)

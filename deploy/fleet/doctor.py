@@ -1,30 +1,40 @@
-"""The doctor's checks for a run's router host: sglang-router installed, its port free."""
+"""The doctor's checks for a run's router host: a router package installed, its port free, every
+worker URL reachable from the router host (the router reaches the workers from there)."""
 
 from __future__ import annotations
 
 from deploy.doctor.checks import Check
 from deploy.errors import DeployError
 from deploy.fanout import for_each_host
-from deploy.fleet.router import RouterPaths, ops_command, parse_json_line, router_address
+from deploy.fleet.router import RouterCalls, ops_command, parse_json_line, parse_router_packages, router_address
+from deploy.fleet.router_package import choose_package, policy_problem
+from deploy.state_layout import RouterPaths
 
 
 def router_checks(conn, host, run) -> list[Check]:
     spec = run.router
     checks = []
-    # the package metadata, never `import sglang_router` (it loads a 90 MB Rust extension)
-    got = conn.run(ops_command(spec.python, "router-version"), timeout=60)
+    got = conn.run(RouterCalls(spec, host).packages().command, timeout=60)
     try:
-        version = parse_json_line(got.stdout.strip(), host.name, ("version",)) if got.exit_code == 0 else None
+        if got.exit_code != 0:
+            raise DeployError(f"{spec.python} could not run: "
+                              f"{(got.stderr.strip().splitlines() or ['no output'])[-1][:200]}")
+        package = choose_package(parse_router_packages(got.stdout.strip(), host.name), spec.package,
+                                 f"{host.name} ({spec.python})")
     except DeployError as exc:
-        version = None
-        got_error = str(exc)
+        checks.append(Check("router-package", "fail", str(exc),
+                            f"{spec.python} -m pip install smg (Shepherd Model Gateway, SGLang's router), "
+                            "or set router.python / router.package"))
     else:
-        got_error = (version or {}).get("error") or (got.stderr.strip().splitlines() or ["no output"])[-1]
-    if version and version.get("version"):
-        checks.append(Check("router-package", "pass", f"sglang-router {version['version']} for {spec.python}"))
-    else:
-        checks.append(Check("router-package", "fail", f"sglang-router is not installed for {spec.python}: {got_error}",
-                            f"{spec.python} -m pip install sglang-router (0.3.2 is current), or set router.python"))
+        problem = policy_problem(package, spec.policy)
+        if problem:
+            checks.append(Check("router-package", "fail", f"{package.label} for {spec.python}: {problem}",
+                                "choose one of the listed policies, or install smg (it has them all)"))
+        else:
+            settle = f"; a removed worker leaves GET /workers after {package.drain_settle_s:g} s (drain settle)" \
+                if package.drain_settle_s else ""
+            checks.append(Check("router-package", "pass",
+                                f"{package.label} for {spec.python} (python -m {package.module}){settle}"))
     address = router_address(spec, host)
     state = parse_json_line(conn.check(ops_command(host.python, "port-check", address, str(spec.port),
                                                    RouterPaths(host.state_dir).pidfile), timeout=30,

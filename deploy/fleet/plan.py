@@ -77,14 +77,20 @@ def plan_fleet(config, run, hosts, command: str, serial: int | None, allow_downt
     if run.router is not None:
         host = config.host(run.router.host)
         paths = RouterPaths(host.state_dir)
+        package = run.router.package
         document["router"] = {
             "host": host.name, "url": router_url(run.router, host), "policy": run.router.policy,
+            "package": package if package != "auto" else
+            "auto: smg when installed for router.python on the router host, else sglang-router (read from its "
+            "package metadata before anything is stopped)",
             "pidfile": paths.pidfile, "log": paths.latest_log,
             "argv": router_argv(run.router, host, [worker_url(run, h) for h in hosts]),
             "workers": {h.name: worker_url(run, h) for h in hosts},
             "per_batch": ["unless the playbook benchmarks: the doctor's read and the drafter's fingerprint on each host; "
                           "a host that would only converge (already running as desired) stays in the router",
-                          "GET /workers; DELETE /workers/{id} for the other workers (0.3.x; older: /remove_worker)",
+                          "GET /workers; DELETE /workers/{id} for the other workers (smg, sglang-router 0.3.x; "
+                          "older: /remove_worker); poll GET /workers until they are gone (smg: after its "
+                          "drain settle, 5 s)",
                           f"poll each worker's GET /v1/loads until nothing runs or waits (at most "
                           f"{run.router.drain_timeout_s:g} s)",
                           "the playbook on the batch's hosts",
@@ -118,6 +124,7 @@ def print_fleet_plan(document: dict[str, Any]) -> None:
     if router:
         click.echo(f"router on {router['host']}: {router['url']} (policy {router['policy']}), "
                    f"PID file {router['pidfile']}, log {router['log']}")
+        click.echo(f"  package: {router['package']}")
         click.echo("  start: " + " ".join(router["argv"]))
         for line in router["per_batch"]:
             click.echo("  per batch: " + line)
@@ -148,13 +155,23 @@ def fleet_report(result) -> dict[str, Any]:
 
 
 def print_fleet_report(result) -> None:
+    from deploy.terminal import safe_line, safe_text  # router and host text, escaped (issue 22)
+
     for phase in result.phases:
-        click.echo(f"  {phase.status:8} {phase.name}: {phase.detail}"[:300])
+        click.echo(safe_line(f"  {phase.status:8} {phase.name}: {phase.detail}"[:300]))
     for host, entry in fleet_report(result)["rotation"].items():
         window = entry.get("out_of_rotation_s")
-        click.echo(f"  {host}: out of rotation {window:.2f} s" if window is not None else f"  {host}: {entry.get('note')}")
+        click.echo(f"  {host}: out of rotation {window:.2f} s" if window is not None else
+                   f"  {host}: {safe_line(entry.get('note'))}")
     if result.error is not None:
-        click.echo(f"error: {result.error}", err=True)
+        click.echo(f"error: {safe_text(result.error)}", err=True)
+
+
+def _package_text(row: dict[str, Any]) -> str:
+    package = row.get("package") or {}
+    if "name" in package:
+        return f" ({package['name']} {package['version']})"
+    return f" (router package: {package['error']})" if "error" in package else ""
 
 
 def print_router_status(rows: list[dict[str, Any]]) -> None:
@@ -162,8 +179,8 @@ def print_router_status(rows: list[dict[str, Any]]) -> None:
         if "error" in row:
             click.echo(f"router of run {row['run']} on {row['host']}: unknown ({row['error']})")
         elif not row["alive"]:
-            click.echo(f"router of run {row['run']} on {row['host']}: not running")
+            click.echo(f"router of run {row['run']} on {row['host']}: not running{_package_text(row)}")
         else:
             workers = ", ".join(f"{w['url']} ({'healthy' if w['healthy'] else 'UNHEALTHY'})" for w in row["workers"])
-            click.echo(f"router of run {row['run']} on {row['host']}: pid {row['pid']} at {row['url']}; "
-                       f"workers: {workers or 'none'}")
+            click.echo(f"router of run {row['run']} on {row['host']}: pid {row['pid']} at {row['url']}"
+                       f"{_package_text(row)}; workers: {workers or 'none'}")

@@ -26,6 +26,30 @@ class LastHealthyWorker(DeployError):
     exit_code = ExitCode.USAGE
 
 
+class PreflightFailed(DeployError):
+    """A router or replica check failed before any replica was touched (like the doctor: exit 8)."""
+    exit_code = ExitCode.VERIFY
+
+
+def network(state: RunState, host: Host) -> Host:
+    """``host`` as the network sees it (an ssh_config alias resolved to its HostName, read from
+    ssh_config once per run, no connection): its worker URL is where the router reaches it."""
+    from deploy.engine.session import network_host
+
+    addresses = state.data.get("addresses")
+    if addresses is None:
+        from deploy.engine.plan import describe_endpoints
+
+        endpoints = describe_endpoints(state.config.hosts_of(state.run), state.config)
+        addresses = state.data["addresses"] = {
+            name: e.get("hostname", {}).get("value") for name, e in endpoints.items()}
+    return network_host(host, addresses.get(host.name) or host.address)
+
+
+def url_of(state: RunState, host: Host) -> str:
+    return worker_url(state.run, network(state, host))
+
+
 def _serving(state: RunState, hosts: Sequence[Host]) -> list[Host]:
     return [h for h in hosts if h.name in state.reports and state.reports[h.name].outcome in SERVING_OUTCOMES]
 
@@ -71,8 +95,13 @@ def _unchanged(state: RunState, host: Host) -> tuple[bool, str]:
         server = snapshot_of(facts.run_state, facts.python.version, host.name, host.state_dir).server
         result = conn.run(fingerprint_call.command, timeout=fingerprint_call.timeout_s)
         fingerprint = parse_fingerprint(result.exit_code, result.stdout, result.stderr, host.name).fingerprint
+        from deploy.doctor.speculation import draft_quantization_flag
+        from deploy.doctor.verdict import DoctorInput
+
         ctx.memory.update(drafter_fingerprint=fingerprint, drafter_path=store_path(ctx, fingerprint),
-                          sglang_version=sglang.version)
+                          sglang_version=sglang.version,  # and the doctor step's draft quantization decision
+                          draft_quantization=draft_quantization_flag(DoctorInput(host, state.run, state.run.draft_tokens,
+                                                                                 facts, sglang)))
         return converge.would_converge(ctx, server)
 
 
@@ -107,7 +136,7 @@ def _remove(batch: tuple[Host, ...], allow_downtime: bool):
             return "router not running yet: nothing to take out"
         state.data["router_running"] = True
         kept = state.data.get("kept", set())
-        urls = {worker_url(state.run, h): h for h in batch if h.name not in kept}
+        urls = {url_of(state, h): h for h in batch if h.name not in kept}
         members = router.workers()
         others = [w for w in members if w["url"] not in urls and w["is_healthy"]]
         leaving = [w for w in members if w["url"] in urls]
@@ -132,7 +161,7 @@ def _drain(batch: tuple[Host, ...]):
         for host in batch:
             if "out" not in state.rotation.get(host.name, {}):
                 continue
-            seconds = router.drain(worker_url(state.run, host), router.spec.drain_timeout_s)
+            seconds = router.drain(url_of(state, host), router.spec.drain_timeout_s)
             waited.append(f"{host.name} {seconds:.2f} s")
         return "drained: " + (", ".join(waited) or "-")
     return action
@@ -143,10 +172,12 @@ def _add(batch: tuple[Host, ...]):
         serving = _serving(state, batch)
         # taken out but never redeployed (the drain timed out): still serving what it served
         serving += [h for h in batch if h.name not in state.reports and "out" in state.rotation.get(h.name, {})]
+        if not serving and not any(h.name in state.reports or "out" in state.rotation.get(h.name, {}) for h in batch):
+            return "nothing of this batch was taken out or redeployed: nothing to add"
         if not serving:
             return "no host of this batch serves a verified deployment: none added"
         router = open_router(state)
-        urls = [worker_url(state.run, h) for h in serving]
+        urls = [url_of(state, h) for h in serving]
         if not router.running():
             router.start(urls, state.stamp)
             added = "started the router with " + ", ".join(urls)
@@ -167,7 +198,7 @@ def _final(hosts: Sequence[Host]):
     def action(state: RunState) -> str:
         router = open_router(state)
         serving = _serving(state, hosts)
-        urls = [worker_url(state.run, h) for h in serving]
+        urls = [url_of(state, h) for h in serving]
         if not router.running():
             router.start(urls, state.stamp)
         else:
@@ -181,11 +212,89 @@ def _final(hosts: Sequence[Host]):
     return action
 
 
+def _doctor_settings(playbook):
+    return next((s.settings for s in playbook.steps if s.name == "doctor"), None) if playbook is not None else None
+
+
+def _preflight(hosts: Sequence[Host]):
+    """Before the first replica is stopped: every router check (package and policy, port, every
+    worker URL reachable from the router host) and every replica's doctor. A failure leaves every
+    replica as it was (sglang-router 0.3 runs used to redeploy batch 1, then fail at router-add)."""
+    def action(state: RunState) -> str:
+        from deploy.doctor.checks import failed
+        from deploy.fanout import for_each_host
+        from deploy.fleet.doctor import router_checks
+        from deploy.steps.doctor import diagnose, failure_text
+        from deploy.transport import HostConnection
+
+        router = open_router(state)
+        problems: list[str] = []
+        router_results = router_checks(router.conn, router.host, state.run)
+        problems += [f"{router.host.name}: {c.name}: {c.reason}" + (f" (fix: {c.fix})" if c.fix else "")
+                     for c in failed(router_results)]
+        package = next((c.reason for c in router_results if c.name == "router-package" and c.status == "pass"), "")
+        urls = [url_of(state, h) for h in hosts]
+        unreachable = router.unreachable(urls)
+        if unreachable:
+            problems.append(f"{router.host.name} cannot reach worker URL(s) {'; '.join(unreachable)}: the router "
+                            "would not reach them either (a run's hosts must be reachable at their address, or "
+                            "their ssh_config HostName, from the router host)")
+        settings = _doctor_settings(state.playbook)
+        doctored = ""
+        if settings is not None:
+            fix_keys = bool(getattr(settings, "fix_keys_will_run", True))
+
+            def doctor(host: Host):
+                with HostConnection(host, state.config.ssh, state.jumps) as conn:
+                    return diagnose(conn, network(state, host), state.run, fix_keys_will_run=fix_keys,
+                                    settings=settings)[0]
+
+            for outcome in for_each_host(list(hosts), doctor, state.config.ssh.max_parallel, cancel=state.cancelled):
+                if outcome.error is not None:
+                    problems.append(f"{outcome.host.name}: {str(outcome.error).splitlines()[0]}")
+                elif failed(outcome.value or []) and not settings.ignore:
+                    problems.append(failure_text(outcome.host.name, outcome.value))
+            doctored = f"; the doctor passed on {', '.join(h.name for h in hosts)}" + (
+                " (--ignore-doctor: failures reported, not stopping)" if settings.ignore else "")
+        if problems:
+            raise PreflightFailed("fleet pre-flight failed; no replica was stopped, each keeps serving what it "
+                                  "served:\n" + "\n".join(problems))
+        return f"router: {package or 'ok'}; every worker URL reachable from {router.host.name}{doctored}"
+    return action
+
+
+def _preflight_plan(hosts: Sequence[Host]):
+    def plan(view) -> list[tuple[str, Any]]:
+        from deploy.facts.doctor import doctor_command
+        from deploy.fleet.router import RouterPaths, ops_command, router_address
+        from deploy.steps.base import Command
+
+        calls, at = view.calls, view.router_host
+        spec = view.run.router
+        router_host = view.network(view.config.host(at))
+        steps: list[tuple[str, Any]] = [
+            (at, calls.packages()),
+            (at, Command(description="the router's port is free, or the router deployctl started listens there",
+                         command=ops_command(router_host.python, "port-check", router_address(spec, router_host),
+                                             str(spec.port), RouterPaths(router_host.state_dir).pidfile,
+                                             script=calls.script))),
+            (at, calls.reach([worker_url(view.run, view.network(h)) for h in hosts]))]
+        steps += [(h.name, Command(description="the doctor's read on every replica before the first is stopped",
+                                   command=doctor_command(view.network(h), view.run,
+                                                          script="<deploy/remote/doctor_facts.py>")))
+                  for h in hosts]
+        return steps
+    return plan
+
+
 def fleet_phases(hosts: Sequence[Host], serial: int, has_router: bool, allow_downtime: bool,
                  keep_unchanged: bool = True) -> list[Phase]:
     """``keep_unchanged``: probe each batch and keep the hosts that would only converge in the router
     (off when the playbook benchmarks: bench_serving must not compete with the router's traffic)."""
     phases: list[Phase] = []
+    if has_router:
+        phases.append(RunPhase("pre-flight: router checks, every replica's doctor", _preflight(hosts),
+                               plan=_preflight_plan(hosts)))
     groups = batches(hosts, serial)
     for i, batch in enumerate(groups, 1):
         tag = f"batch {i}/{len(groups)}"
@@ -307,13 +416,14 @@ def _probe_plan(batch: tuple[Host, ...]):
 def _remove_plan(batch: tuple[Host, ...]):
     def plan(view) -> list[tuple[str, Any]]:
         calls, at = view.calls, view.router_host
-        steps: list[tuple[str, Any]] = [(at, calls.state()), (at, _when(calls.version(), RUNNING)),
+        steps: list[tuple[str, Any]] = [(at, calls.state()), (at, _when(calls.packages(), RUNNING)),
                                         (at, _when(calls.workers(True), RUNNING))]
         for host in batch:
-            url = worker_url(view.run, host)
+            url = worker_url(view.run, view.network(host))
             steps += [(at, _when(calls.workers(True), RUNNING)),
                       (at, _when(calls.remove(url, "<worker id>", True), f"{RUNNING}, lists {host.name} and the "
-                                 "probe did not keep it (sglang-router 0.3.x; older: POST /remove_worker?url=)")),
+                                 "probe did not keep it (smg, sglang-router 0.3.x; older: POST /remove_worker?url=); then "
+                                 "GET /workers until it is gone (smg: after its drain settle, 5 s)")),
                       (at, _when(calls.remove(url, "", False), "the router is older than 0.3"))]
         return steps
     return plan
@@ -321,7 +431,7 @@ def _remove_plan(batch: tuple[Host, ...]):
 
 def _drain_plan(batch: tuple[Host, ...]):
     def plan(view) -> list[tuple[str, Any]]:
-        return [(view.router_host, _when(view.calls.loads(worker_url(view.run, h)), f"{h.name} was taken out: "
+        return [(view.router_host, _when(view.calls.loads(worker_url(view.run, view.network(h))), f"{h.name} was taken out: "
                                          f"polled until nothing is in flight")) for h in batch]
     return plan
 
@@ -331,8 +441,9 @@ def _join_plan(hosts: Sequence[Host], end_to_end: bool = False):
         from deploy.state_layout import router_log_name
 
         calls, at = view.calls, view.router_host
-        urls = [worker_url(view.run, h) for h in hosts]
-        steps: list[tuple[str, Any]] = [(at, calls.state()), (at, _when(calls.version(), "the first router call of the run (its version decides the API)")),
+        urls = [worker_url(view.run, view.network(h)) for h in hosts]
+        steps: list[tuple[str, Any]] = [(at, calls.state()), (at, _when(calls.packages(), "the first router call of the run (the package and its version decide the "
+                                                               "launcher module and the API)")),
                                         (at, _when(calls.start(urls, router_log_name(view.stamp)), NOT_RUNNING)),
                                         (at, _when(calls.workers(True), RUNNING))]
         steps += [(at, _when(calls.add(u, True), f"{RUNNING} without {u} (older than 0.3: POST /add_worker?url=)"))

@@ -1,4 +1,4 @@
-"""SGLang's router (``sglang-router``) on the router host: start, stop, membership, drain, requests.
+"""SGLang's router (``smg`` or ``sglang-router``, see router_package.py) on the router host: start, stop, membership, drain, requests.
 
 Command builders and strict parsers, plus ``RouterHost``: the few lines that send them over the
 router host's SSH connection. Every HTTP call (the router's management API, a worker's
@@ -15,46 +15,63 @@ from pathlib import Path
 
 from deploy.config.models import Host, Run, RouterSpec
 from deploy.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
+from deploy.fleet.router_package import (ROUTER_CMDLINE_MARKS, RouterPackage, choose_package, parse_release,
+                                         policy_problem)
 from deploy.shell import quote, quote_path, path_join
 from deploy.sglang.argv import probe_address
 from deploy.state_layout import RouterPaths, router_log_name
 from deploy.steps.base import Command
 
 FLEET_OPS = Path(__file__).resolve().parents[1] / "remote" / "fleet_ops.py"
-#: stop-stale --scope user leaves these command lines alone: a router on a replica host keeps
-#: routing to the other replicas while that host is redeployed (launch_router renames itself
-#: "sglang::router" with setproctitle once started)
-ROUTER_CMDLINE_MARKS = ("sglang_router", "sglang::router")
+#: stop-stale --scope user leaves ROUTER_CMDLINE_MARKS alone: a router on a replica host keeps
+#: routing to the other replicas while that host is redeployed
+__all__ = ["ROUTER_CMDLINE_MARKS"]
 
 
 class RouterError(DeployError):
     exit_code = ExitCode.FAILED
 
 
+def url_host(address: str) -> str:
+    """An address as the host part of a URL: an IPv6 literal goes in brackets (RFC 3986)."""
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
 def worker_url(run: Run, host: Host) -> str:
-    return f"http://{probe_address(run, host)}:{run.port}"
+    """Where the router reaches the replica: the address the server binds (``host`` as the network
+    sees it: an ssh_config alias resolved to its HostName, see engine.session.network_host)."""
+    return f"http://{url_host(probe_address(run, host))}:{run.port}"
 
 
 def router_address(spec: RouterSpec, host: Host) -> str:
     address = spec.bind or host.address
-    return "127.0.0.1" if address in ("0.0.0.0", "::") else address
+    if address == "0.0.0.0":
+        return "127.0.0.1"
+    return "::1" if address == "::" else address
 
 
 def router_url(spec: RouterSpec, host: Host) -> str:
-    return f"http://{router_address(spec, host)}:{spec.port}"
+    return f"http://{url_host(router_address(spec, host))}:{spec.port}"
 
 
-def router_argv(spec: RouterSpec, host: Host, workers: list[str]) -> list[str]:
-    return [spec.python, "-m", "sglang_router.launch_router", "--host", spec.bind or host.address,
+#: shown by ``plan`` where the package is chosen on the router host at run time
+MODULE_PLACEHOLDER = "<smg.launch_router|sglang_router.launch_router>"
+
+
+def router_argv(spec: RouterSpec, host: Host, workers: list[str], package: RouterPackage | None = None) -> list[str]:
+    module = package.module if package is not None else (
+        RouterPackage(spec.package, "0").module if spec.package != "auto" else MODULE_PLACEHOLDER)
+    return [spec.python, "-m", module, "--host", spec.bind or host.address,
             "--port", str(spec.port), "--policy", spec.policy,
             "--worker-startup-timeout-secs", str(int(spec.startup_timeout_s)),
             *spec.extra_args, "--worker-urls", *workers]
 
 
-def start_command(spec: RouterSpec, host: Host, workers: list[str], log_name: str) -> str:
+def start_command(spec: RouterSpec, host: Host, workers: list[str], log_name: str,
+                  package: RouterPackage | None = None) -> str:
     paths = RouterPaths(host.state_dir)
     log = path_join(paths.logs, log_name)
-    argv = " ".join(quote(a) for a in router_argv(spec, host, workers))
+    argv = " ".join(quote(a) for a in router_argv(spec, host, workers, package))
     return (f"mkdir -p -- {quote_path(paths.logs)} && cd {quote_path(paths.root)} && "
             f"ln -sfn -- {quote(log_name)} {quote_path(paths.latest_log)} && "
             f"{{ setsid nohup {argv} > {quote_path(log)} 2>&1 < /dev/null & "
@@ -92,8 +109,14 @@ class RouterCalls:
         return self.ops(*args, "--timeout", f"{timeout:g}", timeout=timeout,
                         description=description or f"{method} {url}", when=when)
 
-    def version(self) -> Command:
-        return self.ops("router-version", python=self.spec.python, description="sglang-router's version (its API)")
+    def packages(self) -> Command:
+        # the package metadata of router.python, never an import (each package loads a ~100 MB extension)
+        return self.ops("router-packages", python=self.spec.python,
+                        description="which router package router.python has (smg, sglang-router) and its version")
+
+    def reach(self, urls: list[str], timeout: float = 3) -> Command:
+        return self.ops("reach", *urls, "--timeout", f"{timeout:g}", timeout=timeout * len(urls) + 5,
+                        description="the router host can open a connection to every worker URL")
 
     def state(self) -> Command:
         return self.ops("router-state", self.paths.pidfile, self.url + "/workers", "--timeout", "5", timeout=5,
@@ -115,10 +138,11 @@ class RouterCalls:
     def loads(self, url: str) -> Command:
         return self.http("GET", url + "/v1/loads", timeout=5, description=f"requests in flight on {url}")
 
-    def start(self, workers: list[str], log_name: str) -> Command:
-        return Command(description="start sglang-router detached (setsid nohup), PID file and log in the state dir",
-                       command=start_command(self.spec, self.host, workers, log_name), timeout_s=30,
-                       what="starting sglang-router")
+    def start(self, workers: list[str], log_name: str, package: RouterPackage | None = None) -> Command:
+        label = package.label if package is not None else "the router"
+        return Command(description=f"start {label} detached (setsid nohup), PID file and log in the state dir",
+                       command=start_command(self.spec, self.host, workers, log_name, package), timeout_s=30,
+                       what=f"starting {label}")
 
     def stop(self, grace: float = 15) -> Command:
         return self.ops("stop-router", self.paths.pidfile, "--timeout", f"{grace:g}", timeout=grace + 10,
@@ -171,11 +195,36 @@ def parse_loads(body: str, source: str) -> int:
 
 def modern_api(version: str) -> bool:
     """sglang-router 0.3.x manages workers at /workers; older releases at /add_worker, /remove_worker."""
-    try:
-        major, minor = (int(x) for x in version.split(".")[:2])
-    except ValueError:
-        raise RemoteOutputError(f"sglang-router version {version!r} is not a release number") from None
-    return (major, minor) >= (0, 3)
+    return parse_release(version, "sglang-router") >= (0, 3)
+
+
+def parse_router_packages(output: str, source: str) -> dict[str, str | None]:
+    """fleet_ops.py router-packages -> {"smg": version|None, "sglang-router": version|None}, strictly."""
+    document = parse_json_line(output, source, ("packages",))
+    packages = document["packages"]
+    if not isinstance(packages, dict) or not all(
+            isinstance(k, str) and (v is None or (isinstance(v, str) and 0 < len(v) <= 64)) for k, v in packages.items()):
+        raise RemoteOutputError(f"{source}: fleet_ops.py router-packages printed unexpected output: {output[:300]!r}")
+    return dict(packages)
+
+
+def parse_reach(got: dict, urls: list[str], source: str) -> list[str]:
+    """fleet_ops.py reach -> the URLs the router host cannot reach, each with why (empty: all fine)."""
+    entries = got.get("reach")
+    if not isinstance(entries, list) or len(entries) != len(urls) or not all(
+            isinstance(e, dict) and isinstance(e.get("reachable"), bool) and e.get("url") == u
+            for e, u in zip(entries, urls)):
+        raise RemoteOutputError(f"{source}: fleet_ops.py reach printed unexpected output: {str(got)[:300]!r}")
+    return [f"{e['url']} ({str(e.get('error') or 'unreachable')[:200]})" for e in entries if not e["reachable"]]
+
+
+def choose_router_package(installed: dict[str, str | None], spec: RouterSpec, host: Host) -> RouterPackage:
+    """The package router.python runs on ``host`` (router.package, or smg before sglang-router)."""
+    package = choose_package(installed, spec.package, f"{host.name} ({spec.python})")
+    problem = policy_problem(package, spec.policy)
+    if problem:
+        raise RouterError(f"{host.name}: {problem}")
+    return package
 
 
 class RouterHost:
@@ -188,7 +237,7 @@ class RouterHost:
         self.url = router_url(self.spec, host)
         self.calls = RouterCalls(self.spec, host)
         self.progress = progress
-        self._version: str | None = None
+        self._package: RouterPackage | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -196,14 +245,17 @@ class RouterHost:
         result = self.conn.check(call.command, timeout=call.timeout_s, what=call.what or "fleet_ops")
         return parse_json_line(result.stdout.strip(), self.host.name, ())
 
-    def version(self) -> str:
-        if self._version is None:
-            got = self._do(self.calls.version())
-            if not got.get("version"):
-                raise RouterError(f"{self.host.name}: {got.get('error') or 'sglang-router not found'} "
-                                  f"(router.python: {self.spec.python}); pip install sglang-router there")
-            self._version = str(got["version"])
-        return self._version
+    def package(self) -> RouterPackage:
+        if self._package is None:
+            call = self.calls.packages()
+            result = self.conn.check(call.command, timeout=call.timeout_s, what=call.what or "router-packages")
+            self._package = choose_router_package(parse_router_packages(result.stdout.strip(), self.host.name),
+                                                  self.spec, self.host)
+        return self._package
+
+    def unreachable(self, urls: list[str], timeout: float = 3) -> list[str]:
+        """Worker URLs the router host cannot open a connection to, each with why (empty: all fine)."""
+        return parse_reach(self._do(self.calls.reach(urls, timeout)), urls, self.host.name)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -217,9 +269,9 @@ class RouterHost:
         return bool(self.state().get("alive"))
 
     def start(self, workers: list[str], stamp: str) -> int:
-        self.version()
+        package = self.package()
         log_name = router_log_name(stamp)
-        call = self.calls.start(workers, log_name)
+        call = self.calls.start(workers, log_name, package)
         result = self.conn.check(call.command, timeout=call.timeout_s, what=call.what or "starting sglang-router")
         text = result.stdout.strip()
         if not text.isdigit():
@@ -238,7 +290,7 @@ class RouterHost:
     # -- membership ---------------------------------------------------------------------------
 
     def workers(self) -> list[dict]:
-        modern = modern_api(self.version())
+        modern = self.package().workers_api
         path = "/workers" if modern else "/list_workers"
         got = self._do(self.calls.workers(modern))
         if got.get("status") != 200:
@@ -269,14 +321,14 @@ class RouterHost:
             time.sleep(0.2)
 
     def add(self, url: str) -> None:
-        got = self._do(self.calls.add(url, modern_api(self.version())))
+        got = self._do(self.calls.add(url, self.package().workers_api))
         if got.get("status") not in (200, 201, 202):
             raise RouterError(f"{self.host.name}: router refused to add {url}: {got.get('status')} "
                               f"{got.get('error') or got.get('body', '')[:200]}")
         self.wait_members({url})
 
     def remove(self, url: str) -> None:
-        if modern_api(self.version()):
+        if self.package().workers_api:
             ids = [w["id"] for w in self.workers() if w["url"] == url]
             if not ids:
                 return

@@ -22,7 +22,9 @@ import glob
 import json
 import os
 import re
+import errno
 import shutil
+import stat as stat_module
 import socket
 import struct
 import subprocess
@@ -43,10 +45,36 @@ MAX_OUTPUT_CHARS = 65536
 GPU_QUERY = ["--query-gpu=index,uuid,memory.used,memory.total,utilization.gpu",
              "--format=csv,noheader,nounits"]
 HOOK = "set_eagle3_layers_to_capture"
+#: SGLang's variables the doctor judges (srt/environ.py). Only these names are reported, never the
+#: rest of the environment (it may hold tokens); each value is cut at 200 characters.
+SERVER_ENV_NAMES = ("SGLANG_SIMULATE_ACC_LEN", "SGLANG_ENABLE_SPEC_V2")
+#: files a quantized checkpoint may declare its method in besides config.json's quantization_config
+#: (SGLang 0.5.23 get_config_filenames: awq/gptq quantize_config.json or quant_config.json, modelopt
+#: hf_quant_config.json, auto-round quantization_config.json, modelslim quant_model_description.json)
+QUANT_FILES = ("hf_quant_config.json", "quant_config.json", "quant_model_description.json",
+               "quantization_config.json", "quantize_config.json")
 
 
 def _error(exc):
     return "%s: %s" % (type(exc).__name__, exc)
+
+
+def open_regular(path):
+    """A binary file object for the regular file ``path``; OSError naming it for anything else.
+
+    stat first and O_NONBLOCK (HOSTILE, issue 22): a FIFO as a drafter's file held doctor/up for
+    75 s, then failed naming the helper instead of the file.
+    """
+    if not stat_module.S_ISREG(os.stat(path).st_mode):  # a socket would fail the open with ENXIO
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, device, socket or directory)", path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat_module.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device, socket or directory)", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def _python():
@@ -61,13 +89,12 @@ def nvidia_smi(program):
     if found is None:
         return {"found": False, "exit_code": None, "stdout": "", "stderr": "",
                 "error": "%s not found on PATH" % program}
-    try:
-        proc = subprocess.run([found] + GPU_QUERY, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              timeout=20, universal_newlines=True)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return {"found": True, "exit_code": None, "stdout": "", "stderr": "", "error": _error(exc)}
-    return {"found": True, "exit_code": proc.returncode, "stdout": proc.stdout[:MAX_OUTPUT_CHARS],
-            "stderr": proc.stderr[-2000:], "error": None}
+    # bounded in bytes and time (host_ops.run_bounded): a 60 MB answer is refused, not shipped
+    done = host_ops.run_bounded([found] + GPU_QUERY, 20.0)
+    if done["exit_code"] in (124, 125, 127):
+        return {"found": True, "exit_code": None, "stdout": "", "stderr": "", "error": done["stderr"]}
+    return {"found": True, "exit_code": done["exit_code"], "stdout": done["stdout"][:MAX_OUTPUT_CHARS],
+            "stderr": done["stderr"][-2000:], "error": None}
 
 
 #: the compute-apps query deployctl parses (deploy/facts/gpus.py COMPUTE_APPS_COMMAND: the same fields, order)
@@ -193,8 +220,8 @@ def socket_owners(inodes):
 
 def read_pid(path):
     try:
-        with open(path) as handle:
-            text = handle.read().strip()
+        with open_regular(path) as handle:
+            text = handle.read(64).decode("utf-8", "replace").strip()
     except OSError as exc:
         return {"pid": None, "alive": False, "error": None if not os.path.exists(path) else _error(exc)}
     if not re.match(r"^\d+$", text):
@@ -264,7 +291,7 @@ def directory(path):
 
 def read_json(path):
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             raw = handle.read(MAX_JSON_BYTES + 1)
     except OSError as exc:
         return None, _error(exc)
@@ -272,8 +299,8 @@ def read_json(path):
         return None, "larger than %d bytes" % MAX_JSON_BYTES
     try:
         value = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeError) as exc:
-        return None, "not valid JSON: %s" % exc
+    except (ValueError, UnicodeError, RecursionError) as exc:
+        return None, "not valid JSON: %s" % (exc if not isinstance(exc, RecursionError) else "nested too deep")
     if not isinstance(value, dict):
         return None, "not a JSON object"
     return value, None
@@ -281,6 +308,8 @@ def read_json(path):
 
 def read_header(path):
     """name -> shape, read and validated by the key fixer's own header reader (fixer/header.py)."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError("%s is not a regular file (a FIFO, device, socket or directory)" % path)
     try:
         return read_safetensors_header(path, os.path.basename(path)).shapes()
     except FixError as exc:
@@ -291,10 +320,11 @@ def model_dir(path, tensors):
     expanded = os.path.expanduser(path)
     facts = {"path": path, "expanded": expanded, "exists": os.path.isdir(expanded),
              "readable": os.path.isdir(expanded) and os.access(expanded, os.R_OK | os.X_OK),
-             "config": None, "config_error": None}
+             "config": None, "config_error": None, "quant_files": []}
     if not facts["readable"]:
         return facts
     facts["config"], facts["config_error"] = read_json(os.path.join(expanded, "config.json"))
+    facts["quant_files"] = [n for n in QUANT_FILES if os.path.isfile(os.path.join(expanded, n))]
     if tensors:
         facts["files"], facts["files_error"] = {}, None
         index, index_error = read_json(os.path.join(expanded, "model.safetensors.index.json"))
@@ -318,8 +348,11 @@ def sha256_of(path):
     import hashlib
 
     try:
-        with open(os.path.expanduser(path), "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest()
+        with open_regular(os.path.expanduser(path)) as handle:
+            digest = hashlib.sha256()
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+            return digest.hexdigest()
     except OSError:
         return None
 
@@ -327,9 +360,11 @@ def sha256_of(path):
 def read_record(path):
     """A deployment record (deployment.json, last-good.json): its JSON text, or None when absent."""
     try:
-        with open(os.path.expanduser(path), "rb") as handle:
+        with open_regular(os.path.expanduser(path)) as handle:
             return handle.read(1 << 20).decode("utf-8", "replace")
-    except OSError:
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # not a regular file: say so (the parser names the file)
+            return "(not a regular file: %s)" % path
         return None
 
 
@@ -376,8 +411,16 @@ def finish_sglang_part(proc, spec):
             "stderr": err.decode("utf-8", "replace")[-4000:]}
 
 
+def server_env():
+    """SERVER_ENV_NAMES as this process has them. The doctor runs over the same SSH exec channel
+    as the launch (the same shell startup files, sshd's SetEnv, /etc/environment), so the server
+    starts with these values unless the run's env file (sourced at launch) overrides them."""
+    return dict((name, os.environ[name][:200]) for name in SERVER_ENV_NAMES if name in os.environ)
+
+
 def host_facts(spec):
     return {
+        "server_env": server_env(),
         "schema": SCHEMA, "mode": "host", "python": _python(),
         "nvidia_smi": nvidia_smi(spec.get("nvidia_smi", "nvidia-smi")),
         "gpu_devices": gpu_devices(spec["gpu_devices"]),

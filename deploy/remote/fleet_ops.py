@@ -5,13 +5,20 @@ host: that is where the router reaches the workers from, so what works here work
 
     fleet_ops.py request METHOD URL [JSON_BODY] [--timeout S]
         one JSON line: {"status": int|null, "body": str, "error": str|null, "error_kind": ...}
-    fleet_ops.py router-version
-        {"version": "0.3.2"|null} from the sglang-router package metadata (never imported)
+    fleet_ops.py router-packages
+        {"packages": {"smg": "1.13.0"|null, "sglang-router": "0.3.2"|null}, "python": sys.executable}
+        from the package metadata of this interpreter (never imported: each loads a ~100 MB Rust
+        extension)
     fleet_ops.py stop-router PIDFILE [--timeout GRACE]
         SIGTERM the router named by PIDFILE (only if its command line says router), SIGKILL after
         GRACE: {"pid", "stopped": bool, "signal": "TERM"|"KILL"|null, "note"}
     fleet_ops.py router-state PIDFILE URL
         {"pid", "alive", "status", "body"} (URL: the router's GET /workers)
+    fleet_ops.py reach URL [URL ...] [--timeout S]
+        {"reach": [{"url", "reachable": bool, "listening": bool, "error": str|null}]}: can this host
+        open a TCP connection to each URL's host and port (what the router will need). A refused
+        connection still reaches the host (no server there yet is fine before a first deploy); a
+        name that does not resolve, a timeout or no route does not.
     fleet_ops.py port-check ADDRESS PORT PIDFILE
         {"listening": bool, "ours": bool}: something accepts on ADDRESS:PORT; ours = the router
         named by PIDFILE is alive (then it is the one listening)
@@ -19,6 +26,8 @@ host: that is where the router reaches the workers from, so what works here work
 
 import json
 import os
+import stat
+import re
 import signal
 import socket
 import sys
@@ -26,6 +35,8 @@ import urllib.error
 import urllib.request
 
 MAX_BODY = 1 << 20
+#: the same marks as deploy/fleet/router_package.py ROUTER_CMDLINE_MARKS (a unit test keeps them equal)
+ROUTER_CMDLINE_MARKS = ("sglang_router", "sglang::router", "smg.launch_router", "smg::router")
 
 
 def _kind(exc) -> str:
@@ -59,24 +70,43 @@ def request(method: str, url: str, body, timeout: float) -> dict:
     return result
 
 
-def router_version() -> dict:
+#: SGLang's router under its two names: Shepherd Model Gateway (smg, 2026-) and sglang-router (-0.3.2)
+ROUTER_PACKAGES = ("smg", "sglang-router")
+
+
+def router_packages() -> dict:
     try:
         from importlib import metadata
     except ImportError:  # Python 3.7
-        return {"version": None, "error": "python older than 3.8"}
-    try:
-        return {"version": metadata.version("sglang-router"), "error": None}
-    except metadata.PackageNotFoundError:
-        return {"version": None, "error": "sglang-router is not installed for " + sys.executable}
+        return {"packages": {}, "python": sys.executable, "error": "python older than 3.8"}
+    found = {}  # type: dict
+    for name in ROUTER_PACKAGES:
+        try:
+            found[name] = str(metadata.version(name))[:64]
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return {"packages": found, "python": sys.executable, "error": None}
 
 
 def _pid_of(pidfile: str):
+    """The router's PID from its PID file: a small regular file holding 2..pid_max, else None."""
+    path = os.path.expanduser(pidfile)  # "~/..." arrives quoted, unexpanded
     try:
-        with open(os.path.expanduser(pidfile)) as handle:  # "~/..." arrives quoted, unexpanded
-            text = handle.read().strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO never blocks (HOSTILE, issue 22)
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, 64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not re.match(r"^[0-9]{1,10}$", text):
+        return None
+    pid = int(text)
+    return pid if 1 < pid <= (1 << 22) and pid != os.getpid() else None  # never init, never ourselves
 
 
 def _is_router(pid: int) -> bool:
@@ -87,8 +117,10 @@ def _is_router(pid: int) -> bool:
             state = handle.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
-    # sglang_router's launch_router renames itself (setproctitle "sglang::router")
-    return state not in ("Z", "X") and ("sglang::router" in cmd or "sglang_router" in cmd)
+    # launch_router renames itself with setproctitle: "sglang::router" (sglang-router), "smg::router"
+    # (smg); before that the command line names the module. Either package's router is ours: one
+    # started before the host switched packages must still be stopped by `down`.
+    return state not in ("Z", "X") and any(mark in cmd for mark in ROUTER_CMDLINE_MARKS)
 
 
 def stop_router(pidfile: str, grace: float) -> dict:
@@ -121,6 +153,29 @@ def router_state(pidfile: str, url: str, timeout: float) -> dict:
     return out
 
 
+def reach(urls, timeout: float) -> dict:
+    try:
+        from urllib.parse import urlsplit
+    except ImportError:  # pragma: no cover - Python 2
+        return {"reach": [], "error": "python too old"}
+    out = []
+    for url in urls:
+        entry = {"url": url, "reachable": False, "listening": False, "error": None}
+        try:
+            parts = urlsplit(url)
+            host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+            if not host:
+                raise ValueError("no host in the URL")
+            socket.create_connection((host, port), timeout=timeout).close()
+            entry["reachable"] = entry["listening"] = True
+        except ConnectionRefusedError:
+            entry["reachable"] = True
+        except (OSError, ValueError) as exc:
+            entry["error"] = (type(exc).__name__ + ": " + str(exc))[:200]
+        out.append(entry)
+    return {"reach": out, "error": None}
+
+
 def port_check(address: str, port: int, pidfile: str) -> dict:
     try:
         socket.create_connection((address, port), timeout=2).close()
@@ -140,16 +195,18 @@ def main(argv) -> int:
     if argv and argv[0] == "request" and len(argv) in (3, 4):
         body = json.loads(argv[3]) if len(argv) == 4 else None
         out = request(argv[1], argv[2], body, timeout)
-    elif argv and argv[0] == "router-version" and len(argv) == 1:
-        out = router_version()
+    elif argv and argv[0] == "router-packages" and len(argv) == 1:
+        out = router_packages()
     elif argv and argv[0] == "stop-router" and len(argv) == 2:
         out = stop_router(argv[1], timeout)
+    elif argv and argv[0] == "reach" and len(argv) >= 2:
+        out = reach(argv[1:], min(timeout, 10.0))
     elif argv and argv[0] == "port-check" and len(argv) == 4 and argv[2].isdigit():
         out = port_check(argv[1], int(argv[2]), argv[3])
     elif argv and argv[0] == "router-state" and len(argv) == 3:
         out = router_state(argv[1], argv[2], timeout)
     else:
-        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | router-version | stop-router PIDFILE | router-state PIDFILE URL | port-check ADDRESS PORT PIDFILE\n")
+        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | router-packages | stop-router PIDFILE | router-state PIDFILE URL | reach URL... | port-check ADDRESS PORT PIDFILE\n")
         return 2
     sys.stdout.write(json.dumps(out) + "\n")
     return 0

@@ -31,6 +31,7 @@ import select
 import shlex
 import signal
 import socket
+import stat as stat_module
 import subprocess
 import sys
 import time
@@ -142,20 +143,156 @@ def select_user_python(protected: set, exclude=()) -> list:
     )
 
 
-def select_server(pidfile: str, protected: set, expect: str):
-    """The server's PID from the PID file plus every process of its session (TP workers)."""
-    text = _read(pidfile)
+#: a PID file holds one decimal PID and a newline; anything longer is not one of ours
+MAX_PIDFILE_BYTES = 64
+#: the kernel's ceiling for /proc/sys/kernel/pid_max on 64-bit Linux (PID_MAX_LIMIT, 2**22)
+PID_MAX_LIMIT = 1 << 22
+#: deployment.json / last-good.json are a few KB (argv, fingerprints, numbers)
+MAX_RECORD_BYTES = 1 << 20
+
+
+def read_regular(path: str, limit: int):
+    """(text, problem): a regular file's text, at most ``limit`` bytes; (None, None) when absent.
+
+    stat first and open O_NONBLOCK: a FIFO planted as a state file must not block the helper (a
+    drafter FIFO held doctor/up for 75 s), /dev/zero must not fill memory.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, "%s: cannot read: %s" % (path, exc.strerror or exc)
+    try:
+        st = os.fstat(fd)
+        if not stat_module.S_ISREG(st.st_mode):
+            return None, "%s is not a regular file (a FIFO, device, socket or directory); ignored" % path
+        if st.st_size > limit:
+            return None, "%s is %d bytes, over the limit of %d; ignored" % (path, st.st_size, limit)
+        data = os.read(fd, limit + 1)
+        if len(data) > limit:
+            return None, "%s is over the limit of %d bytes; ignored" % (path, limit)
+        return data.decode("utf-8", "replace"), None
+    except OSError as exc:
+        return None, "%s: cannot read: %s" % (path, exc.strerror or exc)
+    finally:
+        os.close(fd)
+
+
+def pid_max() -> int:
+    text, _ = read_regular("/proc/sys/kernel/pid_max", 32)
+    try:
+        return min(int((text or "").strip()), PID_MAX_LIMIT)
+    except ValueError:
+        return PID_MAX_LIMIT
+
+
+def read_pidfile(pidfile: str):
+    """(pid, problem): the PID file's PID when it is one a server of ours could have, else (None, why)."""
+    text, problem = read_regular(pidfile, MAX_PIDFILE_BYTES)
     if text is None:
-        return [], "no PID file at %s: no server launched by deployctl is recorded" % pidfile
-    text = text.strip()
-    if not text.isdigit():
-        return [], "PID file %s holds %r, not a PID; ignored" % (pidfile, text[:40])
-    leader = int(text)
-    if not alive(leader):
-        return [], "server PID %d from %s is not running" % (leader, pidfile)
-    if expect and expect not in cmdline(leader):
-        # The PID was reused by an unrelated process after a reboot: never kill that one.
-        return [], "PID %d is now %r, not the server (PID reused); not touched" % (leader, cmdline(leader)[:120])
+        return None, problem or "no PID file at %s: no server launched by deployctl is recorded" % pidfile
+    body = text.strip()
+    if not re.match(r"^[0-9]{1,10}$", body):
+        return None, "PID file %s holds %r, not a PID; ignored" % (pidfile, body[:40])
+    pid = int(body)
+    if pid <= 1:
+        # 0 signals the whole process group, 1 is init: never a server deployctl launched
+        return None, "PID file %s holds %d, which is never a server's PID (0: process group, 1: init); ignored" % (
+            pidfile, pid)
+    if pid > pid_max():
+        return None, "PID file %s holds %d, above this kernel's pid_max %d; ignored" % (pidfile, pid, pid_max())
+    if pid in own_ancestry():
+        return None, "PID file %s holds %d, this helper or one of its parents (sshd, shell); ignored" % (pidfile, pid)
+    return pid, None
+
+
+def cmdline_argv(pid: int) -> list:
+    raw, _ = read_regular("/proc/%d/cmdline" % pid, 1 << 20)
+    return [part for part in (raw or "").split("\0") if part]
+
+
+def _recorded_argv(record) -> list | None:
+    argv = record.get("argv") if isinstance(record, dict) else None
+    if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
+        return argv
+    return None
+
+
+def same_argv(live: list, argv: list) -> bool:
+    """Whether the live command line is the recorded argv: the arguments exact, except that a
+    recorded ``~/...`` path (launch quotes --model-path and the drafter with quote_path, so the
+    shell expanded it) is this user's home; argv[0] may show as the interpreter a venv or pyenv
+    shim exec'd."""
+    if len(live) != len(argv) or not live:
+        return False
+    same = all(a == b or (b.startswith("~") and a == os.path.expanduser(b)) for a, b in zip(live[1:], argv[1:]))
+    return same and os.path.basename(live[0]).startswith(("python", os.path.basename(argv[0])))
+
+
+def find_recorded_server(record, uid: int) -> int | None:
+    """A live process of ``uid`` whose command line is the recorded server's argv (whatever the PID file says)."""
+    argv = _recorded_argv(record)
+    if argv is None:
+        return None
+    protected = own_ancestry()
+    for pid in all_pids():
+        if pid not in protected and alive(pid) and _uid(pid) == uid and same_argv(cmdline_argv(pid), argv):
+            return pid
+    return None
+
+
+def check_server_pid(pidfile: str, record, expect: str = "sglang") -> dict:
+    """Whether the PID file names the server deployctl launched: the ``pid_check`` of server-state and stop.
+
+    ``verified``: alive and its command line is deployment.json's argv; ``unverified``: alive, no
+    record to compare with, but its command line has ``expect``; ``not-ours``: alive but another
+    program (a PID reused after a reboot, a hand edit); ``dead``; ``invalid`` (0, 1, negative, huge,
+    not a number, not a regular file); ``none`` (no PID file). Only ``verified`` and ``unverified``
+    may be signalled. ``running`` says what really runs: the PID's command line, or a live process
+    whose command line is the recorded argv when the PID file does not name it.
+    """
+    pid, problem = read_pidfile(pidfile)
+    result = {"pid": pid, "pid_check": "none", "pid_note": problem, "running": None}
+    if pid is None:
+        result["pid_check"] = "none" if problem is None or problem.startswith("no PID file") else "invalid"
+    elif not alive(pid):
+        result.update(pid_check="dead", pid_note="server PID %d from %s is not running" % (pid, pidfile))
+    else:
+        live = cmdline_argv(pid)
+        argv = _recorded_argv(record)
+        if argv is not None and same_argv(live, argv):
+            result["pid_check"] = "verified"
+        elif argv is None and expect and expect in " ".join(live):
+            result.update(pid_check="unverified", pid_note="PID %d runs %s; no deployment record to compare its "
+                          "command line with" % (pid, expect))
+        else:
+            # The PID was reused by an unrelated process (after a reboot) or the file was edited:
+            # never signal that one.
+            result.update(pid_check="not-ours", running=" ".join(live)[:300],
+                          pid_note="PID %d from %s is %r, not the server deployctl launched (PID reused?); not touched" % (
+                              pid, pidfile, " ".join(live)[:120]))
+    if result["pid_check"] not in ("verified", "unverified"):
+        other = find_recorded_server(record, os.getuid())
+        if other is not None:
+            result["running"] = "PID %d: %s" % (other, " ".join(cmdline_argv(other))[:300])
+            result["pid_note"] = "%s; the server deployctl launched runs as PID %d, which %s does not name" % (
+                result["pid_note"] or "no PID", other, pidfile)
+            result["pid_check"] = "elsewhere"
+    return result
+
+
+def select_server(pidfile: str, protected: set, expect: str, record_path: str = ""):
+    """The server's PID from the PID file plus every process of its session (TP workers).
+
+    Third value: the PID check (check_server_pid); only a verified (or, with no record to
+    compare with, unverified) PID is ever signalled.
+    """
+    record = _read_json_file(record_path) if record_path else None
+    check = check_server_pid(pidfile, record, expect)
+    if check["pid_check"] not in ("verified", "unverified"):
+        return [], check["pid_note"], check
+    leader = check["pid"]
     members = []
     for pid in all_pids():
         stat = _stat(pid)
@@ -163,7 +300,7 @@ def select_server(pidfile: str, protected: set, expect: str):
             members.append(pid)
     if leader not in members and leader not in protected:
         members.append(leader)
-    return sorted(members), None
+    return sorted(members), check["pid_note"], check
 
 
 def _signal(pid: int, sig: int) -> str | None:
@@ -204,28 +341,39 @@ def stop_processes(pids: list, grace_s: float, poll_s: float = 0.05) -> list:
 def cmd_stop(args) -> dict:
     protected = own_ancestry()
     note = None
+    check = None
     if args.scope == "user":
         pids = select_user_python(protected, args.exclude)
     else:
-        pids, note = select_server(args.pidfile, protected, args.expect)
+        pids, note, check = select_server(args.pidfile, protected, args.expect, args.record)
     stopped = stop_processes(pids, args.grace)
-    if args.scope == "pidfile" and args.pidfile and all(p["exited"] for p in stopped):
+    if args.scope == "pidfile" and args.pidfile and all(p["exited"] for p in stopped) and \
+            check is not None and check["pid_check"] in ("verified", "unverified", "dead"):
         try:
             os.unlink(args.pidfile)
         except OSError:
             pass
-    return {"scope": args.scope, "processes": stopped, "note": note, "helper_pid": os.getpid()}
+    document = {"scope": args.scope, "processes": stopped, "note": note, "helper_pid": os.getpid()}
+    if check is not None:
+        document.update(pid_check=check["pid_check"], running=check["running"])
+    return document
 
 
 def last_line(path: str, max_bytes: int = 8192) -> str:
     try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - max_bytes))
-            tail = handle.read().decode("utf-8", "replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO as the log must not block the probe
     except OSError:
         return ""
+    try:
+        st = os.fstat(fd)
+        if not stat_module.S_ISREG(st.st_mode):
+            return "(%s is not a regular file)" % path
+        os.lseek(fd, max(0, st.st_size - max_bytes), os.SEEK_SET)
+        tail = os.read(fd, max_bytes).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
     # progress bars rewrite the line with '\r'
     lines = [ln for ln in re.split(r"[\r\n]+", tail) if ln.strip()]
     return lines[-1].strip()[:300] if lines else ""
@@ -318,15 +466,54 @@ def cmd_watch_health(args) -> int:
                  args.until_stdin_eof)
 
 
-def _run_query(command: str) -> dict:
+#: an nvidia-smi answer is a few KB (a line per GPU and per process); 60 MB took over 90 s to ship
+MAX_QUERY_BYTES = 4 << 20
+
+
+def run_bounded(argv: list, timeout_s: float, limit: int = MAX_QUERY_BYTES) -> dict:
+    """Run ``argv``: {"exit_code", "stdout", "stderr"}; killed past ``timeout_s`` (exit 124) or once it
+    prints more than ``limit`` bytes (exit 125, stderr says so), never read whole into memory."""
     try:
-        done = subprocess.run(shlex.split(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
-    except FileNotFoundError as exc:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
         return {"exit_code": 127, "stdout": "", "stderr": str(exc)[:300]}
-    except subprocess.TimeoutExpired:
-        return {"exit_code": 124, "stdout": "", "stderr": "nvidia-smi did not answer within 30 s"}
-    return {"exit_code": done.returncode, "stdout": done.stdout.decode("utf-8", "replace"),
-            "stderr": done.stderr.decode("utf-8", "replace")[-2000:]}
+    assert proc.stdout is not None and proc.stderr is not None
+    stdout, stderr = proc.stdout, proc.stderr
+    out_fd, err_fd = stdout.fileno(), stderr.fileno()
+    data = {out_fd: bytearray(), err_fd: bytearray()}
+    open_fds = [out_fd, err_fd]
+    deadline = time.monotonic() + timeout_s
+    verdict = None
+    try:
+        while open_fds and verdict is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                verdict = (124, "%s did not answer within %g s" % (argv[0], timeout_s))
+                break
+            readable, _, _ = select.select(open_fds, [], [], min(left, 0.5))
+            for fd in readable:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    open_fds.remove(fd)
+                    continue
+                data[fd] += chunk
+                if len(data[fd]) > limit:
+                    verdict = (125, "%s printed more than %d bytes; stopped (not an answer deployctl reads)"
+                               % (argv[0], limit))
+    finally:
+        if verdict is not None or open_fds:
+            proc.kill()
+        stdout.close()
+        stderr.close()
+        code = proc.wait()
+    if verdict is not None:
+        return {"exit_code": verdict[0], "stdout": "", "stderr": verdict[1]}
+    return {"exit_code": code, "stdout": bytes(data[out_fd]).decode("utf-8", "replace"),
+            "stderr": bytes(data[err_fd]).decode("utf-8", "replace")[-2000:]}
+
+
+def _run_query(command: str) -> dict:
+    return run_bounded(shlex.split(command), 30.0)
 
 
 def cmd_watch_gpus(args) -> int:
@@ -338,23 +525,25 @@ def cmd_watch_gpus(args) -> int:
 
 
 def _read_json_file(path: str):
-    text = _read(path)
+    text, problem = read_regular(path, MAX_RECORD_BYTES)
     if text is None:
-        return None
+        return {"unreadable": problem} if problem else None
     try:
         document = json.loads(text)
-    except ValueError:
-        return {"unreadable": text[:200]}
-    return document if isinstance(document, dict) else {"unreadable": text[:200]}
+    except (ValueError, RecursionError):  # 100k-deep nesting is a RecursionError, not a ValueError
+        return {"unreadable": "%s: not JSON: %r" % (path, text[:200])}
+    return document if isinstance(document, dict) else {"unreadable": "%s: %r" % (path, text[:200])}
 
 
 def cmd_server_state(args) -> dict:
-    """What is serving now: the PID file's process, the recorded deployment, /health."""
-    text = (_read(args.pidfile) or "").strip()
-    pid = int(text) if text.isdigit() else None
-    running = pid is not None and alive(pid) and "sglang" in cmdline(pid)
+    """What is serving now: the PID file's process (checked against the record), the record, /health."""
+    record = _read_json_file(args.record)
+    check = check_server_pid(args.pidfile, record if isinstance(record, dict) and "unreadable" not in record else None)
+    pid = check["pid"]
+    running = check["pid_check"] in ("verified", "unverified")
     result = {"pid": pid, "alive": running, "cmdline": cmdline(pid)[:300] if running and pid is not None else "",
-              "record": _read_json_file(args.record)}
+              "record": record, "pid_check": check["pid_check"], "pid_note": check["pid_note"],
+              "running": check["running"]}
     result.update(http_status(args.url, args.timeout) if running else
                   {"status": None, "error": None, "error_kind": None, "body": ""})
     return result
@@ -388,22 +577,44 @@ def cmd_accept(args) -> dict:
     import urllib.error  # lazily: stop-processes and watch-gpus never load http.client
     import urllib.request
 
-    samples = []  # type: List[Dict[str, Any]]
-    for i in range(args.requests):
-        payload = {"text": PROMPTS[i % len(PROMPTS)],
+    prompts = list(PROMPTS)
+    if args.prompts_json:
+        try:
+            given = json.loads(args.prompts_json)
+        except ValueError:
+            given = None
+        if not isinstance(given, list) or not given or not all(isinstance(p, str) for p in given):
+            return {"ok": False, "error": "--prompts-json must be a non-empty JSON list of strings", "samples": []}
+        prompts = given
+
+    def one(i):
+        # type: (int) -> Dict[str, Any]
+        payload = {"text": prompts[i % len(prompts)],
                    "sampling_params": {"max_new_tokens": args.max_new_tokens, "temperature": 0}}
         try:
             reply = _post_json(args.base + "/generate", payload, args.timeout)
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            return {"ok": False, "error": "POST /generate failed: %s" % (getattr(exc, "reason", exc),), "samples": samples}
+            return {"error": "POST /generate failed: %s" % (getattr(exc, "reason", exc),)}
         meta = reply.get("meta_info") if isinstance(reply, dict) else None
         if not isinstance(meta, dict):
-            return {"ok": False, "error": "/generate reply has no meta_info: %r" % (str(reply)[:200],), "samples": samples}
+            return {"error": "/generate reply has no meta_info: %r" % (str(reply)[:200],)}
         tokens, verify = meta.get("completion_tokens"), meta.get("spec_verify_ct")
         if not isinstance(tokens, int) or not isinstance(verify, int) or verify <= 0:
-            return {"ok": False, "error": "meta_info lacks completion_tokens/spec_verify_ct (is speculative decoding on?): %r"
-                    % (str(meta)[:200],), "samples": samples}
-        samples.append({"completion_tokens": tokens, "spec_verify_ct": verify})
+            return {"error": "meta_info lacks completion_tokens/spec_verify_ct (is speculative decoding on?): %r"
+                    % (str(meta)[:200],)}
+        return {"completion_tokens": tokens, "spec_verify_ct": verify}
+
+    # Concurrently, at most --concurrency in flight (each request bounded by --timeout): four
+    # sequential 256-token generations took four times one on a real server.
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = max(1, min(args.concurrency, args.requests, 64))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(one, range(args.requests)))
+    samples = [r for r in results if "error" not in r]  # type: List[Dict[str, Any]]
+    failed = [r["error"] for r in results if "error" in r]
+    if failed:
+        return {"ok": False, "error": failed[0], "samples": samples}
     total_tokens = sum(s["completion_tokens"] for s in samples)
     total_verify = sum(s["spec_verify_ct"] for s in samples)
     server_avg = None
@@ -426,7 +637,8 @@ def main(argv=None) -> int:
     stop = sub.add_parser("stop-processes")
     stop.add_argument("--scope", choices=("user", "pidfile"), required=True)
     stop.add_argument("--pidfile", default="")
-    stop.add_argument("--expect", default="sglang", help="substring the PID file's process must have")
+    stop.add_argument("--expect", default="sglang", help="substring the PID file's process must have (no record)")
+    stop.add_argument("--record", default="", help="deployment.json: the PID's command line must be its argv")
     stop.add_argument("--grace", type=float, default=30.0)
     stop.add_argument("--exclude", action="append", default=[],
                       help="scope user: leave processes whose command line contains this")
@@ -445,6 +657,8 @@ def main(argv=None) -> int:
     accept.add_argument("--requests", type=int, default=4)
     accept.add_argument("--max-new-tokens", type=int, default=256)
     accept.add_argument("--timeout", type=float, default=300.0)
+    accept.add_argument("--concurrency", type=int, default=1, help="requests in flight at most (1-64)")
+    accept.add_argument("--prompts-json", default="", help="the prompts to send, a JSON list of strings (cycled)")
     health = sub.add_parser("watch-health")
     health.add_argument("--url", required=True)
     health.add_argument("--pid", type=int, required=True)

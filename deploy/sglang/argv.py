@@ -30,7 +30,8 @@ def probe_address(run: Run, host: Host) -> str:
     return "127.0.0.1" if address in ("0.0.0.0", "::") else address
 
 
-def sglang_argv(run: Run, host: Host, draft_tokens: int, drafter: str | None = None) -> list[str]:
+def sglang_argv(run: Run, host: Host, draft_tokens: int, drafter: str | None = None,
+                draft_quantization: str | None = None) -> list[str]:
     steps, topk, tokens = speculative_plan(run, draft_tokens)
     return [
         run.sglang_python, "-m", "sglang.launch_server",
@@ -44,6 +45,11 @@ def sglang_argv(run: Run, host: Host, draft_tokens: int, drafter: str | None = N
         "--host", serve_address(run, host),
         "--port", str(run.port),
         "--trust-remote-code",
+        # /metrics (Prometheus): `deployctl status` reads sglang:spec_accept_length and the token
+        # counters from it while the server serves (SGLang only serves /metrics with this flag)
+        "--enable-metrics",
+        # the doctor's decision for an unquantized drafter under a quantized target (sglang#28196)
+        *(["--speculative-draft-model-quantization", draft_quantization] if draft_quantization else []),
         *run.extra_args,
     ]
 

@@ -1,19 +1,26 @@
 """benchmark: ``python3 -m sglang.bench_serving`` against the server, on the host.
 
-``--dataset-name random-ids`` because ``random`` and ``sharegpt`` download ShareGPT from the
-Hugging Face hub, which GPU hosts often cannot reach. Fixed input/output lengths
-(``--random-range-ratio 1``) keep runs with different draft-token counts comparable. The
-result block is parsed strictly; each run also appends its JSON line to the state dir.
+The prompts are a dataset (deploy/datasets.py): by default deployctl's built-in set, else the
+ShareGPT JSON or ``custom`` JSONL file of the ``dataset`` setting (``bench/nightly --dataset``),
+sent once per sha256 over SFTP into ``<state_dir>/datasets/<sha256>.json`` and read by SGLang
+0.5.23's ``--dataset-name sharegpt|custom --dataset-path FILE`` (local: no Hugging Face download).
+``--sharegpt-output-len`` fixes the output length and bench_serving's sglang backend sends
+``ignore_eos`` by default, so runs with different draft-token counts generate the same number of
+tokens. ``random-ids`` (fixed lengths, ``--random-range-ratio 1``) only when asked: acceptance on
+random ids says little (sglang#25359). The result block is parsed strictly; each run also appends
+its JSON line to the state dir; the step's data names the dataset and its sha256.
 """
 
 from __future__ import annotations
 
 from pydantic import Field
 
+from deploy import datasets
 from deploy.errors import RemoteCommandFailed, RemoteOutputError
 from deploy.facts.bench import parse_bench_result
+from deploy.facts.helpers import helper_state_command, parse_helper_state
 from deploy.shell import path_join, quote, quote_path
-from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
+from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings, Upload, UploadFile
 from deploy.steps.verify_acceptance import base_url
 
 NAME = "benchmark"
@@ -21,50 +28,111 @@ NAME = "benchmark"
 
 class Settings(StepSettings):
     num_prompts: int = Field(default=64, ge=1, le=100000)
+    #: random-ids only: a dataset's prompts have their own lengths
     input_len: int = Field(default=1024, ge=1, le=1_000_000)
-    output_len: int = Field(default=512, ge=1, le=1_000_000)
+    output_len: int = Field(default=512, ge=4, le=1_000_000)
     max_concurrency: int = Field(default=8, ge=1, le=4096)
+    #: ``builtin``, ``random-ids`` or a ShareGPT .json / custom .jsonl file (relative: to the config file)
+    dataset: str = Field(default=datasets.BUILTIN, min_length=1, max_length=4096)
+
+
+def dataset(ctx: StepContext) -> datasets.Dataset:
+    # the CLI resolved a relative path against the config file and validated it (exit 3) already
+    return datasets.resolve(ctx.settings.dataset)
 
 
 def results_path(ctx: StepContext) -> str:
     return path_join(ctx.paths.root, "bench", f"bench-{ctx.launch_stamp}-t{ctx.draft_tokens}.jsonl")
 
 
-def command(ctx: StepContext) -> str:
+def load(ctx: StepContext, ds: datasets.Dataset) -> dict:
+    """What the throughput depends on besides the deployment: the regression gate compares only equal loads."""
     s = ctx.settings
-    argv = [ctx.run.sglang_python, "-m", "sglang.bench_serving", "--backend", "sglang",
-            "--base-url", base_url(ctx), "--dataset-name", "random-ids",
-            "--num-prompts", str(s.num_prompts), "--random-input-len", str(s.input_len),
-            "--random-output-len", str(s.output_len), "--random-range-ratio", "1.0",
-            "--max-concurrency", str(s.max_concurrency), "--flush-cache", "--disable-tqdm"]
+    load = {"num_prompts": s.num_prompts, "output_len": s.output_len, "max_concurrency": s.max_concurrency}
+    if not ds.is_file:
+        load["input_len"] = s.input_len
+    return load | ds.identity()
+
+
+def command(ctx: StepContext, ds: datasets.Dataset | None = None) -> str:
+    s = ctx.settings
+    ds = ds or dataset(ctx)
+    argv = [quote(a) for a in (ctx.run.sglang_python, "-m", "sglang.bench_serving", "--backend", "sglang",
+                               "--base-url", base_url(ctx))]
+    if ds.is_file:
+        # quote_path: the state dir may start with ~ (expanded by the host's shell)
+        argv += ["--dataset-name", ds.kind, "--dataset-path", quote_path(ds.remote_path(ctx.paths.root)),
+                 "--num-prompts", str(s.num_prompts), "--sharegpt-output-len", str(s.output_len)]
+    else:
+        argv += ["--dataset-name", "random-ids", "--num-prompts", str(s.num_prompts),
+                 "--random-input-len", str(s.input_len), "--random-output-len", str(s.output_len),
+                 "--random-range-ratio", "1.0"]
+    argv += ["--max-concurrency", str(s.max_concurrency), "--flush-cache", "--disable-tqdm"]
     out = results_path(ctx)
-    return (f"mkdir -p -m 700 -- {quote_path(out.rsplit('/', 1)[0])} && "
-            + " ".join(quote(a) for a in argv) + f" --output-file {quote_path(out)}")
+    return f"mkdir -p -m 700 -- {quote_path(out.rsplit('/', 1)[0])} && " + " ".join(argv) + \
+        f" --output-file {quote_path(out)}"
 
 
-def action(ctx: StepContext) -> Command:
+def check_action(ctx: StepContext, ds: datasets.Dataset) -> Command:
+    return Command(description=f"read the sha256 of the dataset on the host ({ds.name}, sha256 {ds.sha256})",
+                   command=helper_state_command(ctx.host.python, [ds.remote_path(ctx.paths.root)]), timeout_s=120)
+
+
+def upload_action(ctx: StepContext, ds: datasets.Dataset) -> Upload:
+    remote = ds.remote_path(ctx.paths.root)
+    return Upload(description=f"upload the dataset {ds.name} ({len(ds.content)} bytes, {len(ds.prompts)} prompts)",
+                  when="it is not on the host yet with this sha256 (once per content)",
+                  directory=remote.rsplit("/", 1)[0],
+                  files=(UploadFile(remote=remote, content=ds.content, mode=0o600),))
+
+
+def action(ctx: StepContext, ds: datasets.Dataset | None = None) -> Command:
     s = ctx.settings
-    return Command(description=f"bench_serving: {s.num_prompts} prompts, {s.input_len} in / {s.output_len} out, "
-                               f"concurrency {s.max_concurrency}", command=command(ctx), timeout_s=ctx.timeout(3600))
+    ds = ds or dataset(ctx)
+    if ds.is_file:
+        what = f"dataset {ds.name} (sha256 {ds.sha256[:12] if ds.sha256 else '-'}), {s.output_len} out"
+    else:
+        what = f"random ids, {s.input_len} in / {s.output_len} out"
+    return Command(description=f"bench_serving: {s.num_prompts} prompts, {what}, concurrency {s.max_concurrency}",
+                   command=command(ctx, ds), timeout_s=ctx.timeout(3600))
 
 
-def plan(ctx: StepContext) -> list[Command]:
-    return [action(ctx)]
+def plan(ctx: StepContext) -> list[Action]:
+    ds = dataset(ctx)
+    if not ds.is_file:
+        return [action(ctx, ds)]
+    return [check_action(ctx, ds), upload_action(ctx, ds), action(ctx, ds)]
+
+
+def ensure_dataset(ctx: StepContext, ds: datasets.Dataset) -> bool:
+    """Upload the dataset unless the host has it with this sha256; True when it was sent."""
+    result = ctx.execute(check_action(ctx, ds))
+    name = ds.remote_path(ctx.paths.root).rsplit("/", 1)[1]
+    state = parse_helper_state(result.exit_code, result.stdout, result.stderr, ctx.host.python, [name], ctx.host.name)
+    if state.files.get(name) == ds.sha256:
+        return False
+    ctx.execute_upload(upload_action(ctx, ds))
+    return True
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    result = ctx.execute(action(ctx))
+    ds = dataset(ctx)
+    uploaded = ensure_dataset(ctx, ds) if ds.is_file else False
+    result = ctx.execute(action(ctx, ds))
     if result.exit_code != 0:
         tail = (result.stderr.strip() or result.stdout.strip())[-600:]
         raise RemoteCommandFailed(f"{ctx.host.name}: bench_serving failed (exit {result.exit_code}): {tail}")
     bench = parse_bench_result(result.stdout, source=ctx.host.name)
-    if bench.successful_requests != ctx.settings.num_prompts:
-        raise RemoteOutputError(f"{ctx.host.name}: only {bench.successful_requests} of "
-                                f"{ctx.settings.num_prompts} benchmark requests succeeded")
-    s = ctx.settings
+    # bench_serving sends at most as many prompts as the file has usable records
+    expected = min(ctx.settings.num_prompts, len(ds.prompts)) if ds.is_file else ctx.settings.num_prompts
+    if bench.successful_requests != expected:
+        raise RemoteOutputError(f"{ctx.host.name}: only {bench.successful_requests} of {expected} benchmark "
+                                f"requests succeeded")
     data = {"draft_tokens": ctx.draft_tokens, **bench.to_dict(), "results_file": results_path(ctx),
-            "settings": {"num_prompts": s.num_prompts, "input_len": s.input_len, "output_len": s.output_len,
-                         "max_concurrency": s.max_concurrency}}
+            **ds.identity(), "dataset_uploaded": uploaded, "settings": load(ctx, ds)}
+    if ds.is_file:
+        data["dataset_path"] = ds.remote_path(ctx.paths.root)
     ctx.memory["bench"] = data
     accept = f", accept length {bench.accept_length:.2f}" if bench.accept_length is not None else ""
-    return StepOutcome("ok", f"{bench.output_tok_s:.1f} output tok/s{accept} (T={ctx.draft_tokens})", data)
+    return StepOutcome("ok", f"{bench.output_tok_s:.1f} output tok/s{accept} (T={ctx.draft_tokens}, "
+                             f"dataset {ds.name})", data)

@@ -48,14 +48,17 @@ def plan(ctx: StepContext) -> list[Command]:
     return [action(ctx)]
 
 
-def diagnose(conn, ctx_host, run, *, fix_keys_will_run: bool):
-    from deploy.doctor.before_stop import all_checks
+def diagnose(conn, ctx_host, run, *, fix_keys_will_run: bool, settings=None):
+    """``settings``: the playbook's doctor settings, when a playbook will run (its --replace, threshold)."""
+    from deploy.doctor.before_stop import StopPlan, all_checks
     from deploy.doctor.checks import DoctorInput
     from deploy.facts.doctor import read_doctor_facts
 
     facts, sglang, why = read_doctor_facts(conn, ctx_host, run)
+    plan = StopPlan(threshold_mib=getattr(settings, "gpu_threshold_mib", None) or 0,
+                    replace=bool(getattr(settings, "replace", False)))
     checks = all_checks(DoctorInput(ctx_host, run, run.draft_tokens, facts, sglang, fix_keys_will_run=fix_keys_will_run,
-                                    sglang_error=why))
+                                    sglang_error=why), plan)
     return checks, (sglang.version if sglang else None)
 
 
@@ -120,7 +123,12 @@ def run(ctx: StepContext) -> StepOutcome:
         ctx.memory["snapshot"] = snapshot_of(facts.run_state, facts.python.version, ctx.host.name,
                                              ctx.host.state_dir)
     from deploy.doctor.checks import failed
+    from deploy.doctor.speculation import DRAFT_QUANT_FLAG, draft_quantization_flag
 
+    # an unquantized drafter under a quantized target: the launch passes the draft's own quantization
+    quantization = draft_quantization_flag(DoctorInput(ctx.host, ctx.run, ctx.run.draft_tokens, facts, sglang))
+    ctx.memory["draft_quantization"] = quantization
+    passes = f"; the launch passes {DRAFT_QUANT_FLAG} {quantization}" if quantization else ""
     documents = [c.to_dict() for c in checks]
     ctx.memory["doctor_checks"] = documents
     data = {"checks": documents}
@@ -134,6 +142,6 @@ def run(ctx: StepContext) -> StepOutcome:
     if bad:
         names = ", ".join(c.name for c in bad)
         ctx.progress(f"--ignore-doctor: running on past {len(bad)} failing check(s): {names}")
-        return StepOutcome("ok", f"IGNORED {len(bad)} failing check(s) (--ignore-doctor): {names}", data)
-    suffix = f"; warnings: {', '.join(warned)}" if warned else ""
+        return StepOutcome("ok", f"IGNORED {len(bad)} failing check(s) (--ignore-doctor): {names}{passes}", data)
+    suffix = (f"; warnings: {', '.join(warned)}" if warned else "") + passes
     return StepOutcome("ok", f"{len(checks)} checks passed{suffix}", data)

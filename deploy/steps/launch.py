@@ -60,7 +60,8 @@ def desired_argv(ctx: StepContext) -> list[str]:
     rollback = ctx.memory.get("rollback_record")
     if rollback is not None:
         return list(rollback["argv"])
-    return sglang_argv(ctx.run, ctx.host, ctx.draft_tokens, ctx.memory.get("drafter_path"))
+    return sglang_argv(ctx.run, ctx.host, ctx.draft_tokens, ctx.memory.get("drafter_path"),
+                       ctx.memory.get("draft_quantization"))
 
 
 def desired_record(ctx: StepContext) -> dict:
@@ -154,7 +155,8 @@ def launch_action(ctx: StepContext, launched_at: str = "<launch time>") -> Comma
     argv = desired_argv(ctx)
     return Command(description=f"launch SGLang detached (setsid nohup): log dir and logs/latest.log, PID file, "
                                f"deployment record (argv, drafter fingerprint, env hash, SGLang version, PID, log), "
-                               f"keep the newest {KEEP_LOGS} logs",
+                               f"keep the newest {KEEP_LOGS} logs; with --speculative-draft-model-quantization "
+                               "unquant when the doctor found a quantized target and an unquantized drafter",
                    command=command(ctx, argv, launch_record(ctx, launched_at)), argv=argv,
                    timeout_s=ctx.timeout(60), what="launching SGLang")
 

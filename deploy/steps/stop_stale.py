@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from deploy.errors import RemoteOutputError
+from deploy.errors import RemoteCommandFailed, RemoteOutputError
+from deploy.facts.server import deployment_path
 from deploy.facts.host_helper import parse_stop_report, stop_processes_command
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 
@@ -35,7 +36,8 @@ def grace(ctx: StepContext) -> float:
 
 def command(ctx: StepContext) -> str:
     return stop_processes_command(ctx.host.python, ctx.paths.helper("host_ops.py"), ctx.settings.scope, grace(ctx),
-                                  pidfile=ctx.paths.pidfile, exclude=ctx.settings.exclude)
+                                  pidfile=ctx.paths.pidfile, exclude=ctx.settings.exclude,
+                                  record=deployment_path(ctx.paths.root))
 
 
 def action(ctx: StepContext) -> Command:
@@ -59,6 +61,11 @@ def run(ctx: StepContext) -> StepOutcome:
         raise RemoteOutputError(f"{ctx.host.name}: processes survived SIGKILL: {listing}")
     killed = sum(1 for p in processes if p["signal"] == "KILL")
     detail = f"stopped {len(processes)} process(es)" + (f", {killed} needed SIGKILL" if killed else "")
+    if report.pid_check == "elsewhere":
+        # The PID file does not name the server deployctl launched, but a process with its exact
+        # command line runs: nothing was signalled, and "stopped" would be false (HOSTILE, issue 22).
+        raise RemoteCommandFailed(f"{ctx.host.name}: {report.note}; nothing was signalled (running: {report.running}). "
+                                  "Stop it by hand, or put its PID into the PID file, then run this again")
     if report.note and not processes:
         detail = report.note
     return StepOutcome("ok", detail, {"processes": processes, "note": report.note})

@@ -1,10 +1,11 @@
 """Benchmark: requests through SGLang's router during a redeploy of three replicas.
 
-    python tests/benchmarks/bench_rolling_restart.py [--concurrency 4] [--load-s 2]
+    python tests/benchmarks/bench_rolling_restart.py [--router smg|sglang-router] [--concurrency 4] [--load-s 2]
 
 Not collected by pytest (bench_*.py). Takes the test suite's machine-wide sandbox lock, starts
-the three SIMULATED GPU hosts sb1-sb3 (real sshd, stand-in SGLang), runs the real sglang-router
-0.3.2 on sb1 (from .router-venv, see tests/bootstrap.sh) and ``deployctl up``. Then, twice, a new
+the three SIMULATED GPU hosts sb1-sb3 (real sshd, stand-in SGLang), runs the real router on sb1
+(``--router``: smg 1.13.0 from .smg-venv, the default, or sglang-router 0.3.2 from .router-venv; see
+tests/bootstrap.sh) and ``deployctl up``. Then, twice, a new
 drafter lands on every host and a client streams requests through the router without pause
 (``/generate`` with ``stream: true``; a request fails on a non-200 answer, a broken connection or
 a stream without ``data: [DONE]``) while deployctl redeploys:
@@ -38,7 +39,8 @@ from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
 from tests.integration.fleet_client import StreamingClient  # noqa: E402
 
 ROOT = Path(os.environ.get("DEPLOYCTL_TEST_SANDBOX_ROOT", "/var/tmp/deployctl-test-sandbox"))
-ROUTER_PYTHON = REPO / ".router-venv" / "bin" / "python"
+ROUTER_PYTHONS = {"smg": REPO / ".smg-venv" / "bin" / "python",
+                  "sglang-router": REPO / ".router-venv" / "bin" / "python"}
 HOSTS = ("sb1", "sb2", "sb3")
 PORT = 30080
 
@@ -79,10 +81,12 @@ def measure(sandbox, config: Path, label: str, argv: list[str], concurrency: int
 
 def main() -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--router", choices=sorted(ROUTER_PYTHONS), default="smg")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--load-s", type=float, default=2.0, help="the stand-in's model load time")
     parser.add_argument("--lock-wait-s", type=float, default=2400)
     args = parser.parse_args()
+    ROUTER_PYTHON = ROUTER_PYTHONS[args.router]
     if not ROUTER_PYTHON.is_file():
         raise SystemExit(f"{ROUTER_PYTHON} missing: run tests/bootstrap.sh")
     with machine_lock(args.lock_wait_s, poll_s=0.5):
@@ -99,7 +103,7 @@ def main() -> int:
                 code, wall, doc = deployctl(path, "up")
                 if code != 0:
                     raise SystemExit(f"up failed ({code}): {json.dumps(doc.get('fleet'))[:2000]}")
-                print(f"up (3 replicas + router, one at a time): {wall:.2f} s")
+                print(f"router: {args.router}; up (3 replicas + router, one at a time): {wall:.2f} s")
                 rows = [measure(sandbox, path, "restart --serial 1", ["--serial", "1"], args.concurrency),
                         measure(sandbox, path, "restart --serial 3 --allow-downtime (all at once)",
                                 ["--serial", "3", "--allow-downtime"], args.concurrency)]

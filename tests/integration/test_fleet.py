@@ -1,5 +1,7 @@
-"""Issue 9 over the real-sshd sandbox: SGLang's real router (sglang-router 0.3.2) in front of three
-SIMULATED replicas, rolling redeploys that drain and re-add workers."""
+"""Issues 9 and 18 over the real-sshd sandbox: SGLang's real router under both of its names (smg
+1.13.0, Shepherd Model Gateway, and sglang-router 0.3.2) in front of three SIMULATED replicas,
+rolling redeploys that drain and re-add workers. Tests that take ``router_package`` run against
+both packages; the others run against smg, the package SGLang's docs install today."""
 
 from __future__ import annotations
 
@@ -18,7 +20,11 @@ from tests.integration.helpers import cli_json, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
-ROUTER_PYTHON = REPO / ".router-venv" / "bin" / "python"
+#: each package in its own venv (tests/bootstrap.sh): "only smg installed" is a real situation
+ROUTER_PYTHONS = {"smg": REPO / ".smg-venv" / "bin" / "python",
+                  "sglang-router": REPO / ".router-venv" / "bin" / "python"}
+ROUTER_VERSIONS = {"smg": "1.13.0", "sglang-router": "0.3.2"}
+ROUTER_PYTHON = ROUTER_PYTHONS["smg"]
 FAST = {"SGLANG_SIM_LOAD_SECONDS": "0.5", "SGLANG_SIM_WARMUP_SECONDS": "0.1"}
 ROUTER_PORT = 30080
 HOSTS = ("sb1", "sb2", "sb3")
@@ -26,12 +32,18 @@ HOSTS = ("sb1", "sb2", "sb3")
 
 @pytest.fixture(autouse=True)
 def _router_installed():
-    if not ROUTER_PYTHON.is_file():
-        pytest.skip(f"{ROUTER_PYTHON} missing: run tests/bootstrap.sh (installs sglang-router 0.3.2 there)")
+    for python in ROUTER_PYTHONS.values():
+        if not python.is_file():
+            pytest.skip(f"{python} missing: run tests/bootstrap.sh (installs smg 1.13.0 and sglang-router 0.3.2)")
 
 
-def fleet_config(sandbox, tmp_path: Path, policy: str = "round_robin", **env) -> Path:
-    router = {"host": "sb1", "port": ROUTER_PORT, "policy": policy, "python": str(ROUTER_PYTHON),
+@pytest.fixture(params=sorted(ROUTER_PYTHONS))
+def router_package(request) -> str:
+    return request.param
+
+
+def fleet_config(sandbox, tmp_path: Path, policy: str = "round_robin", package: str = "smg", **env) -> Path:
+    router = {"host": "sb1", "port": ROUTER_PORT, "policy": policy, "python": str(ROUTER_PYTHONS[package]),
               "startup_timeout_s": 60, "drain_timeout_s": 30}
     return write_config(sandbox, tmp_path, run={"env": FAST | env, "router": router})
 
@@ -70,16 +82,17 @@ def worker_url(sandbox, host: str) -> str:
     return f"http://{sandbox.host(host).address}:30000"
 
 
-def test_up_with_router_reaches_every_replica_and_down_stops_all(clean_sandbox, tmp_path, capsys):
+def test_up_with_router_reaches_every_replica_and_down_stops_all(clean_sandbox, tmp_path, capsys, router_package):
     sb = clean_sandbox
-    path = fleet_config(sb, tmp_path)
+    path = fleet_config(sb, tmp_path, package=router_package)
     code, doc = cli_json(capsys, "-c", str(path), "plan", "--json")
     assert code == 0
     assert doc["fleet"]["batches"] == [["sb1"], ["sb2"], ["sb3"]]
     assert doc["fleet"]["router"]["argv"][-4:] == ["--worker-urls"] + [worker_url(sb, h) for h in HOSTS]
     code, doc = cli_json(capsys, "-c", str(path), "doctor", "--json")
     checks = {c["name"]: c for c in next(h for h in doc["hosts"] if h["host"] == "sb1")["checks"]}
-    assert checks["router-package"]["status"] == "pass" and "0.3.2" in checks["router-package"]["reason"]
+    assert checks["router-package"]["status"] == "pass", checks["router-package"]
+    assert f"{router_package} {ROUTER_VERSIONS[router_package]}" in checks["router-package"]["reason"]
     assert checks["router-port"]["status"] == "pass", checks["router-port"]
     code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
     assert code == 0, summary(doc)
@@ -100,6 +113,7 @@ def test_up_with_router_reaches_every_replica_and_down_stops_all(clean_sandbox, 
     assert ok, why
     code, doc = cli_json(capsys, "-c", str(path), "gpu-status", "--json")
     [router] = doc["routers"]
+    assert router["package"] == {"name": router_package, "version": ROUTER_VERSIONS[router_package]}, router
     assert router["alive"] and sorted(w["url"] for w in router["workers"]) == sorted(worker_url(sb, h) for h in HOSTS)
     code, doc = cli_json(capsys, "-c", str(path), "doctor", "--json")
     checks = {c["name"]: c for c in next(h for h in doc["hosts"] if h["host"] == "sb1")["checks"]}
@@ -112,7 +126,7 @@ def test_up_with_router_reaches_every_replica_and_down_stops_all(clean_sandbox, 
     state = sb.run("sb1", f"ps -o stat= -p {pid} || true").stdout.strip()
     assert state == "" or state.startswith("Z"), f"router still running after down: {state}"
     for host in HOSTS:
-        left = sb.run(host, "ps -u $(id -u) -o stat=,args= | grep -v '^Z' | grep -E 'sglang.launch_server|sglang_router|sglang::router' | grep -v grep || true").stdout.strip()
+        left = sb.run(host, "ps -u $(id -u) -o stat=,args= | grep -v '^Z' | grep -E 'sglang.launch_server|sglang_router|sglang::router|smg' | grep -v grep || true").stdout.strip()
         assert left == "", (host, left)
 
 
@@ -154,13 +168,18 @@ def new_checkpoint(sandbox, host: str, marker: str | None = None) -> None:
     assert sandbox.run(host, command).returncode == 0
 
 
+def running_on(sandbox, host: str) -> int:
+    with urllib.request.urlopen(f"{worker_url(sandbox, host)}/v1/loads", timeout=5) as resp:
+        return sum(int(entry["num_running_reqs"]) for entry in json.load(resp)["loads"])
+
+
 def server_pid(sandbox, host: str) -> int:
     return int(sandbox.run(host, "cat ~/.deployctl/server.pid").stdout)
 
 
-def test_rolling_restart_with_streaming_client_fails_no_request(clean_sandbox, tmp_path, capsys):
+def test_rolling_restart_with_streaming_client_fails_no_request(clean_sandbox, tmp_path, capsys, router_package):
     sb = clean_sandbox
-    path = fleet_config(sb, tmp_path, SGLANG_SIM_TIME_SCALE="0.05")
+    path = fleet_config(sb, tmp_path, package=router_package, SGLANG_SIM_TIME_SCALE="0.05")
     code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
     assert code == 0, summary(doc)
     old = {h: server_pid(sb, h) for h in HOSTS}
@@ -182,7 +201,9 @@ def test_rolling_restart_with_streaming_client_fails_no_request(clean_sandbox, t
     assert sorted(rotation) == list(HOSTS)
     assert all(0 < rotation[h]["out_of_rotation_s"] < 60 for h in HOSTS), rotation
     # requests kept flowing while each replica was out: some finished inside every window
-    assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in HOSTS)
+    workers = router_workers(sb)
+    assert sorted(w["url"] for w in workers) == sorted(worker_url(sb, h) for h in HOSTS)
+    assert all(w["is_healthy"] for w in workers), workers
 
 
 def test_failing_batch_stops_the_roll_later_batch_untouched_router_keeps_routing(clean_sandbox, tmp_path, capsys):
@@ -393,8 +414,21 @@ def test_doctor_fails_a_router_host_without_sglang_router(clean_sandbox, tmp_pat
     assert code == ExitCode.VERIFY
     checks = {c["name"]: c for c in next(h for h in doc["hosts"] if h["host"] == "sb2")["checks"]}
     assert checks["router-package"]["status"] == "fail"
-    assert "sglang-router is not installed" in checks["router-package"]["reason"]
-    assert "pip install sglang-router" in checks["router-package"]["fix"]
+    assert "neither smg nor sglang-router" in checks["router-package"]["reason"]
+    assert "pip install smg" in checks["router-package"]["fix"]
+    # router.package forces a package that router.python lacks; a policy only smg has, on sglang-router
+    for router, expected in (({"python": str(ROUTER_PYTHONS["smg"]), "package": "sglang-router"},
+                               "router.package is 'sglang-router' but it is not installed there (found: smg 1.13.0)"),
+                              ({"python": str(ROUTER_PYTHONS["sglang-router"]), "policy": "least_load"},
+                               "'least_load' is not a policy of sglang-router 0.3.2")):
+        (tmp_path / router.get("package", "policy")).mkdir()
+        forced = write_config(sb, tmp_path / router.get("package", "policy"),
+                              run={"env": FAST, "router": {"host": "sb2", "port": ROUTER_PORT + 1, **router}})
+        code, doc = cli_json(capsys, "-c", str(forced), "doctor", "--json")
+        assert code == ExitCode.VERIFY
+        check = next(c for c in next(h for h in doc["hosts"] if h["host"] == "sb2")["checks"]
+                     if c["name"] == "router-package")
+        assert check["status"] == "fail" and expected in check["reason"], check
     assert checks["router-port"]["status"] == "fail" and f":{ROUTER_PORT}" in checks["router-port"]["reason"]
 
 
@@ -408,15 +442,23 @@ def test_drain_timeout_leaves_the_batch_serving_and_back_in_the_router(clean_san
     text["runs"][0]["router"]["drain_timeout_s"] = 0.5
     path.write_text(yaml.safe_dump(text))
     new_checkpoint(sb, "sb1")
-    # a request straight to sb1 that runs ~6 s: taken out of the router, sb1 still has it in flight
+    # requests straight to sb1 (~6 s each), back to back for as long as the restart runs: whenever
+    # the roll takes sb1 out of the router, sb1 still has one in flight (one request alone could end
+    # before the drain starts on a loaded machine, where the pre-drain probe takes seconds)
     import threading
 
-    finished = []
-    worker = threading.Thread(target=lambda: finished.append(stream_once(sb.host("sb1").address, 30000, 16384)),
-                              daemon=True)
+    finished: list = []
+    stop = threading.Event()
+
+    def keep_sb1_busy():
+        while not stop.is_set() and len(finished) < 30:
+            finished.append(stream_once(sb.host("sb1").address, 30000, 16384))
+
+    worker = threading.Thread(target=keep_sb1_busy, daemon=True)
     worker.start()
-    time.sleep(0.3)
+    wait_until(lambda: running_on(sb, "sb1") > 0, timeout=10, what="sb1 to have a request in flight")
     code, doc = cli_json(capsys, "-c", str(path), "restart", "--serial", "1", "--json")
+    stop.set()
     worker.join(timeout=60)
     assert code == ExitCode.TIMEOUT, summary(doc)
     phases = {p["phase"]: p for p in doc["fleet"]["phases"]}
@@ -425,7 +467,7 @@ def test_drain_timeout_leaves_the_batch_serving_and_back_in_the_router(clean_san
     assert phases["batch 1/3 redeploy sb1"]["status"] == "not-run"
     assert phases["batch 1/3 router-add sb1"]["status"] == "ok"
     assert {h: server_pid(sb, h) for h in HOSTS} == old  # nothing was redeployed
-    assert finished == [(True, "")]  # the long request ran to its end
+    assert finished and all(f == (True, "") for f in finished), finished  # each long request ran to its end
     assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in HOSTS)
 
 
@@ -561,3 +603,35 @@ def test_ctrl_c_during_a_drain_puts_the_batch_back_into_the_router(clean_sandbox
     # sb1 was taken out and drained, never touched: it serves on and is back in the router
     assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in HOSTS)
     assert {h: server_pid(sb, h) for h in HOSTS} == pids
+
+
+def test_a_failing_replica_doctor_stops_the_roll_before_any_replica_is_touched(clean_sandbox, tmp_path, capsys):
+    """Issue 18: every router check and every replica's doctor run before the first replica is
+    stopped; before, batch 1 was redeployed and only then did a later check fail."""
+    sb = clean_sandbox
+    path = fleet_config(sb, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    old = {h: server_pid(sb, h) for h in HOSTS}
+    records = {h: sb.run(h, "cat ~/.deployctl/deployment.json").stdout for h in HOSTS}
+    for host in HOSTS:
+        new_checkpoint(sb, host)
+    # sb3's login environment sets SGLang's test knob: its doctor fails (issue 19's check)
+    assert sb.run("sb3", "echo 'export SGLANG_SIMULATE_ACC_LEN=3.5' >> ~/.bashrc").returncode == 0
+    try:
+        code, doc = cli_json(capsys, "-c", str(path), "restart", "--serial", "1", "--json")
+    finally:
+        sb.run("sb3", "sed -i '/SGLANG_SIMULATE_ACC_LEN/d' ~/.bashrc")
+    assert code == ExitCode.VERIFY, summary(doc)
+    phases = doc["fleet"]["phases"]
+    assert phases[0]["phase"].startswith("pre-flight") and phases[0]["status"] == "failed", phases[0]
+    assert "sb3" in phases[0]["detail"] and "no replica was stopped" in phases[0]["detail"]
+    for phase in phases[1:]:  # router-add runs always (it puts back what a batch took out): nothing here
+        assert phase["status"] == "not-run" or ("router-add" in phase["phase"] and
+                                               phase["detail"].startswith("nothing of this batch")), phase
+    assert {h: server_pid(sb, h) for h in HOSTS} == old
+    assert {h: sb.run(h, "cat ~/.deployctl/deployment.json").stdout for h in HOSTS} == records
+    assert all(h["outcome"] != "ok" for h in doc["hosts"]), [(h["host"], h["outcome"]) for h in doc["hosts"]]
+    workers = router_workers(sb)
+    assert sorted(w["url"] for w in workers) == sorted(worker_url(sb, h) for h in HOSTS)
+    assert all(w["is_healthy"] for w in workers)

@@ -305,3 +305,63 @@ def test_bench_sweep_redeploys_per_draft_token_count(clean_sandbox, tmp_path, ca
     state = clean_sandbox.host("sb1").state_dir
     files = clean_sandbox.run("sb1", f"ls {state}/bench").stdout.split()
     assert any(f.endswith("-t16.jsonl") for f in files) and any(f.endswith("-t5.jsonl") for f in files)
+    # the built-in prompt set (not random ids), uploaded once and named in every row
+    from deploy import datasets
+
+    assert {r["dataset"] for r in doc["results"]} == {"builtin"}
+    assert {r["dataset_sha256"] for r in doc["results"]} == {datasets.builtin().sha256}
+    # the sweep ended on 5: bench put the configured 16 back, verified, and only 16 is the last good one
+    assert doc["restore"] is not None and [h["ok"] for h in doc["restore"]] == [True]
+    [serving] = doc["serving"]
+    assert serving["configured"] is True and "draft tokens 16" in serving["serves"]
+    restored = next(s for s in doc["restore"][0]["steps"] if s["step"] == "launch")
+    assert restored["data"]["draft_tokens"] == 16
+    good = json.loads(clean_sandbox.run("sb1", f"cat {state}/last-good.json").stdout)
+    assert good["metrics"]["draft_tokens"] == 16 and "--speculative-num-draft-tokens" in good["argv"]
+    assert good["argv"][good["argv"].index("--speculative-num-draft-tokens") + 1] == "16"
+    round5 = next(r for r in doc["rounds"] if r["draft_tokens"] == 5)["hosts"][0]
+    assert next(s for s in round5["steps"] if s["step"] == "record-good")["status"] == "disabled"
+    # the report: JSON and one self-contained HTML page with its charts
+    html = Path(doc["report_html"]).read_text()
+    assert html.count("<svg") >= 4 and "http" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    rows = json.loads(Path(doc["report_json"]).read_text())["rows"]
+    assert sorted(r["draft_tokens"] for r in rows) == [5, 16] and sum(r["best"] for r in rows) == 1
+    keep = os.environ.get("DEPLOYCTL_KEEP_REPORT")  # docs/benchmarks.md's excerpt comes from such a run
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for made in (doc["report_json"], doc["report_html"]):
+            Path(keep, Path(made).name).write_bytes(Path(made).read_bytes())
+
+
+def test_bench_with_a_dataset_runs_bench_serving_on_that_file(clean_sandbox, tmp_path, capsys):
+    """`bench --dataset prompts.json`: the same bytes on the host (sha256), read by bench_serving."""
+    import hashlib
+
+    records = [{"conversations": [{"from": "human", "value": f"Tell me fact number {i} about owls."},
+                                  {"from": "gpt", "value": "Owls are birds."}]} for i in range(12)]
+    records.append({"conversations": [{"from": "human", "value": "one turn only"}]})  # skipped, like SGLang
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(records))
+    digest = hashlib.sha256(prompts.read_bytes()).hexdigest()
+    path = one_host_config(clean_sandbox, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "bench", "--json", "--dataset", str(prompts),
+                         "--num-prompts", "8", "--output-len", "32")
+    assert code == 0, json.dumps(doc, indent=1)
+    [row] = doc["results"]
+    assert row["ok"] and row["dataset"] == "prompts.json" and row["dataset_sha256"] == digest
+    state = clean_sandbox.host("sb1").state_dir
+    on_host = clean_sandbox.run("sb1", f"sha256sum {state}/datasets/{digest}.json").stdout.split()[0]
+    assert on_host == digest
+    bench = next(s for s in doc["rounds"][0]["hosts"][0]["steps"] if s["step"] == "benchmark")
+    assert bench["data"]["dataset_uploaded"] is True and bench["data"]["successful_requests"] == 8
+    # the stand-in bench_serving read that very file (its output line names it and its sha256)
+    line = json.loads(clean_sandbox.run("sb1", f"tail -n 1 {bench['data']['results_file']}").stdout)
+    assert line["dataset_name"] == "sharegpt" and line["simulated_dataset_sha256"] == digest
+    # again: not uploaded a second time (once per sha256); the configured value was benchmarked: no restore
+    code, doc = cli_json(capsys, "-c", str(path), "bench", "--json", "--dataset", str(prompts),
+                         "--num-prompts", "8", "--output-len", "32")
+    bench = next(s for s in doc["rounds"][0]["hosts"][0]["steps"] if s["step"] == "benchmark")
+    assert code == 0 and bench["data"]["dataset_uploaded"] is False and doc["restore"] is None
+    history = [json.loads(line) for line in (Path(os.environ["XDG_STATE_HOME"]) / "deployctl" /
+                                             "history.jsonl").read_text().splitlines()]
+    assert {(h["dataset"], h["dataset_sha256"]) for h in history if h["verb"] == "bench"} == {("prompts.json", digest)}

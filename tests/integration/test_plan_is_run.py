@@ -182,7 +182,7 @@ def test_a_fleet_sends_only_what_its_plan_lists(clean_sandbox, tmp_path, capsys,
             assert code == 0
             planned = _planned_commands(doc)
             kinds = " ".join(c["description"] for p in doc["fleet"]["phases"] for c in p["commands"])
-            for needed in ("remove worker", "add worker", "start sglang-router", "requests in flight",
+            for needed in ("remove worker", "add worker", "start the router", "requests in flight",
                            "probe (read-only)", "one request through the router", "read the last good deployment"):
                 assert needed in kinds, needed
             sent.clear()

@@ -175,7 +175,13 @@ def test_no_product_file_over_700_lines(module):
 FLOORS = [
     ("base", ("deploy.errors", "deploy.limits", "deploy.shell", "deploy.config", "deploy.state_layout",
               "deploy.sglang", "deploy.ssh_config", "deploy.ssh_trust", "deploy.connect", "deploy.transport",
-              "deploy.fanout", "deploy.remote", "deploy.local_state", "deploy.history", "deploy.signals")),
+              "deploy.fanout", "deploy.remote", "deploy.local_state", "deploy.history",
+              # issue 22 (HOSTILE): pure leaf modules, importing only deploy.errors
+              "deploy.terminal", "deploy.bounded_channel", "deploy.ssh_agent", "deploy.ssh_config_eval",
+              # issue 20 (BENCH): the dataset rules (local file checks, the built-in prompt set)
+              "deploy.datasets",
+              # issue 17 (RELIABILITY): SIGTERM/SIGHUP handled like Ctrl-C
+              "deploy.signals")),
     ("facts", ("deploy.facts", "deploy.doctor", "deploy.locks", "deploy.serving")),
     ("steps", ("deploy.steps", "deploy.playbook")),
     ("engine", ("deploy.engine",)),

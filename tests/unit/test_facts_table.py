@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from deploy.errors import DeployError
-from deploy.facts import bench, fixer, fuser, gpus, helpers, host_helper
+from deploy.facts import bench, fixer, fuser, gpus, helpers, host_helper, status
 
 CASES = Path(__file__).resolve().parents[1] / "facts"
 SOURCE = "gpu-a"
@@ -41,6 +41,11 @@ def _gpu_status(c):
     return gpus.parse_gpu_status(c["exit_code"], c["stdout"], c["stderr"], tag[1], c["expected_gpus"], SOURCE)
 
 
+def _status(c):
+    fact = status.parse_status(c["exit_code"], c["stdout"], c["stderr"], SOURCE)
+    return fact.model_dump(mode="json") | {f"live_{k}": v for k, v in fact.live.model_dump(mode="json").items()}
+
+
 #: fact directory -> (exit_code, stdout, stderr) -> the parsed fact
 PARSERS = {
     "fuser_kill": lambda c: fuser.parse_kill_result(c["exit_code"], c["stdout"], c["stderr"], SOURCE, "/dev/nvidia*"),
@@ -56,6 +61,7 @@ PARSERS = {
     "nvidia_smi_apps": _compute_apps,
     "gpu_status": _gpu_status,
     "bench_serving": lambda c: bench.parse_bench_result(c["stdout"], source=SOURCE),
+    "status": _status,
 }
 
 #: facts whose command prints free text before the part parsed (bench_serving's preamble): noise goes inside

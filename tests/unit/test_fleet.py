@@ -16,6 +16,7 @@ from deploy.config.models import Host, Run
 from deploy.errors import ConfigError, ExitCode, RemoteOutputError
 from deploy.fleet.nodes import dist_init_addr, group_fields, matching_group, node_run
 from deploy.fleet.phases import batches, check_serial, default_serial
+from deploy.fleet.router_package import RouterPackage
 from deploy.fleet.router import (FLEET_OPS, modern_api, parse_loads, parse_workers, router_argv, start_command,
                                  worker_url)
 from deploy.fleet.rolling import with_router_spared
@@ -158,8 +159,11 @@ def test_router_argv_and_start_command_quote_everything():
                               "router": {"host": "h0", "port": 31000, "policy": "round_robin",
                                          "python": "/opt/router venv/bin/python", "extra_args": ["--log-level", "warn"]}})
     h0 = hosts(1)[0]
-    argv = router_argv(run.router, h0, [worker_url(run, h0)])
+    argv = router_argv(run.router, h0, [worker_url(run, h0)], RouterPackage("sglang-router", "0.3.2"))
     assert argv[:3] == ["/opt/router venv/bin/python", "-m", "sglang_router.launch_router"]
+    assert router_argv(run.router, h0, [], RouterPackage("smg", "1.13.0"))[2] == "smg.launch_router"
+    # plan, before the router host said which package it has
+    assert router_argv(run.router, h0, [])[2] == "<smg.launch_router|sglang_router.launch_router>"
     assert argv[argv.index("--worker-urls") + 1:] == ["http://10.0.0.1:30000"]
     assert argv[argv.index("--port") + 1] == "31000"
     command = start_command(run.router, h0, ["http://10.0.0.1:30000"], "router-x.log")
@@ -174,6 +178,7 @@ def test_stop_stale_spares_the_router_only_when_there_is_one():
     spared = with_router_spared(playbook, routed)
     exclude = next(s for s in spared.steps if s.name == "stop-stale").settings.exclude
     assert "sglang::router" in exclude and "sglang_router" in exclude and "unattended-upgrade" in exclude
+    assert "smg::router" in exclude and "smg.launch_router" in exclude
 
 
 def test_node_flags_are_the_same_but_the_rank():

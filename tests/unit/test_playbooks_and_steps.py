@@ -169,7 +169,8 @@ def test_free_gpus_command_quotes_directory_and_keeps_glob():
 
 def test_stop_stale_command_and_parser():
     ctx = ctx_for(stop_stale, scope="pidfile", grace_s=3)
-    assert stop_stale.command(ctx).endswith("--scope pidfile --grace 3 --pidfile '/var/lib/deploy ctl/server.pid'")
+    assert stop_stale.command(ctx).endswith("--scope pidfile --grace 3 --pidfile '/var/lib/deploy ctl/server.pid' "
+                                              "--record '/var/lib/deploy ctl/deployment.json'")
     doc = {"processes": [{"pid": 5, "cmdline": "python3 x", "signal": "KILL", "exited": True}], "note": None}
     assert parse_stop_report(json.dumps(doc), "h").processes[0].pid == 5
     for bad in ("", "{}", '{"processes": [{"pid": 1}]}', '{"processes": [{"pid": 1, "cmdline": "", "signal": "HUP", "exited": true}]}'):

@@ -3,6 +3,8 @@ builders their run uses (router calls, multi-node flags), no SSH."""
 
 from __future__ import annotations
 
+from deploy.fleet.router_package import RouterPackage
+
 import json
 
 import pytest
@@ -56,10 +58,19 @@ def test_fleet_plan_lists_every_router_call_per_batch(tmp_path, capsys, serial):
     removes = [c for p in phases if "router-remove" in p["phase"] for c in p["commands"] if "DELETE" in c["command"]]
     assert sorted(c["description"] for c in removes) == sorted(
         f"remove worker http://10.0.0.{i}:30000" for i in (1, 2, 3))
-    for phase in phases:  # every router phase reads the router's state first, through fleet_ops.py
+    # before anything is stopped: the router's package, its port, every worker URL from the router
+    # host, and every replica's doctor (issue 18)
+    preflight = phases[0]
+    assert preflight["phase"].startswith("pre-flight"), [p["phase"] for p in phases]
+    words = [c["command"].split()[3] if "fleet_ops" in c["command"] else c["description"] for c in preflight["commands"]]
+    assert words[:3] == ["router-packages", "port-check", "reach"], words
+    assert all(f"http://10.0.0.{i}:30000" in preflight["commands"][2]["command"] for i in (1, 2, 3))
+    assert sorted(c["host"] for c in preflight["commands"][3:]) == ["a", "b", "c"]
+    assert all("doctor" in c["description"] for c in preflight["commands"][3:])
+    for phase in phases[1:]:  # every router phase reads the router's state first, through fleet_ops.py
         if "redeploy" not in phase["phase"] and "drain" not in phase["phase"]:
             assert phase["commands"][0]["command"].startswith(f"python3 -c {OPS_SCRIPT} router-state "), phase
-    starts = [c for p in phases for c in p["commands"] if c["description"].startswith("start sglang-router")]
+    starts = [c for p in phases for c in p["commands"] if c["description"].startswith("start the router")]
     assert starts and all(c["when"] for c in starts)
 
 
@@ -86,7 +97,7 @@ def test_the_router_host_sends_exactly_the_calls_the_plan_builds(tmp_path):
     run, host = config.runs[0], config.host("a")
     conn = Recorded()
     router = RouterHost(conn, host, run)
-    router._version = "0.3.2"
+    router._package = RouterPackage("sglang-router", "0.3.2")
     url = "http://10.0.0.2:30000"
     router.in_flight(url)
     router.end_to_end()

@@ -14,11 +14,12 @@ import pytest
 
 from deploy.config.models import Host, SSHSettings
 from deploy.errors import ConfigError
+from deploy.ssh_config_eval import OpenSSHConfig
 from deploy.ssh_config import SSHConfigSource, load_ssh_config, resolve_endpoint, ssh_config_path
 
 
 def source(text: str) -> SSHConfigSource:
-    return SSHConfigSource(paramiko.SSHConfig.from_text(text), "/test/ssh_config")
+    return SSHConfigSource(OpenSSHConfig.from_text(text, "/test/ssh_config"), "/test/ssh_config")
 
 
 def host(**fields) -> Host:

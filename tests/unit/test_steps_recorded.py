@@ -7,6 +7,7 @@ checks what the step concluded and exactly which commands it sent.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,8 @@ def _stop_output(*processes, note=None):
 def test_stop_stale_lists_what_it_stopped():
     out = _stop_output({"pid": 11, "cmdline": "python3 -m sglang.launch_server", "signal": "TERM", "exited": True},
                        {"pid": 12, "cmdline": "python3 stubborn.py", "signal": "KILL", "exited": True})
-    conn = RecordingTransport(HOST, [Reply(r"host_ops\.py' stop-processes --scope pidfile --grace 30 --pidfile ~/'deployctl state/server\.pid'$", stdout=out)])
+    conn = RecordingTransport(HOST, [Reply(r"host_ops\.py' stop-processes --scope pidfile --grace 30 --pidfile ~/'deployctl state/server\.pid' "
+                                            r"--record ~/'deployctl state/deployment\.json'$", stdout=out)])
     outcome = stop_stale.run(ctx(stop_stale, conn))
     assert outcome.detail == "stopped 2 process(es), 1 needed SIGKILL"
 
@@ -203,10 +205,17 @@ def _accept(**fields):
 
 def test_verify_acceptance_records_the_measured_accept_length():
     conn = RecordingTransport(HOST, [Reply(r"host_ops\.py' accept-check --base http://10\.1\.230\.174:30000 "
-                                           r"--requests 4 --max-new-tokens 256$", stdout=_accept())])
+                                           r"--requests 4 --max-new-tokens 256 --concurrency 4 --prompts-json '\[\"",
+                                           stdout=_accept())])
     memory: dict = {}
     outcome = verify_acceptance.run(ctx(verify_acceptance, conn, memory=memory))
     assert outcome.status == "ok" and memory["verify"]["accept_length"] == 3.02
+    # measured on the built-in prompt set, named by its sha256 (the regression gate compares like with like)
+    from deploy import datasets
+
+    assert memory["verify"]["settings"]["prompts_sha256"] == datasets.builtin().sha256
+    sent = json.loads(shlex.split(conn.commands[-1])[-1])
+    assert sent == datasets.verify_prompts(4) and len({p.split()[0] for p in sent}) == 4
 
 
 def test_verify_acceptance_of_one_point_zero_fails_with_likely_causes():
@@ -421,15 +430,73 @@ def test_benchmark_is_one_command_and_checks_every_request_succeeded():
     from deploy.steps import benchmark
 
     conn = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT)])
-    c = ctx(benchmark, conn, num_prompts=768)
+    c = ctx(benchmark, conn, num_prompts=768, dataset="random-ids")
     outcome = benchmark.run(c)
+    assert outcome.data["dataset"] == "random-ids" and outcome.data["dataset_sha256"] is None
     assert outcome.data["output_tok_s"] == pytest.approx(BENCH_CASE["fact"]["output_tok_s"])
     assert c.memory["bench"]["draft_tokens"] == 16
     [command] = conn.commands
     assert "--num-prompts 768" in command and "--output-file ~/'deployctl state/bench/bench-20261129T000000Z-t16.jsonl'" in command
     short = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT)])
     with pytest.raises(RemoteOutputError, match="only 768 of 800"):
-        benchmark.run(ctx(benchmark, short, num_prompts=800))
+        benchmark.run(ctx(benchmark, short, num_prompts=800, dataset="random-ids"))
     failed = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", exit_code=1, stderr="CUDA out of memory")])
     with pytest.raises(RemoteCommandFailed, match="bench_serving failed .*CUDA out of memory"):
-        benchmark.run(ctx(benchmark, failed))
+        benchmark.run(ctx(benchmark, failed, dataset="random-ids"))
+
+
+def _dataset_state(name: str, digest: str | None) -> str:
+    return json.dumps({"python": "3.10.12", "files": {name: digest}})
+
+
+@pytest.mark.parametrize("on_host", ["missing", "other", "same"])
+def test_benchmark_sends_the_dataset_once_per_sha256(tmp_path, on_host):
+    import hashlib
+
+    from deploy import datasets
+    from deploy.steps import benchmark
+
+    records = [{"conversations": [{"from": "human", "value": f"question {i}?"}, {"from": "gpt", "value": "answer"}]}
+               for i in range(768)]
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps(records))
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    name = f"{digest}.json"
+    found = {"missing": None, "other": "0" * 64, "same": digest}[on_host]
+    conn = RecordingTransport(HOST, [Reply(r"import sys, json, hashlib", stdout=_dataset_state(name, found)),
+                                     Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT)])
+    c = ctx(benchmark, conn, num_prompts=768, dataset=str(path))
+    outcome = benchmark.run(c)
+    remote = f"~/'deployctl state/datasets/{name}'"
+    assert f"--dataset-name sharegpt --dataset-path {remote} --num-prompts 768 --sharegpt-output-len 512" \
+        in conn.commands[-1] and "random" not in conn.commands[-1]
+    if on_host == "same":
+        assert conn.uploads == [] and outcome.data["dataset_uploaded"] is False
+    else:
+        [(where, content)] = conn.uploads
+        assert where.endswith(f"/deployctl state/datasets/{name}") and hashlib.sha256(content).hexdigest() == digest
+    assert outcome.data["dataset"] == "prompts.json" and outcome.data["dataset_sha256"] == digest
+    assert outcome.data["settings"] == {"num_prompts": 768, "output_len": 512, "max_concurrency": 8,
+                                        "dataset": "prompts.json", "dataset_kind": "sharegpt",
+                                        "dataset_sha256": digest}
+    assert datasets.load_file(path).sha256 == digest
+
+
+def test_benchmark_expects_as_many_requests_as_the_dataset_has_prompts(tmp_path):
+    from deploy.steps import benchmark
+
+    path = tmp_path / "few.jsonl"
+    path.write_text("\n".join(json.dumps({"conversations": [{"role": "user", "content": f"q{i}"},
+                                                           {"role": "assistant", "content": "a"}]})
+                              for i in range(768)) + "\n")
+    conn = RecordingTransport(HOST, [Reply(r"import sys, json, hashlib", stdout=_dataset_state("x", None)),
+                                     Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT)])
+    with pytest.raises(RemoteOutputError, match="helper check reported"):  # never trust the remote shape
+        benchmark.run(ctx(benchmark, conn, num_prompts=1000, dataset=str(path)))
+    import hashlib
+
+    name = hashlib.sha256(path.read_bytes()).hexdigest() + ".jsonl"
+    conn = RecordingTransport(HOST, [Reply(r"import sys, json, hashlib", stdout=_dataset_state(name, None)),
+                                     Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT)])
+    outcome = benchmark.run(ctx(benchmark, conn, num_prompts=1000, dataset=str(path)))  # 768 usable: 768 expected
+    assert "--dataset-name custom" in conn.commands[-1] and outcome.data["successful_requests"] == 768

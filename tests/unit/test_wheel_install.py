@@ -146,3 +146,12 @@ def test_the_sandbox_test_double_is_not_in_the_wheel(installed):
                          text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.split() == ["None", "None"], out.stdout + out.stderr
     assert _run(installed, "sandbox", "--help").returncode != 0
+
+
+def test_the_builtin_prompt_set_ships_in_the_wheel(installed):
+    """bench and verify-acceptance read deploy/data/prompts.json as package data."""
+    from deploy import datasets
+
+    result = _run(installed, "plan", "bench")
+    assert result.returncode == 0, result.stderr
+    assert f"datasets/{datasets.builtin().sha256}.json" in result.stdout

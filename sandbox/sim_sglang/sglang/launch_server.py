@@ -24,7 +24,13 @@ Faithful (on purpose, because deployctl must cope with it):
 - HTTP: /health, /health_generate (503 until warmed up), /model_info (/get_model_info),
   /v1/models, /v1/loads (num_running_reqs per DP rank), /server_info (/get_server_info) with internal_states[0].avg_spec_accept_length once a
   decode log line was printed, /generate, /v1/completions, /v1/chat/completions, /flush_cache
-  (resets the average), /metrics with --enable-metrics.
+  (resets the average), /metrics with --enable-metrics (404 without it, like SGLang: the route is
+  only added then; SGLang's metric names and labels, see MetricsState).
+
+Also modelled (srt/speculative/pitfalls.py, issue 19): a reduced draft vocabulary without d2t
+(accept len 1.00), the draft inheriting the target's quantization (``Cannot find the config file
+for awq`` at draft load), SGLANG_SIMULATE_ACC_LEN (reports that accept length whatever the drafter),
+drafts past the drafter's window (accept only the bonus token there), topk > 1 with page size > 1.
 
 Not faithful:
 - The port is bound (not listened on) before loading so a taken port fails fast; real SGLang
@@ -52,7 +58,8 @@ Not faithful:
 Env knobs: SGLANG_SIM_CONFIG (the host's sim config, default ~/.sim/config.json),
 SGLANG_SIM_LOAD_SECONDS (1.0), SGLANG_SIM_WARMUP_SECONDS (0.3), SGLANG_SIM_TIME_SCALE (0.02),
 SGLANG_SIM_CRASH_DURING_LOAD=1 (or the file ~/.sim/crash_during_load): crash with CUDA OOM
-midway through loading, exit 1.
+midway through loading, exit 1. ``~/.sim/accept_factor`` holding F in (0, 1]: acceptance decays
+while serving (accept length ~1 + F (L - 1) from the next request on, same PID; see accept_factor).
 
 Drafter markers (files in the drafter directory, so a test's "bad new checkpoint" carries its own
 badness and a rollback to the previous drafter's bytes really cures it):
@@ -83,6 +90,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from sglang.srt.layers.quantization import QUANTIZATION_CHOICES
+from sglang.srt.speculative import pitfalls
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 SIM_STEP_S = 0.0195  # one simulated decode step of a large MoE target at TP8
@@ -181,6 +191,12 @@ def finalize_args(args: argparse.Namespace) -> list[str]:
         warnings.append("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
                         "when speculative_eagle_topk == 1")
         args.speculative_num_draft_tokens = args.speculative_num_steps + 1
+    # since #9784 (0.5.6 - 0.5.12 server_args.py: flashinfer, fa3; 0.5.13+ also triton)
+    tree_backends = ("flashinfer", "fa3") + (("triton",) if version_tuple(args.sim_version) >= (0, 5, 13) else ())
+    if args.speculative_eagle_topk > 1 and args.page_size > 1 and args.attention_backend not in tree_backends:
+        raise ValueError(f"speculative_eagle_topk > 1 with page_size > 1 is only supported on {tree_backends}; "
+                         f"got attention_backend={args.attention_backend!r}. Use page_size == 1 or one of those "
+                         "backends.")
     return warnings
 
 
@@ -408,6 +424,13 @@ class Speculation:
     crash_during_load: bool = False
     crash_on_generate: bool = False
     step_s: float = SIM_STEP_S
+    draft_quantization: str | None = None
+    #: the draft load's ValueError (an unquantized drafter inheriting a quantization that needs a file)
+    draft_load_error: str | None = None
+    #: SGLANG_SIMULATE_ACC_LEN: the accept length reported whatever the drafter does
+    simulated_accept: float | None = None
+    #: positions the drafter drafts well at (its window); later steps accept only the bonus token
+    draft_window: int | None = None
 
     @property
     def enabled(self) -> bool:
@@ -454,6 +477,15 @@ def analyse_speculation(args: argparse.Namespace, version: str) -> Speculation:
     jitter = int(digest[:8], 16) / 0xFFFFFFFF
     spec.accept_p = 0.64 + 0.04 * min(jitter, 0.999)
     read_drafter_markers(draft_dir, spec)
+    target = read_json(os.path.join(args.model_path, "config.json"))
+    if args.quantization == "unquant":
+        target_quant = None
+    else:  # --quantization, else what the target's config.json declares
+        target_quant = args.quantization or pitfalls.declared_quantization(target)
+    spec.draft_quantization, spec.draft_load_error = pitfalls.draft_load_error(
+        target_quant, getattr(args, "speculative_draft_model_quantization", None), config, draft_dir)
+    spec.simulated_accept = pitfalls.simulated_accept_length()
+    spec.draft_window = pitfalls.draft_window(config, target)
     if spec.collapse_reason or not is_eagle3_drafter(config):
         return spec
     if algo == "EAGLE":
@@ -462,7 +494,6 @@ def analyse_speculation(args: argparse.Namespace, version: str) -> Speculation:
         spec.collapse_reason = "EAGLE algorithm with an EAGLE-3 drafter: one hidden state"
         return spec
     vt = version_tuple(version)
-    target = read_json(os.path.join(args.model_path, "config.json"))
     capture = target_capture(target, vt)
     if capture is not None:
         spec.accept_p = 0.0
@@ -501,6 +532,11 @@ def analyse_speculation(args: argparse.Namespace, version: str) -> Speculation:
         if unset:  # speculators' layer N>0 pre-attention norm went to input_layernorm
             spec.accept_p *= 0.55
             spec.debug.append(f"eagle3: hidden_norm left at 1.0 for {unset}")
+    vocab = pitfalls.vocab_collapse(config, target, res.hot_token_map, args.speculative_token_map)
+    if vocab is not None:
+        spec.accept_p = 0.0
+        spec.collapse_reason = vocab
+        return spec
     if "model.norm.weight" not in res.loaded:
         spec.accept_p *= 0.85
     return spec
@@ -695,6 +731,83 @@ def oom_message(gpu: int, total_mib: int) -> str:
 # the engine: decode simulation and the numbers SGLang reports
 
 
+def accept_factor() -> float:
+    """The acceptance decay knob: ``~/.sim/accept_factor`` (beside the sim config) holding F in (0, 1].
+
+    From the next request on, each verify step keeps only F of its accepted draft tokens, so the
+    accept length falls from L to about 1 + F (L - 1) while the server keeps serving with the same
+    PID, as upstream saw after HiCache loadback (sglang#32176: 4.49 -> 1.59) or over hours
+    (#28771: 3.4 -> 1.9). No file (or a bad one): 1.0."""
+    config = os.environ.get("SGLANG_SIM_CONFIG") or os.path.expanduser("~/.sim/config.json")
+    try:
+        with open(os.path.join(os.path.dirname(config), "accept_factor"), encoding="utf-8") as handle:
+            value = float(handle.read(64).strip())
+    except (OSError, ValueError):
+        return 1.0
+    return value if 0.0 < value <= 1.0 else 1.0
+
+
+def _prom_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class MetricsState:
+    """What SGLang's Prometheus collectors hold (srt/metrics/collector.py, 0.5.23), for /metrics with
+    --enable-metrics: the scheduler's gauges are set at each decode log line (so
+    ``sglang:spec_accept_length`` is the last interval's, not the average since start that
+    /server_info reports), the tokenizer's counters grow per finished request."""
+
+    def __init__(self) -> None:
+        self.accept_length = 0.0
+        self.accept_rate = 0.0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.requests = 0
+        self.created = time.time()
+        self._v = 0.5
+
+    def decode_logged(self, accept: float | None, rate: float) -> None:
+        if accept is not None:
+            self.accept_length, self.accept_rate = accept, rate
+
+    def finished(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.generation_tokens += completion_tokens
+        self.requests += 1
+
+    def decayed(self, accepted: int, factor: float) -> int:
+        if factor >= 1.0 or accepted <= 1:
+            return accepted
+        extra = (accepted - 1) * factor
+        self._v = (self._v + 0.7548776662466927) % 1.0  # low-discrepancy: the mean is kept
+        return 1 + int(extra) + (1 if self._v < extra - int(extra) else 0)
+
+    def render(self, model: str, running: int, gen_throughput: float) -> str:
+        name = _prom_label(model)
+        scheduler = f'{{engine_type="unified",model_name="{name}",pp_rank="0",tp_rank="0"}}'
+        tokenizer = f'{{model_name="{name}"}}'
+        rows = [
+            ("sglang:num_running_reqs", "gauge", "The number of running requests.", scheduler, running),
+            ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", scheduler, 0),
+            ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", scheduler, gen_throughput),
+            ("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative decoding.",
+             scheduler, self.accept_length),
+            ("sglang:spec_accept_rate", "gauge", "The average acceptance rate of speculative decoding "
+             "(`accepted tokens / total draft tokens` in batch).", scheduler, self.accept_rate),
+        ]
+        out = []
+        for metric, kind, doc, labels, value in rows:
+            out += [f"# HELP {metric} {doc}", f"# TYPE {metric} {kind}", f"{metric}{labels} {float(value)}"]
+        for base, doc, value in (("sglang:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens),
+                                 ("sglang:generation_tokens", "Number of generation tokens processed.",
+                                  self.generation_tokens),
+                                 ("sglang:num_requests", "Number of requests processed.", self.requests)):
+            # prometheus_client: a Counter exposes NAME_total and NAME_created
+            out += [f"# HELP {base}_total {doc}", f"# TYPE {base}_total counter",
+                    f"{base}_total{tokenizer} {float(value)}", f"{base}_created{tokenizer} {self.created}"]
+        return "\n".join(out) + "\n"
+
+
 class Engine:
     def __init__(self, args: argparse.Namespace, version: str, spec: Speculation,
                  base_config: dict, seed: float):
@@ -714,12 +827,21 @@ class Engine:
         self.avg_accept: float | None = None
         self.last_gen_throughput = 0.0
         self._u = seed % 1.0
+        self.metrics_state = MetricsState()
 
     # Low-discrepancy draws keep the average close to its expectation after a few steps.
-    def _accepted_this_step(self) -> int:
+    def _accepted_this_step(self, position: int = 0) -> int:
         if not self.spec.enabled:
             return 1
         p, t = self.spec.accept_p, self.spec.draft_tokens
+        simulated = self.spec.simulated_accept
+        if simulated is not None:  # SGLANG_SIMULATE_ACC_LEN: the drafter does not matter
+            self._u = (self._u + 0.6180339887498949) % 1.0
+            whole = int(math.floor(simulated))
+            return max(1, min(t, whole + (1 if self._u < simulated - whole else 0)))
+        window = self.spec.draft_window
+        if window is not None and position >= window:
+            return 1  # past the drafter's window its drafts are noise (sglang#6783)
         if p <= 0.0 or t <= 1:
             return 1
         self._u = (self._u + 0.6180339887498949) % 1.0
@@ -739,6 +861,7 @@ class Engine:
         accept = self.interval_tokens / self.interval_steps
         throughput = self.interval_tokens / (self.interval_steps * self.spec.step_s)
         self.last_gen_throughput = throughput
+        self.metrics_state.decode_logged(accept if self.spec.enabled else None, self._accept_rate(accept))
         tokens = max(1, self.total_tokens_in_use)
         parts = [f"Decode batch. #running-req: {max(1, self.running)}", f"#token: {tokens}",
                  f"token usage: {tokens / MAX_TOTAL_TOKENS:.2f}"]
@@ -762,10 +885,11 @@ class Engine:
         produced = steps = 0
         printed = False
         interval = max(1, self.args.decode_log_interval)
+        decay = accept_factor()
         try:
             while produced < max_new_tokens:
                 with self.lock:
-                    k = self._accepted_this_step()
+                    k = self.metrics_state.decayed(self._accepted_this_step(prompt_tokens + produced), decay)
                     steps += 1
                     produced += k
                     self.total_tokens_in_use += k
@@ -796,6 +920,8 @@ class Engine:
             with self.lock:
                 self.running -= 1
                 self.total_tokens_in_use = max(0, self.total_tokens_in_use - prompt_tokens - produced)
+        with self.lock:
+            self.metrics_state.finished(prompt_tokens, max_new_tokens)
         text = " ".join(FILLER[(i * 7 + prompt_tokens) % len(FILLER)] for i in range(max_new_tokens))
         meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": "length", "length": max_new_tokens},
                 "prompt_tokens": prompt_tokens, "completion_tokens": max_new_tokens,
@@ -845,16 +971,8 @@ class Engine:
                 "architectures": self.base_config.get("architectures")}
 
     def metrics(self) -> str:
-        name = self.args.served_model_name
-        label = f'{{model_name="{name}"}}'
-        rows = [("sglang:num_running_reqs", "gauge", self.running),
-                ("sglang:gen_throughput", "gauge", self.last_gen_throughput),
-                ("sglang:spec_accept_length", "gauge", self.avg_accept or 0.0)]
-        out = []
-        for metric, kind, value in rows:
-            out += [f"# HELP {metric} {metric} (simulated)", f"# TYPE {metric} {kind}",
-                    f"{metric}{label} {float(value)}"]
-        return "\n".join(out) + "\n"
+        with self.lock:
+            return self.metrics_state.render(self.args.served_model_name, self.running, self.last_gen_throughput)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1147,9 +1265,14 @@ def main(argv: list[str] | None = None) -> int:
     from sglang.version import __version__ as version
 
     args = build_parser(version).parse_args(argv)
+    args.sim_version = version
     log(f"SIMULATED SGLang {version}: deployctl sandbox TEST DOUBLE (no GPU, no model weights; "
         "see sglang/launch_server.py)")
     warnings = finalize_args(args)
+    if "SGLANG_ENABLE_SPEC_V2" in os.environ and (0, 5, 14) <= version_tuple(version) <= (0, 5, 22):
+        # PR #27964 removed it in 0.5.14; the notice is gone again in 0.5.23
+        warnings.append("SGLANG_ENABLE_SPEC_V2 has been removed: speculative decoding always runs the V2 "
+                        "worker; use --disable-overlap-schedule for the synchronous path")
     for warning in warnings:
         log(f"WARNING: {warning}")
     shown = ", ".join(f"{k}={v!r}" for k, v in vars(args).items())
@@ -1284,7 +1407,14 @@ def _run(args, version, config, engine: Engine, server: SimHTTPServer, ranks: li
         if "Eagle3" in draft_arch or "Speculator" in draft_arch:
             draft_arch = "LlamaForCausalLMEagle3"
         log(f"Load weight begin. avail mem={capacity_gib(free[0] - WEIGHTS_MIB):.2f} GB", tp=0)
-        log(f"Load weight end. type={draft_arch}, dtype=torch.bfloat16, avail mem="
+        if spec.draft_load_error:
+            scheduler_exception(0, LOAD_FRAMES + [
+                (_srt("model_loader/weight_utils.py"), 389, "get_quant_config",
+                 'raise ValueError(f"Cannot find the config file for {model_config.quantization}")')],
+                f"ValueError: {spec.draft_load_error}")
+            return 1
+        quant = f", quant={spec.draft_quantization}" if spec.draft_quantization else ""
+        log(f"Load weight end. type={draft_arch}{quant}, dtype=torch.bfloat16, avail mem="
             f"{capacity_gib(free[0] - WEIGHTS_MIB) - 0.01:.2f} GB, mem usage=0.01 GB.", tp=0)
     for rank in ranks:
         write_alloc(config, rank, final_mib)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import re
 
+from sglang.srt.layers.quantization import QUANTIZATION_CHOICES
+
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 
 
@@ -63,3 +65,10 @@ class ServerArgs:
         parser.add_argument("--speculative-num-steps", type=int, default=None)
         parser.add_argument("--speculative-eagle-topk", type=int, default=None)
         parser.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+        parser.add_argument("--speculative-token-map", type=str, default=None)
+        parser.add_argument("--quantization", type=str, choices=QUANTIZATION_CHOICES, default=None)
+        if _version_tuple(version) >= (0, 5, 7):  # absent from 0.5.6's server_args.py
+            parser.add_argument("--speculative-draft-model-quantization", type=str, choices=QUANTIZATION_CHOICES,
+                                default=None)
+        parser.add_argument("--enable-hierarchical-cache", action="store_true")
+        parser.add_argument("--disable-overlap-schedule", action="store_true")

@@ -1,0 +1,64 @@
+"""Reading a remote command's answer within a byte limit and a deadline (one SSH channel).
+
+fabric's ``Connection.run(hide=True)`` keeps all of stdout in memory: an nvidia-smi (or a shim
+in its place) printing 60 MB took over 90 s and as much memory, and an endless one would never
+end before the local timeout. Here the channel is read in short polls (Ctrl-C and the deadline
+are noticed within 0.05 s) and closed as soon as either stream passes the limit: the host-side
+command then dies of SIGPIPE on its next write. The caller turns :class:`OutputTooLarge` into a
+RemoteOutputError (exit 5) naming the host and command.
+"""
+
+from __future__ import annotations
+
+import time
+
+#: the largest answer a command may print (a 100k-line ``deployctl logs -n`` of long lines fits;
+#: every fact deployctl reads is a few KB)
+MAX_OUTPUT_BYTES = 16 << 20
+#: the longest line a host-side watch loop may print before its newline
+MAX_LINE_BYTES = 1 << 20
+
+
+class OutputTooLarge(Exception):
+    def __init__(self, stream: str, limit: int):
+        super().__init__(f"printed more than {limit} bytes on {stream}")
+        self.stream = stream
+        self.limit = limit
+
+
+class DeadlinePassed(Exception):
+    pass
+
+
+def exec_bounded(channel, command: str, *, deadline: float, limit: int = MAX_OUTPUT_BYTES) -> tuple[int, bytes, bytes]:
+    """Run ``command`` on the open session ``channel``: (exit status, stdout, stderr), each at most ``limit``.
+
+    Raises OutputTooLarge or DeadlinePassed (the channel is left to the caller to close).
+    """
+    channel.settimeout(0.05)
+    channel.exec_command(command)
+    out, err = bytearray(), bytearray()
+    while True:
+        progressed = False
+        if channel.recv_ready():
+            out += channel.recv(1 << 16)
+            progressed = True
+        if channel.recv_stderr_ready():
+            err += channel.recv_stderr(1 << 16)
+            progressed = True
+        if len(out) > limit:
+            raise OutputTooLarge("stdout", limit)
+        if len(err) > limit:
+            raise OutputTooLarge("stderr", limit)
+        if not progressed:
+            if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                if channel.eof_received or channel.closed:
+                    break
+            if time.monotonic() > deadline:
+                raise DeadlinePassed(command)
+            # returns at once when the exit status arrives; data arriving is noticed within 0.02 s
+            if channel.exit_status_ready():
+                time.sleep(0.005)
+            else:
+                channel.status_event.wait(0.02)
+    return channel.recv_exit_status(), bytes(out), bytes(err)

@@ -1,0 +1,138 @@
+"""deployctl status: live accept length and throughput of each host's server vs its last good one.
+
+Read-only, no lock, one SSH command per host. ``--check`` is for cron and monitoring exec checks:
+exit 12 when a live figure is under the nightly gate's fraction of the last good one, 1 when the
+server is not serving, 4 unreachable, 5 unexpected output, 0 otherwise. ``--watch`` redraws a
+table in place on a terminal (plain lines otherwise) until Ctrl-C, which ends it with exit 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from deploy.cli import options
+
+
+def _finite(ctx, param, value):
+    """click's FloatRange lets ``nan`` through (every comparison with it is False)."""
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value!r} is not a finite number", ctx, param)
+    return value
+
+
+@click.command("status")
+@options.run
+@options.hosts
+@options.as_json("Print one JSON document (with --watch: one per round, one line each).")
+@click.option("--check", is_flag=True,
+              help="Exit 12 when accept length or output tok/s is under the gate's fraction of the last good "
+                   "deployment's (1 not serving, 4 unreachable, 5 unexpected output, 0 otherwise).")
+@click.option("--watch", "watch_s", type=click.FloatRange(0.5, 86400), is_flag=False, flag_value=5.0, default=None,
+              metavar="[SECONDS]", callback=_finite,
+              help="Read again every SECONDS (default 5) until Ctrl-C: a table redrawn in place on a terminal.")
+@click.option("--rounds", type=click.IntRange(1, 10**9), default=None, help="With --watch: stop after N rounds.")
+@click.option("--prom-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the figures in Prometheus text format to FILE, atomically "
+                   "(node_exporter's textfile collector: a *.prom file in its directory).")
+@click.option("--probe", is_flag=True,
+              help="When the server generated nothing in the window, send a few greedy requests (the verify "
+                   "prompts, at the last good benchmark's concurrency) and measure them: the only throughput "
+                   "compared with the last good one.")
+@click.option("--window", "window_s", type=click.FloatRange(0.2, 60), default=2.0, show_default=True, callback=_finite,
+              help="Seconds between the two reads of the server's counters.")
+@click.option("--playbook", "playbook_name", default="nightly", show_default=True,
+              help="Playbook (name or YAML file) whose regression-gate fractions apply.")
+@click.option("--min-accept-fraction", type=click.FloatRange(0.01, 1.0), default=None, callback=_finite,
+              help="Below this x the last good accept length is a regression (default: the playbook's gate, 0.9).")
+@click.option("--min-throughput-fraction", type=click.FloatRange(0.01, 1.0), default=None, callback=_finite,
+              help="Below this x the last good output tok/s is a regression (default: the playbook's gate, 0.9).")
+@click.pass_obj
+def command(globals_, run_name, host_names, as_json: bool, check: bool, watch_s: float | None, rounds: int | None,
+            prom_file: Path | None, probe: bool, window_s: float, playbook_name: str,
+            min_accept_fraction: float | None, min_throughput_fraction: float | None) -> int:
+    """Live accept length, tok/s, requests, PID and drafter of each host's server, vs its last good one."""
+    from deploy import status
+    from deploy.cli.common import run_and_hosts
+    from deploy.errors import UsageError
+
+    if check and watch_s is not None:
+        raise UsageError("--check reads once and exits with its verdict; it cannot be combined with --watch")
+    if rounds is not None and watch_s is None:
+        raise UsageError("--rounds needs --watch")
+    config = globals_.load()
+    run, hosts = run_and_hosts(config, run_name, host_names)
+    gate = status.gate_of(playbook_name, min_accept_fraction=min_accept_fraction,
+                          min_throughput_fraction=min_throughput_fraction)
+
+    def read():
+        readings = status.gather(config, run, hosts, gate, window_s=window_s, probe=4 if probe else 0)
+        if prom_file is not None:
+            try:
+                status.write_prom_file(prom_file, status.prom_text(run, readings))
+            except OSError as exc:
+                from deploy.errors import DeployError, ExitCode
+
+                raise DeployError(f"--prom-file {prom_file}: cannot write: {exc.strerror or exc}",
+                                  exit_code=ExitCode.IO) from None
+        return readings
+
+    if watch_s is None:
+        readings = read()
+        _show_once(run, readings, gate, as_json, check)
+        return status.exit_code(readings, check)
+    return _watch(run, gate, read, watch_s, rounds, as_json)
+
+
+def _show_once(run, readings, gate, as_json: bool, check: bool) -> None:
+    from deploy import render, status, status_render
+
+    if as_json:
+        render.print_json(status.document(run, readings, gate))
+    elif sys.stdout.isatty():
+        render.console().print(status_render.table(readings, status_render.title(run.name, gate)))
+    else:
+        for line in status_render.plain_lines(readings):
+            click.echo(line)
+    if check:
+        for line in status_render.findings(readings):
+            click.echo(line, err=True)
+
+
+def _watch(run, gate, read, interval_s: float, rounds: int | None, as_json: bool) -> int:
+    """Ctrl-C is how a watch ends: exit 0 (the figures were shown; nothing was changed)."""
+    import json
+
+    from deploy import render, status, status_render
+
+    try:
+        if as_json or not sys.stdout.isatty():
+            def show(readings) -> None:
+                if as_json:
+                    click.echo(json.dumps(status.document(run, readings, gate), sort_keys=True))
+                else:
+                    for line in status_render.plain_lines(readings):
+                        click.echo(line)
+                sys.stdout.flush()
+
+            status.watch(rounds, interval_s, read, show)
+        else:
+            from rich.console import Group
+            from rich.live import Live
+            from rich.text import Text
+
+            with Live(Text("reading ..."), console=render.console(), auto_refresh=False, transient=False) as live:
+                def redraw(readings) -> None:
+                    # an empty last line: the terminal's "^C" echo lands there instead of wrapping the
+                    # table's last line, which would shift Live's final redraw by one line
+                    live.update(Group(status_render.table(readings, status_render.title(run.name, gate)), Text("")),
+                                refresh=True)
+
+                status.watch(rounds, interval_s, read, redraw)
+    except KeyboardInterrupt:
+        click.echo("status --watch: stopped (Ctrl-C)", err=True)
+    return 0

@@ -1,0 +1,318 @@
+"""deployctl status: what each host's server measures now, next to its last good deployment.
+
+Read-only and lock-free: per host one SSH connection and ONE remote command
+(``deploy/facts/status.py``: deploy/remote/server_status.py, sent inline), in parallel over the hosts.
+Nothing on the host is written or restarted; ``--probe`` only sends a few greedy requests.
+
+A drafter that deployed fine can lose acceptance while the server keeps running (sglang#32176:
+4.49 -> 1.59 after HiCache loadback; #28771: 3.4 -> 1.9 over two hours). Nothing restarts, so no
+deploy-time check sees it: ``evaluate`` compares the live figures with the last good record's
+using the nightly regression gate's fractions, and ``status --check`` exits 12 below them.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deploy.config.models import Config, Host, Run
+from deploy.errors import DeployError, ExitCode
+from deploy.facts.status import HostStatus, parse_status, status_command
+from deploy.fanout import HostOutcome, for_each_host
+from deploy.transport import HostConnection, JumpConnections
+
+#: the SSH command's own bound beyond the window and the probe (connect, python start, 6 GETs)
+COMMAND_SLACK_S = 60.0
+PROBE_REQUEST_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The nightly regression gate's fractions (deploy/playbooks/nightly.yaml, regression-gate)."""
+
+    min_accept_fraction: float = 0.9
+    min_throughput_fraction: float = 0.9
+
+
+@dataclass
+class Verdict:
+    #: healthy | regression | not-serving | unknown | unreachable | error
+    state: str
+    lines: list[str] = field(default_factory=list)
+    regressions: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return {"healthy": 0, "unknown": 0, "regression": int(ExitCode.REGRESSION),
+                "not-serving": int(ExitCode.FAILED)}.get(self.state, int(ExitCode.FAILED))
+
+
+@dataclass
+class HostReading:
+    host: Host
+    status: HostStatus | None = None
+    error: DeployError | None = None
+    #: the recorded deployment is what this run launches (argv with its store drafter, env)
+    configured: bool | None = None
+    differences: list[str] = field(default_factory=list)
+    verdict: Verdict = field(default_factory=lambda: Verdict("unknown"))
+
+    @property
+    def exit_code(self) -> int:
+        return int(self.error.exit_code) if self.error is not None else self.verdict.exit_code
+
+
+def gate_of(playbook_name: str = "nightly", **overrides: float | None) -> Gate:
+    """The regression gate's settings of ``playbook_name`` (flags given override them)."""
+    from deploy.playbook import load_playbook
+
+    playbook = load_playbook(playbook_name)
+    step = next((s for s in playbook.steps if s.name == "regression-gate"), None)
+    found = {} if step is None else {k: getattr(step.settings, k) for k in ("min_accept_fraction",
+                                                                             "min_throughput_fraction")}
+    found.update({k: v for k, v in overrides.items() if v is not None})
+    return Gate(**found)
+
+
+def configured(run: Run, host: Host, status: HostStatus) -> tuple[bool | None, list[str]]:
+    """(runs what this run would launch?, what differs). The drafter checkpoint itself is not
+    fingerprinted again (read-only and quick); ``deployctl plan``/``up`` converge on it."""
+    from deploy.facts.server import env_hash
+    from deploy.sglang.argv import sglang_argv
+
+    record = status.deployment
+    if run.nodes:
+        return None, ["a multi-node run: each node's argv has its own --node-rank (not compared)"]
+    if record is None:
+        return None, ["no deployment recorded on the host"]
+    drafter = record.get("drafter_path") if isinstance(record.get("drafter_path"), str) else None
+    draft_tokens = status.draft_tokens or run.draft_tokens
+    differences = []
+    if record.get("run") != run.name:
+        differences.append(f"deployed by run {str(record.get('run'))[:60]!r}")
+    if record.get("argv") != sglang_argv(run, host, run.draft_tokens, drafter):
+        differences.append("argv" if draft_tokens == run.draft_tokens else
+                           f"draft tokens {draft_tokens} (configured {run.draft_tokens})")
+    if record.get("env_hash") != env_hash(run.env):
+        differences.append("environment")
+    return not differences, differences
+
+
+def evaluate(run: Run, status: HostStatus, gate: Gate) -> Verdict:
+    """Live vs last good, with the gate's fractions; pure."""
+    if not status.alive:
+        return Verdict("not-serving", ["no SGLang server of deployctl's is running"])
+    if status.health != 200:
+        return Verdict("not-serving", [f"/health answers {status.health or status.health_error}"])
+    good = status.last_good
+    if good is None:
+        return Verdict("unknown", ["no last good deployment is recorded on this host: nothing to compare with"])
+    if good.run is not None and good.run != run.name:
+        return Verdict("unknown", [f"the last good record is of run {good.run!r}, not {run.name!r}: not compared"])
+    if good.draft_tokens is not None and status.draft_tokens is not None and good.draft_tokens != status.draft_tokens:
+        return Verdict("unknown", [f"the last good record was measured at {good.draft_tokens} draft tokens, the server "
+                                   f"runs {status.draft_tokens}: not compared"])
+    live = status.live
+    verdict = Verdict("healthy")
+    if not good.same_deployment:
+        verdict.lines.append("the running deployment is not the recorded last good one (not verified yet?): "
+                             "compared with it anyway")
+    compared = 0
+    for label, now, then, fraction, why_not in (
+            ("accept length", live.accept_length, good.accept_length, gate.min_accept_fraction,
+             live.accept_source),
+            ("output tok/s", live.output_tok_s if live.throughput_comparable else None, good.output_tok_s,
+             gate.min_throughput_fraction,
+             live.throughput_source if live.output_tok_s is None else
+             "live traffic, not the benchmark's load; --probe measures at it")):
+        if now is None or then is None or then <= 0:
+            reason = why_not if now is None else "no last good figure"
+            verdict.lines.append(f"{label}: not compared ({reason})")
+            continue
+        compared += 1
+        ratio = now / then
+        line = f"{label} {now:.2f} vs last good {then:.2f} ({ratio:.0%}, minimum {fraction:.0%})"
+        verdict.lines.append(line)
+        if ratio < fraction:
+            verdict.regressions.append(line)
+    if verdict.regressions:
+        verdict.state = "regression"
+    elif not compared:
+        verdict.state = "unknown"
+    return verdict
+
+
+def _base_url(run: Run, host: Host) -> str:
+    from deploy.sglang.argv import probe_address
+
+    address = probe_address(run, host)
+    return f"http://{'[' + address + ']' if ':' in address else address}:{run.port}"
+
+
+def read_host(conn, host: Host, run: Run, *, window_s: float, probe: int) -> HostStatus:
+    """One remote command on an open connection: the host's status, parsed strictly."""
+    timeout = COMMAND_SLACK_S + window_s + (PROBE_REQUEST_TIMEOUT_S * 4 if probe else 0)
+    command = status_command(host.python, host.state_dir, _base_url(run, host), window_s=window_s, probe=probe)
+    result = conn.run(command, timeout=timeout)
+    return parse_status(result.exit_code, result.stdout, result.stderr, host.name)
+
+
+def gather(config: Config, run: Run, hosts: Sequence[Host], gate: Gate, *, window_s: float = 2.0,
+           probe: int = 0) -> list[HostReading]:
+    """Every host's status, in parallel, each evaluated against its last good deployment.
+
+    A multi-node run (``nodes``) is one server: only rank 0 serves HTTP and measures, so only rank
+    0 is read (the other ranks are not checked here)."""
+    from deploy.engine.session import network_host
+
+    if run.nodes:
+        hosts = [h for h in hosts if h.name == run.nodes[0]]
+
+    def work(host: Host) -> HostReading:
+        with HostConnection(host, config.ssh, jumps) as conn:
+            here = network_host(host, conn.endpoint.hostname.value)
+            status = read_host(conn, here, run, window_s=window_s, probe=probe)
+        reading = HostReading(host, status)
+        reading.configured, reading.differences = configured(run, here, status)
+        reading.verdict = evaluate(run, status, gate)
+        return reading
+
+    with JumpConnections() as jumps:
+        outcomes: list[HostOutcome[HostReading]] = for_each_host(hosts, work, config.ssh.max_parallel)
+    readings = []
+    for outcome in outcomes:
+        if outcome.value is not None:
+            readings.append(outcome.value)
+        else:
+            state = "unreachable" if outcome.error is not None and \
+                outcome.error.exit_code == ExitCode.CONNECTION else "error"
+            readings.append(HostReading(outcome.host, error=outcome.error, verdict=Verdict(state)))
+    return readings
+
+
+def exit_code(readings: Sequence[HostReading], check: bool) -> int:
+    """Without --check: 0 unless a host could not be read (its code). With it, the first host's
+    non-zero code in config order: 12 regression, 1 not serving, 4 unreachable, 5 unexpected output."""
+    for reading in readings:
+        code = reading.exit_code if check else (int(reading.error.exit_code) if reading.error else 0)
+        if code:
+            return code
+    return 0
+
+
+def watch(rounds: int | None, interval_s: float, read: Callable[[], list[HostReading]],
+          show: Callable[[list[HostReading]], None], sleep: Callable[[float], None] = time.sleep) -> int:
+    """Read and show every ``interval_s`` until Ctrl-C (KeyboardInterrupt, raised to the caller) or
+    ``rounds`` rounds; returns the rounds done."""
+    done = 0
+    while rounds is None or done < rounds:
+        started = time.monotonic()
+        show(read())
+        done += 1
+        if rounds is not None and done >= rounds:
+            break
+        sleep(max(0.0, interval_s - (time.monotonic() - started)))
+    return done
+
+
+# -- JSON and Prometheus ---------------------------------------------------------------------------
+
+
+def document(run: Run, readings: Sequence[HostReading], gate: Gate) -> dict[str, Any]:
+    hosts = []
+    for r in readings:
+        entry: dict[str, Any] = {"host": r.host.name, "verdict": r.verdict.state, "exit_code": r.exit_code,
+                                 "comparisons": r.verdict.lines, "regressions": r.verdict.regressions}
+        if r.error is not None:
+            entry["error"] = str(r.error)
+        if r.status is not None:
+            entry |= r.status.model_dump(mode="json", exclude={"deployment"})
+            entry["configured"] = r.configured
+            entry["differences"] = r.differences
+        hosts.append(entry)
+    return {"run": run.name, "gate": {"min_accept_fraction": gate.min_accept_fraction,
+                                      "min_throughput_fraction": gate.min_throughput_fraction},
+            "hosts": hosts}
+
+
+def prom_label(value: str) -> str:
+    """A Prometheus label value: backslash, double quote and newline escaped (exposition format)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+#: metric -> help; every one is a gauge labelled {host, run}
+PROM_METRICS = {
+    "deployctl_status_reachable": "1 when the host answered the status command.",
+    "deployctl_status_serving": "1 when deployctl's SGLang server runs and /health answers 200.",
+    "deployctl_status_regression": "1 when a live figure is under the regression gate's fraction of the last good one.",
+    "deployctl_status_configured": "1 when the host runs the deployment the config describes.",
+    "deployctl_status_accept_length": "Live speculative accept length.",
+    "deployctl_status_last_good_accept_length": "Accept length the last good deployment was verified with.",
+    "deployctl_status_output_tokens_per_second": "Live output tokens per second.",
+    "deployctl_status_last_good_output_tokens_per_second": "Output tokens per second of the last good benchmark.",
+    "deployctl_status_running_requests": "Requests the server is running.",
+    "deployctl_status_queued_requests": "Requests waiting in the server's queue.",
+    "deployctl_status_uptime_seconds": "Seconds since the server process started.",
+    "deployctl_status_timestamp_seconds": "When deployctl read these figures (Unix time).",
+}
+
+
+def _prom_values(r: HostReading, now: float) -> dict[str, float | None]:
+    s = r.status
+    values: dict[str, float | None] = {"deployctl_status_reachable": float(s is not None),
+                                       "deployctl_status_timestamp_seconds": now}
+    if s is not None:
+        good = s.last_good
+        values |= {
+            "deployctl_status_serving": float(s.serving),
+            "deployctl_status_regression": float(r.verdict.state == "regression"),
+            "deployctl_status_configured": None if r.configured is None else float(r.configured),
+            "deployctl_status_accept_length": s.live.accept_length,
+            "deployctl_status_last_good_accept_length": good.accept_length if good else None,
+            "deployctl_status_output_tokens_per_second": s.live.output_tok_s,
+            "deployctl_status_last_good_output_tokens_per_second": good.output_tok_s if good else None,
+            "deployctl_status_running_requests": None if s.live.running is None else float(s.live.running),
+            "deployctl_status_queued_requests": None if s.live.queued is None else float(s.live.queued),
+            "deployctl_status_uptime_seconds": s.uptime_s,
+        }
+    return values
+
+
+def prom_text(run: Run, readings: Sequence[HostReading], now: float | None = None) -> str:
+    """The figures in Prometheus text format (node_exporter's textfile collector); unknown = absent."""
+    now = time.time() if now is None else now
+    per_host = [(r, _prom_values(r, now)) for r in readings]
+    lines = []
+    for metric, help_text in PROM_METRICS.items():
+        samples = [(r, v[metric]) for r, v in per_host if v.get(metric) is not None]
+        if not samples:
+            continue
+        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+        for r, value in samples:
+            lines.append(f'{metric}{{host="{prom_label(r.host.name)}",run="{prom_label(run.name)}"}} {value:.6g}')
+    return "\n".join(lines) + "\n"
+
+
+def write_prom_file(path: Path, text: str) -> None:
+    """Atomically: a temporary file in the same directory (a name the collector ignores: it reads
+    only ``*.prom``), fsync, rename over ``path``. A scrape sees the old file or the new one."""
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

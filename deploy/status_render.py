@@ -1,0 +1,122 @@
+"""How ``deployctl status`` shows its readings: a rich table on a terminal (redrawn in place by
+``--watch``), one plain line per host otherwise. Everything a host sent is printed with its
+control characters escaped (``\\x1b`` as text), so a hostile record cannot move the cursor,
+retitle the terminal or forge a line; cells are rich ``Text``, never markup."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+from deploy.status import HostReading
+
+
+def clean(value: object, limit: int = 200) -> str:
+    """``value`` as text with control characters (C0, DEL, C1, bidi overrides) escaped, bounded."""
+    from deploy.limits import has_control_chars
+
+    text = str(value)
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return "".join(ch.encode("unicode_escape").decode("ascii") if has_control_chars(ch) else ch for ch in text)
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _pair(now: float | None, then: float | None, digits: int) -> str:
+    if now is None and then is None:
+        return "-"
+    ratio = f" {now / then:.0%}" if now is not None and then else ""
+    return f"{_num(now, digits)} / {_num(then, digits)}{ratio}"
+
+
+def cells(r: HostReading) -> dict[str, str]:
+    """One host's row, every value already cleaned."""
+    row = {"host": clean(r.host.name), "verdict": r.verdict.state}
+    s = r.status
+    if s is None:
+        row["detail"] = clean(str(r.error).splitlines()[0] if r.error else "")
+        return row
+    good = s.last_good
+    throughput_then = good.output_tok_s if good else None
+    row |= {
+        "pid": "-" if s.pid is None else str(s.pid),
+        "up": _uptime(s.uptime_s) if s.alive else "down",
+        "accept": _pair(s.live.accept_length, good.accept_length if good else None, 2),
+        "tok/s": _pair(s.live.output_tok_s, throughput_then, 1),
+        "run/queue": f"{_count(s.live.running)}/{_count(s.live.queued)}",
+        "drafter": clean((s.drafter_fingerprint or "-")[:12]),
+        "T": "-" if s.draft_tokens is None else str(s.draft_tokens),
+        "configured": {True: "yes", False: "no: " + clean(", ".join(r.differences), 60), None: "-"}[r.configured],
+        "detail": clean("; ".join(r.verdict.regressions or r.verdict.lines[:1] or s.notes[:1]), 160),
+    }
+    return row
+
+
+COLUMNS = ("host", "pid", "up", "accept", "tok/s", "run/queue", "drafter", "T", "configured", "verdict", "detail")
+
+
+def table(readings: Sequence[HostReading], title: str):
+    from rich.table import Table
+    from rich.text import Text
+
+    grid = Table(title=Text(title), title_justify="left")
+    for name in COLUMNS:
+        grid.add_column(name, overflow="fold")
+    styles = {"healthy": "green", "regression": "bold red", "not-serving": "red", "unreachable": "red",
+              "error": "red", "unknown": "yellow"}
+    for r in readings:
+        row = cells(r)
+        grid.add_row(*(Text(row.get(c, ""), style=styles.get(r.verdict.state, "") if c == "verdict" else "")
+                       for c in COLUMNS))
+    return grid
+
+
+def title(run_name: str, gate) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return (f"deployctl status, run {clean(run_name)} ({stamp}); accept / tok/s: live / last good; "
+            f"minimum {gate.min_accept_fraction:.0%} / {gate.min_throughput_fraction:.0%}")
+
+
+def plain_lines(readings: Sequence[HostReading]) -> list[str]:
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    lines = []
+    for r in readings:
+        row = cells(r)
+        parts = [stamp, row["host"], row["verdict"]]
+        parts += [f"{c}={row[c]}" for c in COLUMNS[1:-2] if c in row]
+        if row.get("detail"):
+            parts.append(f"- {row['detail']}")
+        lines.append(" ".join(parts))
+    return lines
+
+
+def findings(readings: Sequence[HostReading]) -> list[str]:
+    """The lines ``--check`` prints on stderr: every host that is not healthy, with its figures."""
+    out = []
+    for r in readings:
+        if r.error is not None:
+            out.append(f"{clean(r.host.name)}: {r.verdict.state}: {clean(str(r.error), 400)}")
+        elif r.verdict.state == "regression":
+            out.append(f"{clean(r.host.name)}: regression against the last good deployment "
+                       f"(pid {r.status.pid if r.status else '?'}): {clean('; '.join(r.verdict.regressions), 400)}")
+        elif r.verdict.state != "healthy":
+            out.append(f"{clean(r.host.name)}: {r.verdict.state}: {clean('; '.join(r.verdict.lines), 400)}")
+    return out

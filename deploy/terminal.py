@@ -1,0 +1,59 @@
+"""Text from hosts and from local state files, made safe to print on a terminal.
+
+A server log, an nvidia-smi process name, a history record or an error quoting host output may
+carry terminal control sequences: ``ESC]0;...`` retitles the window, ``ESC]52;...`` writes the
+clipboard, ``ESC[2K`` plus CR rewrites the line above (a log line forging deployctl's own
+``12:00:00 [host] step: ok``). Before such text reaches a terminal every C0 control (but newline
+and tab where the text is multi-line), DEL, every C1 control and the bidi overrides that make text
+display as something else are shown escaped (``\\x1b``, ``\\r``, ``\\u202e``); the text itself stays
+readable. ``--json`` output is not passed through here: it carries the raw text as JSON strings
+(json.dumps escapes controls itself).
+"""
+
+from __future__ import annotations
+
+import re
+
+#: bidi overrides/isolates, line/paragraph separators, BOM (as deploy/limits.py refuses in paths)
+_INVISIBLE = "\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff"
+_UNSAFE_LINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_INVISIBLE}]")
+_UNSAFE_TEXT = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_INVISIBLE}]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match) -> str:
+    ch = match.group(0)
+    if ch in _NAMED:
+        return _NAMED[ch]
+    code = ord(ch)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def safe_line(text: object) -> str:
+    """One line: every control character escaped, newlines included."""
+    return _UNSAFE_LINE.sub(_escape, str(text))
+
+
+def safe_text(text: object) -> str:
+    """Several lines: newlines and tabs kept, every other control character escaped (CR too)."""
+    return _UNSAFE_TEXT.sub(_escape, str(text))
+
+
+class SafeStream:
+    """A text stream that escapes what it is given (a pty's CR LF becomes LF first), for ``logs -f``."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._cr = False
+
+    def write(self, text: str) -> int:
+        if self._cr:
+            text = "\r" + text
+        self._cr = text.endswith("\r")
+        if self._cr:
+            text = text[:-1]
+        self._stream.write(safe_text(text.replace("\r\n", "\n")))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()

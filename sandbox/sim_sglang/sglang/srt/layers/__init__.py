@@ -1,0 +1,1 @@
+"""SIMULATED sglang.srt.layers (deployctl sandbox TEST DOUBLE)."""

@@ -1,0 +1,1 @@
+"""SIMULATED sglang.srt.speculative (deployctl sandbox TEST DOUBLE)."""
