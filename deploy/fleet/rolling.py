@@ -251,7 +251,7 @@ def _preflight(hosts: Sequence[Host]):
             for outcome in for_each_host(list(hosts), doctor, state.config.ssh.max_parallel, cancel=state.cancelled):
                 if outcome.error is not None:
                     problems.append(f"{outcome.host.name}: {str(outcome.error).splitlines()[0]}")
-                elif failed(outcome.value) and not settings.ignore:
+                elif failed(outcome.value or []) and not settings.ignore:
                     problems.append(failure_text(outcome.host.name, outcome.value))
             doctored = f"; the doctor passed on {', '.join(h.name for h in hosts)}" + (
                 " (--ignore-doctor: failures reported, not stopping)" if settings.ignore else "")
