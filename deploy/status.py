@@ -33,7 +33,7 @@ PROBE_REQUEST_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class Gate:
-    """The nightly regression gate's fractions (deploy/playbooks/nightly.yaml, regression-gate)."""
+    """The nightly regression gate's fractions (playbooks/nightly.yaml, regression-gate)."""
 
     min_accept_fraction: float = 0.9
     min_throughput_fraction: float = 0.9

@@ -229,10 +229,11 @@ def test_config_file_kinds(tmp_path, capsys, name, make, fragment):
     assert_clean_failure(code, 3, out, err, ("deployctl.yaml", fragment), before, after)
 
 
-def test_config_that_is_a_directory_is_a_usage_error(tmp_path, capsys):
+def test_config_that_is_a_directory_is_a_config_error(tmp_path, capsys):
+    # exit 3 (invalid config), as documented; it was 2 before issue 22
     (tmp_path / "deployctl.yaml").mkdir()
     code, out, err, before, after = _run(tmp_path, ["-c", str(tmp_path / "deployctl.yaml"), "plan"], capsys)
-    assert_clean_failure(code, 2, out, err, ("deployctl.yaml", "is a directory"), before, after)
+    assert_clean_failure(code, 3, out, err, ("deployctl.yaml", "is a directory"), before, after)
 
 
 # -- playbooks ----------------------------------------------------------------------------------
