@@ -114,10 +114,19 @@ def rename_header_prefix(path: Path, old: str, new: str) -> int:
 
 
 def load_launch_module():
+    # the stand-in imports its own package (sglang.srt.layers.quantization, sglang.srt.speculative):
+    # put it on sys.path only while it loads, so no other test sees a top-level `sglang`
     spec = importlib.util.spec_from_file_location("sim_sglang_launch_server", SIM_LAUNCH)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
+    root = str(SIM_LAUNCH.parents[1])
+    sys.path.insert(0, root)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(root)
+        for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
+            del sys.modules[name]
     return module
 
 
