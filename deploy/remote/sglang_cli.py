@@ -317,7 +317,7 @@ def _subscript(node):
     """(base name, [items]) of ``X[a, b]`` (Python 3.8 wraps the slice in ast.Index)."""
     inner = node.slice
     if hasattr(ast, "Index") and isinstance(inner, getattr(ast, "Index")):
-        inner = inner.value  # type: ignore[attr-defined]
+        inner = inner.value
     items = list(inner.elts) if isinstance(inner, ast.Tuple) else [inner]
     return (_dotted(node.value) or "").rpartition(".")[2], items
 
