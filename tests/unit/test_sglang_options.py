@@ -10,6 +10,7 @@ import ast
 import functools
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,8 +18,9 @@ from types import SimpleNamespace
 import pytest
 
 from deploy.doctor.before_stop import check_extra_args, check_parallelism
-from deploy.facts.doctor import SglangCliFacts
+from deploy.facts.doctor import SglangCliFacts, doctor_program, parse_sglang_facts
 from deploy.remote import sglang_cli
+from deploy.transport import CommandResult
 
 FACTS = Path(__file__).resolve().parents[1] / "facts" / "sglang_options"
 VERSIONS = ("0.5.12", "0.5.15", "0.5.23")
@@ -151,6 +153,22 @@ def test_a_value_outside_a_list_plugins_extend_is_a_warning_not_a_refusal():
 def test_parallelism_reads_the_same_options():
     assert check_parallelism(doctor("0.5.23", ["--data-parallel-size", "16"])).status == "fail"
     assert check_parallelism(doctor("0.5.23", ["--dp", "4"])).status == "pass"
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.12"])
+def test_the_doctors_own_program_reads_a_real_install(version):
+    """The inline program (the reader embedded), under a python whose sglang is the real file set."""
+    proc = subprocess.run([sys.executable, "-c", doctor_program(), "sglang", json.dumps({"architectures": []})],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(FACTS / version)})
+    facts = parse_sglang_facts(CommandResult("sglang", proc.returncode, proc.stdout, proc.stderr, 0.0), "kimi-a")
+    assert facts.cli is not None and facts.cli.error is None and not facts.imported_sglang
+    d = SimpleNamespace(run=SimpleNamespace(extra_args=["--mem-fraction-static", "0.85", "--context-length", "8192"]),
+                        sglang=facts)
+    assert check_extra_args(d).status == "pass"
+    d.run.extra_args = ["--mem-fractoin-static", "0.85"]
+    check = check_extra_args(d)
+    assert check.status == "fail" and "did you mean --mem-fraction-static" in check.reason
 
 
 # --- what the reader cannot follow: the doctor cannot decide (warn), never refuses ------------------------
