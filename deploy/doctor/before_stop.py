@@ -172,8 +172,9 @@ PP_OPTIONS = ("--pipeline-parallel-size", "--pp-size")
 DP_ATTENTION = "--enable-dp-attention"
 #: argparse's own option, in every parser (a unique prefix such as --hel selects it too)
 HELP = ["--help", "-h"]
-#: argparse's _negative_number_matcher (Python 3.8-3.12)
-NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+#: a value, not an option, for argparse's _negative_number_matcher: Python 3.8-3.12 ``^-\d+$|^-\d*\.\d+$``,
+#: 3.13 ``-\.?\d`` (``-1e3`` too); the host's Python decides, so either counts (never refuse a value it takes)
+NEGATIVE_NUMBER = re.compile(r"^-\.?\d")
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,9 @@ import os
 
 #: the largest source file read (0.5.12's server_args.py: 348 KB)
 MAX_SOURCE_BYTES = 4 << 20
-#: files one read may parse (0.5.23: server_args.py, arg_utils, argparse_actions, choices, 13 field modules)
+#: files one read may parse (0.5.23: server_args.py, argparse_actions, choices, utils/common, 12 field modules)
 MAX_FILES = 64
+MAX_TOTAL_BYTES = 16 << 20
 MAX_DEPTH = 12
 #: argparse actions that take no value
 _NO_VALUE_ACTIONS = ("store_true", "store_false", "store_const", "append_const", "count", "help", "version")
@@ -37,6 +38,8 @@ _ARG_FIELDS = ("help", "choices", "aliases", "cli_name", "type_parser", "nargs",
                "action_kwargs", "const", "no_cli")
 _TYPES = {"str": "str", "int": "int", "float": "float"}
 _MUTATORS = ("append", "extend", "insert", "add", "update")
+#: Annotated metadata of arg_utils that is not an Arg (any other call might return one: unreadable)
+_MARKERS = ("NS", "Derived")
 
 
 class Unreadable(Exception):
@@ -91,6 +94,7 @@ class _Source(object):
     def __init__(self, package_dir):
         self.package_dir = package_dir
         self.modules = {}
+        self.total_bytes = 0
 
     def path_of(self, dotted):
         parts = dotted.split(".")
@@ -111,7 +115,11 @@ class _Source(object):
             return None
         if len(self.modules) >= MAX_FILES:
             raise Unreadable("more than %d source files to follow" % MAX_FILES)
-        self.modules[dotted] = _Module(dotted, path, parse_file(path))
+        tree, size = parse_file(path)
+        self.total_bytes += size
+        if self.total_bytes > MAX_TOTAL_BYTES:
+            raise Unreadable("more than %d bytes of source to follow" % MAX_TOTAL_BYTES)
+        self.modules[dotted] = _Module(dotted, path, tree)
         return self.modules[dotted]
 
     def lookup(self, module, name, depth=0):
@@ -142,7 +150,7 @@ def parse_file(path):
     if len(data) > MAX_SOURCE_BYTES:
         raise Unreadable("%s is larger than %d bytes" % (path, MAX_SOURCE_BYTES))
     try:
-        return ast.parse(data.decode("utf-8", "replace"), filename=path)
+        return ast.parse(data.decode("utf-8", "replace"), filename=path), len(data)
     except (SyntaxError, ValueError) as exc:
         raise Unreadable("%s does not parse under this Python: %s" % (path, _error(exc)))
 
@@ -360,8 +368,8 @@ def _arg_metadata(value, items, field):
             if isinstance(item, ast.Constant) and not isinstance(item.value, str):
                 continue
             return {}
-        if isinstance(item, ast.Call):
-            continue  # another marker (NS("parallel"))
+        if isinstance(item, ast.Call) and (_dotted(item.func) or "").rpartition(".")[2] in _MARKERS:
+            continue  # a marker that is no Arg (0.5.23: NS("parallel"))
         raise Unreadable("field %s: metadata %s that this reader cannot evaluate (line %d)"
                          % (field, type(item).__name__, getattr(item, "lineno", 0)))
     return None
@@ -578,4 +586,6 @@ def read_options(package_dir):
         result["error"] = str(exc)
     except RecursionError:
         result["error"] = "the source nests deeper than this reader follows"
+    except Exception as exc:  # a shape no test has seen: the doctor cannot decide, its other facts still count
+        result["error"] = "the reader did not follow this source (%s)" % _error(exc)
     return result

@@ -182,6 +182,8 @@ UNREADABLE = {
     "unknown dataclass": "class ServerArgs:\n    def add_cli_args(parser):\n        add_cli_args_from_dataclass(parser, Other)\n",
     "Arg from elsewhere": "class ServerArgs:\n    a: A[int, META] = 1\n    def add_cli_args(parser):\n"
                           "        add_cli_args_from_dataclass(parser, ServerArgs)\n",
+    "a call that may return an Arg": "class ServerArgs:\n    a: A[int, make_arg()] = 1\n    def add_cli_args(parser):\n"
+                                     "        add_cli_args_from_dataclass(parser, ServerArgs)\n",
     "computed cli_name": "class ServerArgs:\n    a: A[int, Arg(cli_name=name())] = 1\n    def add_cli_args(parser):\n"
                          "        add_cli_args_from_dataclass(parser, ServerArgs)\n",
     "fields from code it does not follow": "class ServerArgs:\n    def add_cli_args(parser):\n"
@@ -204,6 +206,15 @@ def test_an_unreadable_layout_is_reported_and_the_check_cannot_decide(tmp_path, 
     assert found["options"] is None and found["error"], found
     check = check_extra_args(doctor("9.9.9", ["--mem-fraction-static", "0.85"], found))
     assert check.status == "warn" and "cannot decide" in check.reason and found["error"] in check.reason
+
+
+def test_a_shape_the_reader_trips_on_is_an_error_not_a_crash_of_the_doctors_program(tmp_path, monkeypatch):
+    def trip(module):
+        raise KeyError("targets")
+
+    monkeypatch.setattr(sglang_cli, "_add_cli_args", trip)
+    found = sglang_cli.read_options(str(FACTS / "0.5.23" / "sglang"))
+    assert found["options"] is None and "did not follow this source (KeyError" in found["error"]
 
 
 def test_a_source_over_the_size_limit_is_not_read(tmp_path, monkeypatch):
