@@ -18,6 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 from deploy.doctor.before_stop import check_extra_args, check_parallelism
+from deploy.doctor.sglang_options import extra_arg
+from deploy.doctor.speculation import check_hierarchical_cache, check_max_running_requests
 from deploy.facts.doctor import SglangCliFacts, doctor_program, parse_sglang_facts
 from deploy.remote import sglang_cli
 from deploy.transport import CommandResult
@@ -169,6 +171,28 @@ def test_the_doctors_own_program_reads_a_real_install(version):
     d.run.extra_args = ["--mem-fractoin-static", "0.85"]
     check = check_extra_args(d)
     assert check.status == "fail" and "did you mean --mem-fraction-static" in check.reason
+
+
+@pytest.mark.parametrize("version,args,name,value", [
+    ("0.5.23", ["--enable-hicache"], "--enable-hierarchical-cache", ""),  # Arg.aliases
+    ("0.5.23", ["--max-running=64"], "--max-running-requests", "64"),  # a unique prefix
+    ("0.5.12", ["--max-running-requests", "8", "--max-running-requests=16"], "--max-running-requests", "16"),
+    ("0.5.23", ["--context-length", "8192"], "--speculative-token-map", None),
+    ("0.5.23", ["--disable-cuda-graph"], "--disable-cuda-graph", ""),  # 0.5.23's deprecated literal call
+])
+def test_the_checks_that_look_for_an_option_find_it_as_sglang_reads_it(version, args, name, value):
+    assert extra_arg(doctor(version, args), name) == value
+
+
+def test_the_checks_see_an_alias_the_way_sglang_does():
+    assert check_hierarchical_cache(doctor("0.5.23", ["--enable-hicache"])).status == "warn"
+    assert check_max_running_requests(doctor("0.5.23", ["--max-running=64"])).status == "pass"
+
+
+def test_without_the_installed_options_only_the_exact_spelling_counts():
+    d = doctor("0.5.23", ["--enable-hicache", "--max-running-requests=64"],
+               {"file": "x", "options": None, "error": "unreadable", "layout": None})
+    assert extra_arg(d, "--enable-hierarchical-cache") is None and extra_arg(d, "--max-running-requests") == "64"
 
 
 # --- what the reader cannot follow: the doctor cannot decide (warn), never refuses ------------------------
