@@ -375,6 +375,11 @@ def _arg_metadata(value, items, field):
     return None
 
 
+def _is_empty_list(node):
+    return isinstance(node, (ast.List, ast.Tuple)) and not node.elts or \
+        isinstance(node, ast.Constant) and node.value is None
+
+
 def field_option(source, module, field, annotation):
     """The option ``add_cli_args_from_dataclass`` adds for one field, or None (no Arg, or no_cli)."""
     annotation = _annotation(annotation)
@@ -421,11 +426,13 @@ def field_option(source, module, field, annotation):
         return _option(names, nargs, choices, open_choices, _type_name(extra.get("type"), False))
     inner = _unwrap_optional(items[0])
     choices, open_choices = _choices(value, meta.get("choices"))
+    if choices == []:  # ``if arg_meta.choices:`` / ``arg_meta.choices or literal_vals``: empty is none
+        choices = None
     if isinstance(inner, ast.Subscript):
         inner_base, inner_items = _subscript(inner)
         if inner_base == "Literal":
             literal = [i.value for i in inner_items if isinstance(i, ast.Constant)]
-            if choices is None and "choices" not in meta:
+            if choices is None and ("choices" not in meta or _is_empty_list(meta["choices"])):
                 choices, open_choices = (literal if len(literal) == len(inner_items) else None), False
             first = type(literal[0]).__name__ if literal else "str"
             return _option(names, "1", choices, open_choices, _type_name(None, has_parser) if has_parser else

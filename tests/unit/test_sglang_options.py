@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from deploy.config.models import reserved_option_for
 from deploy.doctor.before_stop import check_extra_args, check_parallelism
 from deploy.doctor.sglang_options import extra_arg
 from deploy.doctor.speculation import check_hierarchical_cache, check_max_running_requests
@@ -136,6 +137,27 @@ def test_what_sglang_would_refuse_fails_naming_option_value_and_choices(version,
     assert check.status == "fail", check
     for fragment in fragments:
         assert fragment in check.reason, check.reason
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_closed_choice_list_and_every_flag_of_a_real_version_is_judged_like_argparse(version):
+    """Generated from the version's own options: each value of a closed choice list passes, a value
+    outside it fails naming it; every flag passes bare and fails with ``=value``."""
+    options = [o for o in read(version)["options"] if not any(reserved_option_for(n) for n in o["names"])]
+    closed = [o for o in options if o["choices"] and not o["open_choices"] and o["type"] in ("str", "int", "float")]
+    flags = [o for o in options if o["nargs"] == "0"]
+    assert len(closed) > 20 and len(flags) > 100
+    for o in closed:
+        name = o["names"][-1]  # the last alias: the one least often tried
+        for choice in o["choices"]:
+            assert check_extra_args(doctor(version, [name, str(choice)])).status == "pass", (name, choice)
+        # a value of the option's type (argparse converts first: "x" for an int is "invalid int value")
+        bad = "zz-not-a-choice" if o["type"] == "str" else str(max(o["choices"]) + 1000)
+        check = check_extra_args(doctor(version, [name, bad]))
+        assert check.status == "fail" and f"{bad!r}" in check.reason and "allowed:" in check.reason, name
+    for o in flags:
+        assert check_extra_args(doctor(version, [o["names"][0]])).status == "pass", o["names"]
+        assert check_extra_args(doctor(version, [o["names"][0] + "=1"])).status == "fail", o["names"]
 
 
 def test_an_option_of_one_version_only_is_judged_by_the_installed_one():
@@ -334,3 +356,38 @@ def test_the_stand_in_launch_accepts_what_every_user_passes(sim_parser):
                                   "--kv-cache-dtype", "fp8_e4m3", "--tp", "2", "--dp-size", "2"])
     assert (args.mem_fraction_static, args.context_length, args.kv_cache_dtype, args.tp_size, args.dp_size) == \
         (0.85, 8192, "fp8_e4m3", 2, 2)
+
+
+FIELDS = {
+    # field annotation -> (nargs, choices, type), by arg_utils.add_cli_args_from_dataclass's rules (each checked
+    # against the 0.5.23 wheel's own arg_utils on a dataclass, with msgspec installed: the same nargs, choices, type)
+    "A[bool, 'help']": ("0", None, "str"),
+    "A[Optional[int], 'help']": ("1", None, "int"),
+    "A[int | None, 'help']": ("1", None, "int"),
+    "A[Literal['a', 'b'], 'help']": ("1", ["a", "b"], "str"),
+    "A[Literal['a', 'b'], Arg(choices=[])]": ("1", ["a", "b"], "str"),  # `arg_meta.choices or literal_vals`
+    "A[str, Arg(choices=[])]": ("1", None, "str"),  # `if arg_meta.choices:` empty is none
+    "A[Literal[1, 2], 'help']": ("1", [1, 2], "int"),
+    "A[list[str], 'help']": ("+", None, "str"),
+    "A[Optional[List[int]], Arg(nargs='*')]": ("*", None, "int"),
+    "A[List[str], Arg(type_parser=json.loads)]": ("1", None, "other"),
+    "A[Dict[str, Any], 'help']": ("1", None, "str"),  # _infer_type_func: str for anything else
+    "A[str, Arg(nargs='?', choices=('x', 'y'))]": ("?", ["x", "y"], "str"),
+    "A[bool, Arg(action=argparse.BooleanOptionalAction)]": ("0", None, "str"),
+    "A[str, NS('parallel'), 'help']": ("1", None, "str"),
+}
+
+
+@pytest.mark.parametrize("annotation", sorted(FIELDS))
+def test_a_field_becomes_the_option_add_cli_args_from_dataclass_makes(tmp_path, annotation):
+    srt = tmp_path / "sglang" / "srt"
+    srt.mkdir(parents=True)
+    (srt / "server_args.py").write_text(HEADER + f"class ServerArgs:\n    some_field: {annotation} = None\n"
+                                        "    def add_cli_args(parser):\n"
+                                        "        add_cli_args_from_dataclass(parser, ServerArgs)\n")
+    found = sglang_cli.read_options(str(tmp_path / "sglang"))
+    assert found["error"] is None, found
+    [option] = found["options"]
+    assert (option["nargs"], option["choices"], option["type"]) == FIELDS[annotation]
+    negated = "BooleanOptionalAction" in annotation
+    assert option["names"] == ["--some-field"] + (["--no-some-field"] if negated else [])
