@@ -190,7 +190,7 @@ class _Value(object):
             module, found = self.source.lookup(self.module, node.id)
             if found is None or isinstance(found, (ast.ClassDef, ast.Module)):
                 raise _Dynamic(node.id)
-            if node.id in module.mutated:
+            if node.id in module.mutated or node.id in self.module.mutated:  # extended where defined or imported
                 self.open = True
             return _Value(self.source, module).eval_into(found, self, depth + 1)
         raise _Dynamic(type(node).__name__)

@@ -391,3 +391,19 @@ def test_a_field_becomes_the_option_add_cli_args_from_dataclass_makes(tmp_path, 
     assert (option["nargs"], option["choices"], option["type"]) == FIELDS[annotation]
     negated = "BooleanOptionalAction" in annotation
     assert option["names"] == ["--some-field"] + (["--no-some-field"] if negated else [])
+
+
+@pytest.mark.parametrize("where", ["defining", "importing"])
+def test_a_list_extended_where_it_is_defined_or_imported_is_open(tmp_path, where):
+    """SGLang 0.5.15: add_quantization_method_choices in server_args.py; 0.5.23: in arg_groups/choices.py."""
+    srt = tmp_path / "sglang" / "srt"
+    srt.mkdir(parents=True)
+    extend = "def add_x_choices(c):\n    X_CHOICES.extend(c)\n"
+    (srt / "choices.py").write_text("X_CHOICES = ['a', 'b']\n" + (extend if where == "defining" else ""))
+    (srt / "server_args.py").write_text(
+        "from sglang.srt.choices import X_CHOICES\n" + (extend if where == "importing" else "") +
+        "class ServerArgs:\n    def add_cli_args(parser):\n        parser.add_argument('--x', choices=X_CHOICES)\n"
+        "        parser.add_argument('--y', choices=['a', 'b'])\n")
+    x, y = sglang_cli.read_options(str(tmp_path / "sglang"))["options"]
+    assert (x["choices"], x["open_choices"]) == (["a", "b"], True)
+    assert (y["choices"], y["open_choices"]) == (["a", "b"], False)
