@@ -65,7 +65,7 @@ def probe_actions(host: Host, run, stamp: str):
     from deploy.steps.wait_ready import health_url
 
     ctx = StepContext(host=host, run=run, settings=converge.Settings(step="converge"), conn=None,
-                      launch_stamp=stamp, memory={})
+                      launch_stamp=stamp)
     spec = run_state_spec(host, list(HELPER_FILES), health_url(ctx))
     when = "the router runs and --force is not given (a host found unchanged stays in the router)"
     return ctx, (Command(description="probe (read-only): the doctor's read of SGLang's version and the running server",
@@ -98,10 +98,10 @@ def _unchanged(state: RunState, host: Host) -> tuple[bool, str]:
         from deploy.doctor.speculation import draft_quantization_flag
         from deploy.doctor.verdict import DoctorInput
 
-        ctx.memory.update(drafter_fingerprint=fingerprint, drafter_path=store_path(ctx, fingerprint),
-                          sglang_version=sglang.version,  # and the doctor step's draft quantization decision
-                          draft_quantization=draft_quantization_flag(DoctorInput(host, state.run, state.run.draft_tokens,
-                                                                                 facts, sglang)))
+        ctx.memory.drafter_fingerprint, ctx.memory.drafter_path = fingerprint, store_path(ctx, fingerprint)
+        ctx.memory.sglang_version = sglang.version  # and the doctor step's draft quantization decision
+        ctx.memory.draft_quantization = draft_quantization_flag(DoctorInput(host, state.run, state.run.draft_tokens,
+                                                                            facts, sglang))
         return converge.would_converge(ctx, server)
 
 

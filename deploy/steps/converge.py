@@ -71,7 +71,7 @@ def would_converge(ctx: StepContext, state) -> tuple[bool, str]:
 
 def run(ctx: StepContext) -> StepOutcome:
     outcome = _decide(ctx)
-    if ctx.memory.get("must_converge") and not outcome.data.get("converged"):
+    if ctx.memory.must_converge and not outcome.data.get("converged"):
         # the fleet kept this replica in the router because a probe found it unchanged; it changed since:
         # redeploying it now would stop a server that takes requests. Nothing was stopped.
         raise DeployError(f"{ctx.host.name}: {outcome.detail.removeprefix('redeploying: ')} since the check before "
@@ -81,23 +81,24 @@ def run(ctx: StepContext) -> StepOutcome:
 
 
 def _decide(ctx: StepContext) -> StepOutcome:
-    if ctx.run.sglang_generation == "auto" and not ctx.memory.get("sglang_version"):
-        ctx.memory["sglang_version"] = parse_version(ctx.execute(version_action(ctx)), ctx.host.name,
+    if ctx.run.sglang_generation == "auto" and not ctx.memory.sglang_version:
+        ctx.memory.sglang_version = parse_version(ctx.execute(version_action(ctx)), ctx.host.name,
                                                      ctx.run.sglang_python)
     desired = desired_record(ctx)
-    snapshot = ctx.memory.get("snapshot")
+    snapshot = ctx.memory.snapshot
     if snapshot is not None and snapshot.fresh:
         state = snapshot.server
     else:
         state = parse_server_state(ctx.execute(state_action(ctx)).stdout, ctx.host.name)
     changed = differences(desired, state.record)
     data = {"desired": identity(desired), "recorded_pid": state.pid, "alive": state.alive, "health": state.status}
-    if ctx.memory.get("force"):
+    if ctx.memory.force:
         return StepOutcome("ok", "--force: redeploying", data | {"converged": False})
     unchanged, why = would_converge(ctx, state)  # the one rule, shared with the fleet's pre-drain probe
     if not unchanged:
         return StepOutcome("ok", f"redeploying: {why}", data | {"converged": False} | ({"changed": changed} if changed else {}))
     assert state.record is not None and state.pid is not None
-    ctx.memory.update(converged=True, pid=state.pid, log=state.record.get("log"), deployment=state.record)
+    ctx.memory.converged, ctx.memory.pid = True, state.pid
+    ctx.memory.log, ctx.memory.deployment = state.record.get("log"), state.record
     return StepOutcome("ok", f"already running as desired (pid {state.pid}); nothing touched",
                        data | {"converged": True, "pid": state.pid})
