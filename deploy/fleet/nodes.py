@@ -37,9 +37,10 @@ from deploy.config.models import Host, Run
 from deploy.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied, VerificationFailed
 from deploy.engine.records import RolledBack, launch_stamp
 from deploy.engine.session import HostSession, rollback_steps
-from deploy.facts.server import identity, last_good_path, parse_record, read_record_command, same_deployment
+from deploy.facts.server import last_good_path, parse_record, read_record_command, same_deployment
 from deploy.fleet.phases import Barrier, PhaseRecord, RunResult
 from deploy.playbook import PlannedStep
+from deploy.sglang.deployment import identity
 from deploy.steps import REGISTRY
 from deploy.steps.memory import StepMemory
 from deploy.transport import JumpConnections

@@ -56,7 +56,7 @@ def _serving(state: RunState, hosts: Sequence[Host]) -> list[Host]:
 
 def probe_actions(host: Host, run, stamp: str):
     """The pre-drain probe's two read-only commands (the doctor's read, the drafter's fingerprint)
-    and the context converge's rule judges them in; ``plan`` lists the same two."""
+    and the context they are built in; ``plan`` lists the same two."""
     from deploy.facts.doctor import doctor_command, run_state_spec
     from deploy.facts.helpers import HELPER_FILES
     from deploy.steps import converge
@@ -97,12 +97,14 @@ def _unchanged(state: RunState, host: Host) -> tuple[bool, str]:
         fingerprint = parse_fingerprint(result.exit_code, result.stdout, result.stderr, host.name).fingerprint
         from deploy.doctor.speculation import draft_quantization_flag
         from deploy.doctor.verdict import DoctorInput
+        from deploy.sglang.deployment import desired_deployment
 
-        ctx.memory.drafter_fingerprint, ctx.memory.drafter_path = fingerprint, store_path(ctx, fingerprint)
-        ctx.memory.sglang_version = sglang.version  # and the doctor step's draft quantization decision
-        ctx.memory.draft_quantization = draft_quantization_flag(DoctorInput(host, state.run, state.run.draft_tokens,
-                                                                            facts, sglang))
-        return converge.would_converge(ctx, server)
+        # what the playbook's launch would start here, with the doctor step's own decisions
+        desired = desired_deployment(state.run, host, state.run.draft_tokens, drafter_path=store_path(ctx, fingerprint),
+                                     drafter_fingerprint=fingerprint, sglang_version=sglang.version,
+                                     draft_quantization=draft_quantization_flag(
+                                         DoctorInput(host, state.run, state.run.draft_tokens, facts, sglang)))
+        return converge.would_converge(desired, server)
 
 
 def _probe(batch: tuple[Host, ...]):

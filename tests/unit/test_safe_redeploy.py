@@ -18,7 +18,7 @@ from deploy.errors import ExitCode, LockHeld
 from deploy.facts.server import env_hash, parse_record, parse_server_state, same_deployment
 from deploy.locks import HOST_LOCK_SOURCE, describe_owner, local_lock, owner_info, parse_host_lock
 from deploy.remote import host_ops
-from deploy.steps.converge import differences
+from deploy.sglang.deployment import DesiredDeployment
 from deploy.steps.regression_gate import compare
 from deploy.facts.host_helper import parse_probe
 from deploy.steps.wait_ready import classify
@@ -168,14 +168,14 @@ def _record(**over):
 @pytest.mark.parametrize("field, value", [("argv", ["python3"]), ("drafter_fingerprint", "b" * 64),
                                           ("env_hash", env_hash({"A": "1"})), ("sglang_version", "0.5.12")])
 def test_converge_names_what_changed(field, value):
-    assert differences(_record(), _record(**{field: value})) == [field.replace("_", " ")]
+    assert DesiredDeployment.of_record(_record()).differences(_record(**{field: value})) == [field.replace("_", " ")]
     assert not same_deployment(_record(), _record(**{field: value}))
 
 
 def test_same_deployment_ignores_pid_and_log():
-    assert differences(_record(), _record(pid=99, log="y.log")) == []
+    assert DesiredDeployment.of_record(_record()).differences(_record(pid=99, log="y.log")) == []
     assert same_deployment(_record(), _record(pid=99))
-    assert differences(_record(), None) == ["no deployment recorded"]
+    assert DesiredDeployment.of_record(_record()).differences(None) == ["no deployment recorded"]
 
 
 def test_env_hash_differs_by_value_and_never_contains_it():

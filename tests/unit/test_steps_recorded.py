@@ -16,7 +16,7 @@ import deploy.remote
 from deploy.config.models import Host, Run
 from deploy.errors import ConnectionFailed, RemoteCommandFailed, RemoteOutputError, StepTimeout, VerificationFailed
 from deploy.facts.fuser import NO_DEVICE_FILES
-from deploy.steps import (converge, ensure_helper, free_gpus, record_good, regression_gate, stop_stale, verify_acceptance,
+from deploy.steps import (converge, ensure_helper, launch, free_gpus, record_good, regression_gate, stop_stale, verify_acceptance,
                           wait_gpus_free, wait_ready)
 from deploy.steps.base import StepContext
 from deploy.steps.launch import desired_record
@@ -321,7 +321,7 @@ def test_a_replica_kept_in_the_router_must_still_converge_or_nothing_is_stopped(
         converge.run(ctx(converge, conn, run=LEGACY_RUN, memory=StepMemory(must_converge=True)))
     assert reason in str(exc.value) and exc.value.exit_code == 1 and len(conn.commands) == 1
     probe = ServerState(fields["pid"], fields["alive"], fields.get("status"), None, fields["record"])
-    unchanged, why = would_converge(ctx(converge, None, run=LEGACY_RUN), probe)
+    unchanged, why = would_converge(launch.desired(ctx(converge, None, run=LEGACY_RUN)), probe)
     assert unchanged is False and reason.split()[0] in why
 
 
@@ -334,7 +334,7 @@ def test_a_replica_kept_in_the_router_that_converges_passes():
                                                                              record=record))])
     outcome = converge.run(ctx(converge, conn, run=LEGACY_RUN, memory=StepMemory(must_converge=True)))
     assert outcome.data["converged"] is True
-    assert would_converge(ctx(converge, None, run=LEGACY_RUN), ServerState(7, True, 200, None, record)) == (
+    assert would_converge(launch.desired(ctx(converge, None, run=LEGACY_RUN)), ServerState(7, True, 200, None, record)) == (
         True, "already running as desired")
 
 
