@@ -64,10 +64,8 @@ class StepMemory:
     last_good: dict[str, Any] | None = None
 
     # -- rollback -------------------------------------------------------------------------------------
-    #: a rollback's memory: the last good record whose argv the launch relaunches exactly
+    #: a rollback's memory: the last good record the launch relaunches exactly (argv, env file)
     rollback_record: dict[str, Any] | None = None
-    #: a rollback's memory: the environment file the last good deployment was launched with
-    env_file: str | None = None
     #: the deployment the rollback restored (verified)
     restored: dict[str, Any] | None = None
     rollback_failed: bool = False
@@ -75,5 +73,5 @@ class StepMemory:
     def rollback_of(self, good: dict[str, Any]) -> StepMemory:
         """A rollback's own memory: the last good record, the host lock, and the GPU memory held
         before the stop (the doctor's read), so the rollback's wait-gpus-free never waits for it."""
-        return StepMemory(rollback_record=good, env_file=good.get("env_file"), host_lock=self.host_lock,
+        return StepMemory(rollback_record=good, host_lock=self.host_lock,
                           gpu_baseline_mib=self.gpu_baseline_mib, journal=self.journal)

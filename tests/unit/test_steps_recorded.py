@@ -385,7 +385,7 @@ def test_a_rollback_launch_relaunches_the_recorded_argv_and_uploads_nothing():
               "run": "r", "env_file": "~/deployctl state/last-good.env"}
     run = RUN.model_copy(update={"env": {"HF_TOKEN": "new"}})
     conn = RecordingTransport(HOST, [Reply(r"setsid nohup", stdout="99\n")])
-    c = ctx(launch, conn, run=run, memory=StepMemory(rollback_record=record, env_file=record["env_file"]))
+    c = ctx(launch, conn, run=run, memory=StepMemory(rollback_record=record))
     assert launch.run(c).data["argv"] == record["argv"]
     assert conn.uploads == [] and ". ~/'deployctl state/last-good.env'" in conn.commands[0]
 
