@@ -12,6 +12,7 @@ using the nightly regression gate's fractions, and ``status --check`` exits 12 b
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -291,6 +292,19 @@ def _prom_values(r: HostReading, now: float) -> dict[str, float | None]:
     return values
 
 
+def prom_value(value: float) -> str:
+    """A sample value at full precision: the shortest text that reads back as the same float (``{:.6g}``
+    turned the Unix timestamp 1764636000 into 1.76464e+09, 4000 s off, and the staleness alert
+    docs/status.md recommends fired or stayed silent wrongly); integers as integers."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == int(value) and abs(value) < 2 ** 53:
+        return str(int(value))
+    return repr(float(value))
+
+
 def prom_text(run: Run, readings: Sequence[HostReading], now: float | None = None) -> str:
     """The figures in Prometheus text format (node_exporter's textfile collector); unknown = absent."""
     now = time.time() if now is None else now
@@ -302,7 +316,7 @@ def prom_text(run: Run, readings: Sequence[HostReading], now: float | None = Non
             continue
         lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
         for r, value in samples:
-            lines.append(f'{metric}{{host="{prom_label(r.host.name)}",run="{prom_label(run.name)}"}} {value:.6g}')
+            lines.append(f'{metric}{{host="{prom_label(r.host.name)}",run="{prom_label(run.name)}"}} {prom_value(value)}')
     return "\n".join(lines) + "\n"
 
 
