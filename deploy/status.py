@@ -311,7 +311,7 @@ def prom_text(run: Run, readings: Sequence[HostReading], now: float | None = Non
     per_host = [(r, _prom_values(r, now)) for r in readings]
     lines = []
     for metric, help_text in PROM_METRICS.items():
-        samples = [(r, v[metric]) for r, v in per_host if v.get(metric) is not None]
+        samples = [(r, value) for r, v in per_host if (value := v.get(metric)) is not None]
         if not samples:
             continue
         lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
