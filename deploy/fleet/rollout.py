@@ -34,10 +34,6 @@ if TYPE_CHECKING:
 
 Shape = Literal["hosts", "fleet", "nodes"]
 
-#: the verbs that run a playbook over a run's hosts (``plan`` plans one of them: its playbook's)
-VERBS = ("up", "restart", "down", "bench", "nightly")
-
-
 def batches(hosts: Sequence[Host], serial: int) -> list[tuple[Host, ...]]:
     return [tuple(hosts[i:i + serial]) for i in range(0, len(hosts), serial)]
 
@@ -121,11 +117,6 @@ class Rollout:
     def playbook(self, playbook: Playbook) -> Playbook:
         """The playbook as this rollout runs (and plans) it: a router on a replica host is spared."""
         return router_spared(playbook, self.run)
-
-    def refusals(self) -> dict[str, Any]:
-        """What the plan says about the rollout (the same value the run takes)."""
-        return {"shape": self.shape, "serial": self.serial, "allow_downtime": self.allow_downtime,
-                "batches": [[h.name for h in batch] for batch in self.batches]}
 
     def with_run(self, run: Run) -> Rollout:
         """The same rollout of another value of its run (a bench round's draft tokens)."""
