@@ -11,6 +11,7 @@ from deploy.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:  # pydantic stays unimported until a verb runs (a fast --help)
     from deploy.config.models import Config, Host, Run
+    from deploy.fleet.rollout import Rollout
 
 
 def select_hosts(config: Config, names: list[str], group: str | None) -> list[Host]:
@@ -76,7 +77,7 @@ def doctor_override(ignore_doctor: bool, replace: bool = False, retry_failed: bo
 
 
 def rollout_of(config: Config, run: Run, verb: str, host_names, serial: int | None = None,
-               allow_downtime: bool = False, playbook: str | None = None) -> Any:
+               allow_downtime: bool = False, playbook: str | None = None) -> Rollout:
     """The verb's one rollout value (deploy/fleet/rollout.py): its plan and its run take the same."""
     from deploy.fleet.rollout import Rollout
 
