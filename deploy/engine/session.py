@@ -171,7 +171,29 @@ def should_roll_back(playbook: Playbook, records: list[StepRecord], failed_at: i
     if "stop-stale" not in names:
         return False
     stop_index = names.index("stop-stale")
-    return failed_at > stop_index and records[stop_index].status in ("ok", "skipped")
+    if failed_at <= stop_index:
+        return False
+    # a regression of the server converge kept is the gate's verdict on it: replacing it with the
+    # last good deployment is the documented remedy (exit 12, "rolled back")
+    return run_changed_server(playbook, records) or (isinstance(error, Regression) and
+                                                     records[stop_index].status in ("ok", "skipped"))
+
+
+def run_changed_server(playbook: Playbook, records: list[StepRecord]) -> bool:
+    """Whether this run stopped, freed or (re)launched anything: only then does a later failure roll back.
+
+    A step that fails before the stop (a dataset upload or its check, the benchmark client, after
+    converge found the server running as desired) touched nothing: rolling back stopped that
+    untouched server and relaunched it (downtime, exit 11) before reporting it "unchanged" (issue 31).
+    """
+    for step, record in zip(playbook.steps, records):
+        if step.name == "stop-stale" and record.status == "ok" and record.data.get("processes"):
+            return True
+        if step.name == "free-gpus" and record.status == "ok" and record.data.get("killed"):
+            return True
+        if step.name == "launch" and record.status in ("ok", "failed"):
+            return True
+    return False
 
 
 def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str,

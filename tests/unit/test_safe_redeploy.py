@@ -388,6 +388,33 @@ def test_rollback_happens_only_after_stop_stale(failing, statuses, error, option
     assert should_roll_back(playbook, records, names.index(failing), error, options, threading.Event()) is expected
 
 
+@pytest.mark.parametrize("failing", ["benchmark", "regression-gate", "record-good", "verify-acceptance"])
+@pytest.mark.parametrize("touched", [None, "stop-stale", "free-gpus", "launch"])
+def test_rollback_only_after_this_run_stopped_freed_or_launched(failing, touched):
+    # converge found the server running as desired: stop-stale, free-gpus, launch skipped (issue 31)
+    playbook = load_playbook("nightly")
+    names = [s.name for s in playbook.steps]
+    records = [StepRecord(n, "skipped" if n in ("stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready")
+                          else "ok") for n in names]
+    data = {"stop-stale": {"processes": [{"pid": 7}]}, "free-gpus": {"killed": [8]}, "launch": {"pid": 9}}
+    if touched is not None:
+        records[names.index(touched)] = StepRecord(touched, "ok", data=data[touched])
+    expected = touched is not None
+    assert should_roll_back(playbook, records, names.index(failing), DeployError("x"), RunOptions(),
+                            threading.Event()) is expected
+
+
+def test_stop_stale_that_stopped_nothing_is_no_reason_to_roll_back():
+    playbook = load_playbook("up")
+    names = [s.name for s in playbook.steps]
+    records = [StepRecord(n, "ok") for n in names]
+    records[names.index("stop-stale")] = StepRecord("stop-stale", "ok", data={"processes": []})
+    records[names.index("free-gpus")] = StepRecord("free-gpus", "ok", data={"killed": []})
+    records[names.index("launch")] = StepRecord("launch", "not-run")
+    assert not should_roll_back(playbook, records, names.index("wait-gpus-free"), DeployError("x"), RunOptions(),
+                                threading.Event())
+
+
 def test_no_rollback_after_ctrl_c():
     playbook = load_playbook("up")
     names = [s.name for s in playbook.steps]
