@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deploy.limits import MAX_JSON_DEPTH, JSONTooDeep, check_json_depth, parse_json
 from deploy.errors import ConfigError
 from deploy.shell import path_join
 
@@ -132,8 +133,12 @@ def parse_sharegpt(data: bytes, source: str) -> tuple[tuple[str, ...], int]:
             break
         try:
             record, end = decoder.raw_decode(text, position)
+            check_json_depth(record, MAX_JSON_DEPTH - 1)  # inside the top-level array
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{source}:{exc.lineno}: invalid JSON (column {exc.colno}: {exc.msg})") from None
+        except (RecursionError, JSONTooDeep):
+            raise ConfigError(f"{source}:{_line(text, position)}: record {index + 1} is nested more than "
+                              f"{MAX_JSON_DEPTH} levels deep; not a ShareGPT record") from None
         where = f"{source}:{_line(text, position)}: record {index + 1}"
         prompt = _record_prompt(record, ("value",), where)
         if prompt is None:
@@ -171,7 +176,10 @@ def parse_custom(data: bytes, source: str) -> tuple[tuple[str, ...], int]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = parse_json(line)
+        except JSONTooDeep:
+            raise ConfigError(f"{source}:{number}: nested more than {MAX_JSON_DEPTH} levels deep; not a custom "
+                              "dataset record") from None
         except ValueError as exc:
             raise ConfigError(f"{source}:{number}: not a JSON object ({exc}); a custom dataset has one record "
                               "a line") from None

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from deploy.limits import parse_json
 from deploy.config.models import Host
 from deploy.errors import DeployError, ExitCode, LockHeld, RemoteOutputError
 from deploy.local_state import (LocalStateError, ensure_directory, read_regular, require_not_directory,
@@ -70,7 +71,7 @@ def host_lock_command(host: Host, owner: dict | str, script: str | None = None) 
 
 def parse_host_lock(line: str, source: str) -> dict:
     try:
-        document = json.loads(line)
+        document = parse_json(line)
         if not isinstance(document, dict) or not isinstance(document["acquired"], bool):
             raise TypeError
         other = document.get("previous" if document["acquired"] else "owner")
@@ -152,7 +153,7 @@ def local_lock(config_path: Path, run: str, owner: dict, scopes: Sequence[str] =
                 lock.acquire(timeout=0)
             except Timeout:
                 try:
-                    holder = json.loads(read_regular(owner_path, 64 << 10, "the lock's owner file") or b"null")
+                    holder = parse_json(read_regular(owner_path, 64 << 10, "the lock's owner file") or b"null")
                 except (DeployError, ValueError, RecursionError):
                     holder = None
                 what = f" {scope.replace(':', ' ', 1)}" if scope else ""

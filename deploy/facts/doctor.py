@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from deploy.limits import parse_json
 from deploy.config.models import Host, Run
 from deploy.errors import RemoteOutputError
 from deploy.facts.inline import inline_program
@@ -285,7 +286,7 @@ def _parse(model: type[BaseModel], result, source: str, what: str):
         detail = (result.stderr.strip().splitlines() or [text or "(no output)"])[-1][:300]
         raise RemoteOutputError(f"{source}: {what} did not print its facts (exit {result.exit_code}): {detail}")
     try:
-        raw = json.loads(lines[0])
+        raw = parse_json(lines[0])
         if isinstance(raw, dict) and "schema" in raw:
             raw["schema_"] = raw.pop("schema")
         return model.model_validate_json(json.dumps(raw), strict=True)

@@ -174,3 +174,11 @@ def helper_payloads() -> dict[str, bytes]:
 
 
 HELPER_FILES = ("host_ops.py", "fixer.pyz")
+
+
+def write_file_command(python: str, host_ops: str, path: str, mode: int = 0o600) -> str:
+    """The host-side file write every state file takes (stdin -> ``path``): host_ops.py's
+    replace_file, an exclusive temporary name renamed over a regular file or nothing; a FIFO,
+    device, directory, socket or link at ``path`` is refused naming it (issue 31). ``path`` as the
+    shell should see it (quote_path'ed by the caller, so ``~`` expands)."""
+    return f"{helper_python(python)} {quote_path(host_ops)} write-file {path} --mode {mode:o}"

@@ -34,6 +34,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from deploy.limits import parse_json
 from deploy.errors import RemoteOutputError
 from deploy.facts.helpers import helper_python
 from deploy.facts.inline import inline_program
@@ -199,7 +200,7 @@ def parse_document(exit_code: int, stdout: str, stderr: str, source: str) -> Sta
         detail = (stderr.strip().splitlines() or [stdout.strip() or "(no output)"])[-1][:300]
         raise _fail(source, f"did not print its one JSON document (exit {exit_code}): {detail!r}")
     try:
-        raw = json.loads(lines[0])
+        raw = parse_json(lines[0])
         if isinstance(raw, dict) and "schema" in raw:
             raw["schema_"] = raw.pop("schema")
         document = StatusDocument.model_validate_json(json.dumps(raw), strict=True)
@@ -275,7 +276,7 @@ def _json_body(answer: HttpAnswer, what: str, source: str) -> dict | None:
     if answer.truncated:
         raise _fail(source, f"{what} answered more than the status read's limit; not read")
     try:
-        body = json.loads(answer.body)
+        body = parse_json(answer.body)
     except ValueError:
         raise _fail(source, f"{what} answered 200 with a body that is not JSON: {answer.body[:200]!r}") from None
     if not isinstance(body, dict):

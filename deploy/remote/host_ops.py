@@ -15,6 +15,7 @@ Commands:
                   heartbeat every --every s): wait-ready's poll, on the host, over one channel.
   watch-gpus      Run the given nvidia-smi queries every --interval s until --timeout; one JSON line
                   per change (and a heartbeat): wait-gpus-free's poll, on the host, over one channel.
+  write-file      stdin to FILE the safe way (replace_file): deployment.json, last-good.json.
 
 The watch commands print JSON lines and never decide: the orchestrator parses each line strictly
 and closes the channel once it has its answer (the next line then ends the loop on a broken pipe).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 from typing import Any, Dict, List
+import errno
 import json
 import os
 import re
@@ -524,14 +526,103 @@ def cmd_watch_gpus(args) -> int:
                  args.until_stdin_eof)
 
 
+#: deploy/limits.py MAX_JSON_DEPTH: the deepest JSON document any reader accepts
+MAX_JSON_DEPTH = 64
+
+
+def loads_json(text, max_depth: int = MAX_JSON_DEPTH):
+    """``json.loads`` bounded in depth (deploy/limits.py parse_json's host-side twin): ValueError for
+    a document nested deeper than ``max_depth``, never a RecursionError; walked without recursion."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested more than %d levels deep" % max_depth)
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > max_depth:
+            raise ValueError("nested more than %d levels deep" % max_depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return value
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat_module.S_ISLNK, "a symbolic link"), (stat_module.S_ISDIR, "a directory"),
+                       (stat_module.S_ISFIFO, "a FIFO"), (stat_module.S_ISSOCK, "a socket"),
+                       (stat_module.S_ISCHR, "a character device"), (stat_module.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def replace_file(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` the one safe way every host-side file deployctl writes is written.
+
+    A temporary name beside it, created O_CREAT|O_EXCL|O_NOFOLLOW (a link planted at the temporary
+    name is never written through), fsynced, then renamed over ``path`` only when ``path`` is a
+    regular file or absent: a FIFO, device, directory, socket or link there is refused (OSError
+    naming it), never replaced (issue 31). A reader sees the old file or the new one.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat_module.S_ISREG(st.st_mode):
+        raise OSError(errno.EEXIST, "%s is %s, not a regular file; not replaced" % (path, _kind(st.st_mode)))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for attempt in range(100):
+        tmp = "%s.%d.%d.tmp" % (path, os.getpid(), attempt)
+        try:
+            fd = os.open(tmp, flags, mode)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise OSError(errno.EEXIST, "%s: no free temporary name beside it" % path)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def cmd_write_file(args) -> int:
+    """stdin (at most MAX_RECORD_BYTES) -> ``args.path`` via replace_file; silent on success (the
+    launch script's only output is the server PID)."""
+    data = sys.stdin.buffer.read(MAX_RECORD_BYTES + 1)
+    if len(data) > MAX_RECORD_BYTES:
+        sys.stderr.write("host_ops.py write-file: more than %d bytes on stdin; %s not written\n"
+                         % (MAX_RECORD_BYTES, args.path))
+        return 1
+    try:
+        replace_file(os.path.expanduser(args.path), data, int(args.mode, 8))
+    except OSError as exc:
+        sys.stderr.write("host_ops.py write-file: %s\n" % (exc.strerror if exc.filename is None else exc))
+        return 1
+    return 0
+
+
 def _read_json_file(path: str):
     text, problem = read_regular(path, MAX_RECORD_BYTES)
     if text is None:
         return {"unreadable": problem} if problem else None
     try:
-        document = json.loads(text)
-    except (ValueError, RecursionError):  # 100k-deep nesting is a RecursionError, not a ValueError
-        return {"unreadable": "%s: not JSON: %r" % (path, text[:200])}
+        document = loads_json(text)
+    except ValueError as exc:
+        return {"unreadable": "%s: not JSON (%s): %r" % (path, exc, text[:200])}
     return document if isinstance(document, dict) else {"unreadable": "%s: %r" % (path, text[:200])}
 
 
@@ -675,7 +766,13 @@ def main(argv=None) -> int:
     gpus.add_argument("--every", type=float, default=1.0, help="heartbeat: emit at least this often")
     gpus.add_argument("--for", dest="timeout_total", type=float, required=True, help="the whole wait's deadline")
     gpus.add_argument("--until-stdin-eof", action="store_true", help="stop when stdin reaches EOF (the reader is done)")
+    write = sub.add_parser("write-file", help="stdin to FILE: exclusive temporary name, then renamed over a "
+                           "regular file (or none); anything else at FILE is refused")
+    write.add_argument("path")
+    write.add_argument("--mode", default="600", help="octal")
     args = parser.parse_args(argv)
+    if args.command == "write-file":
+        return cmd_write_file(args)
     if args.command == "watch-health":
         return cmd_watch_health(args)
     if args.command == "watch-gpus":
