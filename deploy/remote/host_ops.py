@@ -232,27 +232,74 @@ def same_argv(live: list, argv: list) -> bool:
     return same and os.path.basename(live[0]).startswith(("python", os.path.basename(argv[0])))
 
 
-def find_recorded_server(record, uid: int) -> int | None:
+def find_recorded_server(record, uid: int, recorded_at=None) -> int | None:
     """A live process of ``uid`` whose command line is the recorded server's argv (whatever the PID file says)."""
     argv = _recorded_argv(record)
     if argv is None:
         return None
     protected = own_ancestry()
     for pid in all_pids():
-        if pid not in protected and alive(pid) and _uid(pid) == uid and same_argv(cmdline_argv(pid), argv):
+        if pid not in protected and alive(pid) and _uid(pid) == uid and same_argv(cmdline_argv(pid), argv) and \
+                not_the_recorded_server(pid, recorded_at) is None:
             return pid
     return None
 
 
-def check_server_pid(pidfile: str, record, expect: str = "sglang") -> dict:
+def process_start_time(pid: int):
+    """When ``pid`` started (seconds since the epoch): /proc/PID/stat starttime (clock ticks since
+    boot) plus /proc/stat btime; None when unreadable."""
+    raw, _ = read_regular("/proc/%d/stat" % pid, 4096)
+    boot, _ = read_regular("/proc/stat", 1 << 20)
+    try:
+        ticks = int(raw[raw.rfind(")") + 2:].split()[19][:20])
+        btime = next(int(line.split()[1][:20]) for line in (boot or "").splitlines() if line.startswith("btime "))
+        return btime + ticks / float(os.sysconf("SC_CLK_TCK"))
+    except (ValueError, IndexError, TypeError, AttributeError, StopIteration, OSError):
+        return None
+
+
+def record_time(path: str):
+    """deployment.json's mtime: launch writes it after the server started, so the recorded server
+    started before it. None when there is no regular record file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime if stat_module.S_ISREG(st.st_mode) else None
+
+
+#: /proc's btime is whole seconds: the start time it gives may read up to a second late
+START_SLACK_S = 1.0
+
+
+def not_the_recorded_server(pid: int, recorded_at) -> str | None:
+    """Why the process ``pid`` (whose command line is the recorded argv) is still not provably the
+    server launch recorded, or None: another user owns it, or it started after the record was
+    written (a PID reused after a reboot by a same-looking command, issue 31)."""
+    owner = real_uid(pid)
+    if owner != os.getuid():
+        return "owned by uid %s, not the deploy user (uid %d)" % (owner, os.getuid())
+    if recorded_at is not None:
+        started = process_start_time(pid)
+        if started is None:
+            return "its start time is unreadable"
+        if started > recorded_at + START_SLACK_S:
+            return "it started %.0f s after the deployment record was written" % (started - recorded_at)
+    return None
+
+
+def check_server_pid(pidfile: str, record, expect: str = "sglang", recorded_at=None) -> dict:
     """Whether the PID file names the server deployctl launched: the ``pid_check`` of server-state and stop.
 
-    ``verified``: alive and its command line is deployment.json's argv; ``unverified``: alive, no
-    record to compare with, but its command line has ``expect``; ``not-ours``: alive but another
-    program (a PID reused after a reboot, a hand edit); ``dead``; ``invalid`` (0, 1, negative, huge,
-    not a number, not a regular file); ``none`` (no PID file). Only ``verified`` and ``unverified``
-    may be signalled. ``running`` says what really runs: the PID's command line, or a live process
-    whose command line is the recorded argv when the PID file does not name it.
+    ``verified``: alive, its command line is deployment.json's argv, its owner the deploy user and
+    its start time not after the record's (``recorded_at``, the record's mtime); ``unverified``:
+    alive, no record to compare with, but its command line has ``expect``; ``not-ours``: alive but
+    another program (a PID reused after a reboot, a hand edit, another user's process); ``dead``;
+    ``invalid`` (0, 1, negative, huge, not a number, not a regular file); ``none`` (no PID file).
+    Only ``verified`` may be signalled: a ``tail -f sglang.log`` or a shell whose argv mentions
+    SGLang is ``unverified`` at best (issue 31). ``running`` says what really runs: the PID's
+    command line, or a live process whose command line is the recorded argv when the PID file
+    does not name it.
     """
     pid, problem = read_pidfile(pidfile)
     result = {"pid": pid, "pid_check": "none", "pid_note": problem, "running": None}
@@ -263,11 +310,16 @@ def check_server_pid(pidfile: str, record, expect: str = "sglang") -> dict:
     else:
         live = cmdline_argv(pid)
         argv = _recorded_argv(record)
-        if argv is not None and same_argv(live, argv):
+        why = not_the_recorded_server(pid, recorded_at) if argv is not None and same_argv(live, argv) else None
+        if argv is not None and same_argv(live, argv) and why is None:
             result["pid_check"] = "verified"
+        elif why is not None:
+            result.update(pid_check="not-ours", running=" ".join(live)[:300],
+                          pid_note="PID %d from %s has the recorded command line but %s; not touched" % (
+                              pid, pidfile, why))
         elif argv is None and expect and expect in " ".join(live):
-            result.update(pid_check="unverified", pid_note="PID %d runs %s; no deployment record to compare its "
-                          "command line with" % (pid, expect))
+            result.update(pid_check="unverified", pid_note="PID %d runs %s; no deployment record proves it is the "
+                          "server deployctl launched; not touched" % (pid, expect))
         else:
             # The PID was reused by an unrelated process (after a reboot) or the file was edited:
             # never signal that one.
@@ -275,7 +327,7 @@ def check_server_pid(pidfile: str, record, expect: str = "sglang") -> dict:
                           pid_note="PID %d from %s is %r, not the server deployctl launched (PID reused?); not touched" % (
                               pid, pidfile, " ".join(live)[:120]))
     if result["pid_check"] not in ("verified", "unverified"):
-        other = find_recorded_server(record, os.getuid())
+        other = find_recorded_server(record, os.getuid(), recorded_at)
         if other is not None:
             result["running"] = "PID %d: %s" % (other, " ".join(cmdline_argv(other))[:300])
             result["pid_note"] = "%s; the server deployctl launched runs as PID %d, which %s does not name" % (
@@ -287,12 +339,11 @@ def check_server_pid(pidfile: str, record, expect: str = "sglang") -> dict:
 def select_server(pidfile: str, protected: set, expect: str, record_path: str = ""):
     """The server's PID from the PID file plus every process of its session (TP workers).
 
-    Third value: the PID check (check_server_pid); only a verified (or, with no record to
-    compare with, unverified) PID is ever signalled.
+    Third value: the PID check (check_server_pid); only a verified PID is ever signalled.
     """
     record = _read_json_file(record_path) if record_path else None
-    check = check_server_pid(pidfile, record, expect)
-    if check["pid_check"] not in ("verified", "unverified"):
+    check = check_server_pid(pidfile, record, expect, record_time(record_path) if record_path else None)
+    if check["pid_check"] != "verified":
         return [], check["pid_note"], check
     leader = check["pid"]
     members = []
@@ -350,7 +401,7 @@ def cmd_stop(args) -> dict:
         pids, note, check = select_server(args.pidfile, protected, args.expect, args.record)
     stopped = stop_processes(pids, args.grace)
     if args.scope == "pidfile" and args.pidfile and all(p["exited"] for p in stopped) and \
-            check is not None and check["pid_check"] in ("verified", "unverified", "dead"):
+            check is not None and check["pid_check"] in ("verified", "dead"):
         try:
             os.unlink(args.pidfile)
         except OSError:
@@ -629,7 +680,8 @@ def _read_json_file(path: str):
 def cmd_server_state(args) -> dict:
     """What is serving now: the PID file's process (checked against the record), the record, /health."""
     record = _read_json_file(args.record)
-    check = check_server_pid(args.pidfile, record if isinstance(record, dict) and "unreadable" not in record else None)
+    check = check_server_pid(args.pidfile, record if isinstance(record, dict) and "unreadable" not in record else None,
+                             recorded_at=record_time(args.record))
     pid = check["pid"]
     running = check["pid_check"] in ("verified", "unverified")
     result = {"pid": pid, "alive": running, "cmdline": cmdline(pid)[:300] if running and pid is not None else "",
