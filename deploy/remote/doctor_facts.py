@@ -399,8 +399,9 @@ def start_sglang_part(spec, program):
     """Start the SGLang facts under the run's sglang_python (a second interpreter, same exec channel);
     it runs while this one gathers the host facts. Returns the process, or the failure document."""
     argv = [spec["python"], "-c", BOOT, program, "sglang", json.dumps(spec["spec"])]
+    env = dict(os.environ, **spec["env"]) if spec.get("env") else None
     try:
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     except OSError as exc:
         return {"exit_code": 127, "stdout": "", "stderr": "%s: not found (%s)" % (spec["python"], _error(exc))}
 
@@ -426,6 +427,25 @@ def server_env():
     return dict((name, os.environ[name][:200]) for name in SERVER_ENV_NAMES if name in os.environ)
 
 
+#: for each argument, print it when ``command -v`` does not find it (the shell's own lookup, as the
+#: launch script's ``setsid nohup PYTHON`` does it)
+_LOOKUP = 'for c in "$@"; do command -v "$c" >/dev/null 2>&1 || printf "%s\\n" "$c"; done'
+
+
+def launch_env(spec):
+    """The launch script's preamble under the run's env, without starting anything: which of its
+    commands (setsid, nohup, sglang_python) the shell cannot find. ``PATH: ...:$PATH`` written
+    literally left the launch unable to find them, seen only after the stop (issue 31)."""
+    env = dict(os.environ, **spec["env"])
+    result = host_ops.run_bounded(["/bin/sh", "-c", _LOOKUP, "sh"] + list(spec["commands"]), 10.0, 1 << 16, env=env)
+    facts = {"names": sorted(spec["env"]), "missing": [], "error": None}
+    if result["exit_code"] != 0:
+        facts["error"] = "/bin/sh exit %s: %s" % (result["exit_code"], result["stderr"][-300:])
+    else:
+        facts["missing"] = [line for line in result["stdout"].splitlines() if line][:16]
+    return facts
+
+
 def host_facts(spec):
     return {
         "server_env": server_env(),
@@ -439,6 +459,7 @@ def host_facts(spec):
         "drafter": model_dir(spec["drafter"], tensors=True),
         "gpu_holders": gpu_holders(spec.get("nvidia_smi", "nvidia-smi"), os.path.expanduser(spec["pidfile"]),
                                    os.path.join(os.path.dirname(os.path.expanduser(spec["pidfile"])), "deployment.json")),
+        "launch_env": launch_env(spec["launch_env"]) if "launch_env" in spec else None,
     }
 
 

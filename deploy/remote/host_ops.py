@@ -523,11 +523,11 @@ def cmd_watch_health(args) -> int:
 MAX_QUERY_BYTES = 4 << 20
 
 
-def run_bounded(argv: list, timeout_s: float, limit: int = MAX_QUERY_BYTES) -> dict:
+def run_bounded(argv: list, timeout_s: float, limit: int = MAX_QUERY_BYTES, env=None) -> dict:
     """Run ``argv``: {"exit_code", "stdout", "stderr"}; killed past ``timeout_s`` (exit 124) or once it
     prints more than ``limit`` bytes (exit 125, stderr says so), never read whole into memory."""
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     except OSError as exc:
         return {"exit_code": 127, "stdout": "", "stderr": str(exc)[:300]}
     assert proc.stdout is not None and proc.stderr is not None
