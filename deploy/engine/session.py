@@ -245,6 +245,42 @@ def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str
         progress(host.name, "rollback", "FAILED: the rollback did not restore a verified deployment")
 
 
+#: the steps that change what the host serves; interrupted inside one, the run cannot know the result
+CHANGING_STEPS = ("stop-stale", "free-gpus", "launch")
+SIGNAL_EXITS = (int(ExitCode.INTERRUPTED), int(ExitCode.TERMINATED), int(ExitCode.HANGUP))
+
+
+def what_the_run_left(steps: Sequence[StepRecord], memory: dict) -> str:
+    """What an interrupted run left on the host, from what it did (no host command: a signal ends
+    the run). SIGINT right after stop-stale said "left running: unknown" though the run knew it had
+    stopped the server and launched nothing (issue 31)."""
+    by_name = {s.name: s for s in steps}
+    cut = next((s for s in steps if s.name in CHANGING_STEPS and s.status == "failed" and
+                s.exit_code in SIGNAL_EXITS), None)
+    launch = by_name.get("launch")
+    if launch is not None and launch.status == "ok":
+        pid = launch.data.get("pid", memory.get("pid"))
+        verify, ready = by_name.get("verify-acceptance"), by_name.get("wait-ready")
+        if verify is not None and verify.status == "ok":
+            return f"pid {pid}, launched by this run and verified"
+        how = "ready, not verified" if ready is not None and ready.status == "ok" else "not verified (not ready yet)"
+        return f"pid {pid}, launched by this run, {how}"
+    if cut is not None:
+        return f"unknown: interrupted while {cut.name} ran (its command may have finished on the host)"
+    stop = by_name.get("stop-stale")
+    stopped = [p.get("pid") for p in (stop.data.get("processes") or [])] if stop is not None and stop.status == "ok" else []
+    if stopped:
+        listed = ", ".join(str(p) for p in stopped[:8])
+        return f"nothing: this run stopped the server (pid {listed}) and launched nothing"
+    if memory.get("converged"):
+        return f"pid {memory.get('pid')}, the server this run found running as desired, untouched"
+    freed = by_name.get("free-gpus")
+    if freed is not None and freed.status == "ok" and freed.data.get("killed"):
+        return "nothing launched: this run stopped no server but killed GPU holders " + \
+            ", ".join(str(p) for p in freed.data["killed"][:8])
+    return "what it served before: this run stopped nothing and launched nothing"
+
+
 def collect_facts(report: HostReport, memory: dict, run: Run) -> None:
     deployment = memory.get("deployment") or {}
     report.facts = {
@@ -342,9 +378,14 @@ class HostSession:
         host serves (deploy/serving.py); the lock is released, the connection closed."""
         from deploy.engine.outcome import serving_of
 
+        known = True
+        if self.cancelled.is_set():
+            # a signal: say what this run did, without another command on the host unless that is unknown
+            self.report.left_running = what_the_run_left(self.report.steps, self.memory)
+            known = not self.report.left_running.startswith("unknown")
         if self.conn is not None:
             state, state_error = None, None
-            if describe and self.report.error is not None:
+            if describe and self.report.error is not None and not (self.cancelled.is_set() and known):
                 try:
                     state = self.server_state()
                     self.report.left_running = state.describe()
