@@ -60,9 +60,17 @@ def host_lock_path(host: Host) -> str:
     return path_join(host.state_dir, "deployctl.lock")
 
 
+def host_lock_program() -> str:
+    """host_lock.py with host_ops beside it (its replace_file), one ``-c`` program."""
+    from deploy.facts.inline import inline_program
+
+    return inline_program([("host_ops", (HOST_LOCK_SOURCE.parent / "host_ops.py").read_text()),
+                           ("host_lock", HOST_LOCK_SOURCE.read_text())], "host_lock")
+
+
 def host_lock_command(host: Host, owner: dict | str, script: str | None = None) -> str:
     """``owner``/``script`` as text: the plan's placeholders for what is known only at run time."""
-    source = HOST_LOCK_SOURCE.read_text() if script is None else script
+    source = host_lock_program() if script is None else script
     owner_text = owner if isinstance(owner, str) else json.dumps(owner, sort_keys=True)
     # the gpu_devices glob: one more lock per GPU device file, whatever the state dir (host_lock.py)
     return " ".join([helper_python(host.python), "-c", quote(source), "deployctl-host-lock", quote_path(host_lock_path(host)),

@@ -16,7 +16,7 @@ import pytest
 from deploy import history
 from deploy.errors import ExitCode, LockHeld
 from deploy.facts.server import env_hash, parse_record, parse_server_state, same_deployment
-from deploy.locks import HOST_LOCK_SOURCE, describe_owner, local_lock, owner_info, parse_host_lock
+from deploy.locks import HOST_LOCK_SOURCE, describe_owner, host_lock_program, local_lock, owner_info, parse_host_lock
 from deploy.remote import host_ops
 from deploy.steps.converge import differences
 from deploy.steps.regression_gate import compare
@@ -85,7 +85,7 @@ def test_http_status_carries_a_body_excerpt(status):
 
 
 def _hold(lock: Path, owner: dict):
-    proc = subprocess.Popen([sys.executable, "-c", HOST_LOCK_SOURCE.read_text(), "deployctl-host-lock", str(lock),
+    proc = subprocess.Popen([sys.executable, "-c", host_lock_program(), "deployctl-host-lock", str(lock),
                              json.dumps(owner)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     return proc, json.loads(proc.stdout.readline())
 
