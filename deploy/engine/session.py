@@ -245,8 +245,9 @@ def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str
         progress(host.name, "rollback", "FAILED: the rollback did not restore a verified deployment")
 
 
-#: the steps that change what the host serves; interrupted inside one, the run cannot know the result
-CHANGING_STEPS = ("stop-stale", "free-gpus", "launch")
+#: the steps whose result decides what the host serves; interrupted inside one, the run cannot know it
+#: (cut inside free-gpus, the server is stopped or untouched and nothing launched all the same)
+CHANGING_STEPS = ("stop-stale", "launch")
 SIGNAL_EXITS = (int(ExitCode.INTERRUPTED), int(ExitCode.TERMINATED), int(ExitCode.HANGUP))
 
 
