@@ -294,6 +294,6 @@ def test_a_signal_right_after_stop_stale_says_stopped_and_nothing_launched(clean
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == ExitCode.TERMINATED, err
-    [left] = [line for line in err.splitlines() if "left running:" in line]
+    left = next(line for line in err.splitlines() if "left running:" in line)
     assert "left running: nothing: this run stopped the server (pid " in left and "launched nothing" in left, err
     assert str(old) in left and "unknown" not in left
