@@ -34,7 +34,9 @@ from deploy.facts.helpers import helper_python
 HOST_LOCK_SOURCE = Path(__file__).resolve().parent / "remote" / "host_lock.py"
 #: an OSError the host printed that means "this file system refuses the write" (EACCES, EPERM,
 #: ENOSPC, EROFS, EDQUOT): the state dir is read-only, full or not the user's, exit 10
-WRITE_FAILURE = re.compile(r"\[Errno (13|1|28|30|122)\]|Read-only file system|No space left|Disk quota|Permission denied")
+#: ... or a state file that is not a regular file (host_ops.replace_file refuses to replace it, issue 31)
+WRITE_FAILURE = re.compile(r"\[Errno (13|1|28|30|122)\]|Read-only file system|No space left|Disk quota|Permission denied|"
+                           r"not a regular file; not replaced")
 
 
 def owner_info(command: str, run: str) -> dict[str, Any]:

@@ -47,14 +47,17 @@ MAX_DEVICES = 1024
 
 
 def _read_owner(path: str):
-    try:
-        with open(path, "rb") as handle:
-            document = json.loads(handle.read(65536).decode("utf-8", "replace"))
-        return document if isinstance(document, dict) else {"unreadable": str(document)[:200]}
-    except FileNotFoundError:
+    # non-blocking, a regular file, 64 KiB, 64 levels deep: a FIFO there must not hold the lock helper
+    text, problem = host_ops.read_regular(path, 65536)
+    if problem is not None:
+        return {"unreadable": problem[:200]}
+    if text is None:
         return None
-    except (OSError, ValueError) as exc:
+    try:
+        document = host_ops.loads_json(text)
+    except ValueError as exc:
         return {"unreadable": str(exc)[:200]}
+    return document if isinstance(document, dict) else {"unreadable": str(document)[:200]}
 
 
 def shared_dir(candidates=SHARED_DIRS):
@@ -107,7 +110,7 @@ def _open_shared(path: str) -> int:
 
 def _read_fd(fd: int):
     try:
-        document = json.loads(os.pread(fd, 65536, 0).decode("utf-8", "replace") or "null")
+        document = host_ops.loads_json(os.pread(fd, 65536, 0).decode("utf-8", "replace") or "null")
     except (OSError, ValueError) as exc:
         return {"unreadable": str(exc)[:200]}
     return document if isinstance(document, dict) or document is None else {"unreadable": str(document)[:200]}

@@ -190,3 +190,20 @@ def test_host_ops_write_file_is_what_launch_and_record_good_write_with(tmp_path,
         assert proc.returncode == 0 and proc.stdout == b"" and target.read_bytes() == b'{"argv": []}\n'
     else:
         assert proc.returncode == 1 and str(target).encode() in proc.stderr and b"Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_the_host_lock_owner_file_that_is_not_a_regular_file_is_exit_10_naming_it(tmp_path, kind):
+    from deploy.locks import WRITE_FAILURE, host_lock_program
+
+    lock = tmp_path / "deployctl.lock"
+    owner = tmp_path / "deployctl.lock.owner.json"
+    NOT_REGULAR[kind][0](owner)
+    before = _identity(owner)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", host_lock_program(), "deployctl-host-lock", str(lock), "{}"],
+                          input="release\n", capture_output=True, text=True, timeout=20)
+    assert time.monotonic() - started < 10 and proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert str(owner) in last and WRITE_FAILURE.search(last)
+    assert _identity(owner) == before
