@@ -126,3 +126,17 @@ def test_a_deep_host_answer_or_record_is_exit_5_naming_the_host(what, depth, ok)
         parse(text)
     assert caught.value.exit_code == ExitCode.REMOTE_OUTPUT and "gpu-a" in str(caught.value)
     assert "Traceback" not in str(caught.value)
+
+
+def test_many_records_on_one_line_load_in_linear_time(tmp_path):
+    # the line of each record was counted from the file's start: 100,000 records on one 44 MB line
+    # took minutes (quadratic); counted incrementally it is well under a second
+    import time
+
+    records = [{"conversations": [{"from": "human", "value": f"q{i} " * 20}, {"from": "gpt", "value": "a" * 200}]}
+               for i in range(50_000)]
+    path = tmp_path / "one-line.json"
+    path.write_text(json.dumps(records))
+    started = time.monotonic()
+    assert len(datasets.load_file(path).prompts) == 50_000
+    assert time.monotonic() - started < 10
