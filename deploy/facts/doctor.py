@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from deploy.limits import parse_json
 from deploy.config.models import Host, Run
 from deploy.errors import RemoteOutputError
+from deploy.facts.helpers import host_ops_modules
 from deploy.facts.inline import inline_program
 from deploy.shell import quote
 from deploy.state_layout import StatePaths
@@ -37,7 +38,7 @@ def doctor_program() -> str:
     """doctor_facts.py with the fixer's header reader, as one ``python3 -c`` program."""
     fixer = HELPER.parent / "fixer"
     modules = [(f"fixer.{name}", (fixer / f"{name}.py").read_text()) for name in FIXER_MODULES]
-    modules.append(("host_ops", (HELPER.parent / "host_ops.py").read_text()))  # its server-state code
+    modules += host_ops_modules()  # its server-state code
     return inline_program(modules + [("doctor_facts", HELPER.read_text())], "doctor_facts")
 
 

@@ -167,10 +167,21 @@ def fixer_zipapp() -> bytes:
     return buffer.getvalue()
 
 
+def host_ops_modules() -> list[tuple[str, str]]:
+    """host_ops.py and the state_files.py it imports (bounded reads and JSON, the one safe write),
+    dependencies first: what every inline program and the installed helper carry."""
+    return [(name, (REMOTE_DIR / f"{name}.py").read_text()) for name in ("state_files", "host_ops")]
+
+
 @functools.lru_cache(maxsize=1)
 def helper_payloads() -> dict[str, bytes]:
-    """What ensure-helper installs in ``<state_dir>/helpers``: file name -> exact bytes."""
-    return {"host_ops.py": (REMOTE_DIR / "host_ops.py").read_bytes(), "fixer.pyz": fixer_zipapp()}
+    """What ensure-helper installs in ``<state_dir>/helpers``: file name -> exact bytes. ``host_ops.py``
+    is host_ops with state_files beside it, one file (deploy/facts/inline.py's loader): the helper
+    runs as ``python3 -I -S host_ops.py`` (``-I``: no script directory on sys.path for a sibling)."""
+    from deploy.facts.inline import inline_program
+
+    bundled = "#!/usr/bin/env python3\n" + inline_program(host_ops_modules(), "host_ops")
+    return {"host_ops.py": bundled.encode("utf-8"), "fixer.pyz": fixer_zipapp()}
 
 
 HELPER_FILES = ("host_ops.py", "fixer.pyz")

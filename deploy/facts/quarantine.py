@@ -14,7 +14,7 @@ from typing import Any
 
 from deploy.limits import parse_json
 from deploy.errors import RemoteOutputError
-from deploy.facts.helpers import helper_python
+from deploy.facts.helpers import helper_python, host_ops_modules
 from deploy.facts.inline import inline_program
 from deploy.shell import path_join, quote, quote_path
 
@@ -37,8 +37,7 @@ def read_command(state_dir: str) -> str:
 
 def update_program() -> str:
     """quarantine.py with host_ops beside it (its bounded reads and replace_file), one ``-c`` program."""
-    return inline_program([("host_ops", (SOURCE.parent / "host_ops.py").read_text()),
-                           ("quarantine", SOURCE.read_text())], "quarantine")
+    return inline_program(host_ops_modules() + [("quarantine", SOURCE.read_text())], "quarantine")
 
 
 def update_command(python: str, state_dir: str, op: str, fingerprint: str, entry: dict | None = None,

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploy.limits import parse_json
 from deploy.errors import RemoteOutputError
-from deploy.facts.helpers import helper_python
+from deploy.facts.helpers import helper_python, host_ops_modules
 from deploy.facts.inline import inline_program
 from deploy.state_layout import deployment_path, last_good_path
 from deploy.shell import path_join, quote, quote_path
@@ -49,8 +49,8 @@ UNSET_ACCEPT = 1.0
 @functools.lru_cache(maxsize=1)
 def status_program() -> str:
     """server_status.py with the host_ops.py it uses (its /proc readers, the verify prompts)."""
-    return inline_program([("host_ops", (REMOTE / "host_ops.py").read_text()),
-                           ("server_status", (REMOTE / "server_status.py").read_text())], "server_status")
+    return inline_program(host_ops_modules() + [("server_status", (REMOTE / "server_status.py").read_text())],
+                          "server_status")
 
 
 def status_command(python: str, state_dir: str, base_url: str, *, window_s: float = 2.0, probe: int = 0,

@@ -184,7 +184,12 @@ def test_host_ops_write_file_is_what_launch_and_record_good_write_with(tmp_path,
         target.write_text("old\n")
     elif kind != "absent":
         NOT_REGULAR[kind][0](target)
-    proc = subprocess.run([sys.executable, "-I", "-S", str(Path(host_ops.__file__)), "write-file", str(target)],
+    from deploy.facts.helpers import helper_payloads
+
+    helper = tmp_path / "helpers" / "host_ops.py"  # exactly what ensure-helper installs
+    helper.parent.mkdir()
+    helper.write_bytes(helper_payloads()["host_ops.py"])
+    proc = subprocess.run([sys.executable, "-I", "-S", str(helper), "write-file", str(target)],
                           input=b'{"argv": []}\n', capture_output=True, timeout=20)
     if kind in ("absent", "regular"):
         assert proc.returncode == 0 and proc.stdout == b"" and target.read_bytes() == b'{"argv": []}\n'
