@@ -298,9 +298,9 @@ def read_json(path):
     if len(raw) > MAX_JSON_BYTES:
         return None, "larger than %d bytes" % MAX_JSON_BYTES
     try:
-        value = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeError, RecursionError) as exc:
-        return None, "not valid JSON: %s" % (exc if not isinstance(exc, RecursionError) else "nested too deep")
+        value = host_ops.loads_json(raw.decode("utf-8"))
+    except (ValueError, UnicodeError) as exc:
+        return None, "not valid JSON: %s" % exc
     if not isinstance(value, dict):
         return None, "not a JSON object"
     return value, None

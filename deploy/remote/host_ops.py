@@ -552,7 +552,8 @@ def _post_json(url: str, payload: dict, timeout: float) -> dict:
         url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
     )
     with urllib.request.urlopen(request, timeout=timeout) as resp:
-        return json.loads(resp.read().decode("utf-8"))
+        # bounded in bytes and depth: a /generate reply is a few KB
+        return loads_json(resp.read(MAX_RECORD_BYTES + 1).decode("utf-8"))
 
 
 def cmd_accept(args) -> dict:
@@ -608,7 +609,7 @@ def cmd_accept(args) -> dict:
     for path in ("/server_info", "/get_server_info"):
         try:
             with urllib.request.urlopen(args.base + path, timeout=args.timeout) as resp:
-                info = json.loads(resp.read().decode("utf-8"))
+                info = loads_json(resp.read(MAX_RECORD_BYTES + 1).decode("utf-8"))
             states = info.get("internal_states") or [{}]
             server_avg = states[0].get("avg_spec_accept_length")
             break
