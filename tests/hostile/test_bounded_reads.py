@@ -248,7 +248,17 @@ def _latin1(path: Path):
     path.write_bytes(b"Host caf\xe9\n  HostName 10.0.0.1\n")
 
 
-SSH_CONFIG_FILES = dict(NOT_REGULAR, **{"sparse-8m": _sparse, "not-utf8": _latin1})
+def _nul_in_a_line(path: Path):
+    # OpenSSH would read "HostName 10.0.0.1" and drop the rest of the line (issue 31)
+    path.write_bytes(b"Host gpu-a\n  HostName 10.0.0.1\0.evil.example\n")
+
+
+def _nul_only(path: Path):
+    path.write_bytes(b"\0")
+
+
+SSH_CONFIG_FILES = dict(NOT_REGULAR, **{"sparse-8m": _sparse, "not-utf8": _latin1, "nul-in-a-line": _nul_in_a_line,
+                                        "nul-only": _nul_only})
 
 
 @pytest.mark.parametrize("kind", sorted(SSH_CONFIG_FILES))

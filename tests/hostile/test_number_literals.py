@@ -113,3 +113,55 @@ def test_text_field_keeps_the_digits_as_written(tmp_path):
 def test_cases_cover_every_number_field():
     assert len(CONFIG_CASES) >= 15 * 12 and len(STEP_CASES) >= 20
     assert any(c[0].startswith("host.port=02222") for c in CONFIG_CASES)
+
+
+def _nested_models(model, path: tuple, seen=()) -> list:
+    """(model, path in BASE) of every Strict model nested in ``model``'s fields: the schema walked, so a
+    nested number field added later (a router's, a timeout's) is covered without a line here."""
+    import typing
+
+    from deploy.config.models import Strict
+
+    found = []
+    for name, info in model.model_fields.items():
+        for arg in [info.annotation, *typing.get_args(info.annotation)]:
+            if isinstance(arg, type) and issubclass(arg, Strict) and arg not in seen:
+                found.append((arg, path + (name,)))
+                found += _nested_models(arg, path + (name,), seen + (arg,))
+    return found
+
+
+#: what a nested model needs in BASE to be valid at all
+NESTED_BASE = {("runs", 0, "router"): {"host": "gpu-a"}, ("runs", 0, "timeouts"): {}}
+
+
+def _nested_cases():
+    models = [m for top, path in ((SSHSettings, ("ssh",)), (Host, ("hosts", 0)), (Run, ("runs", 0)))
+              for m in _nested_models(top, path)]
+    return [(f"{'.'.join(map(str, path))}.{name}={word}", path, name, word)
+            for model, path in models for name, _ in _fields(model) for word in ("02222", "0x10", "37:02")]
+
+
+NESTED_CASES = _nested_cases()
+
+
+def test_the_schema_walk_reaches_the_router_port():
+    assert any(path == ("runs", 0, "router") and field == "port" for _, path, field, _ in NESTED_CASES)
+
+
+@pytest.mark.parametrize("name,path,field,word", NESTED_CASES, ids=[c[0] for c in NESTED_CASES])
+def test_nested_config_number_not_decimal(tmp_path, capsys, name, path, field, word):
+    document = copy.deepcopy(BASE)
+    cursor = document
+    for part in path[:-1]:
+        cursor = cursor[part]
+    cursor[path[-1]] = dict(NESTED_BASE.get(path, {}), **{field: "__PLACEHOLDER__"})
+    data = dump(document).replace(b"'__PLACEHOLDER__'", word.encode()).replace(b"__PLACEHOLDER__", word.encode())
+    config = tmp_path / "deployctl.yaml"
+    config.write_bytes(data)
+    line = next(i for i, text in enumerate(data.decode().splitlines(), 1) if f"{field}: {word}" in text)
+    before = tree_state(tmp_path)
+    code = main(["-c", str(config), "plan"])
+    captured = capsys.readouterr()
+    assert_clean_failure(code, 3, captured.out, captured.err,
+                         (f"deployctl.yaml:{line}", field, "decimal", repr(word)), before, tree_state(tmp_path))

@@ -17,7 +17,11 @@ from deploy.facts import helpers
 def test_payloads_are_host_ops_and_the_fixer_zipapp():
     payloads = helpers.helper_payloads()
     assert sorted(payloads) == sorted(helpers.HELPER_FILES) == ["fixer.pyz", "host_ops.py"]
-    assert payloads["host_ops.py"] == (helpers.REMOTE_DIR / "host_ops.py").read_bytes()
+    # host_ops with the state_files it imports, one file run as `python3 -I -S host_ops.py`
+    from deploy.facts.inline import inline_program
+
+    assert payloads["host_ops.py"] == ("#!/usr/bin/env python3\n" + inline_program(helpers.host_ops_modules(),
+                                                                                  "host_ops")).encode()
     archive = zipfile.ZipFile(BytesIO(payloads["fixer.pyz"]))
     names = archive.namelist()
     package = sorted(p.name for p in helpers.FIXER_PACKAGE.glob("*.py"))

@@ -175,8 +175,10 @@ def test_prom_file_is_replaced_atomically_and_a_failed_write_leaves_the_old_one(
         assert Path(src).parent == path.parent and not Path(src).name.endswith(".prom")  # collector ignores it
         raise OSError(28, "No space left on device")
 
+    from deploy.local_state import LocalStateError
+
     monkeypatch.setattr(os, "replace", refuse)
-    with pytest.raises(OSError):
+    with pytest.raises(LocalStateError, match="No space left"):
         status.write_prom_file(path, "newer 3\n")
     assert path.read_text() == "new 2\n" and [p.name for p in tmp_path.iterdir()] == ["deployctl.prom"]
 
