@@ -13,6 +13,7 @@ from deploy.engine.records import StepRecord
 from deploy.engine.session import run_steps, what_the_run_left
 from deploy.errors import ExitCode, Interrupted
 from deploy.steps.base import StepOutcome, StepSettings
+from deploy.steps.memory import StepMemory
 
 HOST = Host(name="h", address="10.0.0.1", user="u", state_dir="/var/lib/deployctl")
 RUN = Run(name="r", hosts=["h"], base_model="/m", drafter="/d")
@@ -22,11 +23,11 @@ DATA = {"stop-stale": {"processes": [{"pid": 4242, "signal": "TERM", "exited": T
         "launch": {"pid": 5151}}
 
 
-def steps_until(signal_after: str, cancelled: threading.Event, memory: dict):
+def steps_until(signal_after: str, cancelled: threading.Event, memory: StepMemory):
     def make(name):
         def run(ctx):
             if name == "launch":
-                ctx.memory.update(pid=5151, launched=True)
+                ctx.memory.pid, ctx.memory.launched = 5151, True
             if name == signal_after:
                 cancelled.set()  # SIGINT/SIGTERM arrives while this step finishes
             return StepOutcome("ok", name, dict(DATA.get(name, {})))
@@ -45,7 +46,7 @@ def steps_until(signal_after: str, cancelled: threading.Event, memory: dict):
 ])
 def test_a_signal_after_each_step_says_what_the_run_left(signal_after, expected):
     cancelled = threading.Event()
-    memory: dict = {}
+    memory = StepMemory()
     records, error, _ = run_steps(steps_until(signal_after, cancelled, memory), HOST, RUN, None, "s",
                                   lambda *a: None, memory, cancelled)
     assert error is None and records[UP.index(signal_after) + 1].status == "not-run"
@@ -55,7 +56,7 @@ def test_a_signal_after_each_step_says_what_the_run_left(signal_after, expected)
 
 def test_converged_and_untouched():
     records = [StepRecord(n, "skipped" if n in ("stop-stale", "free-gpus", "launch") else "ok") for n in UP[:8]]
-    assert "found running as desired, untouched" in what_the_run_left(records, {"converged": True, "pid": 77})
+    assert "found running as desired, untouched" in what_the_run_left(records, StepMemory(converged=True, pid=77))
 
 
 @pytest.mark.parametrize("step", ["stop-stale", "launch"])
@@ -63,5 +64,5 @@ def test_cut_inside_a_step_that_changes_the_host_is_unknown_naming_it(step):
     records = [StepRecord(n, "ok") for n in UP[:UP.index(step)]]
     records.append(StepRecord(step, "failed", detail=str(Interrupted("h: interrupted")),
                               exit_code=int(ExitCode.TERMINATED)))
-    left = what_the_run_left(records, {})
+    left = what_the_run_left(records, StepMemory())
     assert left.startswith("unknown") and step in left
