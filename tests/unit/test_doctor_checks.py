@@ -141,8 +141,8 @@ class World:
                              for p in self.site.rglob("*") if p.is_file()))
         key = (json.dumps(archs), os.getcwd(), files)
         if key not in _SGLANG_RUNS:
-            proc = subprocess.run([sys.executable, "-c", doctor_program(), "sglang", json.dumps({"architectures": archs})],
-                                  capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(self.site)},
+            argv = [sys.executable, "-c", doctor_program(), "sglang", json.dumps({"architectures": archs})]
+            proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(self.site)},
                                   timeout=60)
             site = str(self.site)
             _SGLANG_RUNS[key] = (proc.returncode, proc.stdout.replace(site, _SITE), proc.stderr.replace(site, _SITE))
