@@ -184,9 +184,15 @@ def _zero(path: Path):
 
 
 def _sock(path: Path):
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(str(path))
-    s.close()
+    # bound by its name from its directory: an AF_UNIX path is at most 107 bytes, and an xdist
+    # worker's tmp_path alone can come close
+    s, cwd = socket.socket(socket.AF_UNIX), os.getcwd()
+    os.chdir(path.parent)
+    try:
+        s.bind(path.name)
+    finally:
+        os.chdir(cwd)
+        s.close()
 
 
 NOT_REGULAR = {"fifo": _fifo, "directory": _dir, "dev-zero": _zero, "socket": _sock}

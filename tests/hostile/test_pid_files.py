@@ -200,10 +200,19 @@ def test_no_record_falls_back_to_unverified(tmp_path, server):
 
 
 def test_own_ancestry_is_never_a_server(tmp_path):
+    """The helper's own PID in the PID file, and the record naming its own command line.
+
+    Run in a child whose command line no other process has (tmp_path is in it): under pytest-xdist
+    the sibling workers share this process's argv, and the check rightly finds one of them as the
+    recorded server running "elsewhere"."""
     pidfile = tmp_path / "server.pid"
-    pidfile.write_text(f"{os.getpid()}\n")
-    check = host_ops.check_server_pid(str(pidfile), {"argv": host_ops.cmdline_argv(os.getpid())})
-    assert check["pid_check"] == "invalid"
+    program = ("import json, os, sys; from deploy.remote import host_ops; pidfile = sys.argv[1]; "
+               "open(pidfile, 'w').write('%d\\n' % os.getpid()); "
+               "print(json.dumps(host_ops.check_server_pid(pidfile, {'argv': host_ops.cmdline_argv(os.getpid())})))")
+    proc = subprocess.run([sys.executable, "-c", program, str(pidfile)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    check = json.loads(proc.stdout)
+    assert check["pid_check"] == "invalid" and "this helper or one of its parents" in check["pid_note"], check
 
 
 class _Ctx:

@@ -14,11 +14,10 @@ import pytest
 
 from deploy import history
 from deploy.errors import ExitCode
-from tests.integration.helpers import cli_json, cli_json_err, wait_until, write_config
+from tests.integration.helpers import FAST, cli_json, cli_json_err, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
-FAST = {"SGLANG_SIM_LOAD_SECONDS": "0.5", "SGLANG_SIM_WARMUP_SECONDS": "0.1"}
 
 
 def config(sandbox, tmp_path: Path, name: str = "deployctl.yaml", **env) -> Path:
