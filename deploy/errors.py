@@ -120,6 +120,13 @@ class LockHeld(DeployError):
     exit_code = ExitCode.LOCKED
 
 
+class BenchmarkHarnessFailed(DeployError):
+    """The benchmark client failed (bench_serving crashed, no result block, lost requests, a dataset it
+    could not read, a timeout): the harness's failure, never the checkpoint's (no quarantine)."""
+
+    exit_code = ExitCode.FAILED
+
+
 class Regression(DeployError):
     exit_code = ExitCode.REGRESSION
 

@@ -235,7 +235,17 @@ def collect_facts(report: HostReport, memory: dict, run: Run) -> None:
         "dataset": (memory.get("bench") or {}).get("dataset"),
         "dataset_sha256": (memory.get("bench") or {}).get("dataset_sha256"),
         "converged": bool(memory.get("converged")),
+        # the throughput gate's verdict with its figures and rule (deploy/throughput_gate.py), when it judged
+        "throughput_gate": gate_summary(memory.get("gate")),
     }
+
+
+def gate_summary(gate: dict | None) -> dict | None:
+    """What history and the one-line report keep of the gate's verdict (the rounds stay in the JSON report)."""
+    if not isinstance(gate, dict):
+        return None
+    return {k: gate.get(k) for k in ("outcome", "ratio", "low", "high", "floor", "now_median", "baseline_median")} | {
+        "rounds": [len(gate.get("now_rounds") or []), len(gate.get("baseline_rounds") or [])]}
 
 
 class HostSession:
