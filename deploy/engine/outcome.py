@@ -29,12 +29,31 @@ def verified_pid(report: HostReport, memory: dict[str, Any]) -> int | None:
     return None
 
 
+def launched_pids(memory: dict[str, Any]) -> frozenset[int]:
+    """The servers this run launched: its own launch, its rollback's."""
+    pids = [memory.get("pid") if memory.get("launched") else None, memory.get("rollback_pid")]
+    return frozenset(p for p in pids if isinstance(p, int))
+
+
+def failed_verifications(report: HostReport, memory: dict[str, Any]) -> dict[int, str]:
+    """PID -> the first line of what its verify-acceptance said, for each verification that failed in this run
+    (the run's own on the server it launched or converged to; the rollback's on the server it relaunched)."""
+    failed: dict[int, str] = {}
+    for records, pid in ((report.steps, memory.get("pid")), (report.rollback, memory.get("rollback_pid"))):
+        step = next((s for s in records if s.name == "verify-acceptance" and s.status == "failed"), None)
+        if step is not None and isinstance(pid, int):
+            failed[pid] = (step.detail.splitlines() or ["failed"])[0][:300]
+    return failed
+
+
 def serving_of(report: HostReport, memory: dict[str, Any], options: RunOptions, state=None,
                state_error: str | None = None) -> Serving:
+    """The headline's one decision, from what was verified in THIS run (launch, rollback, converge)."""
     snapshot = memory.get("snapshot")
-    return decide(verified_pid=verified_pid(report, memory), state=state, state_error=state_error,
-                  stopped=any(s.name == "stop-stale" and s.status == "ok" for s in report.steps),
-                  last_good=getattr(snapshot, "last_good", None), down=options.command == "down")
+    stopped = any(s.name == "stop-stale" and s.status == "ok" for s in (*report.steps, *report.rollback))
+    return decide(verified_pid=verified_pid(report, memory), state=state, state_error=state_error, stopped=stopped,
+                  last_good=getattr(snapshot, "last_good", None), down=options.command == "down",
+                  launched=launched_pids(memory), failed=failed_verifications(report, memory))
 
 
 def unreached(error: DeployError, why: str) -> Serving:

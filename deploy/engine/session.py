@@ -30,6 +30,7 @@ from deploy.transport import HostConnection, JumpConnections
 if TYPE_CHECKING:  # the playbook and its steps load when a playbook runs: gpu-status, logs and doctor never need them
     from deploy.playbook import Playbook, PlannedStep
     from deploy.steps.base import Command, StepContext
+    from deploy.steps.failure_cause import Cause
 
 #: what a rollback runs, with the playbook's settings for each step where it has them
 ROLLBACK_STEPS = ("stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready", "verify-acceptance")
@@ -167,6 +168,10 @@ def should_roll_back(playbook: Playbook, records: list[StepRecord], failed_at: i
                       options: RunOptions, cancelled: threading.Event) -> bool:
     if not options.rollback or cancelled.is_set() or isinstance(error, LockHeld) or failed_at < 0:
         return False
+    from deploy.steps.failure_cause import deployment_stays, failure_cause
+
+    if deployment_stays(failure_cause(playbook.steps[failed_at].name, error), records[:failed_at]):
+        return False  # a benchmark harness (or host) failure after this run verified its deployment: it stays
     names = [s.name for s in playbook.steps]
     if "stop-stale" not in names:
         return False
@@ -203,6 +208,8 @@ def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str
     records, rb_error, _ = run_steps(rollback_steps(playbook), host, run, conn, stamp, progress,
                                       rb_memory, cancelled, label="rollback/")
     report.rollback = records
+    if isinstance(rb_memory.get("pid"), int):
+        memory["rollback_pid"] = rb_memory["pid"]  # the headline: launched by this run's rollback
     report.cause = error
     first = str(error).splitlines()[0]
     if rb_error is None:
@@ -221,6 +228,17 @@ def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str
         # still loading after a network freeze is not "nothing"
         memory["rollback_failed"] = True
         progress(host.name, "rollback", "FAILED: the rollback did not restore a verified deployment")
+
+
+def kept_deployment_error(error: DeployError, cause: Cause, memory: dict) -> DeployError:
+    """A failure that is not the checkpoint's after this run verified its deployment: said as such, the
+    deployment stays (no rollback, nothing quarantined); the exit code is the failure's own."""
+    from deploy.steps.failure_cause import Cause
+
+    first = str(error).splitlines()[0]
+    what = "benchmark harness failed" if cause is Cause.HARNESS else "failed after verification"
+    return type(error)(f"{what} ({cause.describe()}): {first}\n-> the deployment stays: verified in this run "
+                       f"(pid {memory.get('pid')}); not rolled back, nothing quarantined", exit_code=error.exit_code)
 
 
 def collect_facts(report: HostReport, memory: dict, run: Run) -> None:
@@ -385,8 +403,14 @@ def run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, stamp:
             records[failed_at].detail = str(error)
             records[failed_at].exit_code = int(error.exit_code)
         report.error = error
+        from deploy.steps.failure_cause import Cause, deployment_stays, failure_cause
+
+        if error is not None:
+            report.failure_cause = failure_cause(playbook.steps[failed_at].name, error).value
         if error is not None and should_roll_back(playbook, records, failed_at, error, options, cancelled):
             session.roll_back(playbook)
+        elif error is not None and deployment_stays(Cause(report.failure_cause), records[:failed_at]):
+            report.error = kept_deployment_error(error, Cause(report.failure_cause), session.memory)
         if not cancelled.is_set():
             assert session.conn is not None
             update_quarantine(report, options, playbook.steps[failed_at].name if failed_at >= 0 else "",

@@ -329,7 +329,7 @@ def test_local_lock_file_name_is_safe_for_any_run_name(tmp_path, monkeypatch):
 from types import SimpleNamespace  # noqa: E402
 
 from deploy.config.models import Host, Run  # noqa: E402
-from deploy.errors import DeployError, Regression  # noqa: E402
+from deploy.errors import BenchmarkHarnessFailed, DeployError, Regression, ServerDied, StepTimeout  # noqa: E402
 from deploy.engine.records import RunOptions, StepRecord  # noqa: E402
 from deploy.engine.session import run_steps, should_roll_back  # noqa: E402
 from deploy.playbook import load_playbook  # noqa: E402
@@ -383,6 +383,12 @@ def test_a_lost_host_lock_stops_before_the_next_step():
     ("wait-ready", None, DeployError("x"), RunOptions(rollback=False), False),
     ("wait-ready", None, LockHeld("x"), RunOptions(), False),
     ("wait-ready", {"stop-stale": "skipped"}, Regression("x"), RunOptions(), True),
+    # issue 28: a benchmark harness failure after this run verified its deployment: it stays
+    ("benchmark", None, BenchmarkHarnessFailed("bench_serving failed (exit 1)"), RunOptions(), False),
+    ("benchmark", None, StepTimeout("bench_serving timed out"), RunOptions(), False),
+    ("benchmark", {"verify-acceptance": "disabled"}, BenchmarkHarnessFailed("x"), RunOptions(), True),  # not verified
+    ("benchmark", None, ServerDied("crashed on /generate"), RunOptions(), True),  # the checkpoint's
+    ("regression-gate", None, Regression("x"), RunOptions(), True),
 ])
 def test_rollback_happens_only_after_stop_stale(failing, statuses, error, options, expected):
     playbook = load_playbook("nightly")
