@@ -80,6 +80,11 @@ class ExecTimedOut(Exception):
     """Raised by a transport's ``_exec`` when its local deadline passed (mapped to StepTimeout)."""
 
 
+class ExecCancelled(Exception):
+    """Raised by a transport's ``_exec`` when ``Transport.cancelled`` was set while the command ran
+    (mapped to Interrupted): the channel is closed at once, not when the command ends."""
+
+
 class Transport:
     """A connection to one host, as the steps see it.
 
@@ -94,6 +99,9 @@ class Transport:
         self.host = host
         self.command_timeout_s = command_timeout_s
         self._home: str | None = None
+        #: the run's Ctrl-C/SIGTERM event (engine.session sets it): a command running when it is set is
+        #: stopped (its channel closed); one started after it still runs (the report's own reads)
+        self.cancelled: threading.Event | None = None
 
     @property
     def label(self) -> str:
@@ -146,6 +154,9 @@ class Transport:
             raise StepTimeout(
                 f"{self.label}: command did not finish within {timeout:.0f} s: {command[:200]}"
             ) from None
+        except ExecCancelled:
+            raise Interrupted(f"{self.label}: interrupted: the running remote command was stopped (its channel "
+                              f"closed): {command[:160]}") from None
         except (OSError, EOFError) as exc:
             raise ConnectionFailed(
                 f"{self.label}: connection lost while running a command ({exc}); "
@@ -328,6 +339,8 @@ class HostConnection(Transport):
                  ssh_config: SSHConfigSource | None = None):
         super().__init__(host, ssh.command_timeout_s)
         self.ssh = ssh
+        #: why the host counts as frozen (a command outlived its host-side bound); later commands fail at once
+        self._frozen: str | None = None
         self._conn: fabric.Connection | None = None
         self._own_jumps = jumps is None
         self._jumps = jumps if jumps is not None else JumpConnections()
@@ -392,14 +405,26 @@ class HostConnection(Transport):
 
         from deploy import bounded_channel
 
+        self._refuse_when_frozen()
+        # a signal that came before this command started does not stop it (the report's own reads)
+        cancelled = self.cancelled if self.cancelled is not None and not self.cancelled.is_set() else None
         try:
             channel = self._live().client.get_transport().open_session(timeout=self.ssh.connect_timeout_s)
         except paramiko.SSHException as exc:
             raise ConnectionError(str(exc)) from exc
         try:
-            status, out, err = bounded_channel.exec_bounded(channel, command, deadline=time.monotonic() + timeout)
+            status, out, err = bounded_channel.exec_bounded(channel, command, deadline=time.monotonic() + timeout,
+                                                            cancelled=cancelled)
+            if status == -1 and not self._transport_alive(channel):
+                # the channel closed with no exit status and the SSH session is gone: the host (or its sshd)
+                # died mid-command; exit 4, not "the fixer printed no JSON" (exit 5)
+                raise ConnectionError("the connection closed before the command ended (the host or its sshd "
+                                      "went away)")
         except bounded_channel.DeadlinePassed:
+            self._frozen = f"no answer within {timeout:.0f} s to a command bounded on the host"
             raise ExecTimedOut(command) from None
+        except bounded_channel.Cancelled:
+            raise ExecCancelled(command) from None
         except bounded_channel.OutputTooLarge as exc:
             raise RemoteOutputError(f"{self.label}: refused the answer of {command[:200]!r}: it {exc} "
                                     "(every answer deployctl reads is far smaller)") from None
@@ -423,6 +448,7 @@ class HostConnection(Transport):
                cancelled: threading.Event) -> tuple[int | None, str]:
         import paramiko
 
+        self._refuse_when_frozen()
         deadline = time.monotonic() + timeout
         try:
             channel = self._live().client.get_transport().open_session(timeout=self.ssh.connect_timeout_s)
@@ -438,6 +464,7 @@ class HostConnection(Transport):
                     self._end_watch(channel, wait_s=0.5)
                     return None, ""
                 if time.monotonic() > deadline:
+                    self._frozen = f"no answer within {timeout:.0f} s to a host-side wait bounded on the host"
                     raise ExecTimedOut(command)
                 try:
                     chunk = channel.recv(65536)
@@ -459,15 +486,34 @@ class HostConnection(Transport):
             if pending.strip() and on_line(pending.decode("utf-8", "replace")):
                 return None, ""
             if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
+                self._frozen = f"no answer within {timeout:.0f} s to a host-side wait bounded on the host"
                 raise ExecTimedOut(command)
             stderr = b""
             while channel.recv_stderr_ready():
                 stderr += channel.recv_stderr(65536)
-            return channel.recv_exit_status(), stderr.decode("utf-8", "replace")
+            status = channel.recv_exit_status()
+            if status == -1 and not self._transport_alive(channel):
+                raise ConnectionError("the connection closed before the wait ended (the host or its sshd went away)")
+            return status, stderr.decode("utf-8", "replace")
         except paramiko.SSHException as exc:
             raise ConnectionError(str(exc)) from exc
         finally:
             channel.close()
+
+    def _refuse_when_frozen(self) -> None:
+        """After a command outlived its own host-side bound (the host froze: a stopped sshd, a dead
+        network), later commands fail at once instead of each waiting out its timeout: a frozen sshd
+        during wait-ready took 138 s (the wait, then the server-state and log reads) against 60 s."""
+        if self._frozen is not None:
+            raise ConnectionError(f"not sent: the host stopped answering ({self._frozen})")
+
+    @staticmethod
+    def _transport_alive(channel) -> bool:
+        try:
+            transport = channel.get_transport()
+            return bool(transport is not None and transport.is_active())
+        except Exception:  # noqa: BLE001 - a channel without a transport is a dead one
+            return False
 
     @staticmethod
     def _end_watch(channel, wait_s: float = 3.0) -> None:

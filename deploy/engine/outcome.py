@@ -56,6 +56,28 @@ def serving_of(report: HostReport, memory: dict[str, Any], options: RunOptions, 
                   launched=launched_pids(memory), failed=failed_verifications(report, memory))
 
 
+def after_interruption(report: HostReport, memory: dict[str, Any]) -> tuple[str, Serving]:
+    """(left running, serving) of a host whose run a signal stopped, from what THIS run knows, without
+    another read of the host: the server's PID, who launched it and whether this run verified it
+    (before issue 28: "left running: unknown", while history said ``serving``)."""
+    verified = verified_pid(report, memory)
+    pid = memory.get("rollback_pid") if isinstance(memory.get("rollback_pid"), int) else memory.get("pid")
+    if not isinstance(pid, int):
+        stopped = any(s.name == "stop-stale" and s.status == "ok" for s in (*report.steps, *report.rollback))
+        before = "the server that ran before was stopped by this run" if stopped else \
+            "the server that ran before (if any) was not stopped"
+        return (f"no server launched by this run ({before}); not read again after the interruption",
+                Serving("unknown", None, f"interrupted: {before}; not read again"))
+    whose = "launched by this run" if pid in launched_pids(memory) else "the server this run found running"
+    if verified == pid:
+        return (f"pid {pid} ({whose}, verified in this run); not read again after the interruption",
+                Serving("serving", pid, "verified in this run before the interruption; not read again"))
+    why = failed_verifications(report, memory).get(pid)
+    state = f"failed verification in this run: {why}" if why else "not verified in this run"
+    return (f"pid {pid} ({whose}, {state}); not read again after the interruption",
+            Serving("unverified", pid, f"{whose}, {state}; interrupted, not read again"))
+
+
 def unreached(error: DeployError, why: str) -> Serving:
     return Serving("unknown", None, f"{why}: {str(error).splitlines()[0][:200]}")
 

@@ -288,6 +288,8 @@ class HostSession:
 
     def connect(self) -> None:
         self.conn = HostConnection(self.host, self.config.ssh, self.jumps)
+        # a signal stops the command running at that moment (its channel closed), not at its end
+        self.conn.cancelled = self.cancelled
         self.conn.connect()
         self.host = network_host(self.host, self.conn.endpoint.hostname.value)
         self.report.host = self.host
@@ -346,8 +348,12 @@ class HostSession:
     def close(self, describe: bool = True) -> None:
         """A failed host's report says what it left running (``describe``) and every report what the
         host serves (deploy/serving.py); the lock is released, the connection closed."""
-        from deploy.engine.outcome import serving_of
+        from deploy.engine.outcome import after_interruption, serving_of
 
+        if self.cancelled.is_set() and self.report.serving is None:
+            # the user asked to stop: no more reads of the host; what this run knows it left (PID, verified)
+            self.report.left_running, self.report.serving = after_interruption(self.report, self.memory)
+            describe = False
         if self.conn is not None:
             state, state_error = None, None
             if describe and self.report.error is not None:
