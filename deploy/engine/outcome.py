@@ -70,11 +70,11 @@ def after_interruption(report: HostReport, memory: dict[str, Any]) -> tuple[str,
                 Serving("unknown", None, f"interrupted: {before}; not read again"))
     whose = "launched by this run" if pid in launched_pids(memory) else "the server this run found running"
     if verified == pid:
-        return (f"pid {pid} ({whose}, verified in this run); not read again after the interruption",
+        return (f"SGLang pid {pid} ({whose}, verified in this run); not read again after the interruption",
                 Serving("serving", pid, "verified in this run before the interruption; not read again"))
     why = failed_verifications(report, memory).get(pid)
     state = f"failed verification in this run: {why}" if why else "not verified in this run"
-    return (f"pid {pid} ({whose}, {state}); not read again after the interruption",
+    return (f"SGLang pid {pid} ({whose}, {state}); not read again after the interruption",
             Serving("unverified", pid, f"{whose}, {state}; interrupted, not read again"))
 
 
