@@ -130,7 +130,7 @@ class Transport:
         raise NotImplementedError
 
     def _watch(self, command: str, on_line: Callable[[str], bool], *, timeout: float,
-               cancelled: threading.Event) -> tuple[int | None, str]:
+               cancelled: threading.Event, silence_s: float | None = None) -> tuple[int | None, str]:
         """Run the (already wrapped) ``command``, calling ``on_line`` with each stdout line as it comes.
 
         Returns (exit code, stderr) when the command ends, or (None, "") once ``on_line`` returned
@@ -181,7 +181,7 @@ class Transport:
         return result
 
     def watch(self, command: str, on_line: Callable[[str], bool], *, timeout: float,
-              cancelled: threading.Event) -> WatchResult:
+              cancelled: threading.Event, silence_s: float | None = None) -> WatchResult:
         """Run a host-side poll loop on one channel; ``on_line(line) -> True`` means "answered, stop".
 
         Bounded on the host (coreutils ``timeout``) and locally; Ctrl-C (``cancelled``) closes the
@@ -189,7 +189,8 @@ class Transport:
         """
         wrapped = remote_timeout_wrap(command, timeout)
         try:
-            exit_code, stderr = self._watch(wrapped, on_line, timeout=timeout + 10, cancelled=cancelled)
+            exit_code, stderr = self._watch(wrapped, on_line, timeout=timeout + 10, cancelled=cancelled,
+                                            silence_s=silence_s)
         except ExecTimedOut:
             raise StepTimeout(f"{self.label}: command did not finish within {timeout:.0f} s: {command[:200]}") from None
         except (OSError, EOFError) as exc:
@@ -421,8 +422,10 @@ class HostConnection(Transport):
                 raise ConnectionError("the connection closed before the command ended (the host or its sshd "
                                       "went away)")
         except bounded_channel.DeadlinePassed:
-            self._frozen = f"no answer within {timeout:.0f} s to a command bounded on the host"
-            raise ExecTimedOut(command) from None
+            # the command is bounded on the host (coreutils timeout, --kill-after=5): a live host answers in
+            # time, so the local deadline passing means the host or the network froze (exit 4, not 7)
+            raise ConnectionError(self._freeze(f"no answer within {timeout:.0f} s to a command bounded on the "
+                                               f"host")) from None
         except bounded_channel.Cancelled:
             raise ExecCancelled(command) from None
         except bounded_channel.OutputTooLarge as exc:
@@ -445,11 +448,15 @@ class HostConnection(Transport):
         return result.exited
 
     def _watch(self, command: str, on_line: Callable[[str], bool], *, timeout: float,
-               cancelled: threading.Event) -> tuple[int | None, str]:
+               cancelled: threading.Event, silence_s: float | None = None) -> tuple[int | None, str]:
         import paramiko
 
         self._refuse_when_frozen()
         deadline = time.monotonic() + timeout
+        # a loop with a heartbeat silent for longer than a live host can be: the host or the network froze (a
+        # stopped sshd took wait-ready 138 s against a 60 s ready timeout); never shorter than the connect timeout
+        limit = max(float(self.ssh.connect_timeout_s), silence_s) if silence_s else None
+        last_byte = time.monotonic()
         try:
             channel = self._live().client.get_transport().open_session(timeout=self.ssh.connect_timeout_s)
         except paramiko.SSHException as exc:
@@ -464,12 +471,16 @@ class HostConnection(Transport):
                     self._end_watch(channel, wait_s=0.5)
                     return None, ""
                 if time.monotonic() > deadline:
-                    self._frozen = f"no answer within {timeout:.0f} s to a host-side wait bounded on the host"
-                    raise ExecTimedOut(command)
+                    raise ConnectionError(self._freeze(f"no answer within {timeout:.0f} s to a host-side wait "
+                                                       "bounded on the host"))
+                if limit is not None and time.monotonic() - last_byte > limit:
+                    raise ConnectionError(self._freeze(f"a host-side wait with a heartbeat sent nothing for "
+                                                       f"{limit:.0f} s"))
                 try:
                     chunk = channel.recv(65536)
                 except socket.timeout:
                     continue
+                last_byte = time.monotonic()
                 if not chunk:
                     break
                 pending += chunk
@@ -486,8 +497,8 @@ class HostConnection(Transport):
             if pending.strip() and on_line(pending.decode("utf-8", "replace")):
                 return None, ""
             if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
-                self._frozen = f"no answer within {timeout:.0f} s to a host-side wait bounded on the host"
-                raise ExecTimedOut(command)
+                raise ConnectionError(self._freeze(f"no answer within {timeout:.0f} s to a host-side wait "
+                                                   "bounded on the host"))
             stderr = b""
             while channel.recv_stderr_ready():
                 stderr += channel.recv_stderr(65536)
@@ -499,6 +510,10 @@ class HostConnection(Transport):
             raise ConnectionError(str(exc)) from exc
         finally:
             channel.close()
+
+    def _freeze(self, why: str) -> str:
+        self._frozen = why
+        return f"the host stopped answering: {why}"
 
     def _refuse_when_frozen(self) -> None:
         """After a command outlived its own host-side bound (the host froze: a stopped sshd, a dead

@@ -75,3 +75,29 @@ def test_sigterm_during_the_benchmark_stops_it_within_a_second_and_says_what_is_
     assert f"left running: SGLang pid {pid} (launched by this run, verified in this run)" in err, err
     [row] = history.read(host="sb1")
     assert (row["outcome"], row["exit_code"], row["serving"]) == ("interrupted", 143, "serving")
+
+
+def test_a_frozen_sshd_during_wait_ready_ends_within_the_connect_timeout_as_exit_4(clean_sandbox, tmp_path):
+    """Before issue 28 a stopped sshd took 138 s against a 60 s ready timeout (the wait, then 40 s per read)."""
+    path = config(clean_sandbox, tmp_path, SGLANG_SIM_LOAD_SECONDS="300")  # still loading when frozen
+    proc = deployctl("-c", str(path), "up")
+    sshd = None
+    try:
+        read_until(proc, "[sb1] wait-ready: start", timeout=120)
+        # the sshd process serving deployctl's connection: the parent chain of the host-side watch loop
+        found = clean_sandbox.run("sb1", "p=$(pgrep -n -f 'host_ops.py.* watch-health'); "
+                                         "while [ -n \"$p\" ] && [ \"$(ps -o comm= -p \"$p\")\" != sshd ]; do "
+                                         "p=$(ps -o ppid= -p \"$p\" | tr -d ' '); done; echo \"$p\"")
+        sshd = int(found.stdout.strip())
+        assert clean_sandbox.run("sb1", f"kill -STOP {sshd}").returncode == 0
+        frozen_at = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        took = time.monotonic() - frozen_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if sshd is not None:
+            clean_sandbox.run("sb1", f"kill -CONT {sshd}; kill {sshd}")
+    assert proc.returncode == ExitCode.CONNECTION, err
+    assert "the host stopped answering" in err, err
+    assert took < 25, f"{took:.0f} s from the freeze to the end (connect timeout 10 s)"

@@ -209,7 +209,7 @@ class BusyHost:
         self.calls = 0
         self.for_s = for_s
 
-    def watch(self, command, on_line, *, timeout, cancelled):
+    def watch(self, command, on_line, *, timeout, cancelled, silence_s=None):
         import json
         import time
 

@@ -92,10 +92,9 @@ def test_a_command_killed_by_a_signal_on_a_live_session_is_not_a_dead_host():
 
 
 def test_after_a_frozen_command_the_next_reads_fail_at_once():
-    from deploy.transport import ExecTimedOut
-
     conn = connection(FakeChannel("silence"))
-    with pytest.raises(ExecTimedOut):  # what run() turns into StepTimeout, after its local deadline
+    # the local deadline (run() gives the host-side bound + 10 s) passed: a frozen host, not a slow command
+    with pytest.raises(ConnectionError, match="the host stopped answering"):
         conn._exec("server-state", timeout=0.1)
     started = time.monotonic()
     with pytest.raises(ConnectionFailed, match="not sent: the host stopped answering"):
@@ -126,3 +125,15 @@ def test_an_interrupted_host_says_what_this_run_left_without_reading_it_again(st
     assert text.startswith(left.replace("pid ", "SGLang pid ", 1) if left.startswith("pid") else left)
     assert "not read again" in text
     assert serving.state == state and (serving.pid == memory.get("pid"))
+
+
+def test_a_wait_whose_heartbeat_stops_ends_after_the_connect_timeout_not_at_its_deadline():
+    conn = HostConnection(HOST, SSHSettings(connect_timeout_s=1))
+    fake = FakeSSH(FakeChannel("silence"))
+    conn._live = lambda: fake  # type: ignore[method-assign]
+    started = time.monotonic()
+    with pytest.raises(ConnectionFailed, match="sent nothing for 1 s") as frozen:
+        conn.watch("watch-health ...", lambda line: False, timeout=600, cancelled=threading.Event(), silence_s=0.2)
+    assert time.monotonic() - started < 2.5 and frozen.value.exit_code == 4
+    with pytest.raises(ConnectionFailed, match="not sent: the host stopped answering"):
+        conn.run("server-state", timeout=30)  # the reads after it: at once, not 40 s each

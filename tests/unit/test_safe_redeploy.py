@@ -454,7 +454,7 @@ class ScriptedHost:
     def check(self, command, *, timeout=None, what=""):
         return self.run(command, timeout=timeout)
 
-    def watch(self, command, on_line, *, timeout, cancelled):
+    def watch(self, command, on_line, *, timeout, cancelled, silence_s=None):
         from deploy.transport import WatchResult
 
         self.commands.append(command)
