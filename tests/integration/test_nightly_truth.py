@@ -85,10 +85,14 @@ def test_a_frozen_sshd_during_wait_ready_ends_within_the_connect_timeout_as_exit
     try:
         read_until(proc, "[sb1] wait-ready: start", timeout=120)
         # the sshd process serving deployctl's connection: the parent chain of the host-side watch loop
-        found = clean_sandbox.run("sb1", "p=$(pgrep -n -f 'host_ops.py.* watch-health'); "
+        # ([h]: the pattern must not match this very command's shell)
+        found = clean_sandbox.run("sb1", "p=$(pgrep -n -f '[h]ost_ops.py.* watch-health'); "
                                          "while [ -n \"$p\" ] && [ \"$(ps -o comm= -p \"$p\")\" != sshd ]; do "
                                          "p=$(ps -o ppid= -p \"$p\" | tr -d ' '); done; echo \"$p\"")
         sshd = int(found.stdout.strip())
+        mine = clean_sandbox.run("sb1", "p=$$; while [ \"$(ps -o comm= -p \"$p\")\" != sshd ]; do "
+                                        "p=$(ps -o ppid= -p \"$p\" | tr -d ' '); done; echo \"$p\"")
+        assert int(mine.stdout.strip()) != sshd  # never the session the test itself reaches the host by
         assert clean_sandbox.run("sb1", f"kill -STOP {sshd}").returncode == 0
         frozen_at = time.monotonic()
         _, err = proc.communicate(timeout=120)
