@@ -150,3 +150,40 @@ def test_a_hand_edited_baseline_is_not_trusted_into_the_statistics(entry):
     assert record_good.throughput_baselines({"throughput_baselines": [entry]}) == []
     assert compare({"output_tok_s": 900.0, "bench_settings": NIGHTLY}, {"throughput_baselines": [entry]}, 0.9,
                    0.9).throughput is None
+
+
+# --- the verdict reaches every report ---------------------------------------------------------------
+
+
+def _gated_report():
+    from deploy.engine.records import HostReport, StepRecord
+    from deploy.engine.session import gate_summary
+
+    verdict = decide([880.0] * 2, BASE, 0.9).to_dict()  # 2 rounds now: inconclusive, no interval
+    report = HostReport(HOST, steps=[StepRecord("benchmark", "ok", data={"output_tok_s": 880.0,
+                                                                        "output_tok_s_rounds": [880.0, 880.0]}),
+                                     StepRecord("regression-gate", "ok", detail="INCONCLUSIVE ...",
+                                                data={"throughput_gate": verdict})])
+    report.facts = {"output_tok_s": 880.0, "throughput_gate": gate_summary(verdict)}
+    return report
+
+
+def test_the_gates_verdict_goes_to_the_plain_report_json_and_history():
+    from deploy import history, render
+
+    report = _gated_report()
+    [line] = [l for l in render.plain_report_lines("nightly", [report], "T") if "throughput gate" in l]
+    assert "INCONCLUSIVE: now/last good 88.0% [no interval], minimum 90.0% (2 vs 12 rounds" in line
+    assert report.to_dict()["facts"]["throughput_gate"]["outcome"] == "inconclusive"
+    [row] = history.records_for("nightly", "r", [report])
+    assert row["throughput_gate"]["ratio"] == pytest.approx(0.88, abs=0.005) and row["throughput_gate"]["rounds"] == [2, 12]
+    assert "gate=inconclusive" in render.history_lines([row])[0]
+
+
+def test_the_html_bench_report_shows_the_rounds_and_the_verdict():
+    from deploy import bench_report
+
+    table = bench_report.rows([(16, [_gated_report()])])
+    page = bench_report.render_html(bench_report.document("r", 16, table, []))
+    assert "2 rounds, 880.0-880.0" in page and "INCONCLUSIVE 88.0% [no interval], minimum 90%" in page
+    assert "whole 95% interval below 100%" in page
