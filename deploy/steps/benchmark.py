@@ -96,14 +96,15 @@ def upload_action(ctx: StepContext, ds: datasets.Dataset) -> Upload:
                   files=(UploadFile(remote=remote, content=ds.content, mode=0o600),))
 
 
-def action(ctx: StepContext, ds: datasets.Dataset | None = None) -> Command:
+def action(ctx: StepContext, ds: datasets.Dataset | None = None, number: int = 1) -> Command:
+    """Round ``number`` of ``rounds`` (each the same bench_serving command, one after the other)."""
     s = ctx.settings
     ds = ds or dataset(ctx)
     if ds.is_file:
         what = f"dataset {ds.name} (sha256 {ds.sha256[:12] if ds.sha256 else '-'}), {s.output_len} out"
     else:
         what = f"random ids, {s.input_len} in / {s.output_len} out"
-    rounds = f" ({s.rounds} rounds, one after the other)" if s.rounds > 1 else ""
+    rounds = f" (round {number} of {s.rounds}, one after the other)" if s.rounds > 1 else ""
     return Command(description=f"bench_serving: {s.num_prompts} prompts, {what}, concurrency {s.max_concurrency}"
                                f"{rounds}",
                    command=command(ctx, ds), timeout_s=ctx.timeout(3600))
@@ -111,9 +112,10 @@ def action(ctx: StepContext, ds: datasets.Dataset | None = None) -> Command:
 
 def plan(ctx: StepContext) -> list[Action]:
     ds = dataset(ctx)
+    rounds: list[Action] = [action(ctx, ds, n) for n in range(1, ctx.settings.rounds + 1)]
     if not ds.is_file:
-        return [action(ctx, ds)]
-    return [check_action(ctx, ds), upload_action(ctx, ds), action(ctx, ds)]
+        return rounds
+    return [check_action(ctx, ds), upload_action(ctx, ds), *rounds]
 
 
 def ensure_dataset(ctx: StepContext, ds: datasets.Dataset) -> bool:
@@ -130,7 +132,7 @@ def ensure_dataset(ctx: StepContext, ds: datasets.Dataset) -> bool:
 def one_round(ctx: StepContext, ds: datasets.Dataset, number: int):
     """One bench_serving run, parsed; any failure is the harness's (BenchmarkHarnessFailed)."""
     where = f" (round {number} of {ctx.settings.rounds})" if ctx.settings.rounds > 1 else ""
-    result = ctx.execute(action(ctx, ds))
+    result = ctx.execute(action(ctx, ds, number))
     if result.exit_code != 0:
         tail = (result.stderr.strip() or result.stdout.strip())[-600:]
         raise BenchmarkHarnessFailed(f"{ctx.host.name}: bench_serving failed{where} (exit {result.exit_code}): {tail}")

@@ -466,7 +466,11 @@ def test_benchmark_rounds_run_one_after_the_other_and_report_their_median_and_ea
     outcome = benchmark.run(c)
     assert len(conn.commands) == 3 and len(set(conn.commands)) == 1
     assert outcome.data["output_tok_s_rounds"] == [900.0, 1100.0, 1000.0] and outcome.data["output_tok_s"] == 1000.0
-    assert "median of 3 rounds, 900.0-1100.0" in outcome.detail and "3 rounds" in benchmark.plan(c)[0].description
+    assert "median of 3 rounds, 900.0-1100.0" in outcome.detail
+    # the plan is the run: one planned command per round
+    assert [a.description.rsplit("(", 1)[1] for a in benchmark.plan(c)] == [
+        "round 1 of 3, one after the other)", "round 2 of 3, one after the other)", "round 3 of 3, one after the other)"]
+    assert [a.description for _, a in c.journal] == [a.description for a in benchmark.plan(c)]
     second_fails = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT, times=1),
                                              Reply(r"sglang\.bench_serving", exit_code=1, stderr="Killed")])
     with pytest.raises(BenchmarkHarnessFailed, match=r"round 2 of 3\) \(exit 1\): Killed"):
