@@ -523,9 +523,14 @@ class HostConnection(Transport):
             raise ConnectionError(f"not sent: the host stopped answering ({self._frozen})")
 
     @staticmethod
-    def _transport_alive(channel) -> bool:
+    def _transport_alive(channel, wait_s: float = 0.5) -> bool:
+        """Whether the SSH session is still up; paramiko closes the channels of a dead session just before
+        it marks the session inactive, so a channel closed without an exit status waits a moment for that."""
+        deadline = time.monotonic() + wait_s
         try:
             transport = channel.get_transport()
+            while transport is not None and transport.is_active() and time.monotonic() < deadline:
+                time.sleep(0.02)
             return bool(transport is not None and transport.is_active())
         except Exception:  # noqa: BLE001 - a channel without a transport is a dead one
             return False

@@ -84,15 +84,7 @@ def test_a_frozen_sshd_during_wait_ready_ends_within_the_connect_timeout_as_exit
     sshd = None
     try:
         read_until(proc, "[sb1] wait-ready: start", timeout=120)
-        # the sshd process serving deployctl's connection: the parent chain of the host-side watch loop
-        # ([h]: the pattern must not match this very command's shell)
-        found = clean_sandbox.run("sb1", "p=$(pgrep -n -f '[h]ost_ops.py.* watch-health'); "
-                                         "while [ -n \"$p\" ] && [ \"$(ps -o comm= -p \"$p\")\" != sshd ]; do "
-                                         "p=$(ps -o ppid= -p \"$p\" | tr -d ' '); done; echo \"$p\"")
-        sshd = int(found.stdout.strip())
-        mine = clean_sandbox.run("sb1", "p=$$; while [ \"$(ps -o comm= -p \"$p\")\" != sshd ]; do "
-                                        "p=$(ps -o ppid= -p \"$p\" | tr -d ' '); done; echo \"$p\"")
-        assert int(mine.stdout.strip()) != sshd  # never the session the test itself reaches the host by
+        sshd = _sshd_of(clean_sandbox, "[h]ost_ops.py.* watch-health")
         assert clean_sandbox.run("sb1", f"kill -STOP {sshd}").returncode == 0
         frozen_at = time.monotonic()
         _, err = proc.communicate(timeout=120)
@@ -105,3 +97,33 @@ def test_a_frozen_sshd_during_wait_ready_ends_within_the_connect_timeout_as_exit
     assert proc.returncode == ExitCode.CONNECTION, err
     assert "the host stopped answering" in err, err
     assert took < 25, f"{took:.0f} s from the freeze to the end (connect timeout 10 s)"
+
+
+def _sshd_of(sandbox, pattern: str) -> int:
+    """The sshd process serving deployctl's connection: the parent chain of the process matching pattern."""
+    found = sandbox.run("sb1", f"p=$(pgrep -n -f '{pattern}'); "
+                               "while [ -n \"$p\" ] && [ \"$(ps -o comm= -p \"$p\")\" != sshd ]; do "
+                               "p=$(ps -o ppid= -p \"$p\" | tr -d ' '); done; echo \"$p\"")
+    sshd = int(found.stdout.strip())
+    mine = sandbox.run("sb1", "p=$$; while [ \"$(ps -o comm= -p \"$p\")\" != sshd ]; do "
+                              "p=$(ps -o ppid= -p \"$p\" | tr -d ' '); done; echo \"$p\"")
+    assert int(mine.stdout.strip()) != sshd  # never the session the test itself reaches the host by
+    return sshd
+
+
+def test_a_connection_that_dies_mid_command_is_exit_4_not_5(clean_sandbox, tmp_path):
+    """Before issue 28 a host dying during fix-keys was exit 5 ("did not print its JSON summary"): the closed
+    channel's missing exit status was read as the command's answer."""
+    path = config(clean_sandbox, tmp_path, SGLANG_SIM_TIME_SCALE="1")
+    proc = deployctl("-c", str(path), "nightly", "--playbook", str(nightly_with(tmp_path, rounds=2)))
+    try:
+        read_until(proc, "[sb1] benchmark: start", timeout=120)
+        time.sleep(0.5)
+        sshd = _sshd_of(clean_sandbox, "[s]glang.bench_serving")
+        assert clean_sandbox.run("sb1", f"kill -9 {sshd}").returncode == 0
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == ExitCode.CONNECTION, err
+    assert "connection lost while running a command" in err, err
