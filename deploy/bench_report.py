@@ -35,6 +35,9 @@ def rows(rounds) -> list[dict[str, Any]]:
             data = step.data if step is not None and step.status == "ok" else {}
             row: dict[str, Any] = {"host": report.host.name, "draft_tokens": tokens, "ok": report.ok and bool(data)}
             row |= {key: data.get(key) for key, _, _ in METRICS}
+            # the rounds behind the median (benchmark ``rounds``) and, where the playbook gates, the verdict
+            row |= {"output_tok_s_rounds": data.get("output_tok_s_rounds"),
+                    "throughput_gate": (report.facts or {}).get("throughput_gate")}
             row |= {"dataset": data.get("dataset"), "dataset_sha256": data.get("dataset_sha256"),
                     "error": str(report.error).splitlines()[0][:300] if report.error is not None else None,
                     "best": False}
@@ -63,6 +66,23 @@ def document(run_name: str, configured_tokens: int, table: list[dict[str, Any]],
 
 def _fmt(value: Any, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def rounds_cell(rounds: Any) -> str:
+    """``n rounds, min-max`` of a row's throughput rounds (the median is the output tok/s column)."""
+    if not isinstance(rounds, list) or not rounds or not all(isinstance(x, (int, float)) for x in rounds):
+        return "-"
+    return "1 round" if len(rounds) == 1 else f"{len(rounds)} rounds, {min(rounds):.1f}-{max(rounds):.1f}"
+
+
+def gate_cell(gate: Any) -> str:
+    """The throughput gate's verdict, ratio and 95% interval against the floor; '-' where none judged."""
+    if not isinstance(gate, dict) or not isinstance(gate.get("ratio"), (int, float)):
+        return "-"
+    interval = (f" [{gate['low']:.1%}, {gate['high']:.1%}]" if isinstance(gate.get("low"), (int, float))
+                and isinstance(gate.get("high"), (int, float)) else " [no interval]")
+    floor = f", minimum {gate['floor']:.0%}" if isinstance(gate.get("floor"), (int, float)) else ""
+    return f"{str(gate.get('outcome', '?')).upper()} {gate['ratio']:.1%}{interval}{floor}"
 
 
 def _ticks(low: float, high: float, count: int = 5) -> list[float]:
@@ -146,7 +166,9 @@ def render_html(doc: dict[str, Any]) -> str:
         configured = " (configured)" if r["draft_tokens"] == doc["configured_draft_tokens"] else ""
         result = "ok" if r["ok"] else html.escape(r.get("error") or "failed")
         body.append(f"<tr class='{'best' if r['best'] else ''}'><td>{html.escape(r['host'])}</td>"
-                    f"<td class='num'>{r['draft_tokens']}{configured}{mark}</td>{cells}<td>{result}</td></tr>")
+                    f"<td class='num'>{r['draft_tokens']}{configured}{mark}</td>{cells}"
+                    f"<td>{html.escape(rounds_cell(r.get('output_tok_s_rounds')))}</td>"
+                    f"<td>{html.escape(gate_cell(r.get('throughput_gate')))}</td><td>{result}</td></tr>")
     serving = "".join(f"<li><b>{html.escape(s['host'])}</b>: {html.escape(s['serves'])}</li>" for s in doc["serving"])
     charts = "".join(chart_svg(key, label, table) for key, label, _ in METRICS if key in CHARTS)
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
@@ -157,9 +179,12 @@ def render_html(doc: dict[str, Any]) -> str:
             "</style></head><body>"
             f"<h1>{html.escape(title)}</h1>"
             f"<p>Dataset: {html.escape(data_lines)}. Configured draft tokens: {doc['configured_draft_tokens']}. "
-            "Best value per host: highest output tok/s (★, ringed in the charts).</p>"
+            "Best value per host: highest output tok/s (★, ringed in the charts); each figure is the median of "
+            "the row's benchmark rounds. Throughput gate: regression only when the ratio is below the minimum "
+            "and its whole 95% interval below 100%; otherwise inconclusive or pass.</p>"
             f"<div class='charts'>{charts}</div>"
-            f"<table><thead><tr><th>host</th><th>draft tokens</th>{head}<th>result</th></tr></thead>"
+            f"<table><thead><tr><th>host</th><th>draft tokens</th>{head}<th>tok/s rounds</th>"
+            "<th>throughput gate (ratio, 95% interval)</th><th>result</th></tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table>"
             f"<h2>Serving when bench ended</h2><ul>{serving}</ul>"
             "</body></html>\n")

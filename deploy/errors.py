@@ -16,7 +16,8 @@ class ExitCode(IntEnum):
     USAGE = 2
     #: the YAML config (hosts, runs) or a playbook is invalid.
     CONFIG = 3
-    #: a host could not be reached: DNS, refused, timeout, auth, unknown or changed host key.
+    #: a host could not be reached: DNS, refused, timeout, auth, unknown or changed host key; or it died
+    #: or froze mid-step (deploy/transport.py: "the host stopped answering").
     CONNECTION = 4
     #: a remote command printed something we do not recognise (never read as "fine").
     REMOTE_OUTPUT = 5
@@ -32,10 +33,12 @@ class ExitCode(IntEnum):
     IO = 10
     #: a step after stop-stale failed; the last good deployment was restored and verified.
     ROLLED_BACK = 11
-    #: nightly: acceptance or throughput fell below the configured fraction of the last good one.
+    #: nightly: a conclusive regression: acceptance, or throughput over the benchmark rounds
+    #: (deploy/throughput_gate.py), below the configured fraction of the last good one.
     REGRESSION = 12
-    #: restart/nightly: the drafter's fingerprint failed verification or was rolled back on this host
-    #: before (its quarantine record); nothing was stopped. ``--retry-failed`` or a changed checkpoint.
+    #: restart/nightly: the drafter's fingerprint failed on this host before for a cause that was the
+    #: checkpoint's (deploy/steps/failure_cause.py; its quarantine record); nothing was stopped.
+    #: ``--retry-failed`` or a changed checkpoint.
     QUARANTINED = 13
     #: SIGHUP (128 + 1): handled like Ctrl-C (deploy/signals.py)
     HANGUP = 129
@@ -118,6 +121,13 @@ class ServerUnhealthy(DeployError):
 
 class LockHeld(DeployError):
     exit_code = ExitCode.LOCKED
+
+
+class BenchmarkHarnessFailed(DeployError):
+    """The benchmark client failed (bench_serving crashed, no result block, lost requests, a dataset it
+    could not read, a timeout): the harness's failure, never the checkpoint's (no quarantine)."""
+
+    exit_code = ExitCode.FAILED
 
 
 class Regression(DeployError):

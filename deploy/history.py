@@ -18,7 +18,7 @@ from deploy.local_state import LocalStateError, check_state_root, ensure_directo
 from deploy.local_state import write_regular
 
 FIELDS = ("time", "verb", "run", "host", "sglang_version", "drafter_fingerprint", "draft_tokens", "accept_length",
-          "output_tok_s", "dataset", "dataset_sha256", "outcome", "exit_code", "duration_s")
+          "output_tok_s", "dataset", "dataset_sha256", "throughput_gate", "outcome", "exit_code", "duration_s", "serving")
 
 
 def history_path() -> Path:
@@ -36,6 +36,8 @@ def records_for(verb: str, run: str, reports: Sequence, started_at: datetime | N
             "draft_tokens": facts.get("draft_tokens"), "accept_length": facts.get("accept_length"),
             "output_tok_s": facts.get("output_tok_s"),
             "dataset": facts.get("dataset"), "dataset_sha256": facts.get("dataset_sha256"), "outcome": report.outcome,
+            # the throughput gate's verdict (pass | regression | inconclusive), ratio, interval, floor
+            "throughput_gate": facts.get("throughput_gate"),
             "exit_code": int(report.error.exit_code) if report.error is not None else 0,
             "duration_s": round(report.duration_s, 3),
             # what the host serves after the run (deploy/serving.py): the same decision as the report's

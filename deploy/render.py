@@ -292,6 +292,9 @@ def plain_report_lines(command: str, reports, stamp: str) -> list[str]:
         code = int(report.error.exit_code) if report.error is not None else 0
         lines.append(f"{stamp} [{report.host.name}] {command}: {report.outcome} (exit {code})"
                      + (f", {numbers}" if numbers else ""))
+        gate = facts.get("throughput_gate")
+        if isinstance(gate, dict):
+            lines.append(f"{stamp} [{report.host.name}] throughput gate: {gate_text(gate)}")
         for warning in report.warnings:
             lines.append(f"{stamp} [{report.host.name}] warning: {safe_line(warning)}")
         if report.error is not None:
@@ -302,6 +305,18 @@ def plain_report_lines(command: str, reports, stamp: str) -> list[str]:
         if serving is not None and (report.error is not None or serving.state != "serving"):
             lines.append(f"{stamp} [{report.host.name}] serving: {safe_line(serving.headline())}")
     return lines
+
+
+def gate_text(gate: dict) -> str:
+    """The throughput gate's verdict in one line: outcome, ratio, interval, floor, rounds."""
+    def pct(value):
+        return f"{value:.1%}" if isinstance(value, (int, float)) else "-"
+
+    interval = f" [{pct(gate.get('low'))}, {pct(gate.get('high'))}]" if gate.get("low") is not None else " [no interval]"
+    rounds = gate.get("rounds") or ["?", "?"]
+    return (f"{str(gate.get('outcome', '?')).upper()}: now/last good {pct(gate.get('ratio'))}{interval}, minimum "
+            f"{pct(gate.get('floor'))} ({rounds[0]} vs {rounds[1]} rounds; regression only when below the minimum "
+            "and the whole 95% interval is below 100%)")
 
 
 def _history_field(value, spec=""):
@@ -316,6 +331,10 @@ def _history_field(value, spec=""):
     return safe_line(value if isinstance(value, str) else json.dumps(value, default=str))
 
 
+def _gate(value) -> str | None:
+    return value.get("outcome") if isinstance(value, dict) and isinstance(value.get("outcome"), str) else None
+
+
 def _drafter(value) -> str | None:
     return value[:12] if isinstance(value, str) and value else None
 
@@ -327,7 +346,7 @@ def history_table(rows, out: Console) -> None:
     table = Table(title="deployctl history", title_justify="left")
     for name, justify in (("time", "left"), ("verb", "left"), ("run", "left"), ("host", "left"),
                           ("SGLang", "left"), ("drafter", "left"), ("T", "right"), ("accept", "right"),
-                          ("tok/s", "right"), ("outcome", "left"), ("exit", "right"), ("s", "right")):
+                          ("tok/s", "right"), ("gate", "left"), ("outcome", "left"), ("exit", "right"), ("s", "right")):
         table.add_column(name, justify=cast("JustifyMethod", justify))
 
     def fmt(value, spec=""):
@@ -337,7 +356,8 @@ def history_table(rows, out: Console) -> None:
         table.add_row(fmt(row.get("time")), fmt(row.get("verb")), fmt(row.get("run")), fmt(row.get("host")),
                       fmt(row.get("sglang_version")), fmt(_drafter(row.get("drafter_fingerprint"))),
                       fmt(row.get("draft_tokens")), fmt(row.get("accept_length"), ".2f"),
-                      fmt(row.get("output_tok_s"), ".1f"), fmt(row.get("outcome")), fmt(row.get("exit_code")),
+                      fmt(row.get("output_tok_s"), ".1f"), fmt(_gate(row.get("throughput_gate"))), fmt(row.get("outcome")),
+                      fmt(row.get("exit_code")),
                       fmt(row.get("duration_s"), ".1f"))
     out.print(table)
 
@@ -348,5 +368,6 @@ def history_lines(rows) -> list[str]:
     return [" ".join([fmt(r.get("time")), fmt(r.get("verb")), f"run={fmt(r.get('run'))}", f"host={fmt(r.get('host'))}",
                       f"sglang={fmt(r.get('sglang_version'))}", f"drafter={fmt(_drafter(r.get('drafter_fingerprint')))}",
                       f"T={fmt(r.get('draft_tokens'))}", f"accept={fmt(r.get('accept_length'), '.2f')}",
-                      f"tok/s={fmt(r.get('output_tok_s'), '.1f')}", f"outcome={fmt(r.get('outcome'))}",
+                      f"tok/s={fmt(r.get('output_tok_s'), '.1f')}", f"gate={fmt(_gate(r.get('throughput_gate')))}",
+                      f"outcome={fmt(r.get('outcome'))}",
                       f"exit={fmt(r.get('exit_code'))}", f"{fmt(r.get('duration_s'), '.1f')}s"]) for r in rows]

@@ -17,6 +17,7 @@ server keeps serving" when nothing ran, ``ok`` for a host whose steps never ran.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Literal, Optional
 
 from deploy.facts.server import same_deployment
@@ -46,11 +47,18 @@ class Serving:
 
 def decide(*, verified_pid: Optional[int], state: Any = None, state_error: Optional[str] = None,
            stopped: bool = False, last_good: Optional[dict] = None, reached: bool = True,
-           why_unreached: str = "", down: bool = False) -> Serving:
+           why_unreached: str = "", down: bool = False, launched: frozenset[int] = frozenset(),
+           failed: Optional[Mapping[int, str]] = None) -> Serving:
     """``verified_pid``: the server this run verified (or its rollback restored and verified), if any.
     ``state``: the server-state read after the run (facts.server.ServerState), when one was made;
-    ``state_error``: why that read failed. ``stopped``: this run stopped the server that ran before.
-    ``down``: the verb's purpose was to stop it."""
+    ``state_error``: why that read failed. ``stopped``: this run (or its rollback) stopped the server
+    that ran before. ``launched``: the PIDs this run launched (its own launch, its rollback's).
+    ``failed``: PID -> what its verification in this run said when it failed (a converged server whose
+    acceptance fell below the threshold, a rollback's relaunch). ``down``: the verb's purpose was to stop it.
+
+    "The last good deployment, untouched by this run" only for a server this run neither stopped,
+    launched nor failed to verify (issue 28: acceptance 1.40 against 1.5 on an unchanged checkpoint
+    was headlined "serving a verified deployment ... untouched")."""
     if not reached:
         return Serving("unknown", None, why_unreached or "the host was not reached")
     if state is None:
@@ -67,6 +75,11 @@ def decide(*, verified_pid: Optional[int], state: Any = None, state_error: Optio
         health = "" if state.status == 200 else f"; now /health {state.status or state.error}"
         return Serving("serving" if state.status == 200 else "unverified", state.pid, f"verified in this run{health}")
     health = f"/health {state.status}" if state.status is not None else f"/health no answer ({state.error})"
+    why_failed = (failed or {}).get(state.pid) if state.pid is not None else None
+    if why_failed is not None:
+        return Serving("unverified", state.pid, f"{health}; failed verification in this run: {why_failed}")
+    if state.pid in launched:
+        return Serving("unverified", state.pid, f"{health}; launched by this run, not verified")
     if not stopped and state.status == 200 and same_deployment(state.record, last_good):
         return Serving("serving", state.pid, "the last good deployment, untouched by this run")
     return Serving("unverified", state.pid, f"{health}; {'launched by this run, not verified' if stopped else 'not the last good deployment'}")

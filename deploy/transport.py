@@ -80,6 +80,11 @@ class ExecTimedOut(Exception):
     """Raised by a transport's ``_exec`` when its local deadline passed (mapped to StepTimeout)."""
 
 
+class ExecCancelled(Exception):
+    """Raised by a transport's ``_exec`` when ``Transport.cancelled`` was set while the command ran
+    (mapped to Interrupted): the channel is closed at once, not when the command ends."""
+
+
 class Transport:
     """A connection to one host, as the steps see it.
 
@@ -94,6 +99,9 @@ class Transport:
         self.host = host
         self.command_timeout_s = command_timeout_s
         self._home: str | None = None
+        #: the run's Ctrl-C/SIGTERM event (engine.session sets it): a command running when it is set is
+        #: stopped (its channel closed); one started after it still runs (the report's own reads)
+        self.cancelled: threading.Event | None = None
 
     @property
     def label(self) -> str:
@@ -122,7 +130,7 @@ class Transport:
         raise NotImplementedError
 
     def _watch(self, command: str, on_line: Callable[[str], bool], *, timeout: float,
-               cancelled: threading.Event) -> tuple[int | None, str]:
+               cancelled: threading.Event, silence_s: float | None = None) -> tuple[int | None, str]:
         """Run the (already wrapped) ``command``, calling ``on_line`` with each stdout line as it comes.
 
         Returns (exit code, stderr) when the command ends, or (None, "") once ``on_line`` returned
@@ -146,6 +154,9 @@ class Transport:
             raise StepTimeout(
                 f"{self.label}: command did not finish within {timeout:.0f} s: {command[:200]}"
             ) from None
+        except ExecCancelled:
+            raise Interrupted(f"{self.label}: interrupted: the running remote command was stopped (its channel "
+                              f"closed): {command[:160]}") from None
         except (OSError, EOFError) as exc:
             raise ConnectionFailed(
                 f"{self.label}: connection lost while running a command ({exc}); "
@@ -170,7 +181,7 @@ class Transport:
         return result
 
     def watch(self, command: str, on_line: Callable[[str], bool], *, timeout: float,
-              cancelled: threading.Event) -> WatchResult:
+              cancelled: threading.Event, silence_s: float | None = None) -> WatchResult:
         """Run a host-side poll loop on one channel; ``on_line(line) -> True`` means "answered, stop".
 
         Bounded on the host (coreutils ``timeout``) and locally; Ctrl-C (``cancelled``) closes the
@@ -178,7 +189,8 @@ class Transport:
         """
         wrapped = remote_timeout_wrap(command, timeout)
         try:
-            exit_code, stderr = self._watch(wrapped, on_line, timeout=timeout + 10, cancelled=cancelled)
+            exit_code, stderr = self._watch(wrapped, on_line, timeout=timeout + 10, cancelled=cancelled,
+                                            silence_s=silence_s)
         except ExecTimedOut:
             raise StepTimeout(f"{self.label}: command did not finish within {timeout:.0f} s: {command[:200]}") from None
         except (OSError, EOFError) as exc:
@@ -328,6 +340,8 @@ class HostConnection(Transport):
                  ssh_config: SSHConfigSource | None = None):
         super().__init__(host, ssh.command_timeout_s)
         self.ssh = ssh
+        #: why the host counts as frozen (a command outlived its host-side bound); later commands fail at once
+        self._frozen: str | None = None
         self._conn: fabric.Connection | None = None
         self._own_jumps = jumps is None
         self._jumps = jumps if jumps is not None else JumpConnections()
@@ -392,14 +406,28 @@ class HostConnection(Transport):
 
         from deploy import bounded_channel
 
+        self._refuse_when_frozen()
+        # a signal that came before this command started does not stop it (the report's own reads)
+        cancelled = self.cancelled if self.cancelled is not None and not self.cancelled.is_set() else None
         try:
             channel = self._live().client.get_transport().open_session(timeout=self.ssh.connect_timeout_s)
         except paramiko.SSHException as exc:
             raise ConnectionError(str(exc)) from exc
         try:
-            status, out, err = bounded_channel.exec_bounded(channel, command, deadline=time.monotonic() + timeout)
+            status, out, err = bounded_channel.exec_bounded(channel, command, deadline=time.monotonic() + timeout,
+                                                            cancelled=cancelled)
+            if status == -1 and not self._transport_alive(channel):
+                # the channel closed with no exit status and the SSH session is gone: the host (or its sshd)
+                # died mid-command; exit 4, not "the fixer printed no JSON" (exit 5)
+                raise ConnectionError("the connection closed before the command ended (the host or its sshd "
+                                      "went away)")
         except bounded_channel.DeadlinePassed:
-            raise ExecTimedOut(command) from None
+            # the command is bounded on the host (coreutils timeout, --kill-after=5): a live host answers in
+            # time, so the local deadline passing means the host or the network froze (exit 4, not 7)
+            raise ConnectionError(self._freeze(f"no answer within {timeout:.0f} s to a command bounded on the "
+                                               f"host")) from None
+        except bounded_channel.Cancelled:
+            raise ExecCancelled(command) from None
         except bounded_channel.OutputTooLarge as exc:
             raise RemoteOutputError(f"{self.label}: refused the answer of {command[:200]!r}: it {exc} "
                                     "(every answer deployctl reads is far smaller)") from None
@@ -420,10 +448,15 @@ class HostConnection(Transport):
         return result.exited
 
     def _watch(self, command: str, on_line: Callable[[str], bool], *, timeout: float,
-               cancelled: threading.Event) -> tuple[int | None, str]:
+               cancelled: threading.Event, silence_s: float | None = None) -> tuple[int | None, str]:
         import paramiko
 
+        self._refuse_when_frozen()
         deadline = time.monotonic() + timeout
+        # a loop with a heartbeat silent for longer than a live host can be: the host or the network froze (a
+        # stopped sshd took wait-ready 138 s against a 60 s ready timeout); never shorter than the connect timeout
+        limit = max(float(self.ssh.connect_timeout_s), silence_s) if silence_s else None
+        last_byte = time.monotonic()
         try:
             channel = self._live().client.get_transport().open_session(timeout=self.ssh.connect_timeout_s)
         except paramiko.SSHException as exc:
@@ -438,11 +471,16 @@ class HostConnection(Transport):
                     self._end_watch(channel, wait_s=0.5)
                     return None, ""
                 if time.monotonic() > deadline:
-                    raise ExecTimedOut(command)
+                    raise ConnectionError(self._freeze(f"no answer within {timeout:.0f} s to a host-side wait "
+                                                       "bounded on the host"))
+                if limit is not None and time.monotonic() - last_byte > limit:
+                    raise ConnectionError(self._freeze(f"a host-side wait with a heartbeat sent nothing for "
+                                                       f"{limit:.0f} s"))
                 try:
                     chunk = channel.recv(65536)
                 except socket.timeout:
                     continue
+                last_byte = time.monotonic()
                 if not chunk:
                     break
                 pending += chunk
@@ -459,15 +497,43 @@ class HostConnection(Transport):
             if pending.strip() and on_line(pending.decode("utf-8", "replace")):
                 return None, ""
             if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
-                raise ExecTimedOut(command)
+                raise ConnectionError(self._freeze(f"no answer within {timeout:.0f} s to a host-side wait "
+                                                   "bounded on the host"))
             stderr = b""
             while channel.recv_stderr_ready():
                 stderr += channel.recv_stderr(65536)
-            return channel.recv_exit_status(), stderr.decode("utf-8", "replace")
+            status = channel.recv_exit_status()
+            if status == -1 and not self._transport_alive(channel):
+                raise ConnectionError("the connection closed before the wait ended (the host or its sshd went away)")
+            return status, stderr.decode("utf-8", "replace")
         except paramiko.SSHException as exc:
             raise ConnectionError(str(exc)) from exc
         finally:
             channel.close()
+
+    def _freeze(self, why: str) -> str:
+        self._frozen = why
+        return f"the host stopped answering: {why}"
+
+    def _refuse_when_frozen(self) -> None:
+        """After a command outlived its own host-side bound (the host froze: a stopped sshd, a dead
+        network), later commands fail at once instead of each waiting out its timeout: a frozen sshd
+        during wait-ready took 138 s (the wait, then the server-state and log reads) against 60 s."""
+        if self._frozen is not None:
+            raise ConnectionError(f"not sent: the host stopped answering ({self._frozen})")
+
+    @staticmethod
+    def _transport_alive(channel, wait_s: float = 0.5) -> bool:
+        """Whether the SSH session is still up; paramiko closes the channels of a dead session just before
+        it marks the session inactive, so a channel closed without an exit status waits a moment for that."""
+        deadline = time.monotonic() + wait_s
+        try:
+            transport = channel.get_transport()
+            while transport is not None and transport.is_active() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return bool(transport is not None and transport.is_active())
+        except Exception:  # noqa: BLE001 - a channel without a transport is a dead one
+            return False
 
     @staticmethod
     def _end_watch(channel, wait_s: float = 3.0) -> None:

@@ -72,7 +72,7 @@ class RecordingTransport(Transport):
             raise reply.raises
         return reply.exit_code, reply.stdout, reply.stderr
 
-    def _watch(self, command, on_line, *, timeout, cancelled):
+    def _watch(self, command, on_line, *, timeout, cancelled, silence_s=None):
         """A watch answers with its reply's stdout, one line at a time, until on_line says stop."""
         self.wrapped.append(command)
         plain = self.unwrap(command)

@@ -60,7 +60,9 @@ def _progress(log):
 @click.option("--min-accept-fraction", type=click.FloatRange(0.01, 1.0), default=None,
               help="Regression if accept length < this x the last good one's (playbook default 0.9).")
 @click.option("--min-throughput-fraction", type=click.FloatRange(0.01, 1.0), default=None,
-              help="Regression if output tok/s < this x the last good one's (playbook default 0.9).")
+              help="Regression if output tok/s over the benchmark rounds is < this x the last good one's and "
+                   "its 95% interval is wholly below 1x; below it within the noise: inconclusive, no rollback "
+                   "(playbook default 0.9).")
 @options.dataset
 @options.as_json("Print only the JSON report on stdout.")
 @options.replace

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from deploy.config.models import Run
 from deploy.engine.records import HostReport, Progress, RunOptions
-from deploy.errors import DeployError
+from deploy.errors import DeployError, ExitCode
 from deploy.serving import Serving, decide
 
 if TYPE_CHECKING:
@@ -31,12 +31,77 @@ def verified_pid(report: HostReport, memory: StepMemory) -> int | None:
     return None
 
 
+def launched_pids(memory: StepMemory) -> frozenset[int]:
+    """The servers this run launched: its own launch, its rollback's."""
+    pids = [memory.pid if memory.launched else None, memory.rollback_pid]
+    return frozenset(p for p in pids if isinstance(p, int))
+
+
+def failed_verifications(report: HostReport, memory: StepMemory) -> dict[int, str]:
+    """PID -> the first line of what its verify-acceptance said, for each verification that failed in this run
+    (the run's own on the server it launched or converged to; the rollback's on the server it relaunched)."""
+    failed: dict[int, str] = {}
+    for records, pid in ((report.steps, memory.pid), (report.rollback, memory.rollback_pid)):
+        step = next((s for s in records if s.name == "verify-acceptance" and s.status == "failed"), None)
+        if step is not None and isinstance(pid, int):
+            failed[pid] = (step.detail.splitlines() or ["failed"])[0][:300]
+    return failed
+
+
 def serving_of(report: HostReport, memory: StepMemory, options: RunOptions, state=None,
                state_error: str | None = None) -> Serving:
+    """The headline's one decision, from what was verified in THIS run (launch, rollback, converge)."""
     snapshot = memory.snapshot
-    return decide(verified_pid=verified_pid(report, memory), state=state, state_error=state_error,
-                  stopped=any(s.name == "stop-stale" and s.status == "ok" for s in report.steps),
-                  last_good=getattr(snapshot, "last_good", None), down=options.command == "down")
+    stopped = any(s.name == "stop-stale" and s.status == "ok" for s in (*report.steps, *report.rollback))
+    return decide(verified_pid=verified_pid(report, memory), state=state, state_error=state_error, stopped=stopped,
+                  last_good=getattr(snapshot, "last_good", None), down=options.command == "down",
+                  launched=launched_pids(memory), failed=failed_verifications(report, memory))
+
+
+#: the steps whose result decides what the host serves; interrupted inside one, the run cannot know it
+#: (cut inside free-gpus, the server is stopped or untouched and nothing launched all the same)
+CHANGING_STEPS = ("stop-stale", "launch")
+SIGNAL_EXITS = (int(ExitCode.INTERRUPTED), int(ExitCode.TERMINATED), int(ExitCode.HANGUP))
+NOT_READ = "not read again after the interruption"
+
+
+def after_interruption(report: HostReport, memory: StepMemory) -> tuple[str, Serving] | None:
+    """(left running, serving) of a host whose run a signal stopped, from what THIS run did, without
+    another command on the host: stopped and launched nothing, or the PID it launched (or found
+    running as desired) and whether this run verified it. None when the signal cut stop-stale or
+    launch short (its command may have finished on the host): only the host can say then.
+
+    Before issues 28 and 31: "left running: unknown" though the run knew it had stopped the server and
+    launched nothing, or knew the PID it had verified, while history said ``serving``."""
+    records = (*report.steps, *report.rollback)
+    if any(s.name in CHANGING_STEPS and s.status == "failed" and s.exit_code in SIGNAL_EXITS for s in records):
+        return None
+    verified = verified_pid(report, memory)
+    launched = launched_pids(memory)
+    pid = memory.rollback_pid if isinstance(memory.rollback_pid, int) else memory.pid
+    if isinstance(pid, int) and (pid in launched or memory.converged):
+        whose = "launched by this run" if pid in launched else "the server this run found running as desired, untouched"
+        if verified == pid:
+            return (f"SGLang pid {pid} ({whose}, verified in this run); {NOT_READ}",
+                    Serving("serving", pid, "verified in this run before the interruption; not read again"))
+        why = failed_verifications(report, memory).get(pid)
+        ready = any(s.name == "wait-ready" and s.status == "ok" for s in records)
+        state = f"failed verification in this run: {why}" if why else \
+            f"not verified in this run: {'ready' if ready else 'not ready yet'}"
+        return (f"SGLang pid {pid} ({whose}, {state}); {NOT_READ}",
+                Serving("unverified", pid, f"{whose}, {state}; interrupted, not read again"))
+    stop = next((s for s in records if s.name == "stop-stale" and s.status == "ok"), None)
+    stopped = [p.get("pid") for p in (stop.data.get("processes") or [])] if stop is not None else []
+    if stopped:
+        listed = ", ".join(str(p) for p in stopped[:8])
+        return (f"nothing: this run stopped the server (pid {listed}) and launched nothing; {NOT_READ}",
+                Serving("nothing", None, "this run stopped the server and launched nothing; interrupted"))
+    freed = next((s for s in records if s.name == "free-gpus" and s.status == "ok" and s.data.get("killed")), None)
+    if freed is not None:
+        return None  # it killed GPU holders but stopped no server: only the host can say what still serves
+    return (f"what it served before: this run stopped nothing and launched nothing; {NOT_READ}",
+            Serving("unknown", None, "interrupted before anything was stopped: what served before still does; "
+                                     "not read again"))
 
 
 def unreached(error: DeployError, why: str) -> Serving:

@@ -71,6 +71,8 @@ class HostReport:
     duration_s: float = 0.0
     #: what the host serves after the run (deploy/serving.py): the one decision for text, JSON, history
     serving: Serving | None = None
+    #: whose failure it was (deploy/steps/failure_cause.py: crashed, not-ready, ..., benchmark-harness, host)
+    failure_cause: str | None = None
 
     @property
     def not_run(self) -> bool:
@@ -105,6 +107,8 @@ class HostReport:
             data["exit_code"] = 0
         if self.cause is not None:
             data["cause"] = str(self.cause)
+        if self.failure_cause is not None:
+            data["failure_cause"] = self.failure_cause
         if self.left_running is not None:
             data["left_running"] = self.left_running
         if self.serving is not None:

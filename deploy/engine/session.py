@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the playbook and its steps load when a playbook runs: gpu-s
     from deploy.playbook import Playbook, PlannedStep
     from deploy.steps.base import Command, StepContext
     from deploy.steps.memory import StepMemory
+    from deploy.steps.failure_cause import Cause
 
 #: what a rollback runs, with the playbook's settings for each step where it has them
 ROLLBACK_STEPS = ("stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready", "verify-acceptance")
@@ -171,6 +172,10 @@ def should_roll_back(playbook: Playbook, records: list[StepRecord], failed_at: i
                       options: RunOptions, cancelled: threading.Event) -> bool:
     if not options.rollback or cancelled.is_set() or isinstance(error, LockHeld) or failed_at < 0:
         return False
+    from deploy.steps.failure_cause import deployment_stays, failure_cause
+
+    if deployment_stays(failure_cause(playbook.steps[failed_at].name, error), records[:failed_at]):
+        return False  # a benchmark harness (or host) failure after this run verified its deployment: it stays
     names = [s.name for s in playbook.steps]
     if "stop-stale" not in names:
         return False
@@ -226,6 +231,8 @@ def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str
     records, rb_error, _ = run_steps(rollback_steps(playbook), host, run, conn, stamp, progress,
                                       rb_memory, cancelled, label="rollback/")
     report.rollback = records
+    if isinstance(rb_memory.pid, int):
+        memory.rollback_pid = rb_memory.pid  # the headline: launched by this run's rollback
     report.cause = error
     first = str(error).splitlines()[0]
     if rb_error is None:
@@ -246,41 +253,15 @@ def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str
         progress(host.name, "rollback", "FAILED: the rollback did not restore a verified deployment")
 
 
-#: the steps whose result decides what the host serves; interrupted inside one, the run cannot know it
-#: (cut inside free-gpus, the server is stopped or untouched and nothing launched all the same)
-CHANGING_STEPS = ("stop-stale", "launch")
-SIGNAL_EXITS = (int(ExitCode.INTERRUPTED), int(ExitCode.TERMINATED), int(ExitCode.HANGUP))
+def kept_deployment_error(error: DeployError, cause: Cause, memory: StepMemory) -> DeployError:
+    """A failure that is not the checkpoint's after this run verified its deployment: said as such, the
+    deployment stays (no rollback, nothing quarantined); the exit code is the failure's own."""
+    from deploy.steps.failure_cause import Cause
 
-
-def what_the_run_left(steps: Sequence[StepRecord], memory: StepMemory) -> str:
-    """What an interrupted run left on the host, from what it did (no host command: a signal ends
-    the run). SIGINT right after stop-stale said "left running: unknown" though the run knew it had
-    stopped the server and launched nothing (issue 31)."""
-    by_name = {s.name: s for s in steps}
-    cut = next((s for s in steps if s.name in CHANGING_STEPS and s.status == "failed" and
-                s.exit_code in SIGNAL_EXITS), None)
-    launch = by_name.get("launch")
-    if launch is not None and launch.status == "ok":
-        pid = launch.data.get("pid", memory.pid)
-        verify, ready = by_name.get("verify-acceptance"), by_name.get("wait-ready")
-        if verify is not None and verify.status == "ok":
-            return f"pid {pid}, launched by this run and verified"
-        how = "ready, not verified" if ready is not None and ready.status == "ok" else "not verified (not ready yet)"
-        return f"pid {pid}, launched by this run, {how}"
-    if cut is not None:
-        return f"unknown: interrupted while {cut.name} ran (its command may have finished on the host)"
-    stop = by_name.get("stop-stale")
-    stopped = [p.get("pid") for p in (stop.data.get("processes") or [])] if stop is not None and stop.status == "ok" else []
-    if stopped:
-        listed = ", ".join(str(p) for p in stopped[:8])
-        return f"nothing: this run stopped the server (pid {listed}) and launched nothing"
-    if memory.converged:
-        return f"pid {memory.pid}, the server this run found running as desired, untouched"
-    freed = by_name.get("free-gpus")
-    if freed is not None and freed.status == "ok" and freed.data.get("killed"):
-        return "nothing launched: this run stopped no server but killed GPU holders " + \
-            ", ".join(str(p) for p in freed.data["killed"][:8])
-    return "what it served before: this run stopped nothing and launched nothing"
+    first = str(error).splitlines()[0]
+    what = "benchmark harness failed" if cause is Cause.HARNESS else "failed after verification"
+    return type(error)(f"{what} ({cause.describe()}): {first}\n-> the deployment stays: verified in this run "
+                       f"(pid {memory.pid}); not rolled back, nothing quarantined", exit_code=error.exit_code)
 
 
 def collect_facts(report: HostReport, memory: StepMemory, run: Run) -> None:
@@ -296,7 +277,17 @@ def collect_facts(report: HostReport, memory: StepMemory, run: Run) -> None:
         "dataset": bench.get("dataset"),
         "dataset_sha256": bench.get("dataset_sha256"),
         "converged": memory.converged,
+        # the throughput gate's verdict with its figures and rule (deploy/throughput_gate.py), when it judged
+        "throughput_gate": gate_summary(memory.gate),
     }
+
+
+def gate_summary(gate: dict | None) -> dict | None:
+    """What history and the one-line report keep of the gate's verdict (the rounds stay in the JSON report)."""
+    if not isinstance(gate, dict):
+        return None
+    return {k: gate.get(k) for k in ("outcome", "ratio", "low", "high", "floor", "now_median", "baseline_median")} | {
+        "rounds": [len(gate.get("now_rounds") or []), len(gate.get("baseline_rounds") or [])]}
 
 
 class HostSession:
@@ -323,6 +314,8 @@ class HostSession:
 
     def connect(self) -> None:
         self.conn = HostConnection(self.host, self.config.ssh, self.jumps)
+        # a signal stops the command running at that moment (its channel closed), not at its end
+        self.conn.cancelled = self.cancelled
         self.conn.connect()
         self.host = network_host(self.host, self.conn.endpoint.hostname.value)
         self.report.host = self.host
@@ -381,16 +374,18 @@ class HostSession:
     def close(self, describe: bool = True) -> None:
         """A failed host's report says what it left running (``describe``) and every report what the
         host serves (deploy/serving.py); the lock is released, the connection closed."""
-        from deploy.engine.outcome import serving_of
+        from deploy.engine.outcome import after_interruption, serving_of
 
-        known = True
-        if self.cancelled.is_set():
-            # a signal: say what this run did, without another command on the host unless that is unknown
-            self.report.left_running = what_the_run_left(self.report.steps, self.memory)
-            known = not self.report.left_running.startswith("unknown")
+        if self.cancelled.is_set() and self.report.serving is None:
+            # a signal: say what this run knows it left (stopped, launched, verified) without another command
+            # on the host; only a cut inside stop-stale or launch needs the host's answer
+            left = after_interruption(self.report, self.memory)
+            if left is not None:
+                self.report.left_running, self.report.serving = left
+                describe = False
         if self.conn is not None:
             state, state_error = None, None
-            if describe and self.report.error is not None and not (self.cancelled.is_set() and known):
+            if describe and self.report.error is not None:
                 try:
                     state = self.server_state()
                     self.report.left_running = state.describe()
@@ -443,8 +438,14 @@ def run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, stamp:
             records[failed_at].detail = str(error)
             records[failed_at].exit_code = int(error.exit_code)
         report.error = error
+        from deploy.steps.failure_cause import Cause, deployment_stays, failure_cause
+
+        if error is not None:
+            report.failure_cause = failure_cause(playbook.steps[failed_at].name, error).value
         if error is not None and should_roll_back(playbook, records, failed_at, error, options, cancelled):
             session.roll_back(playbook)
+        elif error is not None and deployment_stays(Cause(report.failure_cause), records[:failed_at]):
+            report.error = kept_deployment_error(error, Cause(report.failure_cause), session.memory)
         if not cancelled.is_set():
             assert session.conn is not None
             update_quarantine(report, options, playbook.steps[failed_at].name if failed_at >= 0 else "",

@@ -92,6 +92,10 @@ class Watch(Action):
     kind: ClassVar[str] = "watch"
     command: str
     timeout_s: float
+    #: the longest a live host's loop stays silent (its heartbeat plus one slow sample): silence for
+    #: longer (and longer than the connect timeout) means the host or the network froze, and the wait
+    #: ends then, not at its deadline
+    silence_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return super().to_dict() | {"command": self.command}
@@ -190,7 +194,8 @@ class StepContext:
         """Perform one planned host-side poll loop; ``on_line`` returns True once it has its answer."""
         conn = self.require_conn()
         self.journal.append((self.step, action))
-        return conn.watch(action.command, on_line, timeout=action.timeout_s, cancelled=self.cancelled)
+        return conn.watch(action.command, on_line, timeout=action.timeout_s, cancelled=self.cancelled,
+                          silence_s=action.silence_s)
 
     def execute_upload(self, action: Upload) -> None:
         """Perform one planned SFTP upload (temporary names, then renamed into place)."""

@@ -9,14 +9,22 @@ sent once per sha256 over SFTP into ``<state_dir>/datasets/<sha256>.json`` and r
 tokens. ``random-ids`` (fixed lengths, ``--random-range-ratio 1``) only when asked: acceptance on
 random ids says little (sglang#25359). The result block is parsed strictly; each run also appends
 its JSON line to the state dir; the step's data names the dataset and its sha256.
+
+``rounds``: bench_serving runs that many times in a row; the figures are the rounds' medians and
+``output_tok_s_rounds`` keeps each round's throughput, so nightly's gate (deploy/throughput_gate.py)
+can tell a slowdown from one noisy run. A failure here (bench_serving exits non-zero, prints no
+result block, loses requests, times out) is the benchmark harness's: ``BenchmarkHarnessFailed``,
+never the checkpoint's (deploy/steps/failure_cause.py), unless the server died meanwhile.
 """
 
 from __future__ import annotations
 
+import statistics
+
 from pydantic import Field
 
 from deploy import datasets
-from deploy.errors import RemoteCommandFailed, RemoteOutputError
+from deploy.errors import BenchmarkHarnessFailed, DeployError, ExitCode
 from deploy.facts.bench import parse_bench_result
 from deploy.facts.helpers import helper_state_command, parse_helper_state
 from deploy.shell import path_join, quote, quote_path
@@ -34,6 +42,8 @@ class Settings(StepSettings):
     max_concurrency: int = Field(default=8, ge=1, le=4096)
     #: ``builtin``, ``random-ids`` or a ShareGPT .json / custom .jsonl file (relative: to the config file)
     dataset: str = Field(default=datasets.BUILTIN, min_length=1, max_length=4096)
+    #: bench_serving runs in a row: the regression gate needs several to tell a slowdown from noise
+    rounds: int = Field(default=1, ge=1, le=50)
 
 
 def dataset(ctx: StepContext) -> datasets.Dataset:
@@ -86,22 +96,26 @@ def upload_action(ctx: StepContext, ds: datasets.Dataset) -> Upload:
                   files=(UploadFile(remote=remote, content=ds.content, mode=0o600),))
 
 
-def action(ctx: StepContext, ds: datasets.Dataset | None = None) -> Command:
+def action(ctx: StepContext, ds: datasets.Dataset | None = None, number: int = 1) -> Command:
+    """Round ``number`` of ``rounds`` (each the same bench_serving command, one after the other)."""
     s = ctx.settings
     ds = ds or dataset(ctx)
     if ds.is_file:
         what = f"dataset {ds.name} (sha256 {ds.sha256[:12] if ds.sha256 else '-'}), {s.output_len} out"
     else:
         what = f"random ids, {s.input_len} in / {s.output_len} out"
-    return Command(description=f"bench_serving: {s.num_prompts} prompts, {what}, concurrency {s.max_concurrency}",
+    rounds = f" (round {number} of {s.rounds}, one after the other)" if s.rounds > 1 else ""
+    return Command(description=f"bench_serving: {s.num_prompts} prompts, {what}, concurrency {s.max_concurrency}"
+                               f"{rounds}",
                    command=command(ctx, ds), timeout_s=ctx.timeout(3600))
 
 
 def plan(ctx: StepContext) -> list[Action]:
     ds = dataset(ctx)
+    rounds: list[Action] = [action(ctx, ds, n) for n in range(1, ctx.settings.rounds + 1)]
     if not ds.is_file:
-        return [action(ctx, ds)]
-    return [check_action(ctx, ds), upload_action(ctx, ds), action(ctx, ds)]
+        return rounds
+    return [check_action(ctx, ds), upload_action(ctx, ds), *rounds]
 
 
 def ensure_dataset(ctx: StepContext, ds: datasets.Dataset) -> bool:
@@ -115,24 +129,56 @@ def ensure_dataset(ctx: StepContext, ds: datasets.Dataset) -> bool:
     return True
 
 
-def run(ctx: StepContext) -> StepOutcome:
-    ds = dataset(ctx)
-    uploaded = ensure_dataset(ctx, ds) if ds.is_file else False
-    result = ctx.execute(action(ctx, ds))
+def one_round(ctx: StepContext, ds: datasets.Dataset, number: int):
+    """One bench_serving run, parsed; any failure is the harness's (BenchmarkHarnessFailed)."""
+    where = f" (round {number} of {ctx.settings.rounds})" if ctx.settings.rounds > 1 else ""
+    result = ctx.execute(action(ctx, ds, number))
     if result.exit_code != 0:
         tail = (result.stderr.strip() or result.stdout.strip())[-600:]
-        raise RemoteCommandFailed(f"{ctx.host.name}: bench_serving failed (exit {result.exit_code}): {tail}")
-    bench = parse_bench_result(result.stdout, source=ctx.host.name)
+        raise BenchmarkHarnessFailed(f"{ctx.host.name}: bench_serving failed{where} (exit {result.exit_code}): {tail}")
+    try:
+        bench = parse_bench_result(result.stdout, source=ctx.host.name)
+    except DeployError as exc:
+        raise BenchmarkHarnessFailed(f"{exc}{where}", exit_code=exc.exit_code) from None
     # bench_serving sends at most as many prompts as the file has usable records
     expected = min(ctx.settings.num_prompts, len(ds.prompts)) if ds.is_file else ctx.settings.num_prompts
     if bench.successful_requests != expected:
-        raise RemoteOutputError(f"{ctx.host.name}: only {bench.successful_requests} of {expected} benchmark "
-                                f"requests succeeded")
-    data = {"draft_tokens": ctx.draft_tokens, **bench.to_dict(), "results_file": results_path(ctx),
-            **ds.identity(), "dataset_uploaded": uploaded, "settings": load(ctx, ds)}
+        raise BenchmarkHarnessFailed(f"{ctx.host.name}: only {bench.successful_requests} of {expected} benchmark "
+                                     f"requests succeeded{where}", exit_code=ExitCode.REMOTE_OUTPUT)
+    return bench
+
+
+def medians(results) -> dict:
+    """Each figure's median over the rounds (a figure some round lacks: over the rounds that have it)."""
+    figures: dict = {}
+    for key, value in results[0].to_dict().items():
+        values = [r.to_dict()[key] for r in results if r.to_dict()[key] is not None]
+        if not values:
+            figures[key] = value
+        elif isinstance(value, int) and not isinstance(value, bool):
+            figures[key] = int(statistics.median_low(values))
+        else:
+            figures[key] = statistics.median(values)
+    return figures
+
+
+def run(ctx: StepContext) -> StepOutcome:
+    ds = dataset(ctx)
+    uploaded = ensure_dataset(ctx, ds) if ds.is_file else False
+    results = []
+    for number in range(1, ctx.settings.rounds + 1):
+        if number > 1:
+            ctx.progress(f"round {number} of {ctx.settings.rounds}")
+        results.append(one_round(ctx, ds, number))
+    figures = medians(results)
+    data = {"draft_tokens": ctx.draft_tokens, **figures, "output_tok_s_rounds": [r.output_tok_s for r in results],
+            "results_file": results_path(ctx), **ds.identity(), "dataset_uploaded": uploaded,
+            "settings": load(ctx, ds)}
     if ds.is_file:
         data["dataset_path"] = ds.remote_path(ctx.paths.root)
     ctx.memory.bench = data
-    accept = f", accept length {bench.accept_length:.2f}" if bench.accept_length is not None else ""
-    return StepOutcome("ok", f"{bench.output_tok_s:.1f} output tok/s{accept} (T={ctx.draft_tokens}, "
+    accept = f", accept length {figures['accept_length']:.2f}" if figures.get("accept_length") is not None else ""
+    spread = (f" (median of {len(results)} rounds, {min(data['output_tok_s_rounds']):.1f}-"
+              f"{max(data['output_tok_s_rounds']):.1f})") if len(results) > 1 else ""
+    return StepOutcome("ok", f"{figures['output_tok_s']:.1f} output tok/s{spread}{accept} (T={ctx.draft_tokens}, "
                              f"dataset {ds.name})", data)

@@ -61,6 +61,8 @@ class StepMemory:
     # -- verification, benchmark, record-good ---------------------------------------------------------
     verify: dict[str, Any] | None = None
     bench: dict[str, Any] | None = None
+    #: the throughput gate's verdict (deploy/throughput_gate.py): record-good keeps the bar when inconclusive
+    gate: dict[str, Any] | None = None
     last_good: dict[str, Any] | None = None
 
     # -- rollback -------------------------------------------------------------------------------------
@@ -69,6 +71,8 @@ class StepMemory:
     #: the deployment the rollback restored (verified)
     restored: dict[str, Any] | None = None
     rollback_failed: bool = False
+    #: the server the rollback launched (the headline: launched by this run's rollback)
+    rollback_pid: int | None = None
 
     def rollback_of(self, good: dict[str, Any]) -> StepMemory:
         """A rollback's own memory: the last good record, the host lock, and the GPU memory held

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from deploy.errors import DeployError, Quarantined
 from deploy.facts.quarantine import parse_quarantine, quarantine_path, read_command
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
+from deploy.steps.failure_cause import failure_cause
 
 if TYPE_CHECKING:
     from deploy.steps.memory import StepMemory
@@ -25,8 +26,9 @@ NAME = "quarantine"
 #: skipped when converge found the server already running as desired
 CONVERGE_SKIPS = True
 
-#: steps whose failure is the deployment's own (after the stop: the drafter was launched and failed)
-FAILING_STEPS = ("launch", "wait-ready", "verify-acceptance", "benchmark", "regression-gate")
+#: what is quarantined, as the plan says it (the decision: deploy/steps/failure_cause.py)
+QUARANTINED_CAUSES = ("the new deployment crashed or failed to load, never became ready, accepted below the threshold "
+                      "or regressed conclusively (not a benchmark harness, host or connection failure)")
 
 
 class Settings(StepSettings):
@@ -81,15 +83,20 @@ def run(ctx: StepContext) -> StepOutcome:
 def failure_entry(verb: str, run_name: str, failed_step: str, error: DeployError, memory: StepMemory,
                   failed_at: str) -> tuple[str, dict[str, Any]] | None:
     """(fingerprint, entry) to quarantine after a failed run, or None: only a deployment that was
-    launched and failed (FAILING_STEPS), of a fingerprint that is not the host's last good one."""
+    launched in this run and failed for a cause that is the checkpoint's (failure_cause), of a
+    fingerprint that is not the host's last good one."""
     fingerprint = memory.drafter_fingerprint
-    if not fingerprint or memory.converged or failed_step not in FAILING_STEPS:
+    if not fingerprint or memory.converged or not memory.launched:
+        return None
+    cause = failure_cause(failed_step, error)
+    if not cause.checkpoints_fault:
         return None
     snapshot = memory.snapshot
     good = getattr(snapshot, "last_good", None) or {}
     if good.get("drafter_fingerprint") == fingerprint:
         return None  # the last good deployment itself: quarantining it would leave nothing to deploy
     entry = {"failed_at": failed_at, "verb": verb, "run": run_name, "exit_code": int(error.exit_code),
-             "reason": f"{failed_step}: {str(error).splitlines()[0][:300]}", "drafter_path": memory.drafter_path}
+             "reason": f"{failed_step} ({cause.value}): {str(error).splitlines()[0][:300]}",
+             "drafter_path": memory.drafter_path}
     return fingerprint, entry
 

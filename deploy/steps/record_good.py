@@ -5,11 +5,18 @@ environment hash, SGLang version) plus the numbers it was verified with; ``last-
 environment file. A failed later run relaunches exactly this (rollback), and ``nightly``'s
 regression gate compares with its numbers. Re-verifying the same deployment keeps the original
 numbers (so slow drift cannot lower the bar), only filling in ones it lacked.
+
+Throughput bars are kept per dataset identity and load (``throughput_baselines``: the dataset's
+name and sha256, prompts, lengths, concurrency; each with its benchmark rounds): before issue 28 a
+``bench --dataset FILE`` replaced nightly's one bar with another dataset's figure and the next
+nightly said "not compared". A bench on another dataset now adds its own baseline; an inconclusive
+gate verdict (deploy/throughput_gate.py) keeps the previous bar for that dataset.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 from datetime import datetime, timezone
 
@@ -35,27 +42,89 @@ def measurements(ctx: StepContext) -> dict:
         found["verify_settings"] = verify.get("settings")
     if bench.get("output_tok_s") is not None:
         found["output_tok_s"] = bench["output_tok_s"]
+        found["output_tok_s_rounds"] = bench.get("output_tok_s_rounds") or [bench["output_tok_s"]]
         # throughput depends on the dataset (its sha256), lengths and concurrency: only the same load compares
         found["bench_settings"] = bench.get("settings")
         found["dataset"], found["dataset_sha256"] = bench.get("dataset"), bench.get("dataset_sha256")
     return found
 
 
-#: each measurement and what makes two of them comparable
-BARS = (("accept_length", "verify_settings"), ("output_tok_s", "bench_settings"))
+#: throughput baselines kept per record (one per dataset identity and load), the newest kept
+MAX_BASELINES = 8
+#: what a baseline entry carries besides its settings
+BASELINE_FIELDS = ("output_tok_s", "output_tok_s_rounds", "dataset", "dataset_sha256", "drafter_fingerprint")
 
 
-def keep_bar(previous: dict, now: dict) -> dict:
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def rounds_of(entry: dict) -> list[float]:
+    """A measurement's throughput rounds; one recorded before issue 28 has its single figure. [] when the
+    record holds nothing usable (a hand-edited file is not trusted into the statistics)."""
+    rounds = entry.get("output_tok_s_rounds")
+    if isinstance(rounds, list) and rounds and len(rounds) <= 1000 and all(_positive(x) for x in rounds):
+        return [float(x) for x in rounds]
+    return [float(entry["output_tok_s"])] if _positive(entry.get("output_tok_s")) else []
+
+
+def throughput_baselines(metrics: dict) -> list[dict]:
+    """The record's throughput baselines, oldest first; a record from before issue 28 has one (its top-level
+    figure and load)."""
+    found = metrics.get("throughput_baselines")
+    if isinstance(found, list):
+        return [e for e in found if isinstance(e, dict) and rounds_of(e)]
+    if _positive(metrics.get("output_tok_s")):
+        return [{key: metrics.get(key) for key in (*BASELINE_FIELDS, "bench_settings")}]
+    return []
+
+
+def throughput_baseline(metrics: dict, settings: Any) -> dict | None:
+    """The baseline measured on this dataset identity and load, if the record has one."""
+    return next((e for e in reversed(throughput_baselines(metrics)) if e.get("bench_settings") == settings), None)
+
+
+def merge_baselines(previous: dict | None, now: dict, keep: bool, fingerprint: str | None = None) -> list[dict]:
+    """``previous``' baselines with now's measurement for its own dataset and load: added, or replacing
+    the one there unless ``keep`` (the same deployment re-verified, or an inconclusive gate) and that
+    one has enough rounds for the gate. Baselines of other datasets are never touched."""
+    from deploy.throughput_gate import MIN_ROUNDS
+
+    entries = throughput_baselines(previous or {})
+    if not rounds_of(now):
+        return entries
+    mine = {key: now.get(key) for key in BASELINE_FIELDS} | {"bench_settings": now.get("bench_settings"),
+                                                             "drafter_fingerprint": fingerprint}
+    existing = throughput_baseline(previous or {}, now.get("bench_settings"))
+    if existing is not None and keep and len(rounds_of(existing)) >= min(MIN_ROUNDS, len(rounds_of(mine))):
+        return entries
+    others = [e for e in entries if e.get("bench_settings") != now.get("bench_settings")]
+    return (others + [mine])[-MAX_BASELINES:]
+
+
+def keep_bar(previous: dict, now: dict, fingerprint: str | None = None) -> dict:
     """Re-verifying the same deployment keeps its original numbers (slow drift cannot lower the bar),
-    but only those measured like now's: a bar from another dataset or load is replaced, else no
-    later run could ever be compared with it."""
+    but only those measured like now's: an accept length from another prompt set is replaced, a
+    throughput from another dataset or load is kept beside now's (``merge_baselines``)."""
     merged = dict(now)
-    for value, settings in BARS:
-        if value in previous and (value not in now or previous.get(settings) == now.get(settings)):
-            merged[value], merged[settings] = previous[value], previous.get(settings)
-            if value == "output_tok_s":
-                merged["dataset"], merged["dataset_sha256"] = previous.get("dataset"), previous.get("dataset_sha256")
-    return merged
+    if "accept_length" in previous and ("accept_length" not in now
+                                        or previous.get("verify_settings") == now.get("verify_settings")):
+        merged["accept_length"], merged["verify_settings"] = previous["accept_length"], previous.get("verify_settings")
+    return with_baselines(merged, previous, True, fingerprint)
+
+
+def with_baselines(metrics: dict, previous: dict | None, keep: bool, fingerprint: str | None = None) -> dict:
+    """``metrics`` with the merged throughput baselines; its top-level throughput figures are the
+    baseline of now's dataset and load (what ``deployctl status`` compares with)."""
+    baselines = merge_baselines(previous, metrics, keep, fingerprint)
+    out = dict(metrics)
+    if baselines:
+        out["throughput_baselines"] = baselines
+    current = throughput_baseline({"throughput_baselines": baselines}, metrics.get("bench_settings")) \
+        if "output_tok_s" in metrics else None
+    if current is not None:
+        out |= {key: current.get(key) for key in (*BASELINE_FIELDS, "bench_settings") if key != "drafter_fingerprint"}
+    return out
 
 
 def write_command(ctx: StepContext, record: dict, copy_env_from: str | None, shown: str | None = None) -> str:
@@ -109,8 +178,15 @@ def run(ctx: StepContext) -> StepOutcome:
         return StepOutcome("skipped", "no deployment recorded in this run")
     previous = last_good(ctx)
     metrics = measurements(ctx)
-    if previous is not None and same_deployment(previous, deployment) and isinstance(previous.get("metrics"), dict):
-        metrics = keep_bar(previous["metrics"], metrics)
+    fingerprint = deployment.get("drafter_fingerprint")
+    previous_metrics = previous.get("metrics") if previous is not None and isinstance(previous.get("metrics"), dict) \
+        else None
+    inconclusive = (ctx.memory.gate or {}).get("outcome") == "inconclusive"
+    if previous_metrics is not None and same_deployment(previous, deployment):
+        metrics = keep_bar(previous_metrics, metrics, fingerprint=fingerprint)
+    else:
+        # another deployment: its own accept length; the baselines of other datasets stay (bench --dataset)
+        metrics = with_baselines(metrics, previous_metrics, inconclusive, fingerprint)
     record = dict(deployment) | {"metrics": metrics,
                                  "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if previous is not None and same_deployment(previous, deployment):

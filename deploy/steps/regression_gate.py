@@ -1,22 +1,31 @@
 """regression-gate: nightly's comparison with the host's last good deployment of the same run.
 
-Fails (exit 12, then the orchestrator rolls back) when the accept length measured by
-verify-acceptance or the output throughput measured by benchmark falls below the configured
-fraction of the last good record's. Only like with like: the accept length when both were
-measured on the same prompt set (sha256, count, length), the throughput when both ran the same
-dataset (sha256) at the same load (prompts, lengths, concurrency); otherwise that number is "not
-compared", and the outcome says when nothing was (no comparable baseline). No record yet for
-this run and draft-token count: this deployment becomes the baseline (record-good runs next).
+Fails (exit 12, then the orchestrator rolls back) on a *conclusive* regression: the accept length
+measured by verify-acceptance below the configured fraction of the last good record's, or the
+output throughput of the benchmark's rounds judged a regression by deploy/throughput_gate.py (the
+robust ratio below the fraction and its 95% interval wholly below 100%). A throughput ratio below
+the fraction that the rounds cannot tell from noise is **inconclusive**: the step passes with that
+verdict in its data and detail (no rollback, no quarantine) and record-good keeps the previous bar.
+
+Only like with like: the accept length when both were measured on the same prompt set (sha256,
+count, length), the throughput against the last good record's baseline for the same dataset
+identity and load (record_good.throughput_baseline: one baseline per dataset, so ``bench --dataset
+FILE`` never replaces nightly's); otherwise that number is "not compared", and the outcome says
+when nothing was (no comparable baseline). No record yet for this run and draft-token count: this
+deployment becomes the baseline (record-good runs next).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from pydantic import Field
 
 from deploy.errors import Regression
 from deploy.facts.server import last_good_path, parse_record, read_record_command, same_deployment
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
-from deploy.steps.record_good import measurements
+from deploy.steps.record_good import measurements, rounds_of, throughput_baseline, throughput_baselines
+from deploy.throughput_gate import Verdict, decide
 
 NAME = "regression-gate"
 
@@ -48,26 +57,68 @@ def _load(settings: dict | None) -> str:
     return f"{dataset}{f' (sha256 {digest[:12]})' if digest else ''}, {rest}"
 
 
-def compare(now: dict, good: dict, accept_fraction: float, throughput_fraction: float) -> tuple[list[str], list[str]]:
-    """(regressions, comparisons) as human-readable lines; pure."""
-    regressions, lines = [], []
-    for key, label, fraction, settings in (("accept_length", "accept length", accept_fraction, "verify_settings"),
-                                           ("output_tok_s", "output tok/s", throughput_fraction, "bench_settings")):
-        if now.get(key) is None or good.get(key) is None:
-            lines.append(f"{label}: not compared (not measured {'now' if now.get(key) is None else 'for the last good one'})")
-            continue
-        if now.get(settings) != good.get(settings):
-            # a manual `deployctl bench --dataset mine.json` (64 prompts, concurrency 8) recorded the bar,
-            # nightly measures the built-in set, 16 at 4: different prompts or loads, not a regression
-            lines.append(f"{label}: not compared (no comparable baseline: the last good one was measured on "
-                         f"{_load(good.get(settings))}; now {_load(now.get(settings))})")
-            continue
-        ratio = now[key] / good[key] if good[key] else float("inf")
-        line = f"{label} {now[key]:.2f} vs last good {good[key]:.2f} ({ratio:.0%}, minimum {fraction:.0%})"
-        lines.append(line)
-        if ratio < fraction:
-            regressions.append(line)
-    return regressions, lines
+@dataclass
+class Comparison:
+    """The gate's findings, pure: ``regressions`` conclusive (exit 12), ``lines`` every comparison as
+    a person reads it, ``throughput`` the throughput verdict when one was made."""
+
+    regressions: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    throughput: Verdict | None = None
+
+    @property
+    def inconclusive(self) -> bool:
+        return self.throughput is not None and self.throughput.outcome == "inconclusive"
+
+    @property
+    def compared(self) -> bool:
+        return any(" vs last good " in line for line in self.lines)
+
+
+def _compare_accept(now: dict, good: dict, fraction: float, out: Comparison) -> None:
+    if now.get("accept_length") is None or good.get("accept_length") is None:
+        out.lines.append(f"accept length: not compared (not measured "
+                         f"{'now' if now.get('accept_length') is None else 'for the last good one'})")
+        return
+    if now.get("verify_settings") != good.get("verify_settings"):
+        out.lines.append(f"accept length: not compared (no comparable baseline: the last good one was measured on "
+                         f"{_load(good.get('verify_settings'))}; now {_load(now.get('verify_settings'))})")
+        return
+    ratio = now["accept_length"] / good["accept_length"] if good["accept_length"] else float("inf")
+    line = (f"accept length {now['accept_length']:.2f} vs last good {good['accept_length']:.2f} "
+            f"({ratio:.0%}, minimum {fraction:.0%})")
+    out.lines.append(line)
+    if ratio < fraction:
+        out.regressions.append(line)
+
+
+def _compare_throughput(now: dict, good: dict, fraction: float, out: Comparison) -> None:
+    if now.get("output_tok_s") is None or not throughput_baselines(good):
+        out.lines.append(f"output tok/s: not compared (not measured "
+                         f"{'now' if now.get('output_tok_s') is None else 'for the last good one'})")
+        return
+    baseline = throughput_baseline(good, now.get("bench_settings"))
+    if baseline is None:
+        # a manual `deployctl bench --dataset mine.json` (64 prompts, concurrency 8) measured other baselines,
+        # nightly measures the built-in set, 16 at 4: different prompts or loads, not a regression
+        known = "; ".join(_load(b.get("bench_settings")) for b in throughput_baselines(good))
+        out.lines.append(f"output tok/s: not compared (no comparable baseline: the last good one was measured on "
+                         f"{known}; now {_load(now.get('bench_settings'))})")
+        return
+    verdict = decide(rounds_of(now), rounds_of(baseline), fraction)
+    out.throughput = verdict
+    line = verdict.line("output tok/s")
+    out.lines.append(line)
+    if verdict.outcome == "regression":
+        out.regressions.append(line)
+
+
+def compare(now: dict, good: dict, accept_fraction: float, throughput_fraction: float) -> Comparison:
+    """Every comparison of this run's measurements with the last good record's metrics; pure."""
+    out = Comparison()
+    _compare_accept(now, good, accept_fraction, out)
+    _compare_throughput(now, good, throughput_fraction, out)
+    return out
 
 
 def run(ctx: StepContext) -> StepOutcome:
@@ -84,12 +135,19 @@ def run(ctx: StepContext) -> StepOutcome:
     if metrics.get("draft_tokens") != ctx.draft_tokens:
         return StepOutcome("ok", f"last good record was measured at {metrics.get('draft_tokens')} draft tokens, "
                                  f"not {ctx.draft_tokens}: not compared", {"now": now})
-    regressions, lines = compare(now, metrics, ctx.settings.min_accept_fraction, ctx.settings.min_throughput_fraction)
-    data = {"now": now, "last_good": metrics, "comparisons": lines,
+    found = compare(now, metrics, ctx.settings.min_accept_fraction, ctx.settings.min_throughput_fraction)
+    data = {"now": now, "last_good": metrics, "comparisons": found.lines,
             "same_as_last_good": same_deployment(good, ctx.memory.deployment)}
-    if regressions:
+    if found.throughput is not None:
+        data["throughput_gate"] = found.throughput.to_dict()
+        # record-good keeps the previous bar after an inconclusive verdict; history and the report show it
+        ctx.memory.gate = found.throughput.to_dict()
+    if found.regressions:
         raise Regression(f"{ctx.host.name}: regression against the last good deployment "
-                         f"({good.get('drafter_path')}): {'; '.join(regressions)}")
-    if not any(" vs last good " in line for line in lines):
-        return StepOutcome("ok", "no comparable baseline (nothing compared): " + "; ".join(lines), data)
-    return StepOutcome("ok", "; ".join(lines), data)
+                         f"({good.get('drafter_path')}): {'; '.join(found.regressions)}")
+    if not found.compared:
+        return StepOutcome("ok", "no comparable baseline (nothing compared): " + "; ".join(found.lines), data)
+    if found.inconclusive:
+        return StepOutcome("ok", "INCONCLUSIVE (no rollback, no quarantine; the previous bar is kept): "
+                                 + "; ".join(found.lines), data)
+    return StepOutcome("ok", "; ".join(found.lines), data)

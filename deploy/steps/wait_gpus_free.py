@@ -65,7 +65,9 @@ def action(ctx: StepContext) -> Watch:
     every = f"every {ctx.settings.interval_s:g} s on the host, up to {ctx.timeout(ctx.run.timeouts.gpus_free_s):g} s"
     # the host loop ends itself at the deadline; the channel gets a little longer for the last line
     return Watch(description=f"poll GPU memory and holders ({every}), one line per change", command=watch_command(ctx),
-                 timeout_s=ctx.timeout(ctx.run.timeouts.gpus_free_s) + 5)
+                 timeout_s=ctx.timeout(ctx.run.timeouts.gpus_free_s) + 5,
+                 # both nvidia-smi queries of a sample may take their 30 s each on a live host (host_ops.run_bounded)
+                 silence_s=ctx.settings.heartbeat_s + 2 * 30 + 5)
 
 
 def plan(ctx: StepContext) -> list[Watch]:

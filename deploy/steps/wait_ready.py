@@ -92,7 +92,9 @@ def watch_action(ctx: StepContext, pid: int | None = None) -> Watch:
     # the host loop ends itself at the deadline; the channel gets a little longer for the last line
     return Watch(description=f"poll {health_url(ctx)} and the PID on the host every {ctx.settings.interval_s:g} s "
                              f"up to {timeout:g} s, one line per change",
-                 command=watch_command(ctx, shown, log_of(ctx)), timeout_s=timeout + 10)
+                 command=watch_command(ctx, shown, log_of(ctx)), timeout_s=timeout + 10,
+                 # a sample is one /health GET (5 s timeout in host_ops watch-health) after the heartbeat's wait
+                 silence_s=ctx.settings.heartbeat_s + ctx.settings.interval_s + 5 + 2)
 
 
 def tail_action(ctx: StepContext) -> Command:

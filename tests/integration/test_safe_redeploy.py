@@ -271,7 +271,7 @@ def test_ctrl_c_says_what_it_left_running_and_releases_the_lock(clean_sandbox, t
             proc.kill()
     assert proc.returncode == ExitCode.INTERRUPTED, err
     # what the run did: it launched that server and did not verify it (issue 31)
-    assert "[sb1] interrupted: left running: pid " in err and "launched by this run, not verified" in err, err
+    assert "[sb1] interrupted: left running: SGLang pid " in err and "launched by this run, not verified in this run" in err, err
     assert [r["outcome"] for r in history.read(host="sb1")] == ["interrupted"]
     code, doc = cli_json(capsys, "-c", str(path), "up", "--json")  # not locked out
     assert code == 0, json.dumps(doc, indent=1)

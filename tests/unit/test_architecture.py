@@ -185,7 +185,9 @@ FLOORS = [
               # issue 20 (BENCH): the dataset rules (local file checks, the built-in prompt set)
               "deploy.datasets",
               # issue 17 (RELIABILITY): SIGTERM/SIGHUP handled like Ctrl-C
-              "deploy.signals")),
+              "deploy.signals",
+              # issue 28 (NIGHTLY): the throughput gate's statistics, pure
+              "deploy.throughput_gate")),
     ("facts", ("deploy.facts", "deploy.doctor", "deploy.locks", "deploy.serving")),
     ("steps", ("deploy.steps", "deploy.playbook")),
     ("engine", ("deploy.engine",)),

@@ -180,32 +180,40 @@ PROMPTS = {"prompts": "builtin", "prompts_sha256": "a" * 64, "requests": 4, "max
 @pytest.mark.parametrize("change", [{"dataset_sha256": "b" * 64}, {"dataset": "mine.json"}, {"num_prompts": 64},
                                     {"max_concurrency": 8}, {"output_len": 512}, {"dataset_kind": "custom"}])
 def test_throughput_of_another_dataset_or_load_is_not_compared(change):
-    now = {"accept_length": 3.0, "verify_settings": PROMPTS, "output_tok_s": 100.0, "bench_settings": LOAD}
-    good = {"accept_length": 3.0, "verify_settings": PROMPTS, "output_tok_s": 1000.0, "bench_settings": LOAD | change}
-    regressions, lines = compare(now, good, 0.9, 0.9)
-    assert regressions == [] and "no comparable baseline" in lines[1] and "accept length 3.00 vs" in lines[0]
-    assert compare(now, good | {"bench_settings": LOAD}, 0.9, 0.9)[0]  # same load: 10% of the bar regresses
+    now = {"accept_length": 3.0, "verify_settings": PROMPTS, "output_tok_s": 100.0, "bench_settings": LOAD,
+           "output_tok_s_rounds": [100.0 + i for i in range(6)]}
+    good = {"accept_length": 3.0, "verify_settings": PROMPTS, "output_tok_s": 1000.0, "bench_settings": LOAD | change,
+            "output_tok_s_rounds": [1000.0 + i for i in range(6)]}
+    found = compare(now, good, 0.9, 0.9)
+    assert found.regressions == [] and "no comparable baseline" in found.lines[1] and "accept length 3.00 vs" in found.lines[0]
+    assert compare(now, good | {"bench_settings": LOAD}, 0.9, 0.9).regressions  # same load: 10% of the bar regresses
 
 
 @pytest.mark.parametrize("change", [{"prompts_sha256": "c" * 64}, {"requests": 8}, {"max_new_tokens": 64}])
 def test_accept_length_on_other_prompts_is_not_compared(change):
     now = {"accept_length": 1.2, "verify_settings": PROMPTS}
     good = {"accept_length": 3.0, "verify_settings": PROMPTS | change}
-    regressions, lines = compare(now, good, 0.9, 0.9)
-    assert regressions == [] and "no comparable baseline" in lines[0]
-    assert compare(now, good | {"verify_settings": PROMPTS}, 0.9, 0.9)[0]
+    found = compare(now, good, 0.9, 0.9)
+    assert found.regressions == [] and "no comparable baseline" in found.lines[0]
+    assert compare(now, good | {"verify_settings": PROMPTS}, 0.9, 0.9).regressions
 
 
 def test_the_bar_is_kept_only_when_measured_alike():
     old = {"draft_tokens": 16, "accept_length": 3.0, "verify_settings": PROMPTS, "output_tok_s": 900.0,
            "bench_settings": LOAD, "dataset": "builtin", "dataset_sha256": "a" * 64}
     same = old | {"accept_length": 2.9, "output_tok_s": 850.0}
-    assert keep_bar(old, same) == old  # slow drift cannot lower the bar
+
+    def bar(metrics):
+        return {k: metrics.get(k) for k in ("accept_length", "output_tok_s", "bench_settings", "dataset_sha256")}
+
+    assert bar(keep_bar(old, same)) == bar(old)  # slow drift cannot lower the bar
     other = same | {"bench_settings": LOAD | {"dataset_sha256": "b" * 64}, "dataset_sha256": "b" * 64}
     kept = keep_bar(old, other)
     assert kept["accept_length"] == 3.0 and kept["output_tok_s"] == 850.0 and kept["dataset_sha256"] == "b" * 64
+    # issue 28: the other dataset's bar is kept beside it, never replaced
+    assert [b["dataset_sha256"] for b in kept["throughput_baselines"]] == ["a" * 64, "b" * 64]
     legacy = {"draft_tokens": 16, "accept_length": 3.0, "output_tok_s": 900.0, "bench_settings": {"num_prompts": 16}}
-    assert keep_bar(legacy, same) == same  # recorded on random ids with the old prompts: replaced
+    assert bar(keep_bar(legacy, same)) == bar(same)  # recorded on random ids with the old prompts: not this load
 
 
 # -- the sweep: a sweep value never becomes the last good one; the configured one is put back ----------

@@ -373,7 +373,7 @@ def test_reconverting_a_replaced_file_records_its_new_original(tmp_path):
 def test_check_writes_nothing_and_exits_1(tmp_path):
     drafter = make_speculators_drafter(tmp_path / "d")
     snap = snapshot(drafter)
-    code, out, err = run_cli(str(drafter), "--check", "--json")
+    code, out, err = run_cli(str(drafter), "--check", "--json", "--sglang-generation", "legacy")
     assert code == 1
     summary = json.loads(out)
     assert summary["status"] == "needs_conversion" and summary["dry_run"] is True
@@ -382,6 +382,42 @@ def test_check_writes_nothing_and_exits_1(tmp_path):
     assert "layers.0.hidden_norm.weight" in summary["verification"]["dropped"]
     assert summary["verification_after_conversion"]["ok"] is True
     assert snapshot(drafter) == snap
+
+
+def _no_sglang(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a))
+
+
+def test_without_sglang_the_local_default_is_0_5_12_and_a_2_layer_drafter_converts(tmp_path, monkeypatch, capsys):
+    """Issue 28: the default was 0.5.6-0.5.11 (legacy), so a 2-layer drafter was refused with exit 8."""
+    _no_sglang(monkeypatch)
+    drafter = make_speculators_drafter(tmp_path / "d", layers=2)
+    code, out, err = run_cli(str(drafter))
+    assert code == 0, err
+    assert "verifying for SGLang 0.5.12+ (modern): no sglang is importable" in out
+    assert "verification for SGLang 0.5.12+ (modern): ok" in out
+    assert fix.main(["--help"]) == 0
+    assert "here: SGLang 0.5.12+ (modern)" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("version, generation", [("0.5.9", "legacy"), ("0.5.14", "modern"), ("0.4.0", "modern")])
+def test_an_importable_sglang_sets_the_default_from_its_metadata_without_importing_it(tmp_path, monkeypatch, version,
+                                                                                      generation):
+    site = tmp_path / "site"
+    (site / "sglang").mkdir(parents=True)
+    # importing this package would fail the test: the fixer must read the metadata only
+    (site / "sglang" / "__init__.py").write_text("raise RuntimeError('sglang was imported')\n")
+    (site / f"sglang-{version}.dist-info").mkdir()
+    (site / f"sglang-{version}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
+    monkeypatch.syspath_prepend(str(site))
+    drafter = make_speculators_drafter(tmp_path / "d")
+    code, out, err = run_cli(str(drafter), "--check", "--json")
+    summary = json.loads(out)
+    assert summary["verification"]["generation"] == generation
+    assert version in summary["target"] and ("not one the fixer knows" in summary["target"]) is (version == "0.4.0")
 
 
 def test_check_on_a_converted_drafter_exits_0(tmp_path):

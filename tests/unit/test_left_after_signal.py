@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.engine.records import StepRecord
-from deploy.engine.session import run_steps, what_the_run_left
+from deploy.engine.outcome import after_interruption
+from deploy.engine.records import HostReport, StepRecord
+from deploy.engine.session import run_steps
 from deploy.errors import ExitCode, Interrupted
 from deploy.steps.base import StepOutcome, StepSettings
 from deploy.steps.memory import StepMemory
@@ -40,9 +41,9 @@ def steps_until(signal_after: str, cancelled: threading.Event, memory: StepMemor
     ("converge", "stopped nothing and launched nothing"),
     ("stop-stale", "nothing: this run stopped the server (pid 4242) and launched nothing"),
     ("wait-gpus-free", "nothing: this run stopped the server (pid 4242) and launched nothing"),
-    ("launch", "pid 5151, launched by this run, not verified (not ready yet)"),
-    ("wait-ready", "pid 5151, launched by this run, ready, not verified"),
-    ("verify-acceptance", "pid 5151, launched by this run and verified"),
+    ("launch", "SGLang pid 5151 (launched by this run, not verified in this run: not ready yet)"),
+    ("wait-ready", "SGLang pid 5151 (launched by this run, not verified in this run: ready)"),
+    ("verify-acceptance", "SGLang pid 5151 (launched by this run, verified in this run)"),
 ])
 def test_a_signal_after_each_step_says_what_the_run_left(signal_after, expected):
     cancelled = threading.Event()
@@ -50,19 +51,21 @@ def test_a_signal_after_each_step_says_what_the_run_left(signal_after, expected)
     records, error, _ = run_steps(steps_until(signal_after, cancelled, memory), HOST, RUN, None, "s",
                                   lambda *a: None, memory, cancelled)
     assert error is None and records[UP.index(signal_after) + 1].status == "not-run"
-    left = what_the_run_left(records, memory)
-    assert expected in left and "unknown" not in left
+    left = after_interruption(HostReport(HOST, steps=records), memory)
+    assert left is not None
+    assert expected in left[0] and "unknown" not in left[0] and "not read again" in left[0]
 
 
 def test_converged_and_untouched():
     records = [StepRecord(n, "skipped" if n in ("stop-stale", "free-gpus", "launch") else "ok") for n in UP[:8]]
-    assert "found running as desired, untouched" in what_the_run_left(records, StepMemory(converged=True, pid=77))
+    left = after_interruption(HostReport(HOST, steps=records), StepMemory(converged=True, pid=77))
+    assert left is not None and "found running as desired, untouched" in left[0] and left[1].pid == 77
 
 
 @pytest.mark.parametrize("step", ["stop-stale", "launch"])
-def test_cut_inside_a_step_that_changes_the_host_is_unknown_naming_it(step):
+def test_cut_inside_a_step_that_changes_the_host_needs_the_hosts_answer(step):
     records = [StepRecord(n, "ok") for n in UP[:UP.index(step)]]
     records.append(StepRecord(step, "failed", detail=str(Interrupted("h: interrupted")),
                               exit_code=int(ExitCode.TERMINATED)))
-    left = what_the_run_left(records, StepMemory())
-    assert left.startswith("unknown") and step in left
+    # only the host can say: None, and HostSession.close reads the server's state
+    assert after_interruption(HostReport(HOST, steps=records), StepMemory()) is None

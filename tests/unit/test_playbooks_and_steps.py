@@ -210,7 +210,7 @@ class BusyHost:
         self.calls = 0
         self.for_s = for_s
 
-    def watch(self, command, on_line, *, timeout, cancelled):
+    def watch(self, command, on_line, *, timeout, cancelled, silence_s=None):
         import json
         import time
 
@@ -324,7 +324,9 @@ def test_doctor_plan_is_one_command_and_sends_the_helper_inline():
 STEP_FILES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "steps").glob("*.py"))
 
 
-@pytest.mark.parametrize("path", [p for p in STEP_FILES if p.name not in ("base.py", "memory.py", "__init__.py")], ids=lambda p: p.name)
+#: memory.py (typed step memory) and failure_cause.py (the typed failure classification the steps and
+#: the engine share, issue 28) are not steps
+@pytest.mark.parametrize("path", [p for p in STEP_FILES if p.name not in ("base.py", "memory.py", "__init__.py", "failure_cause.py")], ids=lambda p: p.name)
 def test_steps_reach_the_host_only_through_planned_actions(path):
     """``run`` performs actions via ctx.execute*, so what it does is what ``plan`` lists (and the journal sees)."""
     text = path.read_text()

@@ -10,13 +10,15 @@ import time
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.errors import ExitCode, Quarantined, RemoteOutputError, StepTimeout, VerificationFailed
+from deploy.errors import (BenchmarkHarnessFailed, ConnectionFailed, ExitCode, Quarantined, Regression, RemoteCommandFailed,
+                           RemoteOutputError, ServerDied, StepTimeout, VerificationFailed)
 from deploy.facts import quarantine as facts
 from deploy.facts.server import RunSnapshot, ServerState
 from deploy.playbook import load_playbook
 from deploy.steps import quarantine
 from deploy.steps.base import StepContext
 from deploy.steps.memory import StepMemory
+from deploy.steps.failure_cause import Cause, deployment_stays, failure_cause
 from tests.recording import RecordingTransport, Reply
 
 HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/deployctl state")
@@ -85,21 +87,50 @@ def test_no_record_quarantines_nothing(text):
 
 @pytest.mark.parametrize("step,error,converged,good_fp,recorded", [
     ("wait-ready", StepTimeout("never ready"), False, None, True),
+    ("wait-ready", ServerDied("exit 1: CUDA out of memory"), False, None, True),
     ("verify-acceptance", VerificationFailed("accept 1.00"), False, "other", True),
-    ("launch", StepTimeout("x"), False, None, True),
-    ("regression-gate", VerificationFailed("x"), False, None, True),
+    ("regression-gate", Regression("output tok/s 50%"), False, None, True),
+    ("benchmark", ServerDied("crashed on the first /generate"), False, None, True),  # the server died: its fault
+    # issue 28: a benchmark harness failure is never the checkpoint's
+    ("benchmark", BenchmarkHarnessFailed("bench_serving failed (exit 1): FileNotFoundError"), False, None, False),
+    ("benchmark", BenchmarkHarnessFailed("only 12 of 16 requests", exit_code=ExitCode.REMOTE_OUTPUT), False, None,
+     False),
+    ("benchmark", StepTimeout("bench_serving timed out"), False, None, False),
+    ("regression-gate", RemoteOutputError("last-good.json: not JSON"), False, None, False),
+    ("launch", RemoteCommandFailed("mkdir: Permission denied"), False, None, False),  # the host's
+    ("verify-acceptance", ConnectionFailed("connection reset"), False, None, False),
     ("wait-gpus-free", StepTimeout("GPUs busy"), False, None, False),   # the host's fault, not the drafter's
     ("doctor", VerificationFailed("x"), False, None, False),
     ("verify-acceptance", VerificationFailed("x"), True, None, False),  # the running server, not a new deploy
     ("verify-acceptance", VerificationFailed("x"), False, FP, False),   # the last good one: keep deployable
 ])
 def test_which_failures_quarantine_the_fingerprint(step, error, converged, good_fp, recorded):
-    memory = StepMemory(drafter_fingerprint=FP, converged=converged, drafter_path="/s/d",
-              snapshot=snapshot(None, good={"drafter_fingerprint": good_fp} if good_fp else None))
+    memory = StepMemory(drafter_fingerprint=FP, converged=converged, drafter_path="/s/d", launched=not converged,
+                        snapshot=snapshot(None, good={"drafter_fingerprint": good_fp} if good_fp else None))
     found = quarantine.failure_entry("nightly", "r", step, error, memory, "T")
     assert (found is not None) == recorded
+    assert failure_cause(step, error).checkpoints_fault == (recorded or converged or good_fp == FP)
     if found:
         assert found[0] == FP and found[1]["exit_code"] == int(error.exit_code) and found[1]["reason"].startswith(step)
+        assert f"({failure_cause(step, error).value})" in found[1]["reason"]
+
+
+def test_nothing_launched_in_this_run_is_never_quarantined():
+    memory = StepMemory(drafter_fingerprint=FP, drafter_path="/s/d", snapshot=snapshot(None))
+    assert quarantine.failure_entry("nightly", "r", "wait-ready", StepTimeout("x"), memory, "T") is None
+
+
+class _Record:
+    def __init__(self, name, status):
+        self.name, self.status = name, status
+
+
+@pytest.mark.parametrize("cause,verified,stays", [
+    (Cause.HARNESS, True, True), (Cause.HOST, True, True), (Cause.HARNESS, False, False),
+    (Cause.REGRESSION, True, False), (Cause.CRASHED, True, False), (Cause.INTERRUPTED, True, False)])
+def test_a_failure_that_is_not_the_checkpoints_keeps_a_verified_deployment(cause, verified, stays):
+    records = [_Record("verify-acceptance", "ok" if verified else "failed")]
+    assert deployment_stays(cause, records) is stays
 
 
 def _helper(tmp_path, *args):

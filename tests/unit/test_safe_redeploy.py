@@ -213,11 +213,13 @@ def test_missing_record_is_none():
 
 
 @pytest.mark.parametrize("accept, tput, regressed", [
-    (3.0, 1000.0, 0), (2.71, 1000.0, 0), (2.69, 1000.0, 1), (3.0, 899.0, 1), (1.0, 100.0, 2), (3.5, 2000.0, 0)])
+    # one throughput sample each (records from before issue 28): below the floor is inconclusive, never exit 12
+    (3.0, 1000.0, 0), (2.71, 1000.0, 0), (2.69, 1000.0, 1), (3.0, 899.0, 0), (1.0, 100.0, 1), (3.5, 2000.0, 0)])
 def test_regression_gate_fractions(accept, tput, regressed):
-    regressions, lines = compare({"accept_length": accept, "output_tok_s": tput},
-                                 {"accept_length": 3.0, "output_tok_s": 1000.0}, 0.9, 0.9)
-    assert len(regressions) == regressed and len(lines) == 2
+    found = compare({"accept_length": accept, "output_tok_s": tput},
+                    {"accept_length": 3.0, "output_tok_s": 1000.0}, 0.9, 0.9)
+    assert len(found.regressions) == regressed and len(found.lines) == 2
+    assert found.inconclusive == (tput / 1000.0 < 0.9)
 
 
 NIGHTLY_LOAD = {"num_prompts": 16, "input_len": 512, "output_len": 256, "max_concurrency": 4}
@@ -229,18 +231,19 @@ def test_throughput_compares_only_under_the_same_benchmark_load(field, value):
     """A manual `bench` run (another load) recorded the bar: nightly's lower tok/s is no regression."""
     now = {"accept_length": 3.0, "output_tok_s": 300.0, "bench_settings": NIGHTLY_LOAD}
     other = NIGHTLY_LOAD if field is None else NIGHTLY_LOAD | {field: value}
-    regressions, lines = compare(now, {"accept_length": 3.0, "output_tok_s": 1000.0, "bench_settings": other}, 0.9, 0.9)
+    found = compare(now, {"accept_length": 3.0, "output_tok_s": 1000.0, "bench_settings": other}, 0.9, 0.9)
     if field is None:
-        assert len(regressions) == 1 and "output tok/s 300.00" in regressions[0]
+        assert found.regressions == [] and found.inconclusive and "output tok/s median 300.00" in found.lines[1]
     else:
-        assert regressions == [] and "no comparable baseline" in lines[1] and f"{field} {value}" in lines[1]
+        assert found.throughput is None and "no comparable baseline" in found.lines[1] and f"{field} {value}" in found.lines[1]
     legacy = {"accept_length": 3.0, "output_tok_s": 1000.0}  # recorded before the load was kept
-    assert compare(now, legacy, 0.9, 0.9)[0] == [] and compare(now | {"bench_settings": BENCH_LOAD}, now, 0.9, 0.9)[0] == []
+    assert compare(now, legacy, 0.9, 0.9).throughput is None
+    assert compare(now | {"bench_settings": BENCH_LOAD}, now, 0.9, 0.9).throughput is None
 
 
 def test_regression_gate_skips_what_was_not_measured():
-    regressions, lines = compare({"accept_length": 3.0}, {"accept_length": 3.0, "output_tok_s": 10.0}, 0.9, 0.9)
-    assert regressions == [] and "not compared" in lines[1]
+    found = compare({"accept_length": 3.0}, {"accept_length": 3.0, "output_tok_s": 10.0}, 0.9, 0.9)
+    assert found.regressions == [] and "not compared" in found.lines[1]
 
 
 # ---------------------------------------------------------------------------- history
@@ -327,7 +330,7 @@ def test_local_lock_file_name_is_safe_for_any_run_name(tmp_path, monkeypatch):
 from types import SimpleNamespace  # noqa: E402
 
 from deploy.config.models import Host, Run  # noqa: E402
-from deploy.errors import DeployError, Regression  # noqa: E402
+from deploy.errors import BenchmarkHarnessFailed, DeployError, Regression, ServerDied, StepTimeout  # noqa: E402
 from deploy.engine.records import RunOptions, StepRecord  # noqa: E402
 from deploy.engine.session import run_steps, should_roll_back  # noqa: E402
 from deploy.playbook import load_playbook  # noqa: E402
@@ -381,6 +384,12 @@ def test_a_lost_host_lock_stops_before_the_next_step():
     ("wait-ready", None, DeployError("x"), RunOptions(rollback=False), False),
     ("wait-ready", None, LockHeld("x"), RunOptions(), False),
     ("wait-ready", {"stop-stale": "skipped"}, Regression("x"), RunOptions(), True),
+    # issue 28: a benchmark harness failure after this run verified its deployment: it stays
+    ("benchmark", None, BenchmarkHarnessFailed("bench_serving failed (exit 1)"), RunOptions(), False),
+    ("benchmark", None, StepTimeout("bench_serving timed out"), RunOptions(), False),
+    ("benchmark", {"verify-acceptance": "disabled"}, BenchmarkHarnessFailed("x"), RunOptions(), True),  # not verified
+    ("benchmark", None, ServerDied("crashed on /generate"), RunOptions(), True),  # the checkpoint's
+    ("regression-gate", None, Regression("x"), RunOptions(), True),
 ])
 def test_rollback_happens_only_after_stop_stale(failing, statuses, error, options, expected):
     playbook = load_playbook("nightly")
@@ -401,7 +410,9 @@ def test_rollback_only_after_this_run_stopped_freed_or_launched(failing, touched
     if touched is not None:
         records[names.index(touched)] = StepRecord(touched, "ok", data=data[touched])
     expected = touched is not None
-    assert should_roll_back(playbook, records, names.index(failing), DeployError("x"), RunOptions(),
+    # a failure that is the checkpoint's (the server died, whichever step noticed): a harness failure after
+    # this run verified the deployment never rolls back (issue 28, test_rollback_happens_only_after_stop_stale)
+    assert should_roll_back(playbook, records, names.index(failing), ServerDied("x"), RunOptions(),
                             threading.Event()) is expected
 
 
@@ -473,7 +484,7 @@ class ScriptedHost:
     def check(self, command, *, timeout=None, what=""):
         return self.run(command, timeout=timeout)
 
-    def watch(self, command, on_line, *, timeout, cancelled):
+    def watch(self, command, on_line, *, timeout, cancelled, silence_s=None):
         from deploy.transport import WatchResult
 
         self.commands.append(command)

@@ -107,3 +107,63 @@ def test_the_report_json_and_history_carry_the_same_answer():
     assert report.to_dict()["serving"]["state"] == "unverified"
     [row] = history.records_for("up", "r", [report])
     assert row["serving"] == "unverified"
+
+
+# --- issue 28: every path that ends after a failed verification headlines only what THIS run verified ---
+
+LOW = "kimi-a: accept length 1.40 < 1.5 (minimum)"
+
+
+def _steps(*pairs):
+    return [StepRecord(name, status, detail=LOW if name == "verify-acceptance" and status == "failed" else "")
+            for name, status in pairs]
+
+
+CONVERGED = _steps(("converge", "ok"), ("stop-stale", "skipped"), ("launch", "skipped"), ("verify-acceptance", "failed"))
+LAUNCHED = _steps(("converge", "ok"), ("stop-stale", "ok"), ("launch", "ok"), ("verify-acceptance", "failed"))
+RB_VERIFY_FAILED = _steps(("stop-stale", "ok"), ("launch", "ok"), ("wait-ready", "ok"), ("verify-acceptance", "failed"))
+RB_NOT_READY = _steps(("stop-stale", "ok"), ("launch", "ok"), ("wait-ready", "failed"))
+RB_OK = _steps(("stop-stale", "ok"), ("launch", "ok"), ("wait-ready", "ok"), ("verify-acceptance", "ok"))
+
+
+@pytest.mark.parametrize("steps, rollback, memory, server, expected, fragment", [
+    # the issue's case: unchanged checkpoint, acceptance 1.40 on the host, no rollback: never "untouched"
+    (CONVERGED, [], {"pid": 42, "converged": True}, state(record=GOOD), ("unverified", 42),
+     "failed verification in this run: kimi-a: accept length 1.40"),
+    # a new deployment that failed verification, left running (--no-rollback)
+    (LAUNCHED, [], {"pid": 42, "launched": True}, state(record=OTHER), ("unverified", 42), "failed verification"),
+    # the rollback relaunched the last good deployment (pid 43) and its verification failed too
+    (LAUNCHED, RB_VERIFY_FAILED, {"pid": 42, "launched": True, "rollback_pid": 43}, state(pid=43, record=GOOD),
+     ("unverified", 43), "failed verification in this run"),
+    (CONVERGED, RB_VERIFY_FAILED, {"pid": 42, "converged": True, "rollback_pid": 43}, state(pid=43, record=GOOD),
+     ("unverified", 43), "failed verification in this run"),
+    # the rollback relaunched it and it never became ready: launched by this run, not verified
+    (LAUNCHED, RB_NOT_READY, {"pid": 42, "launched": True, "rollback_pid": 43}, state(pid=43, status=503, record=GOOD),
+     ("unverified", 43), "launched by this run, not verified"),
+    # restored and verified by the rollback: serving, verified in this run
+    (LAUNCHED, RB_OK, {"pid": 42, "launched": True, "rollback_pid": 43, "restored": {"pid": 43}},
+     state(pid=43, record=GOOD), ("serving", 43), "verified in this run"),
+    (CONVERGED, RB_OK, {"pid": 42, "converged": True, "rollback_pid": 43, "restored": {"pid": 43}},
+     state(pid=43, record=GOOD), ("serving", 43), "verified in this run"),
+    # the server's state could not be read after the failure
+    (CONVERGED, [], {"pid": 42, "converged": True}, None, ("unknown", None), "reading the server's state failed"),
+    # nothing runs any more
+    (LAUNCHED, RB_NOT_READY, {"pid": 42, "launched": True, "rollback_pid": 43}, state(alive=False), ("nothing", None),
+     ""),
+])
+def test_a_failed_verification_is_never_headlined_as_a_verified_deployment(steps, rollback, memory, server, expected,
+                                                                            fragment):
+    from deploy import history
+
+    snapshot = RunSnapshot(time.monotonic(), "3.11", {}, state(record=GOOD), GOOD)
+    report = HostReport(HOST, steps=list(steps), rollback=list(rollback))
+    report.serving = serving_of(report, StepMemory(**memory, snapshot=snapshot), RunOptions(command="nightly"), server,
+                                None if server is not None else "timed out")
+    assert (report.serving.state, report.serving.pid) == expected and fragment in report.serving.detail
+    assert "untouched" not in report.serving.headline()
+    # one decision: the text headline, the JSON and the history row say the same
+    assert report.to_dict()["serving"]["state"] == expected[0]
+    [row] = history.records_for("nightly", "r", [report])
+    assert row["serving"] == expected[0]
+    if expected[0] != "serving":
+        assert "IS SERVING a verified" not in report.serving.headline()

@@ -7,13 +7,15 @@ checks what the step concluded and exactly which commands it sent.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.errors import ConnectionFailed, RemoteCommandFailed, RemoteOutputError, StepTimeout, VerificationFailed
+from deploy.errors import (BenchmarkHarnessFailed, ConnectionFailed, ExitCode, RemoteCommandFailed, RemoteOutputError,
+                           StepTimeout, VerificationFailed)
 from deploy.facts.fuser import NO_DEVICE_FILES
 from deploy.steps import (converge, ensure_helper, launch, free_gpus, record_good, regression_gate, stop_stale, verify_acceptance,
                           wait_gpus_free, wait_ready)
@@ -441,11 +443,41 @@ def test_benchmark_is_one_command_and_checks_every_request_succeeded():
     [command] = conn.commands
     assert "--num-prompts 768" in command and "--output-file ~/'deployctl state/bench/bench-20261129T000000Z-t16.jsonl'" in command
     short = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT)])
-    with pytest.raises(RemoteOutputError, match="only 768 of 800"):
+    # the harness's failures, never the checkpoint's (issue 28): typed, with the exit codes they had
+    with pytest.raises(BenchmarkHarnessFailed, match="only 768 of 800") as lost:
         benchmark.run(ctx(benchmark, short, num_prompts=800, dataset="random-ids"))
+    assert lost.value.exit_code == ExitCode.REMOTE_OUTPUT
     failed = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", exit_code=1, stderr="CUDA out of memory")])
-    with pytest.raises(RemoteCommandFailed, match="bench_serving failed .*CUDA out of memory"):
+    with pytest.raises(BenchmarkHarnessFailed, match="bench_serving failed .*CUDA out of memory"):
         benchmark.run(ctx(benchmark, failed, dataset="random-ids"))
+    garbled = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", stdout="Traceback (most recent call last)")])
+    with pytest.raises(BenchmarkHarnessFailed, match="no 'Serving Benchmark Result' block") as garbage:
+        benchmark.run(ctx(benchmark, garbled, dataset="random-ids"))
+    assert garbage.value.exit_code == ExitCode.REMOTE_OUTPUT
+
+
+def _scaled(tok_s: float) -> str:
+    return re.sub(r"(Output token throughput \(tok/s\):\s+)\S+", lambda m: f"{m.group(1)}{tok_s}", BENCH_OUTPUT)
+
+
+def test_benchmark_rounds_run_one_after_the_other_and_report_their_median_and_each_round():
+    from deploy.steps import benchmark
+
+    replies = [Reply(r"sglang\.bench_serving", stdout=_scaled(v), times=1) for v in (900.0, 1100.0, 1000.0)]
+    conn = RecordingTransport(HOST, replies)
+    c = ctx(benchmark, conn, num_prompts=768, dataset="random-ids", rounds=3)
+    outcome = benchmark.run(c)
+    assert len(conn.commands) == 3 and len(set(conn.commands)) == 1
+    assert outcome.data["output_tok_s_rounds"] == [900.0, 1100.0, 1000.0] and outcome.data["output_tok_s"] == 1000.0
+    assert "median of 3 rounds, 900.0-1100.0" in outcome.detail
+    # the plan is the run: one planned command per round
+    assert [a.description.rsplit("(", 1)[1] for a in benchmark.plan(c)] == [
+        "round 1 of 3, one after the other)", "round 2 of 3, one after the other)", "round 3 of 3, one after the other)"]
+    assert [a.description for _, a in c.journal] == [a.description for a in benchmark.plan(c)]
+    second_fails = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT, times=1),
+                                             Reply(r"sglang\.bench_serving", exit_code=1, stderr="Killed")])
+    with pytest.raises(BenchmarkHarnessFailed, match=r"round 2 of 3\) \(exit 1\): Killed"):
+        benchmark.run(ctx(benchmark, second_fails, num_prompts=768, dataset="random-ids", rounds=3))
 
 
 def _dataset_state(name: str, digest: str | None) -> str:

@@ -6,15 +6,41 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .errors import EXIT_CHECKPOINT, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EXIT_VERIFY, FixError
 from .checkpoint import fingerprint
 from .config import IDS_MODES
-from .loader import GENERATIONS
+from .loader import GENERATIONS, _resolve_generation
 from .conversion import convert
 from .restoration import restore
 from .store import WHEN, store_drafter
+
+
+def default_target() -> Tuple[str, str]:
+    """(generation or version, why) verified when no --sglang-generation/--sglang-version is given.
+
+    The SGLang importable next to this Python, read from its package metadata WITHOUT importing it
+    (an import of a real SGLang takes seconds and loads torch); otherwise 0.5.12+ (modern), what a
+    new user installs in late 2026. Before issue 28 the default was 0.5.6-0.5.11 (legacy): a 2-layer
+    drafter, which only 0.5.12+ can serve, was refused with exit 8 and nothing written."""
+    try:
+        import importlib.metadata as metadata
+        import importlib.util
+
+        if importlib.util.find_spec("sglang") is not None:
+            version = metadata.version("sglang")
+            try:
+                _resolve_generation(version)
+                return version, "the SGLang %s importable next to this Python (package metadata)" % version
+            except FixError:
+                return "modern", ("SGLang 0.5.12+ (modern): the SGLang %r next to this Python is not one the fixer "
+                                  "knows" % version)
+    except (ImportError, ValueError, OSError):
+        pass
+    except Exception:  # a broken metadata directory never stops the fix; the default stays modern
+        pass
+    return "modern", "SGLang 0.5.12+ (modern): no sglang is importable next to this Python"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,7 +48,7 @@ class _Parser(argparse.ArgumentParser):
         raise FixError(EXIT_USAGE, message)
 
 
-def _parser(prog: Optional[str]) -> _Parser:
+def _parser(prog: Optional[str], target: Tuple[str, str] = ("modern", "SGLang 0.5.12+ (modern)")) -> _Parser:
     parser = _Parser(
         prog=prog, description="Rename an EAGLE-3 drafter's weight keys (layers.0.* -> midlayer.*) "
         "and config for SGLang, in place and crash-safe, and check what SGLang would load.",
@@ -37,7 +63,8 @@ def _parser(prog: Optional[str]) -> _Parser:
                         "for each aux layer id (SGLang captures one layer later); default keep")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--sglang-generation", choices=sorted(GENERATIONS),
-                       help="verify for SGLang 0.5.6-0.5.11 (legacy, default) or 0.5.12+ (modern)")
+                       help="verify for SGLang 0.5.6-0.5.11 (legacy) or 0.5.12+ (modern); default: the "
+                       "SGLang installed next to this Python, else 0.5.12+ (modern); here: %s" % target[1])
     group.add_argument("--sglang-version", metavar="X.Y.Z", help="verify for this SGLang version")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 when a change is needed")
@@ -138,7 +165,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None, stdou
             out.write(json.dumps(stored) + "\n")
             out.flush()
             return int(stored["exit_code"])
-        args = _parser(prog).parse_args(args_list)
+        target = default_target()
+        args = _parser(prog, target).parse_args(args_list)
         as_json = args.json or args.fingerprint
         if args.restore or args.fingerprint:
             extra = [flag for flag, on in (("--check", args.check), ("--rename", args.rename),
@@ -155,10 +183,13 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None, stdou
         elif args.restore:
             summary = restore(args.path)
         else:
-            generation = args.sglang_version or args.sglang_generation or "legacy"
+            generation = args.sglang_version or args.sglang_generation or target[0]
             summary = convert(args.path, renames=args.rename,
                               hidden_states_from=args.hidden_states_from, generation=generation,
                               full_backup=args.full_backup, dry_run=args.check)
+            if not (args.sglang_version or args.sglang_generation):
+                summary["target"] = "verifying for %s (--sglang-version or --sglang-generation to choose)" % target[1]
+                summary.setdefault("log", []).insert(0, summary["target"])
         if as_json:
             out.write(json.dumps(summary) + "\n")
         else:
