@@ -37,6 +37,9 @@ class ExitCode(IntEnum):
     #: restart/nightly: the drafter's fingerprint failed verification or was rolled back on this host
     #: before (its quarantine record); nothing was stopped. ``--retry-failed`` or a changed checkpoint.
     QUARANTINED = 13
+    #: a roll behind the router stopped because the router died or stopped answering its management
+    #: API; the replicas the roll had not touched serve as before (fleet/router_watch.py).
+    ROUTER_LOST = 14
     #: SIGHUP (128 + 1): handled like Ctrl-C (deploy/signals.py)
     HANGUP = 129
     INTERRUPTED = 130

@@ -60,6 +60,7 @@ PROCESS_EXIT_TIMEOUT_S = 5.0
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SIM_NVIDIA_SMI = _PACKAGE_DIR / "sim_nvidia_smi.py"
 _SIM_SGLANG = _PACKAGE_DIR / "sim_sglang" / "sglang"
+_SIM_NETWORK = _PACKAGE_DIR / "sim_network.py"
 _MODEL_SOURCES = _PACKAGE_DIR / "model_sources"
 #: kimi_k25 gains set_eagle3_layers_to_capture in SGLang 0.5.10 (PR #19689)
 _KIMI_HOOK_SINCE = (0, 5, 10)
@@ -160,7 +161,7 @@ class Sandbox:
             h = self.host(name)
             _kill_user_processes(h.user)
             _build_home(h.name, h.home, h.gpu_count, state["sglang_version"],
-                        self.root / "drafter-template")
+                        self.root / "drafter-template", h.address)
             pw = pwd.getpwnam(h.user)
             _chown_tree(h.home, pw.pw_uid, pw.pw_gid)
 
@@ -486,7 +487,8 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
             os.chown(os.path.join(dirpath, n), uid, gid, follow_symlinks=False)
 
 
-def _build_home(name: str, home: Path, gpus: int, sglang_version: str, drafter_cache: Path) -> None:
+def _build_home(name: str, home: Path, gpus: int, sglang_version: str, drafter_cache: Path,
+                address: str) -> None:
     if home.exists():
         shutil.rmtree(home)
     for sub in ("bin", "pylib", "dev", ".sim/alloc", "drafters", "models"):
@@ -505,9 +507,12 @@ def _build_home(name: str, home: Path, gpus: int, sglang_version: str, drafter_c
     shutil.copytree(_SIM_SGLANG, home / "pylib" / "sglang",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     _install_sglang_version(home, sglang_version)
+    # this host's own network stack for its python processes (0.0.0.0 and 127.0.0.1 are its address)
+    shutil.copyfile(_SIM_NETWORK, home / "pylib" / "sitecustomize.py")
     config = {
         "simulated": True,
         "host": name,
+        "address": address,
         "gpu_count": gpus,
         "gpu_dir": str(home / "dev"),
         "gpu_total_mib": GPU_TOTAL_MIB,
@@ -721,7 +726,7 @@ def start_sandbox(
             _write_state(root, state)  # recorded before anything else can fail
             pw = pwd.getpwnam(user)
             host["uid"] = pw.pw_uid
-            _build_home(name, home, gpus, sglang_version, drafter_cache)
+            _build_home(name, home, gpus, sglang_version, drafter_cache, host["address"])
             _chown_tree(home, pw.pw_uid, pw.pw_gid)
             sshd_dir = root / "sshd" / name
             sshd_dir.mkdir(exist_ok=True)

@@ -37,6 +37,7 @@ def doctor_program() -> str:
     fixer = HELPER.parent / "fixer"
     modules = [(f"fixer.{name}", (fixer / f"{name}.py").read_text()) for name in FIXER_MODULES]
     modules.append(("host_ops", (HELPER.parent / "host_ops.py").read_text()))  # its server-state code
+    modules.append(("listeners", (HELPER.parent / "listeners.py").read_text()))  # the port listeners' reader
     return inline_program(modules + [("doctor_facts", HELPER.read_text())], "doctor_facts")
 
 

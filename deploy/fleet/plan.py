@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from deploy.fleet.phases import batches, default_serial
+from deploy.fleet.router_ports import router_binds
 from deploy.fleet.router import RouterCalls, RouterPaths, router_argv, router_url, worker_url
 
 
@@ -65,8 +66,14 @@ def plan_fleet(config, run, hosts, command: str, serial: int | None, allow_downt
     groups = batches(hosts, serial)
     document: dict[str, Any] = {"serial": serial, "allow_downtime": allow_downtime,
                                 "batches": [[h.name for h in batch] for batch in groups]}
+    known = [*config.hosts_of(run), *([config.host(run.router.host)] if run.router is not None else [])]
+    missing = [h for h in known if h.name not in (endpoints or {})]
+    if missing:  # the router host, and the run's hosts --host left out: the router reaches them all
+        from deploy.engine.plan import describe_endpoints
+
+        endpoints = {**(endpoints or {}), **describe_endpoints(missing, config)}
+    view = PlanView(config, run, network_hosts(known, endpoints))
     if playbook is not None:
-        view = PlanView(config, run, network_hosts(config.hosts_of(run), endpoints))
         if run.router is not None:
             view.calls = RouterCalls(run.router, view.network(config.host(run.router.host)), planned=True)
             view.router_host = run.router.host
@@ -75,7 +82,7 @@ def plan_fleet(config, run, hosts, command: str, serial: int | None, allow_downt
         document["phases"] = phase_plan(fleet_phases(hosts, serial, run.router is not None, allow_downtime,
                                                      keep_unchanged=not benchmarks), view, playbook)
     if run.router is not None:
-        host = config.host(run.router.host)
+        host = view.network(config.host(run.router.host))
         paths = RouterPaths(host.state_dir)
         package = run.router.package
         document["router"] = {
@@ -84,8 +91,11 @@ def plan_fleet(config, run, hosts, command: str, serial: int | None, allow_downt
             "auto: smg when installed for router.python on the router host, else sglang-router (read from its "
             "package metadata before anything is stopped)",
             "pidfile": paths.pidfile, "log": paths.latest_log,
-            "argv": router_argv(run.router, host, [worker_url(run, h) for h in hosts]),
-            "workers": {h.name: worker_url(run, h) for h in hosts},
+            # every port it binds, checked free before the first replica is stopped (router_ports.py)
+            "binds": [b.label for b in router_binds(run.router, host, None if package == "auto" else package)],
+            "argv": router_argv(run.router, host, [worker_url(run, view.network(h)) for h in hosts]),
+            # where the router host reaches each replica (a wildcard serve_host: the host's network address)
+            "workers": {h.name: worker_url(run, view.network(h)) for h in hosts},
             "per_batch": ["unless the playbook benchmarks: the doctor's read and the drafter's fingerprint on each host; "
                           "a host that would only converge (already running as desired) stays in the router",
                           "GET /workers; DELETE /workers/{id} for the other workers (smg, sglang-router 0.3.x; "
@@ -125,6 +135,9 @@ def print_fleet_plan(document: dict[str, Any]) -> None:
         click.echo(f"router on {router['host']}: {router['url']} (policy {router['policy']}), "
                    f"PID file {router['pidfile']}, log {router['log']}")
         click.echo(f"  package: {router['package']}")
+        click.echo("  binds: " + ", ".join(router["binds"]))
+        for name, url in router["workers"].items():
+            click.echo(f"  worker {name}: {url}")
         click.echo("  start: " + " ".join(router["argv"]))
         for line in router["per_batch"]:
             click.echo("  per batch: " + line)

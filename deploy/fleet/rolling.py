@@ -19,7 +19,8 @@ from typing import Any
 from deploy.config.models import Host
 from deploy.errors import DeployError, ExitCode
 from deploy.fleet.phases import (SERVING_OUTCOMES, HostPhase, Phase, RunPhase, RunState, batches, open_router)
-from deploy.fleet.router import worker_url
+from deploy.fleet.router import loopback_problem, worker_url
+from deploy.fleet.router_watch import RouterLost, restart_with_healthy, started, watch
 
 
 class LastHealthyWorker(DeployError):
@@ -109,10 +110,11 @@ def _probe(batch: tuple[Host, ...]):
     def action(state: RunState) -> str:
         from deploy.fanout import for_each_host
 
+        router = open_router(state)
+        if watch(state, router, f"before the check of {names(batch)}") is None:
+            return "router not running yet: nothing to keep in it"
         if state.options.force:
             return "--force: every host of the batch is redeployed"
-        if not open_router(state).running():
-            return "router not running yet: nothing to keep in it"
         outcomes = for_each_host(list(batch), lambda h: _unchanged(state, h), state.config.ssh.max_parallel)
         kept: list[str] = []
         redeploy: list[str] = []
@@ -131,7 +133,7 @@ def _probe(batch: tuple[Host, ...]):
 def _remove(batch: tuple[Host, ...], allow_downtime: bool):
     def action(state: RunState) -> str:
         router = open_router(state)
-        if not router.running():
+        if watch(state, router, f"before taking {names(batch)} out") is None:
             state.data["router_running"] = False
             return "router not running yet: nothing to take out"
         state.data["router_running"] = True
@@ -146,8 +148,9 @@ def _remove(batch: tuple[Host, ...], allow_downtime: bool):
                 f"(members: {', '.join(w['url'] + (' healthy' if w['is_healthy'] else ' unhealthy') for w in members)}); "
                 "nothing was changed; --allow-downtime to do it anyway")
         for w in leaving:
-            router.remove(w["url"])
-            state.rotation.setdefault(urls[w["url"]].name, {})["out"] = time.monotonic()
+            # out of rotation from when the router stopped sending it new requests, not when it left
+            # the list (smg lists it, unhealthy, for its 5 s drain settle)
+            state.rotation.setdefault(urls[w["url"]].name, {})["out"] = router.remove(w["url"])
         return f"removed {len(leaving)} worker(s): {', '.join(w['url'] for w in leaving) or '-'}"
     return action
 
@@ -163,6 +166,7 @@ def _drain(batch: tuple[Host, ...]):
                 continue
             seconds = router.drain(url_of(state, host), router.spec.drain_timeout_s)
             waited.append(f"{host.name} {seconds:.2f} s")
+        watch(state, router, f"while {names(batch)} drained (not redeployed)")  # never redeploy behind a dead router
         return "drained: " + (", ".join(waited) or "-")
     return action
 
@@ -172,14 +176,17 @@ def _add(batch: tuple[Host, ...]):
         serving = _serving(state, batch)
         # taken out but never redeployed (the drain timed out): still serving what it served
         serving += [h for h in batch if h.name not in state.reports and "out" in state.rotation.get(h.name, {})]
+        router = open_router(state)
+        lost = _router_lost(state, router, f"while {names(batch)} was redeployed")
+        if lost is not None:
+            return lost
         if not serving and not any(h.name in state.reports or "out" in state.rotation.get(h.name, {}) for h in batch):
             return "nothing of this batch was taken out or redeployed: nothing to add"
         if not serving:
             return "no host of this batch serves a verified deployment: none added"
-        router = open_router(state)
         urls = [url_of(state, h) for h in serving]
-        if not router.running():
-            router.start(urls, state.stamp)
+        if "router_pid" not in state.data:  # the run's first router start (up): its first verified batch
+            started(state, router.start(urls, state.stamp))
             added = "started the router with " + ", ".join(urls)
         else:
             listed = {w["url"] for w in router.workers()}  # a host kept in the router is listed already
@@ -199,8 +206,11 @@ def _final(hosts: Sequence[Host]):
         router = open_router(state)
         serving = _serving(state, hosts)
         urls = [url_of(state, h) for h in serving]
-        if not router.running():
-            router.start(urls, state.stamp)
+        lost = _router_lost(state, router, "before the end-to-end request")
+        if lost is not None:
+            raise RouterLost(lost)
+        if "router_pid" not in state.data:
+            started(state, router.start(urls, state.stamp))
         else:
             listed = {w["url"] for w in router.workers()}
             for url in urls:
@@ -210,6 +220,29 @@ def _final(hosts: Sequence[Host]):
         state.data["end_to_end"] = answer
         return f"a request through {router.url} answered ({len(urls)} worker(s))"
     return action
+
+
+def names(batch: Sequence[Host]) -> str:
+    return ",".join(h.name for h in batch)
+
+
+def _router_lost(state: RunState, router, when: str) -> str | None:
+    """After a failure, or when the router is found gone now: a router that died is started again
+    with every healthy replica of the run (router_watch.restart_with_healthy); what was done, or None
+    when the router is as the run left it. Raises RouterLost when this phase is the first to see it."""
+    def serving(host: Host) -> bool:
+        return bool(_serving(state, [host])) or (host.name not in state.reports)
+
+    replicas = state.config.hosts_of(state.run)
+    if state.data.get("router_died"):  # an earlier phase saw it die and stopped the roll
+        return restart_with_healthy(state, router, replicas, lambda h: url_of(state, h), serving)
+    try:
+        watch(state, router, when)
+    except RouterLost as lost:
+        if not state.data.get("router_died"):
+            raise  # alive but not answering: its port is held, nothing is started over it
+        raise RouterLost(f"{lost}\n{restart_with_healthy(state, router, replicas, lambda h: url_of(state, h), serving)}") from None
+    return None
 
 
 def _doctor_settings(playbook):
@@ -234,6 +267,7 @@ def _preflight(hosts: Sequence[Host]):
                      for c in failed(router_results)]
         package = next((c.reason for c in router_results if c.name == "router-package" and c.status == "pass"), "")
         urls = [url_of(state, h) for h in hosts]
+        problems += [p for p in (loopback_problem(state.run, network(state, h), router.host.name) for h in hosts) if p]
         unreachable = router.unreachable(urls)
         if unreachable:
             problems.append(f"{router.host.name} cannot reach worker URL(s) {'; '.join(unreachable)}: the router "
@@ -259,14 +293,15 @@ def _preflight(hosts: Sequence[Host]):
         if problems:
             raise PreflightFailed("fleet pre-flight failed; no replica was stopped, each keeps serving what it "
                                   "served:\n" + "\n".join(problems))
-        return f"router: {package or 'ok'}; every worker URL reachable from {router.host.name}{doctored}"
+        shown = ", ".join(f"{h.name} {u}" for h, u in zip(hosts, urls))
+        return f"router: {package or 'ok'}; every worker URL reachable from {router.host.name} ({shown}){doctored}"
     return action
 
 
 def _preflight_plan(hosts: Sequence[Host]):
     def plan(view) -> list[tuple[str, Any]]:
         from deploy.facts.doctor import doctor_command
-        from deploy.fleet.router import RouterPaths, ops_command, router_address
+        from deploy.fleet.router_ports import router_binds
         from deploy.steps.base import Command
 
         calls, at = view.calls, view.router_host
@@ -274,10 +309,7 @@ def _preflight_plan(hosts: Sequence[Host]):
         router_host = view.network(view.config.host(at))
         steps: list[tuple[str, Any]] = [
             (at, calls.packages()),
-            (at, Command(description="the router's port is free, or the router deployctl started listens there",
-                         command=ops_command(router_host.python, "port-check", router_address(spec, router_host),
-                                             str(spec.port), RouterPaths(router_host.state_dir).pidfile,
-                                             script=calls.script))),
+            (at, calls.ports(router_binds(spec, router_host, None if spec.package == "auto" else spec.package))),
             (at, calls.reach([worker_url(view.run, view.network(h)) for h in hosts]))]
         steps += [(h.name, Command(description="the doctor's read on every replica before the first is stopped",
                                    command=doctor_command(view.network(h), view.run,
@@ -449,7 +481,10 @@ def _join_plan(hosts: Sequence[Host], end_to_end: bool = False):
         steps += [(at, _when(calls.add(u, True), f"{RUNNING} without {u} (older than 0.3: POST /add_worker?url=)"))
                   for u in urls]
         steps += [(at, _when(calls.add(u, False), "the router is older than 0.3")) for u in urls]
-        steps.append((at, _when(calls.log_tail(), "the router died while starting")))
+        steps.append((at, _when(calls.log_tail(), "the router died (while starting, or mid-roll)")))
+        died = "the router this run saw died mid-roll (router_watch.py): the roll stops, exit 14, and the router "
+        steps += [(at, _when(calls.health(worker_url(view.run, view.network(h))), died + "is started again with "
+                             "every replica that answers /health")) for h in view.config.hosts_of(view.run)]
         if end_to_end:
             steps.append((at, calls.end_to_end()))
         return steps
