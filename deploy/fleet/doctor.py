@@ -8,7 +8,7 @@ from deploy.doctor.checks import Check
 from deploy.errors import DeployError
 from deploy.fanout import for_each_host
 from deploy.fleet.router import RouterCalls, parse_json_line, parse_router_packages
-from deploy.fleet.router_package import RouterPackage, choose_package, policy_problem
+from deploy.fleet.router_package import RouterPackage, choose_package, package_text, policy_problem, running_package
 from deploy.fleet.router_ports import parse_ports, port_problems, router_binds
 
 
@@ -37,6 +37,15 @@ def router_checks(conn, host, run) -> list[Check]:
                 if package.drain_settle_s else ""
             checks.append(Check("router-package", "pass",
                                 f"{package.label} for {spec.python} (python -m {package.module}){settle}"))
+    call = RouterCalls(spec, host).state()
+    state = parse_json_line(conn.check(call.command, timeout=call.timeout_s, what="router state").stdout.strip(),
+                            host.name, ("alive",))
+    if state["alive"]:
+        running = running_package(str(state.get("cmdline") or ""))
+        differs = running is not None and package is not None and running != package.name
+        checks.append(Check("router-running", "warn" if differs else "pass",
+                            f"router pid {state.get('pid')} runs {package_text(running, package)}",
+                            "deployctl restart --force restarts it on the installed package" if differs else ""))
     binds = router_binds(spec, host, package.name if package is not None else
                          (spec.package if spec.package != "auto" else None))
     call = RouterCalls(spec, host).ports(binds)

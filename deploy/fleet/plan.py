@@ -182,6 +182,8 @@ def print_fleet_report(result) -> None:
 
 def _package_text(row: dict[str, Any]) -> str:
     package = row.get("package") or {}
+    if row.get("package_text"):  # a running router: its own package (and the installed one when they differ)
+        return f" ({row['package_text']})"
     if "name" in package:
         return f" ({package['name']} {package['version']})"
     return f" (router package: {package['error']})" if "error" in package else ""

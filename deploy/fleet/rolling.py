@@ -309,6 +309,7 @@ def _preflight_plan(hosts: Sequence[Host]):
         router_host = view.network(view.config.host(at))
         steps: list[tuple[str, Any]] = [
             (at, calls.packages()),
+            (at, calls.state()),
             (at, calls.ports(router_binds(spec, router_host, None if spec.package == "auto" else spec.package))),
             (at, calls.reach([worker_url(view.run, view.network(h)) for h in hosts]))]
         steps += [(h.name, Command(description="the doctor's read on every replica before the first is stopped",

@@ -13,7 +13,8 @@ host: that is where the router reaches the workers from, so what works here work
         SIGTERM the router named by PIDFILE (only if its command line says router), SIGKILL after
         GRACE: {"pid", "stopped": bool, "signal": "TERM"|"KILL"|null, "note"}
     fleet_ops.py router-state PIDFILE URL
-        {"pid", "alive", "status", "body"} (URL: the router's GET /workers)
+        {"pid", "alive", "status", "body", "cmdline"} (URL: the router's GET /workers; cmdline: the
+        running router's, which names its package)
     fleet_ops.py reach URL [URL ...] [--timeout S]
         {"reach": [{"url", "reachable": bool, "listening": bool, "error": str|null}]}: can this host
         open a TCP connection to each URL's host and port (what the router will need). A refused
@@ -150,7 +151,7 @@ def stop_router(pidfile: str, grace: float) -> dict:
 def router_state(pidfile: str, url: str, timeout: float) -> dict:
     pid = _pid_of(pidfile)
     alive = pid is not None and _is_router(pid)
-    out = {"pid": pid, "alive": alive, "status": None, "body": ""}
+    out = {"pid": pid, "alive": alive, "status": None, "body": "", "cmdline": _cmdline(pid) if alive else ""}
     if alive:
         got = request("GET", url, None, timeout)
         out["status"], out["body"] = got["status"], got["body"][:65536]

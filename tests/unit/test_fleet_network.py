@@ -295,3 +295,25 @@ def test_out_of_rotation_starts_when_smg_lists_the_removed_worker_unhealthy_not_
     router.workers = lambda: [{"id": "1", **w} for w in lists.pop(0)] if lists else []
     out = router.wait_members(set(), absent=frozenset({url}))
     assert out == pytest.approx(100.2) and clock["now"] == pytest.approx(105.4)   # 5.2 s earlier than "gone"
+
+
+# -- the running router's package (priority 5) --------------------------------------------------
+
+from deploy.fleet.router_package import RouterPackage, package_text, running_package  # noqa: E402
+
+
+@pytest.mark.parametrize("cmdline,package", [
+    ("smg::router", "smg"), ("/opt/smg/bin/python -m smg.launch_router --host 10.0.0.1", "smg"),
+    ("sglang::router", "sglang-router"), ("python3 -m sglang_router.launch_router --port 30080", "sglang-router"),
+    ("python3 -m http.server", None), ("", None),
+])
+def test_the_running_routers_package_is_read_from_its_command_line(cmdline, package):
+    assert running_package(cmdline) == package
+
+
+def test_doctor_and_gpu_status_name_the_running_package_and_the_installed_one_when_they_differ():
+    smg = RouterPackage("smg", "1.13.0")
+    assert package_text("smg", smg) == "smg 1.13.0"
+    text = package_text("sglang-router", smg)
+    assert text.startswith("sglang-router (the running router's") and "installed for router.python: smg 1.13.0" in text
+    assert package_text(None, smg) == "smg 1.13.0" and package_text("smg", None) == "smg"
