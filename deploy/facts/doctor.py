@@ -93,6 +93,8 @@ class BindFacts(_Strict):
     address: Optional[str]
     bindable: bool
     error: Optional[str]
+    #: a bind of the serve port on it would succeed now (None: not decided, or an older helper)
+    port_free: Optional[bool] = None
 
 
 class DirFacts(_Strict):

@@ -186,8 +186,9 @@ def port_facts(port, pidfile):
     return {"port": port, "listeners": found, "errors": errors, "server": read_pid(pidfile)}
 
 
-def bind_check(address):
-    """Can a socket bind ``address``? EADDRNOTAVAIL: not an address of this host."""
+def bind_check(address, port=0):
+    """Can a socket bind ``address``? EADDRNOTAVAIL: not an address of this host. With ``port``:
+    ``port_free``, would a bind of that port on it succeed now (None: not decided)."""
     if not address:
         return {"address": address, "bindable": False, "error": "empty address"}
     try:
@@ -203,12 +204,29 @@ def bind_check(address):
             continue
         try:
             sock.bind(sockaddr)
-            return {"address": address, "bindable": True, "error": None}
+            return {"address": address, "bindable": True, "error": None, "port_free": _port_free(family, sockaddr, port)}
         except OSError as exc:
             last = exc
         finally:
             sock.close()
     return {"address": address, "bindable": False, "error": _error(last) if last else "no address"}
+
+
+def _port_free(family, sockaddr, port):
+    """Would SGLang's own bind of (address, port) succeed now? (uvicorn sets SO_REUSEADDR.) The
+    kernel's answer, for the address the server binds: /proc/net/tcp lists every listener of the
+    port, and which of them clash with a wildcard is the kernel's rule to apply, not ours."""
+    if not port:
+        return None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((sockaddr[0], port) + tuple(sockaddr[2:]))
+        return True
+    except OSError as exc:
+        return False if exc.errno == errno.EADDRINUSE else None
+    finally:
+        sock.close()
 
 
 def directory(path):
@@ -372,7 +390,7 @@ def host_facts(spec):
         "nvidia_smi": nvidia_smi(spec.get("nvidia_smi", "nvidia-smi")),
         "gpu_devices": gpu_devices(spec["gpu_devices"]),
         "port": port_facts(int(spec["port"]), os.path.expanduser(spec["pidfile"])),
-        "serve_host": bind_check(spec["serve_host"]),
+        "serve_host": bind_check(spec["serve_host"], int(spec["port"])),
         "dirs": dict((role, directory(path)) for role, path in sorted(spec["dirs"].items())),
         "base_model": model_dir(spec["base_model"], tensors=False),
         "drafter": model_dir(spec["drafter"], tensors=True),

@@ -131,9 +131,14 @@ def test_bad_connect_timeout(value):
         resolve_endpoint(host(), SSHSettings(), source(f"Host *\n  ConnectTimeout {value}\n"))
 
 
-def test_user_known_hosts_none_is_refused():
-    with pytest.raises(ConfigError, match="UserKnownHostsFile is none"):
-        resolve_endpoint(host(), SSHSettings(), source("Host *\n  UserKnownHostsFile none\n"))
+def test_user_known_hosts_none_leaves_the_global_files_to_verify_with():
+    """Issue 27: ssh accepts ``UserKnownHostsFile none`` (keys come from GlobalKnownHostsFile)."""
+    endpoint = resolve_endpoint(host(), SSHSettings(), source("Host *\n  UserKnownHostsFile none\n"))
+    assert endpoint.known_hosts.value == ()
+    assert endpoint.global_known_hosts.value == ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+    endpoint = resolve_endpoint(host(), SSHSettings(), source(
+        'Host *\n  GlobalKnownHostsFile "/etc/ssh/fleet known"\n'))
+    assert endpoint.global_known_hosts == type(endpoint.global_known_hosts)(("/etc/ssh/fleet known",), "ssh_config")
 
 
 # -- StrictHostKeyChecking --------------------------------------------------------------------
@@ -355,3 +360,49 @@ def test_proxycommand_none_and_identity_agent_matching_the_environment_are_fine(
     monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "agent.sock"))
     text = f"Host gpu-a\n  ProxyCommand none\n  IdentityAgent {tmp_path}/agent.sock\n"
     assert resolve_endpoint(host(), SSHSettings(), source(text)).jumps == ()
+
+
+# -- issue 27: OpenSSH's argv_split, known_hosts "none" and /dev/null, GlobalKnownHostsFile -----
+
+from deploy.ssh_config_eval import argv_split  # noqa: E402
+
+ARGV_SPLIT = [  # misc.c argv_split(s, ..., terminate_on_comment=1), as readconf.c calls it since 8.7
+    ("ops#x", ["ops#x"]), ("a #c d", ["a"]), ("#all", []), ('"/p/known hosts" /x', ["/p/known hosts", "/x"]),
+    ("'single q' b", ["single q", "b"]), ('a"b c"d', ["ab cd"]), ("a\\ b", ["a b"]), ('\\"q', ['"q']),
+    ("x\\y", ["x\\y"]), ('"a\\ b"', ["a\\ b"]), ("\ta\t b ", ["a", "b"]), ('""', [""]), ("a#b #c", ["a#b"]),
+]
+
+
+@pytest.mark.parametrize("text,words", ARGV_SPLIT)
+def test_arguments_are_split_as_openssh_argv_split(text, words):
+    assert argv_split(text) == words
+
+
+@pytest.mark.parametrize("text", ['"open', "a 'b", 'x "y\\"'])
+def test_an_unterminated_quote_is_refused_naming_the_line(text):
+    with pytest.raises(ConfigError, match="ssh_config:2: ssh_config line not understood"):
+        source(f"Host *\n  User {text}\n")
+
+
+def test_user_and_host_keep_a_hash_inside_a_word():
+    config = source("Host gpu-b#x\n  Port 2201\nHost *\n  User ops#x # a comment\n")
+    assert resolve_endpoint(host(address="gpu-b"), SSHSettings(), config).port.value == 22   # not gpu-b's block
+    assert resolve_endpoint(host(address="gpu-b"), SSHSettings(), config).user.value == "ops#x"
+
+
+def test_none_beside_a_file_is_refused_as_ssh_does():
+    with pytest.raises(ConfigError, match='"none" argument must appear alone'):
+        resolve_endpoint(host(), SSHSettings(), source("Host *\n  UserKnownHostsFile none /k\n"))
+
+
+def test_known_hosts_are_read_from_user_then_global_files_and_dev_null_is_empty(tmp_path):
+    from deploy.connect.hop import known_hosts_files
+
+    user, system = tmp_path / "user hosts", tmp_path / "ssh_known_hosts"
+    user.write_text("")
+    system.write_text("")
+    text = f'Host *\n  UserKnownHostsFile /dev/null "{user}"\n  GlobalKnownHostsFile {system} {tmp_path}/absent\n'
+    endpoint = resolve_endpoint(host(), SSHSettings(), source(text))
+    files, read = known_hosts_files(endpoint)
+    assert [str(f) for f in files] == ["/dev/null", str(user)]      # a new key is recorded in files[0]
+    assert read == [user, system]                                    # /dev/null reads as nothing; absent skipped
