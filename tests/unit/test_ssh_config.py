@@ -406,3 +406,71 @@ def test_known_hosts_are_read_from_user_then_global_files_and_dev_null_is_empty(
     files, read = known_hosts_files(endpoint)
     assert [str(f) for f in files] == ["/dev/null", str(user)]      # a new key is recorded in files[0]
     assert read == [user, system]                                    # /dev/null reads as nothing; absent skipped
+
+
+class _KeyOnlyServer:
+    """An in-process SSH server (paramiko) that shows its host key and refuses every login: how far
+    a client gets tells whether it trusted the key (authentication failed) or not (host key refused)."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.key = paramiko.Ed25519Key.generate() if hasattr(paramiko.Ed25519Key, "generate") else None
+        if self.key is None:
+            self.key = paramiko.ECDSAKey.generate()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        class Refuse(paramiko.ServerInterface):
+            def get_allowed_auths(self, username):
+                return "password"
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            transport = paramiko.Transport(conn)
+            transport.add_server_key(self.key)
+            try:
+                transport.start_server(server=Refuse())
+            except Exception:  # noqa: BLE001 - the client went away
+                pass
+
+    def line(self) -> str:
+        return f"[127.0.0.1]:{self.port} {self.key.get_name()} {self.key.get_base64()}\n"
+
+
+@pytest.mark.parametrize("where", ["global", "user-after-dev-null", "nowhere"])
+def test_a_key_only_in_the_global_known_hosts_file_is_trusted_and_never_written(tmp_path, where):
+    from deploy.connect.hop import apply_host_key_policy
+    from deploy.errors import HostKeyRejected
+
+    server = _KeyOnlyServer()
+    system, user = tmp_path / "ssh_known_hosts", tmp_path / "user_hosts"
+    system.write_text(server.line() if where == "global" else "")
+    user.write_text(server.line() if where == "user-after-dev-null" else "")
+    files = "none" if where == "global" else f"/dev/null {user}"
+    endpoint = resolve_endpoint(host(address="127.0.0.1", port=server.port), SSHSettings(), source(
+        f"Host *\n  UserKnownHostsFile {files}\n  GlobalKnownHostsFile {system}\n"))
+    client = paramiko.SSHClient()
+    apply_host_key_policy(client, endpoint, "host h1")
+    before = system.read_text()
+    try:
+        if where == "nowhere":
+            with pytest.raises(HostKeyRejected, match="not in known_hosts"):
+                client.connect("127.0.0.1", server.port, username="u", password="x", timeout=10,
+                               allow_agent=False, look_for_keys=False)
+        else:  # the key was trusted: it got as far as the login, which this server refuses
+            with pytest.raises(paramiko.AuthenticationException):
+                client.connect("127.0.0.1", server.port, username="u", password="x", timeout=10,
+                               allow_agent=False, look_for_keys=False)
+    finally:
+        client.close()
+        server.sock.close()
+    assert system.read_text() == before
