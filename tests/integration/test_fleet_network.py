@@ -125,3 +125,20 @@ def test_a_router_killed_mid_roll_stops_it_exit_14_untouched_replicas_serve_and_
     assert all(w["is_healthy"] for w in workers), workers
     for _ in range(3):
         assert generate_via_router(sb)["text"]
+    # the host switches packages (router.python now has the other one): gpu-status and doctor name
+    # the package the running router is, and the installed one
+    import yaml
+
+    from tests.integration.test_fleet import ROUTER_PYTHONS
+
+    other = next(p for p in ROUTER_PYTHONS if p != router_package)
+    config = yaml.safe_load(path.read_text())
+    config["runs"][0]["router"]["python"] = str(ROUTER_PYTHONS[other])
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    code, doc = cli_json(capsys, "-c", str(path), "gpu-status", "--json")
+    [router] = doc["routers"]
+    assert router["running_package"] == router_package and router["package"]["name"] == other, router
+    assert f"installed for router.python: {other}" in router["package_text"]
+    code, doc = cli_json(capsys, "-c", str(path), "doctor", "--json")
+    checks = {c["name"]: c for c in next(h for h in doc["hosts"] if h["host"] == "sb1")["checks"]}
+    assert checks["router-running"]["status"] == "warn" and router_package in checks["router-running"]["reason"]
