@@ -20,7 +20,7 @@ from deploy.config.models import Host
 from deploy.errors import DeployError, ExitCode
 from deploy.fleet.phases import (SERVING_OUTCOMES, HostPhase, Phase, RunPhase, RunState, batches, open_router)
 from deploy.fleet.router import loopback_problem, worker_url
-from deploy.fleet.router_watch import RouterLost, restart_with_healthy, started, watch
+from deploy.fleet.router_watch import RouterLost, lost_or_restarted, started, watch
 
 
 class LastHealthyWorker(DeployError):
@@ -227,22 +227,9 @@ def names(batch: Sequence[Host]) -> str:
 
 
 def _router_lost(state: RunState, router, when: str) -> str | None:
-    """After a failure, or when the router is found gone now: a router that died is started again
-    with every healthy replica of the run (router_watch.restart_with_healthy); what was done, or None
-    when the router is as the run left it. Raises RouterLost when this phase is the first to see it."""
-    def serving(host: Host) -> bool:
-        return bool(_serving(state, [host])) or (host.name not in state.reports)
-
-    replicas = state.config.hosts_of(state.run)
-    if state.data.get("router_died"):  # an earlier phase saw it die and stopped the roll
-        return restart_with_healthy(state, router, replicas, lambda h: url_of(state, h), serving)
-    try:
-        watch(state, router, when)
-    except RouterLost as lost:
-        if not state.data.get("router_died"):
-            raise  # alive but not answering: its port is held, nothing is started over it
-        raise RouterLost(f"{lost}\n{restart_with_healthy(state, router, replicas, lambda h: url_of(state, h), serving)}") from None
-    return None
+    """router_watch.lost_or_restarted over the run's replicas, at their worker URLs."""
+    return lost_or_restarted(state, router, when, state.config.hosts_of(state.run), lambda h: url_of(state, h),
+                             lambda h: bool(_serving(state, [h])) or h.name not in state.reports)
 
 
 def _doctor_settings(playbook):

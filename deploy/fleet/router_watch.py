@@ -89,3 +89,20 @@ def restart_with_healthy(state, router, hosts: Sequence[Host], url_of: Callable[
         if url_of(host) in urls and "out" in state.rotation.get(host.name, {}):
             state.rotation[host.name]["in"] = now
     return f"the router had died: restarted (pid {pid}) with every healthy replica: {', '.join(urls)}"
+
+
+def lost_or_restarted(state, router, when: str, replicas: Sequence[Host], url_of: Callable[[Host], str],
+                      serving: Callable[[Host], bool]) -> str | None:
+    """For the phase that puts a batch back (it runs after a failure too): a router an earlier phase
+    saw die is started again with every healthy replica (what was done is returned); a router this
+    phase finds gone is too, and RouterLost is raised (the roll stops here); a live router that
+    does not answer raises RouterLost, nothing started over it. None: the router is as the run left it."""
+    if state.data.get("router_died"):
+        return restart_with_healthy(state, router, replicas, url_of, serving)
+    try:
+        watch(state, router, when)
+    except RouterLost as lost:
+        if not state.data.get("router_died"):
+            raise  # alive but not answering: its port is held
+        raise RouterLost(f"{lost}\n{restart_with_healthy(state, router, replicas, url_of, serving)}") from None
+    return None

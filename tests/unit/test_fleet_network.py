@@ -317,3 +317,43 @@ def test_doctor_and_gpu_status_name_the_running_package_and_the_installed_one_wh
     text = package_text("sglang-router", smg)
     assert text.startswith("sglang-router (the running router's") and "installed for router.python: smg 1.13.0" in text
     assert package_text(None, smg) == "smg 1.13.0" and package_text("smg", None) == "smg"
+
+
+def test_the_batch_that_puts_back_restarts_a_dead_router_but_never_one_that_is_alive():
+    from deploy.fleet.router_watch import lost_or_restarted
+
+    hosts = [Host(name="a", address="10.0.0.1"), Host(name="b", address="10.0.0.2")]
+    url = {"a": "http://10.0.0.1:30000", "b": "http://10.0.0.2:30000"}
+    args = (hosts, lambda h: url[h.name], lambda h: True)
+    state = fake_state()
+    state.data["router_pid"] = 10
+    assert lost_or_restarted(state, FakeRouter([ALIVE]), "x", *args) is None          # as the run left it
+    dead = FakeRouter([{"pid": 10, "alive": False}], healthy=set(url.values()))
+    with pytest.raises(RouterLost) as lost:                                            # first to see it: stops
+        lost_or_restarted(state, dead, "while b was redeployed", *args)
+    assert "died while b was redeployed" in str(lost.value) and "restarted (pid 999)" in str(lost.value)
+    assert dead.started == [list(url.values())]
+    state = fake_state()
+    state.data.update(router_pid=10, router_died=True)                                 # an earlier phase saw it
+    again = FakeRouter([{"pid": None, "alive": False}], healthy={url["a"]})
+    assert "restarted" in lost_or_restarted(state, again, "x", *args) and again.started == [[url["a"]]]
+    hung = FakeRouter([{"pid": 10, "alive": True, "status": None}])
+    state = fake_state()
+    state.data["router_pid"] = 10
+    with pytest.raises(RouterLost, match="stopped answering"):
+        lost_or_restarted(state, hung, "x", *args)
+    assert hung.started == []
+
+
+def test_the_router_hosts_log_tail_reaches_messages_as_words():
+    from deploy.fleet.router import RouterHost
+
+    class Conn:
+        def run(self, command, timeout=None):
+            assert command.startswith("tail -n 30 -- ")
+            return SimpleNamespace(stdout=SMG_LOG, exit_code=0)
+
+    router = RouterHost.__new__(RouterHost)
+    router.conn, router.calls = Conn(), SimpleNamespace(log_tail=lambda n: SimpleNamespace(command=f"tail -n {n} -- x"))
+    tail = router.log_tail()
+    assert "\x1b" not in tail and "\r" not in tail and tail.endswith("ERROR thread 'main' panicked")
