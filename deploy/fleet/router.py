@@ -63,11 +63,23 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+#: the names of "this machine" itself; other 127.x addresses may be distinct hosts' (one machine
+#: serving several addresses, as the sandbox does)
+THIS_MACHINE = ("127.0.0.1", "::1", "localhost")
+
+
 def loopback_problem(run: Run, host: Host, router_host: str) -> str | None:
-    """A replica that serves on a loopback address the user gave as serve_host is reachable from
-    itself only: fine when the router runs on that same host, a dead worker URL otherwise."""
+    """A worker URL on a loopback address is reachable from the replica's host only: fine when the
+    router runs on that same host, a dead worker URL otherwise (a serve_host the user set to a
+    loopback address, or a host whose network address is this machine's own name)."""
     address = worker_address(run, host)
-    if host.name == router_host or address == host.address or not is_loopback(address):
+    if host.name == router_host:
+        return None
+    if address.lower() in THIS_MACHINE and address == host.address:
+        return (f"{host.name}: its address {address} is the router host's own loopback there: the router on "
+                f"{router_host} would reach itself, not {host.name}; give {host.name} its network address "
+                "(or an ssh_config HostName)")
+    if address == host.address or not is_loopback(address):
         return None
     return (f"{host.name}: serve_host {address} is a loopback address: only {host.name} itself reaches it, "
             f"not the router on {router_host}; use serve_host 0.0.0.0 (the router then uses "

@@ -54,6 +54,10 @@ def test_a_loopback_serve_host_is_refused_unless_the_router_runs_on_that_host():
     assert loopback_problem(run_with(serve_host="0.0.0.0"), host, "a") is None
     # a host whose own address is loopback (one machine, several addresses) is what the user gave
     assert loopback_problem(run_with(serve_host="0.0.0.0"), Host(name="b", address="127.0.0.11"), "a") is None
+    # ... but 127.0.0.1 is the router host's own machine: the router would reach itself
+    problem = loopback_problem(run_with(serve_host="0.0.0.0"), Host(name="b", address="127.0.0.1"), "a")
+    assert problem and "reach itself" in problem
+    assert loopback_problem(run_with(serve_host="0.0.0.0"), Host(name="a", address="127.0.0.1"), "a") is None
 
 
 def plan_doc(tmp_path, capsys, router: str, *argv: str, text: bool = False):
