@@ -426,7 +426,8 @@ NOT_RUNNING = "the router is not running yet (it starts with the hosts that serv
 
 def _probe_plan(batch: tuple[Host, ...]):
     def plan(view) -> list[tuple[str, Any]]:
-        steps: list[tuple[str, Any]] = [(view.router_host, view.calls.state())]
+        steps: list[tuple[str, Any]] = [(view.router_host, view.calls.state()),
+                                        (view.router_host, _when(view.calls.log_tail(), "the router this run saw died (exit 14)"))]
         for host in batch:
             steps += [(host.name, a) for a in probe_actions(view.network(host), view.run, view.stamp)[1]]
         return steps
@@ -436,7 +437,9 @@ def _probe_plan(batch: tuple[Host, ...]):
 def _remove_plan(batch: tuple[Host, ...]):
     def plan(view) -> list[tuple[str, Any]]:
         calls, at = view.calls, view.router_host
-        steps: list[tuple[str, Any]] = [(at, calls.state()), (at, _when(calls.packages(), RUNNING)),
+        steps: list[tuple[str, Any]] = [(at, calls.state()), (at, _when(calls.log_tail(), "the router this run saw died "
+                                                                        "(exit 14)")),
+                                        (at, _when(calls.packages(), RUNNING)),
                                         (at, _when(calls.workers(True), RUNNING))]
         for host in batch:
             url = worker_url(view.run, view.network(host))
@@ -451,9 +454,16 @@ def _remove_plan(batch: tuple[Host, ...]):
 
 def _drain_plan(batch: tuple[Host, ...]):
     def plan(view) -> list[tuple[str, Any]]:
-        return [(view.router_host, _when(view.calls.loads(worker_url(view.run, view.network(h))), f"{h.name} was taken out: "
-                                         f"polled until nothing is in flight")) for h in batch]
+        steps = [(view.router_host, _when(view.calls.loads(worker_url(view.run, view.network(h))), f"{h.name} was taken out: "
+                                          f"polled until nothing is in flight")) for h in batch]
+        return steps + _watched(view, "after the drain")
     return plan
+
+
+def _watched(view, when: str) -> list[tuple[str, Any]]:
+    """What router_watch.watch sends: the router's state, and its log tail when it died."""
+    return [(view.router_host, _when(view.calls.state(), f"{RUNNING} ({when}: is it still, answering GET /workers?)")),
+            (view.router_host, _when(view.calls.log_tail(), "the router this run saw died (exit 14)"))]
 
 
 def _join_plan(hosts: Sequence[Host], end_to_end: bool = False):
