@@ -152,9 +152,11 @@ class Barrier:
         first = lines[0]
         self.records.append(PhaseRecord(name, "failed", first if detail is None else detail,
                                         time.monotonic() - started, int(error.exit_code)))
-        # a message that quotes a log tail ("its log ends:") keeps it on the progress line too
-        # (the one line on stderr under --json): its lines joined, bounded
-        shown = first[:300] + "".join(f" | {line[:300]}" for line in lines[1:31])
+        # a router message that quotes the router's log tail ("its log ends:", router_watch.py) keeps
+        # it on the progress line too (the one line on stderr under --json): its lines joined, bounded.
+        # A server's log tail stays in the report (it is SGLang's, often a Python traceback).
+        quoted = lines[1:31] if first.rstrip().endswith("its log ends:") else []
+        shown = first[:300] + "".join(f" | {line[:300]}" for line in quoted)
         self.progress("*", name, f"FAILED: {shown[:4000]}" if said is None else f"FAILED: {said}")
 
 
