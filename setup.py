@@ -6,13 +6,17 @@ and are shipped as the package data of `deploy.playbooks`: setuptools maps that 
 directories under `deploy/`, and an explicit `packages` list would have to name every subpackage.
 `deploy.playbook.builtin_playbook` reads them from the package in a wheel install and from
 `playbooks/` in a source checkout (an editable install maps only packages that have an
-`__init__.py`). tests/unit/test_wheel_install.py proves `plan` with every one from a wheel.
+`__init__.py`). tests/unit/test_wheel_install.py proves `plan` with every one from a wheel, and that
+the build warns of no package it would ignore.
 """
 
 from setuptools import find_packages, setup
 
 setup(
-    packages=[*find_packages(include=["deploy", "deploy.*"]), "deploy.playbooks"],
+    # deploy/data (the built-in prompt set, no __init__.py) is a data package: listed by name, or
+    # setuptools warns "Package 'deploy.data' is absent from the `packages` configuration ... would
+    # be ignored" (its data still shipped, for now, through deploy's "data/*.json")
+    packages=[*find_packages(include=["deploy", "deploy.*"]), "deploy.data", "deploy.playbooks"],
     package_dir={"deploy.playbooks": "playbooks"},
-    package_data={"deploy": ["py.typed", "data/*.json"], "deploy.playbooks": ["*.yaml"]},
+    package_data={"deploy": ["py.typed"], "deploy.data": ["*.json"], "deploy.playbooks": ["*.yaml"]},
 )

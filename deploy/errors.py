@@ -40,6 +40,9 @@ class ExitCode(IntEnum):
     #: checkpoint's (deploy/steps/failure_cause.py; its quarantine record); nothing was stopped.
     #: ``--retry-failed`` or a changed checkpoint.
     QUARANTINED = 13
+    #: a roll behind the router stopped because the router died or stopped answering its management
+    #: API; the replicas the roll had not touched serve as before (fleet/router_watch.py).
+    ROUTER_LOST = 14
     #: SIGHUP (128 + 1): handled like Ctrl-C (deploy/signals.py)
     HANGUP = 129
     INTERRUPTED = 130

@@ -35,6 +35,7 @@ def router_status(config: Config, hosts: Sequence[Host]) -> list[dict[str, Any]]
     from deploy.engine.session import network_host
     from deploy.errors import DeployError
     from deploy.fleet.router import RouterHost
+    from deploy.fleet.router_package import package_text, running_package
 
     names = {h.name for h in hosts}
     rows = []
@@ -48,11 +49,16 @@ def router_status(config: Config, hosts: Sequence[Host]) -> list[dict[str, Any]]
                 with HostConnection(host, config.ssh, jumps) as conn:
                     router = RouterHost(conn, network_host(host, conn.endpoint.hostname.value), run)
                     state = router.state()
+                    installed = None
                     try:
-                        package = router.package()
-                        row["package"] = {"name": package.name, "version": package.version}
+                        installed = router.package()
+                        row["package"] = {"name": installed.name, "version": installed.version}
                     except DeployError as exc:
                         row["package"] = {"error": str(exc)}
+                    if state.get("alive"):  # the running router's package, from its command line
+                        running = running_package(str(state.get("cmdline") or ""))
+                        row["running_package"] = running
+                        row["package_text"] = package_text(running, installed)
                     row.update(url=router.url, pid=state.get("pid"), alive=bool(state.get("alive")),
                                workers=[{"url": w["url"], "healthy": w["is_healthy"]} for w in state.get("workers", [])])
             except DeployError as exc:

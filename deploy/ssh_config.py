@@ -32,6 +32,8 @@ Source = Literal["yaml", "ssh_config", "default"]
 T = TypeVar("T")
 
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
+#: OpenSSH's default GlobalKnownHostsFile (pathnames.h _PATH_SSH_SYSTEM_HOSTFILE, _PATH_SSH_SYSTEM_HOSTFILE2)
+GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 #: A chain longer than this is a loop in ssh_config (a ProxyJump b, b ProxyJump a) or a mistake.
 MAX_JUMP_HOPS = 8
 
@@ -63,6 +65,8 @@ class Endpoint:
     known_hosts: Setting[tuple[str, ...]]
     host_key_policy: Setting[str]
     jumps: tuple[Endpoint, ...] = field(default=())
+    #: OpenSSH's GlobalKnownHostsFile: read when verifying a key, never written
+    global_known_hosts: Setting[tuple[str, ...]] = field(default_factory=lambda: Setting(GLOBAL_KNOWN_HOSTS, "default"))
 
     @property
     def label(self) -> str:
@@ -79,7 +83,7 @@ class Endpoint:
         their chains up to it are equal (same address, user, port, keys, policy, earlier hops)."""
         return tuple(
             (j.hostname.value, j.port.value, j.user.value, j.identity_files.value,
-             j.identities_only.value, j.known_hosts.value, j.host_key_policy.value,
+             j.identities_only.value, j.known_hosts.value, j.global_known_hosts.value, j.host_key_policy.value,
              j.connect_timeout_s.value)
             for j in (*self.jumps, self)
         )
@@ -94,6 +98,7 @@ class Endpoint:
             "identities_only": self.identities_only.to_dict(),
             "connect_timeout_s": self.connect_timeout_s.to_dict(),
             "known_hosts": self.known_hosts.to_dict(),
+            "global_known_hosts": self.global_known_hosts.to_dict(),
             "host_key_policy": self.host_key_policy.to_dict(),
             "jumps": [j.to_dict() | {"role": j.role} for j in self.jumps],
         }
@@ -250,12 +255,17 @@ def _common(ssh: SSHSettings, options: dict, source: SSHConfigSource, alias: str
         known = Setting((ssh.known_hosts,), "yaml" if "known_hosts" in ssh.model_fields_set else "default")
     else:
         where = _where(source, alias, "UserKnownHostsFile")
+        # "none" (readconf.c): no user file; keys are then verified against GlobalKnownHostsFile only
         files = tuple(expand_tokens(f, tokens, where, "UserKnownHostsFile")
-                      for f in options["userknownhostsfile"].split() if f.lower() != "none")
-        if not files:
-            raise ConfigError(f"{_where(source, alias, 'UserKnownHostsFile')} is none: host keys "
-                              "could not be checked; name a known_hosts file")
+                      for f in options["userknownhostsfile"] if f.lower() != "none")
         known = Setting(files, "ssh_config")
+    global_known: Setting[tuple[str, ...]]
+    if "globalknownhostsfile" in options:
+        # read for verification, never written (as ssh); "none": no system file
+        global_known = Setting(tuple(os.path.expanduser(f) for f in options["globalknownhostsfile"]
+                                     if f.lower() != "none"), "ssh_config")
+    else:
+        global_known = Setting(GLOBAL_KNOWN_HOSTS, "default")
     identities_only = Setting(False, "default")
     if "identitiesonly" in options:
         identities_only = Setting(_yes_no(options["identitiesonly"], source, alias, "IdentitiesOnly"),
@@ -263,6 +273,7 @@ def _common(ssh: SSHSettings, options: dict, source: SSHConfigSource, alias: str
     return {
         "connect_timeout_s": timeout,
         "known_hosts": known,
+        "global_known_hosts": global_known,
         "host_key_policy": _host_key_policy(ssh, options, source, alias),
         "identities_only": identities_only,
     }

@@ -35,7 +35,6 @@ import getpass
 import glob
 import os
 import re
-import shlex
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,7 +44,9 @@ from deploy.errors import ConfigError
 #: ``Include`` nesting deeper than this is a loop (OpenSSH's READCONF_MAX_DEPTH is 16)
 MAX_INCLUDE_DEPTH = 16
 #: keywords that take several arguments kept as one space-joined value
-_MULTI = {"userknownhostsfile", "globalknownhostsfile", "canonicaldomains", "sendenv", "setenv"}
+_MULTI = {"canonicaldomains", "sendenv", "setenv"}
+#: keywords whose arguments are several files, kept as a list
+_FILES = {"userknownhostsfile", "globalknownhostsfile"}
 _LINE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9]*)(?:\s*=\s*|\s+|$)(.*)$")
 
 
@@ -68,6 +69,45 @@ def _local_user() -> str:
         return "root"
 
 
+def argv_split(text: str) -> list[str]:
+    """A config line's arguments as OpenSSH's misc.c ``argv_split(s, &ac, &av, 1)`` splits them
+    (readconf.c since 8.7): blanks separate words; ``"..."`` and ``'...'`` quote (a quote mid-word
+    too: ``a"b c"`` is ``ab c``); a backslash escapes a quote, a backslash, or (unquoted) a space,
+    and is kept before anything else; ``#`` ends the line only where a word would start
+    (``User ops#x`` is ``ops#x``). An unterminated quote is an error (ValueError)."""
+    words: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        if text[i] in " \t":
+            i += 1
+            continue
+        if text[i] == "#":
+            break
+        quote, word = "", []
+        while i < n:
+            ch = text[i]
+            if ch == "\\":
+                following = text[i + 1:i + 2]
+                if following in ("'", '"', "\\") or (not quote and following == " "):
+                    i += 1
+                    word.append(following)
+                else:
+                    word.append(ch)  # unrecognised escape: kept
+            elif not quote and ch in " \t":
+                break
+            elif not quote and ch in "\"'":
+                quote = ch
+            elif quote and ch == quote:
+                quote = ""
+            else:
+                word.append(ch)
+            i += 1
+        if quote:
+            raise ValueError("invalid quotes")
+        words.append("".join(word))
+    return words
+
+
 def parse_lines(text: str, origin: str) -> list[Line]:
     lines = []
     for number, raw in enumerate(text.splitlines(), 1):
@@ -78,7 +118,7 @@ def parse_lines(text: str, origin: str) -> list[Line]:
         if not match:
             raise ConfigError(f"{origin}:{number}: ssh_config line not understood: {stripped[:120]!r}")
         try:
-            args = shlex.split(match.group(2), comments=True, posix=True)
+            args = argv_split(match.group(2))
         except ValueError as exc:
             raise ConfigError(f"{origin}:{number}: ssh_config line not understood ({exc}): {stripped[:120]!r}") from None
         lines.append(Line(origin, number, match.group(1).lower(), tuple(args)))
@@ -180,6 +220,8 @@ class OpenSSHConfig:
             if not os.path.isabs(pattern):
                 pattern = os.path.join(os.path.expanduser("~/.ssh"), pattern)
             for path in sorted(glob.glob(pattern)):
+                if os.path.isdir(path):
+                    continue  # readconf.c: an Include glob's directories are skipped
                 if path not in self._files:
                     self._files[path] = parse_lines(self._read(path, f"{line.where}: Include {path}"), path)
                 files.append((path, self._files[path]))
@@ -312,5 +354,10 @@ class _Evaluation:
             return
         if key in self.options:
             return
-        self.options[key] = " ".join(line.args) if key in _MULTI or key == "proxycommand" else line.args[0]
+        if key in _FILES:  # each argument a file (argv_split: a quoted name may hold spaces)
+            if "none" in line.args and len(line.args) > 1:
+                raise ConfigError(f'{line.where}: {key} "none" argument must appear alone (as ssh says)')
+            self.options[key] = list(line.args)
+        else:
+            self.options[key] = " ".join(line.args) if key in _MULTI or key == "proxycommand" else line.args[0]
         self.where[key] = line.where

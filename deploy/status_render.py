@@ -73,19 +73,47 @@ def cells(r: HostReading) -> dict[str, str]:
 COLUMNS = ("host", "pid", "up", "accept", "tok/s", "run/queue", "drafter", "T", "configured", "verdict", "detail")
 
 
-def table(readings: Sequence[HostReading], title: str):
+#: the full table's width with typical values; a narrower terminal gets one block per host (at 80
+#: columns the table split a PID across lines and, at 60, squeezed columns to 2 characters)
+WIDE_COLUMNS = 120
+STYLES = {"healthy": "green", "regression": "bold red", "not-serving": "red", "unreachable": "red",
+          "error": "red", "unknown": "yellow"}
+
+
+def table(readings: Sequence[HostReading], title: str, width: int | None = None):
+    """The readings for a terminal ``width`` columns wide: a table, or per-host blocks when narrower
+    than WIDE_COLUMNS (each field on its own line: ``accept  3.10 / 3.20 97%``)."""
     from rich.table import Table
     from rich.text import Text
 
+    if width is not None and width < WIDE_COLUMNS:
+        return blocks(readings, title)
     grid = Table(title=Text(title), title_justify="left")
     for name in COLUMNS:
         grid.add_column(name, overflow="fold")
-    styles = {"healthy": "green", "regression": "bold red", "not-serving": "red", "unreachable": "red",
-              "error": "red", "unknown": "yellow"}
     for r in readings:
         row = cells(r)
-        grid.add_row(*(Text(row.get(c, ""), style=styles.get(r.verdict.state, "") if c == "verdict" else "")
+        grid.add_row(*(Text(row.get(c, ""), style=STYLES.get(r.verdict.state, "") if c == "verdict" else "")
                        for c in COLUMNS))
+    return grid
+
+
+def blocks(readings: Sequence[HostReading], title: str):
+    """One block per host: its name and verdict, then one ``field  value`` line per column."""
+    from rich.table import Table
+    from rich.text import Text
+
+    grid = Table(title=Text(title), title_justify="left", show_header=False, box=None, padding=(0, 1))
+    grid.add_column("field", no_wrap=True)
+    grid.add_column("value", overflow="fold")
+    for i, r in enumerate(readings):
+        row = cells(r)
+        if i:
+            grid.add_row("", "")
+        grid.add_row(Text(row["host"], style="bold"), Text(row["verdict"], style=STYLES.get(r.verdict.state, "")))
+        for name in COLUMNS[1:]:
+            if name != "verdict" and row.get(name):
+                grid.add_row(Text("  " + name), Text(row[name]))
     return grid
 
 

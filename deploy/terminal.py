@@ -39,6 +39,21 @@ def safe_text(text: object) -> str:
     return _UNSAFE_TEXT.sub(_escape, str(text))
 
 
+#: ECMA-48 sequences: CSI (ESC [ params final), OSC / DCS / APC / PM / SOS strings (to BEL or ST),
+#: and the two-byte ESC forms; the same with the 8-bit C1 introducers (CSI 0x9b, OSC 0x9d, ...)
+_SEQUENCES = re.compile(
+    "(?:\x1b\\[|\x9b)[0-?]*[ -/]*[@-~]"
+    "|(?:\x1b[\\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\\\|\x9c)?"
+    "|\x1b[ -/]*[0-~]")
+
+
+def strip_escapes(text: object) -> str:
+    """Host text (a log tail) without its terminal sequences: smg 1.13 colours its log file
+    (``ESC[2m2026-...ESC[0m ESC[32m INFO``), and a message quoting it should read as the words.
+    Whole sequences go, then any control left but newline and tab (CR, a lone ESC, C1)."""
+    return _UNSAFE_TEXT.sub("", _SEQUENCES.sub("", str(text)).replace("\r\n", "\n"))
+
+
 class SafeStream:
     """A text stream that escapes what it is given (a pty's CR LF becomes LF first), for ``logs -f``."""
 

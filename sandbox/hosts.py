@@ -60,6 +60,9 @@ PROCESS_EXIT_TIMEOUT_S = 5.0
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SIM_NVIDIA_SMI = _PACKAGE_DIR / "sim_nvidia_smi.py"
 _SIM_SGLANG = _PACKAGE_DIR / "sim_sglang" / "sglang"
+_SIM_NETWORK = _PACKAGE_DIR / "sim_network.c"
+#: the compiled sim_network.c, under the sandbox root (absent: no C compiler, hosts share one stack)
+NETWORK_SHIM = "sim_network.so"
 _MODEL_SOURCES = _PACKAGE_DIR / "model_sources"
 #: kimi_k25 gains set_eagle3_layers_to_capture in SGLang 0.5.10 (PR #19689)
 _KIMI_HOOK_SINCE = (0, 5, 10)
@@ -106,6 +109,11 @@ class Sandbox:
             if h.name == name:
                 return h
         raise KeyError(f"no sandbox host named {name!r} (hosts: {', '.join(h.name for h in self.hosts)})")
+
+    @property
+    def own_network(self) -> bool:
+        """Does each host have its own network stack (sim_network.c compiled and preloaded)?"""
+        return _shim(self.root) is not None
 
     def ssh_argv(self, name: str, command: str, *, multiplex: bool = True) -> list[str]:
         """A real ``ssh`` command line for ``command`` on host ``name``, host key checking on.
@@ -160,7 +168,7 @@ class Sandbox:
             h = self.host(name)
             _kill_user_processes(h.user)
             _build_home(h.name, h.home, h.gpu_count, state["sglang_version"],
-                        self.root / "drafter-template")
+                        self.root / "drafter-template", h.address, _shim(self.root))
             pw = pwd.getpwnam(h.user)
             _chown_tree(h.home, pw.pw_uid, pw.pw_gid)
 
@@ -466,7 +474,32 @@ def _bus_id(index: int) -> str:
     return f"00000000:{bus:02X}:00.0"
 
 
-def _dotfile(home: Path, sim_dir: Path) -> str:
+def _shim(root: Path) -> Path | None:
+    shim = root / NETWORK_SHIM
+    return shim if shim.is_file() else None
+
+
+def _build_network_shim(root: Path) -> Path | None:
+    """Compile sim_network.c (each host's own network stack) with the system C compiler; None
+    without one (tests that need a host's own stack, e.g. serve_host 0.0.0.0 on three hosts, skip)."""
+    shim = root / NETWORK_SHIM
+    shim.unlink(missing_ok=True)
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    result = subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(shim), str(_SIM_NETWORK), "-ldl"],
+                            capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise SandboxError(f"compiling {_SIM_NETWORK} failed: {result.stderr[-500:]}")
+    shim.chmod(0o755)
+    return shim
+
+
+def _network_env(address: str, shim: Path | None) -> dict[str, str]:
+    return {"SANDBOX_OWN_ADDRESS": address, "LD_PRELOAD": str(shim)} if shim is not None else {}
+
+
+def _dotfile(home: Path, sim_dir: Path, network: dict[str, str] | None = None) -> str:
     # Debian's /etc/profile resets PATH for login shells and bash reads ~/.bashrc even for
     # `ssh host cmd`, so the stand-ins must come first from the host's own dotfiles (reference 8).
     return f"""# deployctl sandbox (SIMULATION): this host's stand-ins come first.
@@ -476,7 +509,7 @@ case ":${{PYTHONPATH:-}}:" in *":{home}/pylib:"*) ;; *) PYTHONPATH="{home}/pylib
 export PYTHONPATH
 export SGLANG_SIM_CONFIG="{sim_dir}/config.json"
 export NVIDIA_SMI_SIM_CONFIG="{sim_dir}/config.json"
-"""
+""" + "".join(f'export {k}="{v}"\n' for k, v in (network or {}).items())
 
 
 def _chown_tree(path: Path, uid: int, gid: int) -> None:
@@ -486,14 +519,16 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
             os.chown(os.path.join(dirpath, n), uid, gid, follow_symlinks=False)
 
 
-def _build_home(name: str, home: Path, gpus: int, sglang_version: str, drafter_cache: Path) -> None:
+def _build_home(name: str, home: Path, gpus: int, sglang_version: str, drafter_cache: Path,
+                address: str, shim: Path | None) -> None:
     if home.exists():
         shutil.rmtree(home)
     for sub in ("bin", "pylib", "dev", ".sim/alloc", "drafters", "models"):
         (home / sub).mkdir(parents=True, exist_ok=True)
     home.chmod(0o755)
     sim_dir = home / ".sim"
-    dotfile = _dotfile(home, sim_dir)
+    # this host's own network stack (sim_network.c): 0.0.0.0 and 127.0.0.1 are its address
+    dotfile = _dotfile(home, sim_dir, _network_env(address, shim))
     for rc in (".bashrc", ".profile", ".bash_profile"):
         (home / rc).write_text(dotfile)
     for i in range(gpus):
@@ -508,6 +543,7 @@ def _build_home(name: str, home: Path, gpus: int, sglang_version: str, drafter_c
     config = {
         "simulated": True,
         "host": name,
+        "address": address,
         "gpu_count": gpus,
         "gpu_dir": str(home / "dev"),
         "gpu_total_mib": GPU_TOTAL_MIB,
@@ -550,6 +586,7 @@ def _sshd_config(root: Path, host: dict, host_key: Path, authorized_keys: Path) 
         f"PYTHONPATH={home}/pylib",
         f"SGLANG_SIM_CONFIG={home}/.sim/config.json",
         f"NVIDIA_SMI_SIM_CONFIG={home}/.sim/config.json",
+        *(f"{k}={v}" for k, v in _network_env(host["address"], _shim(root)).items()),
     ])
     return f"""# deployctl sandbox (SIMULATION) host {host['name']}
 ListenAddress {host['address']}:{host['port']}
@@ -691,6 +728,7 @@ def start_sandbox(
     authorized_keys.chmod(0o644)
     known_hosts = root / "known_hosts"
     config_path = root / "deployctl.yaml"
+    shim = _build_network_shim(root)
     drafter_cache = root / "drafter-template"
     if drafter_cache.exists():
         shutil.rmtree(drafter_cache)
@@ -721,7 +759,7 @@ def start_sandbox(
             _write_state(root, state)  # recorded before anything else can fail
             pw = pwd.getpwnam(user)
             host["uid"] = pw.pw_uid
-            _build_home(name, home, gpus, sglang_version, drafter_cache)
+            _build_home(name, home, gpus, sglang_version, drafter_cache, host["address"], shim)
             _chown_tree(home, pw.pw_uid, pw.pw_gid)
             sshd_dir = root / "sshd" / name
             sshd_dir.mkdir(exist_ok=True)

@@ -14,6 +14,8 @@ command -v pgrep >/dev/null 2>&1 || missing+=(procps)      # pgrep/pkill: the sa
 command -v ss >/dev/null 2>&1 || missing+=(iproute2)       # ss: the ProxyJump tests' socket owners
 command -v git >/dev/null 2>&1 || missing+=(git)           # the wheel test builds from the tracked files
 command -v useradd >/dev/null 2>&1 || missing+=(passwd)
+# cc: sandbox/sim_network.c, each simulated host's own network stack (a 0.0.0.0 bind on three hosts)
+command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 # status --watch is tested on a real terminal: tmux runs it, capture-pane reads the screen
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)

@@ -94,7 +94,8 @@ def _show_once(run, readings, gate, as_json: bool, check: bool) -> None:
     if as_json:
         render.print_json(status.document(run, readings, gate))
     elif sys.stdout.isatty():
-        render.console().print(status_render.table(readings, status_render.title(run.name, gate)))
+        console = render.console()
+        console.print(status_render.table(readings, status_render.title(run.name, gate), console.width))
     else:
         for line in status_render.plain_lines(readings):
             click.echo(line)
@@ -129,8 +130,8 @@ def _watch(run, gate, read, interval_s: float, rounds: int | None, as_json: bool
                 def redraw(readings) -> None:
                     # an empty last line: the terminal's "^C" echo lands there instead of wrapping the
                     # table's last line, which would shift Live's final redraw by one line
-                    live.update(Group(status_render.table(readings, status_render.title(run.name, gate)), Text("")),
-                                refresh=True)
+                    table = status_render.table(readings, status_render.title(run.name, gate), live.console.width)
+                    live.update(Group(table, Text("")), refresh=True)
 
                 status.watch(rounds, interval_s, read, redraw)
     except KeyboardInterrupt:

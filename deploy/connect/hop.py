@@ -27,10 +27,18 @@ if TYPE_CHECKING:  # fabric/paramiko are imported lazily: `deployctl --help` mus
     import paramiko
 
 
+def _readable(path: Path) -> bool:
+    # /dev/null is how ssh users say "no file" (UserKnownHostsFile /dev/null): read as empty, as ssh does
+    return path.exists() and str(path) != os.devnull
+
+
 def known_hosts_files(hop: Endpoint) -> tuple[list[Path], list[Path]]:
-    """(every known_hosts file of the hop, those that exist)."""
+    """(the hop's user known_hosts files, where a new key is recorded: the first; every file read to
+    verify a key: those of them that exist, then the GlobalKnownHostsFile ones that exist, as ssh
+    reads them, never written)."""
     files = [expand_path(f) for f in hop.known_hosts.value]
-    return files, [f for f in files if f.exists()]
+    system = [expand_path(f) for f in hop.global_known_hosts.value]
+    return files, [f for f in files + system if _readable(f)]
 
 
 def apply_host_key_policy(client: paramiko.SSHClient, hop: Endpoint, label: str) -> None:
@@ -43,15 +51,18 @@ def apply_host_key_policy(client: paramiko.SSHClient, hop: Endpoint, label: str)
     """
     files, present = known_hosts_files(hop)
     if not present and hop.host_key_policy.value == "reject":
+        named = [*map(str, files), *hop.global_known_hosts.value]
         raise HostKeyRejected(
-            f"known_hosts file {', '.join(map(str, files))} does not exist; host keys cannot be "
-            "verified (set ssh.known_hosts, or use accept-new once)"
+            f"known_hosts file {', '.join(named) or '(none: UserKnownHostsFile none)'} does not exist; host keys "
+            "cannot be verified (set ssh.known_hosts, or use accept-new once)"
         )
     known = ssh_trust.load_known_hosts_files(present) if present else None
     if known is not None:
         client._host_keys = known.host_keys  # type: ignore[attr-defined]  # what SSHClient.connect looks keys up in
-    reject, accept_new = ssh_trust.make_policies(known, files[0], label)
-    if hop.host_key_policy.value == "accept-new":
+    reject, accept_new = ssh_trust.make_policies(known, files[0] if files else Path(os.devnull), label)
+    # UserKnownHostsFile none: a new key has nowhere to go (the GlobalKnownHostsFile is never
+    # written), so only a key already known there is accepted
+    if hop.host_key_policy.value == "accept-new" and files:
         client.set_missing_host_key_policy(accept_new())
     else:
         client.set_missing_host_key_policy(reject())

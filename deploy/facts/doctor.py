@@ -40,6 +40,7 @@ def doctor_program() -> str:
     modules = [(f"fixer.{name}", (fixer / f"{name}.py").read_text()) for name in FIXER_MODULES]
     modules += host_ops_modules()  # its server-state code
     modules.append(("sglang_cli", (HELPER.parent / "sglang_cli.py").read_text()))  # SGLang's options
+    modules.append(("listeners", (HELPER.parent / "listeners.py").read_text()))  # the port listeners' reader
     return inline_program(modules + [("doctor_facts", HELPER.read_text())], "doctor_facts")
 
 
@@ -95,6 +96,8 @@ class BindFacts(_Strict):
     address: Optional[str]
     bindable: bool
     error: Optional[str]
+    #: a bind of the serve port on it would succeed now (None: not decided, or an older helper)
+    port_free: Optional[bool] = None
 
 
 class DirFacts(_Strict):

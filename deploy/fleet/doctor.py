@@ -1,19 +1,21 @@
-"""The doctor's checks for a run's router host: a router package installed, its port free, every
-worker URL reachable from the router host (the router reaches the workers from there)."""
+"""The doctor's checks for a run's router host: a router package installed, every port it binds
+free (router.port, its Prometheus port, ...: router_ports.py), every worker URL reachable from the
+router host (the router reaches the workers from there)."""
 
 from __future__ import annotations
 
 from deploy.doctor.checks import Check
 from deploy.errors import DeployError
 from deploy.fanout import for_each_host
-from deploy.fleet.router import RouterCalls, ops_command, parse_json_line, parse_router_packages, router_address
-from deploy.fleet.router_package import choose_package, policy_problem
-from deploy.state_layout import RouterPaths
+from deploy.fleet.router import RouterCalls, parse_json_line, parse_router_packages
+from deploy.fleet.router_package import RouterPackage, choose_package, package_text, policy_problem, running_package
+from deploy.fleet.router_ports import parse_ports, port_problems, router_binds
 
 
 def router_checks(conn, host, run) -> list[Check]:
     spec = run.router
     checks = []
+    package: RouterPackage | None = None
     got = conn.run(RouterCalls(spec, host).packages().command, timeout=60)
     try:
         if got.exit_code != 0:
@@ -35,17 +37,27 @@ def router_checks(conn, host, run) -> list[Check]:
                 if package.drain_settle_s else ""
             checks.append(Check("router-package", "pass",
                                 f"{package.label} for {spec.python} (python -m {package.module}){settle}"))
-    address = router_address(spec, host)
-    state = parse_json_line(conn.check(ops_command(host.python, "port-check", address, str(spec.port),
-                                                   RouterPaths(host.state_dir).pidfile), timeout=30,
-                                       what="router port check").stdout.strip(), host.name, ("listening", "ours"))
-    if not state["listening"]:
-        checks.append(Check("router-port", "pass", f"{address}:{spec.port} is free"))
-    elif state["ours"]:
-        checks.append(Check("router-port", "pass", f"{address}:{spec.port}: the router deployctl started listens there"))
+    call = RouterCalls(spec, host).state()
+    state = parse_json_line(conn.check(call.command, timeout=call.timeout_s, what="router state").stdout.strip(),
+                            host.name, ("alive",))
+    if state["alive"]:
+        running = running_package(str(state.get("cmdline") or ""))
+        differs = running is not None and package is not None and running != package.name
+        checks.append(Check("router-running", "warn" if differs else "pass",
+                            f"router pid {state.get('pid')} runs {package_text(running, package)}",
+                            "deployctl restart --force restarts it on the installed package" if differs else ""))
+    binds = router_binds(spec, host, package.name if package is not None else
+                         (spec.package if spec.package != "auto" else None))
+    call = RouterCalls(spec, host).ports(binds)
+    got = parse_json_line(conn.check(call.command, timeout=call.timeout_s, what="router ports check").stdout.strip(),
+                          host.name, ("ports",))
+    fine, taken = port_problems(binds, parse_ports(got, binds, host.name))
+    if taken:
+        checks.append(Check("router-port", "fail", "; ".join(taken),
+                            "stop that process, or choose another router.port (or --prometheus-port in "
+                            "router.extra_args)"))
     else:
-        checks.append(Check("router-port", "fail", f"another process listens on {address}:{spec.port}",
-                            "stop it or choose another router.port"))
+        checks.append(Check("router-port", "pass", "; ".join(fine)))
     return checks
 
 

@@ -148,10 +148,16 @@ class Barrier:
                said: str | None = None) -> None:
         """``detail``: the record's (the error's first line by default); ``said``: the progress line's."""
         self.error = self.error or error
-        first = str(error).splitlines()[0]
+        lines = str(error).splitlines() or [""]
+        first = lines[0]
         self.records.append(PhaseRecord(name, "failed", first if detail is None else detail,
                                         time.monotonic() - started, int(error.exit_code)))
-        self.progress("*", name, f"FAILED: {first[:300]}" if said is None else f"FAILED: {said}")
+        # a router message that quotes the router's log tail ("its log ends:", router_watch.py) keeps
+        # it on the progress line too (the one line on stderr under --json): its lines joined, bounded.
+        # A server's log tail stays in the report (it is SGLang's, often a Python traceback).
+        quoted = lines[1:31] if first.rstrip().endswith("its log ends:") else []
+        shown = first[:300] + "".join(f" | {line[:300]}" for line in quoted)
+        self.progress("*", name, f"FAILED: {shown[:4000]}" if said is None else f"FAILED: {said}")
 
 
 def _host_phase(state: RunState, phase: HostPhase) -> DeployError | None:

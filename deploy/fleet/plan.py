@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from deploy.fleet.router_ports import router_binds
 from deploy.fleet.router import RouterCalls, RouterPaths, router_argv, router_url, worker_url
 
 
@@ -64,15 +65,21 @@ def plan_fleet(config, rollout, playbook=None, endpoints: dict | None = None) ->
     run, hosts = rollout.run, list(rollout.hosts)
     document: dict[str, Any] = {"serial": rollout.serial, "allow_downtime": rollout.allow_downtime,
                                 "batches": [[h.name for h in batch] for batch in rollout.batches]}
+    known = [*config.hosts_of(run), *([config.host(run.router.host)] if run.router is not None else [])]
+    missing = [h for h in known if h.name not in (endpoints or {})]
+    if missing:  # the router host, and the run's hosts --host left out: the router reaches them all
+        from deploy.engine.plan import describe_endpoints
+
+        endpoints = {**(endpoints or {}), **describe_endpoints(missing, config)}
+    view = PlanView(config, run, network_hosts(known, endpoints))
     if playbook is not None:
-        view = PlanView(config, run, network_hosts(config.hosts_of(run), endpoints))
         if run.router is not None:
             view.calls = RouterCalls(run.router, view.network(config.host(run.router.host)), planned=True)
             view.router_host = run.router.host
         playbook = rollout.playbook(playbook)
         document["phases"] = phase_plan(fleet_phases(rollout, playbook), view, playbook)
     if run.router is not None:
-        host = config.host(run.router.host)
+        host = view.network(config.host(run.router.host))
         paths = RouterPaths(host.state_dir)
         package = run.router.package
         document["router"] = {
@@ -81,8 +88,11 @@ def plan_fleet(config, rollout, playbook=None, endpoints: dict | None = None) ->
             "auto: smg when installed for router.python on the router host, else sglang-router (read from its "
             "package metadata before anything is stopped)",
             "pidfile": paths.pidfile, "log": paths.latest_log,
-            "argv": router_argv(run.router, host, [worker_url(run, h) for h in hosts]),
-            "workers": {h.name: worker_url(run, h) for h in hosts},
+            # every port it binds, checked free before the first replica is stopped (router_ports.py)
+            "binds": [b.label for b in router_binds(run.router, host, None if package == "auto" else package)],
+            "argv": router_argv(run.router, host, [worker_url(run, view.network(h)) for h in hosts]),
+            # where the router host reaches each replica (a wildcard serve_host: the host's network address)
+            "workers": {h.name: worker_url(run, view.network(h)) for h in hosts},
             "per_batch": ["unless the playbook benchmarks: the doctor's read and the drafter's fingerprint on each host; "
                           "a host that would only converge (already running as desired) stays in the router",
                           "GET /workers; DELETE /workers/{id} for the other workers (smg, sglang-router 0.3.x; "
@@ -122,6 +132,9 @@ def print_fleet_plan(document: dict[str, Any]) -> None:
         click.echo(f"router on {router['host']}: {router['url']} (policy {router['policy']}), "
                    f"PID file {router['pidfile']}, log {router['log']}")
         click.echo(f"  package: {router['package']}")
+        click.echo("  binds: " + ", ".join(router["binds"]))
+        for name, url in router["workers"].items():
+            click.echo(f"  worker {name}: {url}")
         click.echo("  start: " + " ".join(router["argv"]))
         for line in router["per_batch"]:
             click.echo("  per batch: " + line)
@@ -166,6 +179,8 @@ def print_fleet_report(result) -> None:
 
 def _package_text(row: dict[str, Any]) -> str:
     package = row.get("package") or {}
+    if row.get("package_text"):  # a running router: its own package (and the installed one when they differ)
+        return f" ({row['package_text']})"
     if "name" in package:
         return f" ({package['name']} {package['version']})"
     return f" (router package: {package['error']})" if "error" in package else ""

@@ -19,7 +19,8 @@ from typing import Any
 from deploy.config.models import Host
 from deploy.errors import DeployError, ExitCode
 from deploy.fleet.phases import (SERVING_OUTCOMES, HostPhase, Phase, RunPhase, RunState, open_router)
-from deploy.fleet.router import worker_url
+from deploy.fleet.router import loopback_problem, worker_url
+from deploy.fleet.router_watch import RouterLost, lost_or_restarted, started, watch
 
 
 class LastHealthyWorker(DeployError):
@@ -111,10 +112,11 @@ def _probe(batch: tuple[Host, ...]):
     def action(state: RunState) -> str:
         from deploy.fanout import for_each_host
 
+        router = open_router(state)
+        if watch(state, router, f"before the check of {names(batch)}") is None:
+            return "router not running yet: nothing to keep in it"
         if state.options.force:
             return "--force: every host of the batch is redeployed"
-        if not open_router(state).running():
-            return "router not running yet: nothing to keep in it"
         outcomes = for_each_host(list(batch), lambda h: _unchanged(state, h), state.config.ssh.max_parallel)
         kept: list[str] = []
         redeploy: list[str] = []
@@ -133,7 +135,7 @@ def _probe(batch: tuple[Host, ...]):
 def _remove(batch: tuple[Host, ...], allow_downtime: bool):
     def action(state: RunState) -> str:
         router = open_router(state)
-        if not router.running():
+        if watch(state, router, f"before taking {names(batch)} out") is None:
             state.data["router_running"] = False
             return "router not running yet: nothing to take out"
         state.data["router_running"] = True
@@ -148,8 +150,9 @@ def _remove(batch: tuple[Host, ...], allow_downtime: bool):
                 f"(members: {', '.join(w['url'] + (' healthy' if w['is_healthy'] else ' unhealthy') for w in members)}); "
                 "nothing was changed; --allow-downtime to do it anyway")
         for w in leaving:
-            router.remove(w["url"])
-            state.rotation.setdefault(urls[w["url"]].name, {})["out"] = time.monotonic()
+            # out of rotation from when the router stopped sending it new requests, not when it left
+            # the list (smg lists it, unhealthy, for its 5 s drain settle)
+            state.rotation.setdefault(urls[w["url"]].name, {})["out"] = router.remove(w["url"])
         return f"removed {len(leaving)} worker(s): {', '.join(w['url'] for w in leaving) or '-'}"
     return action
 
@@ -165,6 +168,7 @@ def _drain(batch: tuple[Host, ...]):
                 continue
             seconds = router.drain(url_of(state, host), router.spec.drain_timeout_s)
             waited.append(f"{host.name} {seconds:.2f} s")
+        watch(state, router, f"while {names(batch)} drained (not redeployed)")  # never redeploy behind a dead router
         return "drained: " + (", ".join(waited) or "-")
     return action
 
@@ -174,14 +178,17 @@ def _add(batch: tuple[Host, ...]):
         serving = _serving(state, batch)
         # taken out but never redeployed (the drain timed out): still serving what it served
         serving += [h for h in batch if h.name not in state.reports and "out" in state.rotation.get(h.name, {})]
+        router = open_router(state)
+        lost = _router_lost(state, router, f"while {names(batch)} was redeployed")
+        if lost is not None:
+            return lost
         if not serving and not any(h.name in state.reports or "out" in state.rotation.get(h.name, {}) for h in batch):
             return "nothing of this batch was taken out or redeployed: nothing to add"
         if not serving:
             return "no host of this batch serves a verified deployment: none added"
-        router = open_router(state)
         urls = [url_of(state, h) for h in serving]
-        if not router.running():
-            router.start(urls, state.stamp)
+        if "router_pid" not in state.data:  # the run's first router start (up): its first verified batch
+            started(state, router.start(urls, state.stamp))
             added = "started the router with " + ", ".join(urls)
         else:
             listed = {w["url"] for w in router.workers()}  # a host kept in the router is listed already
@@ -201,8 +208,11 @@ def _final(hosts: Sequence[Host]):
         router = open_router(state)
         serving = _serving(state, hosts)
         urls = [url_of(state, h) for h in serving]
-        if not router.running():
-            router.start(urls, state.stamp)
+        lost = _router_lost(state, router, "before the end-to-end request")
+        if lost is not None:
+            raise RouterLost(lost)
+        if "router_pid" not in state.data:
+            started(state, router.start(urls, state.stamp))
         else:
             listed = {w["url"] for w in router.workers()}
             for url in urls:
@@ -212,6 +222,16 @@ def _final(hosts: Sequence[Host]):
         state.data["end_to_end"] = answer
         return f"a request through {router.url} answered ({len(urls)} worker(s))"
     return action
+
+
+def names(batch: Sequence[Host]) -> str:
+    return ",".join(h.name for h in batch)
+
+
+def _router_lost(state: RunState, router, when: str) -> str | None:
+    """router_watch.lost_or_restarted over the run's replicas, at their worker URLs."""
+    return lost_or_restarted(state, router, when, state.config.hosts_of(state.run), lambda h: url_of(state, h),
+                             lambda h: bool(_serving(state, [h])) or h.name not in state.reports)
 
 
 def _doctor_settings(playbook):
@@ -236,6 +256,7 @@ def _preflight(hosts: Sequence[Host]):
                      for c in failed(router_results)]
         package = next((c.reason for c in router_results if c.name == "router-package" and c.status == "pass"), "")
         urls = [url_of(state, h) for h in hosts]
+        problems += [p for p in (loopback_problem(state.run, network(state, h), router.host.name) for h in hosts) if p]
         unreachable = router.unreachable(urls)
         if unreachable:
             problems.append(f"{router.host.name} cannot reach worker URL(s) {'; '.join(unreachable)}: the router "
@@ -261,14 +282,15 @@ def _preflight(hosts: Sequence[Host]):
         if problems:
             raise PreflightFailed("fleet pre-flight failed; no replica was stopped, each keeps serving what it "
                                   "served:\n" + "\n".join(problems))
-        return f"router: {package or 'ok'}; every worker URL reachable from {router.host.name}{doctored}"
+        shown = ", ".join(f"{h.name} {u}" for h, u in zip(hosts, urls))
+        return f"router: {package or 'ok'}; every worker URL reachable from {router.host.name} ({shown}){doctored}"
     return action
 
 
 def _preflight_plan(hosts: Sequence[Host]):
     def plan(view) -> list[tuple[str, Any]]:
         from deploy.facts.doctor import doctor_command
-        from deploy.fleet.router import RouterPaths, ops_command, router_address
+        from deploy.fleet.router_ports import router_binds
         from deploy.steps.base import Command
 
         calls, at = view.calls, view.router_host
@@ -276,10 +298,8 @@ def _preflight_plan(hosts: Sequence[Host]):
         router_host = view.network(view.config.host(at))
         steps: list[tuple[str, Any]] = [
             (at, calls.packages()),
-            (at, Command(description="the router's port is free, or the router deployctl started listens there",
-                         command=ops_command(router_host.python, "port-check", router_address(spec, router_host),
-                                             str(spec.port), RouterPaths(router_host.state_dir).pidfile,
-                                             script=calls.script))),
+            (at, calls.state()),
+            (at, calls.ports(router_binds(spec, router_host, None if spec.package == "auto" else spec.package))),
             (at, calls.reach([worker_url(view.run, view.network(h)) for h in hosts]))]
         steps += [(h.name, Command(description="the doctor's read on every replica before the first is stopped",
                                    command=doctor_command(view.network(h), view.run,
@@ -396,7 +416,8 @@ NOT_RUNNING = "the router is not running yet (it starts with the hosts that serv
 
 def _probe_plan(batch: tuple[Host, ...]):
     def plan(view) -> list[tuple[str, Any]]:
-        steps: list[tuple[str, Any]] = [(view.router_host, view.calls.state())]
+        steps: list[tuple[str, Any]] = [(view.router_host, view.calls.state()),
+                                        (view.router_host, _when(view.calls.log_tail(), "the router this run saw died (exit 14)"))]
         for host in batch:
             steps += [(host.name, a) for a in probe_actions(view.network(host), view.run, view.stamp)[1]]
         return steps
@@ -406,7 +427,9 @@ def _probe_plan(batch: tuple[Host, ...]):
 def _remove_plan(batch: tuple[Host, ...]):
     def plan(view) -> list[tuple[str, Any]]:
         calls, at = view.calls, view.router_host
-        steps: list[tuple[str, Any]] = [(at, calls.state()), (at, _when(calls.packages(), RUNNING)),
+        steps: list[tuple[str, Any]] = [(at, calls.state()), (at, _when(calls.log_tail(), "the router this run saw died "
+                                                                        "(exit 14)")),
+                                        (at, _when(calls.packages(), RUNNING)),
                                         (at, _when(calls.workers(True), RUNNING))]
         for host in batch:
             url = worker_url(view.run, view.network(host))
@@ -421,9 +444,16 @@ def _remove_plan(batch: tuple[Host, ...]):
 
 def _drain_plan(batch: tuple[Host, ...]):
     def plan(view) -> list[tuple[str, Any]]:
-        return [(view.router_host, _when(view.calls.loads(worker_url(view.run, view.network(h))), f"{h.name} was taken out: "
-                                         f"polled until nothing is in flight")) for h in batch]
+        steps = [(view.router_host, _when(view.calls.loads(worker_url(view.run, view.network(h))), f"{h.name} was taken out: "
+                                          f"polled until nothing is in flight")) for h in batch]
+        return steps + _watched(view, "after the drain")
     return plan
+
+
+def _watched(view, when: str) -> list[tuple[str, Any]]:
+    """What router_watch.watch sends: the router's state, and its log tail when it died."""
+    return [(view.router_host, _when(view.calls.state(), f"{RUNNING} ({when}: is it still, answering GET /workers?)")),
+            (view.router_host, _when(view.calls.log_tail(), "the router this run saw died (exit 14)"))]
 
 
 def _join_plan(hosts: Sequence[Host], end_to_end: bool = False):
@@ -439,7 +469,10 @@ def _join_plan(hosts: Sequence[Host], end_to_end: bool = False):
         steps += [(at, _when(calls.add(u, True), f"{RUNNING} without {u} (older than 0.3: POST /add_worker?url=)"))
                   for u in urls]
         steps += [(at, _when(calls.add(u, False), "the router is older than 0.3")) for u in urls]
-        steps.append((at, _when(calls.log_tail(), "the router died while starting")))
+        steps.append((at, _when(calls.log_tail(), "the router died (while starting, or mid-roll)")))
+        died = "the router this run saw died mid-roll (router_watch.py): the roll stops, exit 14, and the router "
+        steps += [(at, _when(calls.health(worker_url(view.run, view.network(h))), died + "is started again with "
+                             "every replica that answers /health")) for h in view.config.hosts_of(view.run)]
         if end_to_end:
             steps.append((at, calls.end_to_end()))
         return steps

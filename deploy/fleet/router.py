@@ -8,6 +8,8 @@ router host's SSH connection. Every HTTP call (the router's management API, a wo
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import json
 import time
 from collections.abc import Callable
@@ -15,12 +17,14 @@ from pathlib import Path
 
 from deploy.limits import parse_json
 from deploy.config.models import Host, Run, RouterSpec
+from deploy.facts.inline import inline_program
 from deploy.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
 from deploy.fleet.router_package import (ROUTER_CMDLINE_MARKS, RouterPackage, choose_package, parse_release,
                                          policy_problem)
 from deploy.shell import quote, quote_path, path_join
-from deploy.sglang.argv import probe_address
+from deploy.sglang.argv import WILDCARD_BINDS, serve_address
 from deploy.state_layout import RouterPaths, router_log_name
+from deploy.terminal import strip_escapes
 from deploy.steps.base import Command
 
 FLEET_OPS = Path(__file__).resolve().parents[1] / "remote" / "fleet_ops.py"
@@ -38,10 +42,49 @@ def url_host(address: str) -> str:
     return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
+def worker_address(run: Run, host: Host) -> str:
+    """Where the router host reaches the replica: the address the server binds, or, for a wildcard
+    bind (0.0.0.0, ::: every interface), the replica's network address (``host`` as the network
+    sees it: its ssh_config HostName or ``address``, see engine.session.network_host). Never the
+    127.0.0.1 a local probe uses (sglang.argv.probe_address): that is the router host's own loopback."""
+    address = serve_address(run, host)
+    return host.address if address in WILDCARD_BINDS else address
+
+
 def worker_url(run: Run, host: Host) -> str:
-    """Where the router reaches the replica: the address the server binds (``host`` as the network
-    sees it: an ssh_config alias resolved to its HostName, see engine.session.network_host)."""
-    return f"http://{url_host(probe_address(run, host))}:{run.port}"
+    return f"http://{url_host(worker_address(run, host))}:{run.port}"
+
+
+def is_loopback(address: str) -> bool:
+    if address.lower() in ("localhost", "localhost.", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+#: the names of "this machine" itself; other 127.x addresses may be distinct hosts' (one machine
+#: serving several addresses, as the sandbox does)
+THIS_MACHINE = ("127.0.0.1", "::1", "localhost")
+
+
+def loopback_problem(run: Run, host: Host, router_host: str) -> str | None:
+    """A worker URL on a loopback address is reachable from the replica's host only: fine when the
+    router runs on that same host, a dead worker URL otherwise (a serve_host the user set to a
+    loopback address, or a host whose network address is this machine's own name)."""
+    address = worker_address(run, host)
+    if host.name == router_host:
+        return None
+    if address.lower() in THIS_MACHINE and address == host.address:
+        return (f"{host.name}: its address {address} is the router host's own loopback there: the router on "
+                f"{router_host} would reach itself, not {host.name}; give {host.name} its network address "
+                "(or an ssh_config HostName)")
+    if address == host.address or not is_loopback(address):
+        return None
+    return (f"{host.name}: serve_host {address} is a loopback address: only {host.name} itself reaches it, "
+            f"not the router on {router_host}; use serve_host 0.0.0.0 (the router then uses "
+            f"{url_host(host.address)}) or the host's network address")
 
 
 def router_address(spec: RouterSpec, host: Host) -> str:
@@ -79,9 +122,17 @@ def start_command(spec: RouterSpec, host: Host, workers: list[str], log_name: st
             f"pid=$!; printf '%s\\n' \"$pid\" > {quote_path(paths.pidfile)} && echo \"$pid\"; }}")
 
 
+@functools.lru_cache(maxsize=1)
+def fleet_ops_program() -> str:
+    """fleet_ops.py with the port listeners' reader it shares with the doctor, as one program."""
+    remote = FLEET_OPS.parent
+    return inline_program([("listeners", (remote / "listeners.py").read_text()), ("fleet_ops", FLEET_OPS.read_text())],
+                          "fleet_ops")
+
+
 def ops_command(python: str, *args: str, script: str | None = None) -> str:
     """``script``: what the plan shows instead of fleet_ops.py's text (``<deploy/remote/fleet_ops.py>``)."""
-    return f"{quote(python)} -c {script or quote(FLEET_OPS.read_text())} " + " ".join(quote(a) for a in args)
+    return f"{quote(python)} -c {script or quote(fleet_ops_program())} " + " ".join(quote(a) for a in args)
 
 
 OPS_SCRIPT = "<deploy/remote/fleet_ops.py>"
@@ -119,6 +170,12 @@ class RouterCalls:
         return self.ops("reach", *urls, "--timeout", f"{timeout:g}", timeout=timeout * len(urls) + 5,
                         description="the router host can open a connection to every worker URL")
 
+    def ports(self, binds) -> Command:
+        """``binds``: router_ports.router_binds; the listeners on each port and their holders."""
+        return self.ops("ports", self.paths.pidfile, *sorted({str(b.port) for b in binds}, key=int),
+                        description="every port the router binds ("
+                        + ", ".join(b.label for b in binds) + ") is free, or held by the router deployctl started")
+
     def state(self) -> Command:
         return self.ops("router-state", self.paths.pidfile, self.url + "/workers", "--timeout", "5", timeout=5,
                         description="the router's PID file, process and worker list")
@@ -135,6 +192,9 @@ class RouterCalls:
         if modern:
             return self.http("DELETE", self.url + "/workers/" + worker_id, description=f"remove worker {url}")
         return self.http("POST", self.url + "/remove_worker?url=" + url, description=f"remove worker {url}")
+
+    def health(self, url: str) -> Command:
+        return self.http("GET", url + "/health", timeout=5, description=f"is {url} healthy (GET /health)")
 
     def loads(self, url: str) -> Command:
         return self.http("GET", url + "/v1/loads", timeout=5, description=f"requests in flight on {url}")
@@ -286,7 +346,8 @@ class RouterHost:
         return self._do(self.calls.stop(grace))
 
     def log_tail(self, lines: int = 30) -> str:
-        return self.conn.run(self.calls.log_tail(lines).command).stdout.rstrip()
+        """The router's last log lines as words: smg 1.13 writes ANSI colours into its log file."""
+        return strip_escapes(self.conn.run(self.calls.log_tail(lines).command).stdout).rstrip()
 
     # -- membership ---------------------------------------------------------------------------
 
@@ -299,22 +360,36 @@ class RouterHost:
                               f"{got.get('error') or got.get('body', '')[:200]}")
         return parse_workers(got["body"], self.host.name)
 
-    def wait_members(self, expected: set[str], pid: int | None = None, absent: frozenset[str] = frozenset()) -> None:
-        """Poll the worker list until every ``expected`` URL is listed healthy and no ``absent`` one is."""
+    def wait_members(self, expected: set[str], pid: int | None = None, absent: frozenset[str] = frozenset()) -> float:
+        """Poll the worker list until every ``expected`` URL is listed healthy and no ``absent`` one is.
+
+        Returns when the router stopped routing to the ``absent`` URLs: the start of the first poll
+        that found each gone or listed unhealthy (smg keeps a removed worker listed, unhealthy and
+        sent nothing new, for its 5 s drain settle: those seconds are out of rotation)."""
         deadline = time.monotonic() + self.spec.startup_timeout_s
         last = "no answer yet"
+        out_since: float | None = None
         while True:
+            polled = time.monotonic()
             if pid is not None and not self.state().get("alive"):
                 raise RouterError(f"{self.host.name}: the router (pid {pid}) died; its log ends:\n{self.log_tail()}")
             try:
                 listed = {w["url"]: w for w in self.workers()}
             except RouterError as exc:
                 listed, last = {}, str(exc)
+                if pid is None and not self.state().get("alive"):  # it died under a membership change
+                    from deploy.fleet.router_watch import RouterLost
+
+                    raise RouterLost(f"{self.host.name}: the router died while deployctl waited for "
+                                     f"{', '.join(sorted(expected | absent))} to "
+                                     f"{'join' if expected else 'leave'}; its log ends:\n{self.log_tail()}") from None
             else:
                 missing = [u for u in expected if not (u in listed and listed[u]["is_healthy"])]
                 still = [u for u in absent if u in listed]
+                if out_since is None and not [u for u in still if listed[u]["is_healthy"]]:
+                    out_since = polled
                 if not missing and not still:
-                    return
+                    return out_since if out_since is not None else polled
                 last = f"waiting for {missing or ''} {('to leave: ' + str(still)) if still else ''}".strip()
             if time.monotonic() > deadline:
                 raise StepTimeout(f"{self.host.name}: router membership not as expected after "
@@ -328,18 +403,23 @@ class RouterHost:
                               f"{got.get('error') or got.get('body', '')[:200]}")
         self.wait_members({url})
 
-    def remove(self, url: str) -> None:
+    def remove(self, url: str) -> float:
+        """Take ``url`` out; returns when the router stopped sending it new requests (monotonic)."""
         if self.package().workers_api:
             ids = [w["id"] for w in self.workers() if w["url"] == url]
             if not ids:
-                return
+                return time.monotonic()
             got = self._do(self.calls.remove(url, ids[0], True))
         else:
             got = self._do(self.calls.remove(url, "", False))
         if got.get("status") not in (200, 202, 204):
             raise RouterError(f"{self.host.name}: router refused to remove {url}: {got.get('status')} "
                               f"{got.get('error') or got.get('body', '')[:200]}")
-        self.wait_members(set(), absent=frozenset({url}))
+        return self.wait_members(set(), absent=frozenset({url}))
+
+    def healthy(self, url: str) -> bool:
+        """Does the worker answer GET /health 200 from the router host (where the router reaches it)?"""
+        return self._do(self.calls.health(url)).get("status") == 200
 
     def in_flight(self, url: str) -> int | None:
         """Requests running or waiting on a worker (SGLang /v1/loads); None when it does not answer."""

@@ -113,6 +113,27 @@ def choose_package(installed: dict[str, str | None], forced: str, where: str) ->
     return package
 
 
+#: which package a running router is, from its command line: the process title setproctitle gives
+#: it (``smg::router``, ``sglang::router``), or before that the launcher module deployctl started
+_RUNNING_MARKS = ((SMG, ("smg::router", "smg.launch_router")), (SGLANG_ROUTER, ("sglang::router", "sglang_router")))
+
+
+def running_package(cmdline: str) -> str | None:
+    """The package of the running router process (None: its command line names neither)."""
+    return next((name for name, marks in _RUNNING_MARKS if any(m in cmdline for m in marks)), None)
+
+
+def package_text(running: str | None, installed: RouterPackage | None) -> str:
+    """What doctor and gpu-status say: the running router's package, and the installed one when it
+    differs (a router started before the host switched packages runs on until it is restarted)."""
+    if running is None:
+        return installed.label if installed is not None else "unknown"
+    if installed is None or installed.name == running:
+        return installed.label if installed is not None else running
+    return (f"{running} (the running router's command line); installed for router.python: {installed.label}, "
+            "used at the next router start")
+
+
 def policy_problem(package: RouterPackage, policy: str) -> str | None:
     if policy in package.policies:
         return None

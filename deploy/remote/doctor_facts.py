@@ -26,17 +26,18 @@ import errno
 import shutil
 import stat as stat_module
 import socket
-import struct
 import subprocess
 import sys
 
 if __package__:  # imported locally, as deploy.remote.doctor_facts
     from . import host_ops, sglang_cli
+    from .listeners import listeners, socket_owners
     from .fixer.errors import FixError
     from .fixer.header import read_header as read_safetensors_header
 else:  # sent inline: deploy/facts/inline.py embeds the fixer's modules as the package "fixer", and host_ops
     import host_ops  # type: ignore[no-redef]
     import sglang_cli  # type: ignore[no-redef]
+    from listeners import listeners, socket_owners  # type: ignore[no-redef]
     from fixer.errors import FixError  # type: ignore[no-redef]
     from fixer.header import read_header as read_safetensors_header  # type: ignore[no-redef]
 
@@ -149,37 +150,6 @@ def gpu_devices(pattern):
     return {"pattern": pattern, "expanded": expanded, "matches": sorted(glob.glob(expanded))[:1024]}
 
 
-def _hex_address(text):
-    raw = bytes.fromhex(text)
-    if len(raw) == 4:
-        return socket.inet_ntop(socket.AF_INET, struct.pack("<I", struct.unpack(">I", raw)[0]))
-    words = struct.unpack("<4I", raw)  # /proc/net/tcp6 prints each 32-bit word in host order
-    return socket.inet_ntop(socket.AF_INET6, struct.pack(">4I", *words))
-
-
-def listeners(port):
-    """Sockets in LISTEN (state 0A) on ``port``: address and inode, from /proc/net/tcp{,6}."""
-    found, errors = [], []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as handle:
-                lines = handle.read().splitlines()[1:]
-        except OSError as exc:
-            if table.endswith("6") and not os.path.exists(table):
-                continue  # IPv6 disabled
-            errors.append("%s: %s" % (table, _error(exc)))
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 10 or fields[3] != "0A":
-                continue
-            address, _, port_hex = fields[1].rpartition(":")
-            if int(port_hex, 16) != port:
-                continue
-            found.append({"address": _hex_address(address), "inode": int(fields[9])})
-    return found, errors
-
-
 def _cmdline(pid):
     """The process's command line (host_ops' /proc reader), None when it cannot be read."""
     if host_ops._read("/proc/%d/cmdline" % pid) is None:
@@ -194,29 +164,6 @@ def _session(pid):
     except (IndexError, ValueError):
         return None
     return stat[2] if stat is not None else None
-
-
-def socket_owners(inodes):
-    """pid -> inode for every process whose fds this user can read that hold one of ``inodes``."""
-    wanted = dict(("socket:[%d]" % i, i) for i in inodes)
-    owners = {}
-    if not wanted:
-        return owners
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fds = os.listdir("/proc/%s/fd" % entry)
-        except OSError:
-            continue  # another user's process, or gone
-        for fd in fds:
-            try:
-                inode = wanted.get(os.readlink("/proc/%s/fd/%s" % (entry, fd)))
-            except OSError:
-                continue
-            if inode is not None:
-                owners.setdefault(int(entry), set()).add(inode)
-    return owners
 
 
 def read_pid(path):
@@ -240,8 +187,9 @@ def port_facts(port, pidfile):
     return {"port": port, "listeners": found, "errors": errors, "server": read_pid(pidfile)}
 
 
-def bind_check(address):
-    """Can a socket bind ``address``? EADDRNOTAVAIL: not an address of this host."""
+def bind_check(address, port=0):
+    """Can a socket bind ``address``? EADDRNOTAVAIL: not an address of this host. With ``port``:
+    ``port_free``, would a bind of that port on it succeed now (None: not decided)."""
     if not address:
         return {"address": address, "bindable": False, "error": "empty address"}
     try:
@@ -257,12 +205,29 @@ def bind_check(address):
             continue
         try:
             sock.bind(sockaddr)
-            return {"address": address, "bindable": True, "error": None}
+            return {"address": address, "bindable": True, "error": None, "port_free": _port_free(family, sockaddr, port)}
         except OSError as exc:
             last = exc
         finally:
             sock.close()
     return {"address": address, "bindable": False, "error": _error(last) if last else "no address"}
+
+
+def _port_free(family, sockaddr, port):
+    """Would SGLang's own bind of (address, port) succeed now? (uvicorn sets SO_REUSEADDR.) The
+    kernel's answer, for the address the server binds: /proc/net/tcp lists every listener of the
+    port, and which of them clash with a wildcard is the kernel's rule to apply, not ours."""
+    if not port:
+        return None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((sockaddr[0], port) + tuple(sockaddr[2:]))
+        return True
+    except OSError as exc:
+        return False if exc.errno == errno.EADDRINUSE else None
+    finally:
+        sock.close()
 
 
 def directory(path):
@@ -454,7 +419,7 @@ def host_facts(spec):
         "nvidia_smi": nvidia_smi(spec.get("nvidia_smi", "nvidia-smi")),
         "gpu_devices": gpu_devices(spec["gpu_devices"]),
         "port": port_facts(int(spec["port"]), os.path.expanduser(spec["pidfile"])),
-        "serve_host": bind_check(spec["serve_host"]),
+        "serve_host": bind_check(spec["serve_host"], int(spec["port"])),
         "dirs": dict((role, directory(path)) for role, path in sorted(spec["dirs"].items())),
         "base_model": model_dir(spec["base_model"], tensors=False),
         "drafter": model_dir(spec["drafter"], tensors=True),

@@ -13,15 +13,20 @@ host: that is where the router reaches the workers from, so what works here work
         SIGTERM the router named by PIDFILE (only if its command line says router), SIGKILL after
         GRACE: {"pid", "stopped": bool, "signal": "TERM"|"KILL"|null, "note"}
     fleet_ops.py router-state PIDFILE URL
-        {"pid", "alive", "status", "body"} (URL: the router's GET /workers)
+        {"pid", "alive", "status", "body", "cmdline"} (URL: the router's GET /workers; cmdline: the
+        running router's, which names its package)
     fleet_ops.py reach URL [URL ...] [--timeout S]
         {"reach": [{"url", "reachable": bool, "listening": bool, "error": str|null}]}: can this host
         open a TCP connection to each URL's host and port (what the router will need). A refused
         connection still reaches the host (no server there yet is fine before a first deploy); a
         name that does not resolve, a timeout or no route does not.
-    fleet_ops.py port-check ADDRESS PORT PIDFILE
-        {"listening": bool, "ours": bool}: something accepts on ADDRESS:PORT; ours = the router
-        named by PIDFILE is alive (then it is the one listening)
+    fleet_ops.py ports PIDFILE PORT [PORT ...]
+        {"router_pid": int|null, "ports": [{"port", "listeners": [{"address", "holders": [{"pid",
+        "cmdline", "router": bool}]}], "errors": [...]}]}: every socket in LISTEN on each port
+        (listeners.py), its holders, and whether a holder is the router PIDFILE names; which
+        listener clashes with which bind address is decided by deployctl (fleet/router_ports.py)
+
+Sent inline with listeners.py (deploy/facts/inline.py); run as a file, it imports it from here.
 """
 
 import json
@@ -146,7 +151,7 @@ def stop_router(pidfile: str, grace: float) -> dict:
 def router_state(pidfile: str, url: str, timeout: float) -> dict:
     pid = _pid_of(pidfile)
     alive = pid is not None and _is_router(pid)
-    out = {"pid": pid, "alive": alive, "status": None, "body": ""}
+    out = {"pid": pid, "alive": alive, "status": None, "body": "", "cmdline": _cmdline(pid) if alive else ""}
     if alive:
         got = request("GET", url, None, timeout)
         out["status"], out["body"] = got["status"], got["body"][:65536]
@@ -176,14 +181,32 @@ def reach(urls, timeout: float) -> dict:
     return {"reach": out, "error": None}
 
 
-def port_check(address: str, port: int, pidfile: str) -> dict:
+def _cmdline(pid: int) -> str:
     try:
-        socket.create_connection((address, port), timeout=2).close()
-        listening = True
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return handle.read(4096).replace(b"\0", b" ").decode("utf-8", "replace").strip()[:300]
     except OSError:
-        listening = False
-    pid = _pid_of(pidfile)
-    return {"listening": listening, "ours": bool(listening and pid is not None and _is_router(pid))}
+        return ""
+
+
+def ports(pidfile: str, wanted) -> dict:
+    try:  # imported locally, as deploy.remote.fleet_ops
+        from .listeners import listeners, socket_owners
+    except ImportError:  # sent inline with listeners.py, or run as a file next to it
+        from listeners import listeners, socket_owners  # type: ignore[no-redef]
+    router = _pid_of(pidfile)
+    router = router if router is not None and _is_router(router) else None
+    out = []
+    for port in wanted:
+        found, errors = listeners(port)
+        owners = socket_owners([f["inode"] for f in found])
+        entries = []
+        for entry in found:
+            holders = [{"pid": pid, "cmdline": _cmdline(pid), "router": pid == router}
+                       for pid, inodes in sorted(owners.items()) if entry["inode"] in inodes]
+            entries.append({"address": entry["address"], "holders": holders})
+        out.append({"port": port, "listeners": entries, "errors": errors})
+    return {"router_pid": router, "ports": out}
 
 
 def main(argv) -> int:
@@ -201,12 +224,12 @@ def main(argv) -> int:
         out = stop_router(argv[1], timeout)
     elif argv and argv[0] == "reach" and len(argv) >= 2:
         out = reach(argv[1:], min(timeout, 10.0))
-    elif argv and argv[0] == "port-check" and len(argv) == 4 and argv[2].isdigit():
-        out = port_check(argv[1], int(argv[2]), argv[3])
+    elif argv and argv[0] == "ports" and len(argv) >= 3 and all(a.isdigit() and 0 < int(a) < 65536 for a in argv[2:]):
+        out = ports(argv[1], [int(a) for a in argv[2:]])
     elif argv and argv[0] == "router-state" and len(argv) == 3:
         out = router_state(argv[1], argv[2], timeout)
     else:
-        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | router-packages | stop-router PIDFILE | router-state PIDFILE URL | reach URL... | port-check ADDRESS PORT PIDFILE\n")
+        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | router-packages | stop-router PIDFILE | router-state PIDFILE URL | reach URL... | ports PIDFILE PORT...\n")
         return 2
     sys.stdout.write(json.dumps(out) + "\n")
     return 0

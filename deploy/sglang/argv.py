@@ -28,9 +28,15 @@ def serve_address(run: Run, host: Host) -> str:
     return run.serve_host or host.address
 
 
+#: bind addresses that mean every interface of the host
+WILDCARD_BINDS = ("0.0.0.0", "::")
+
+
 def probe_address(run: Run, host: Host) -> str:
+    """Where a probe ON the host reaches the server (a wildcard bind answers on loopback); the
+    router reaches it elsewhere (fleet.router.worker_address)."""
     address = serve_address(run, host)
-    return "127.0.0.1" if address in ("0.0.0.0", "::") else address
+    return "127.0.0.1" if address in WILDCARD_BINDS else address
 
 
 def sglang_argv(run: Run, host: Host, draft_tokens: int, drafter: str | None = None,

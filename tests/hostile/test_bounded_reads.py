@@ -267,8 +267,14 @@ SSH_CONFIG_FILES = dict(NOT_REGULAR, **{"sparse-8m": _sparse, "not-utf8": _latin
                                         "nul-only": _nul_only})
 
 
-@pytest.mark.parametrize("kind", sorted(SSH_CONFIG_FILES))
-@pytest.mark.parametrize("where", ["config_file", "include-absolute", "include-glob"])
+#: an Include that names or globs a directory is skipped, as OpenSSH's readconf.c does (issue 27:
+#: test_include_of_a_directory_is_skipped); as the config file itself a directory is refused
+SSH_CONFIG_CASES = [(kind, where) for kind in sorted(SSH_CONFIG_FILES)
+                    for where in ("config_file", "include-absolute", "include-glob")
+                    if not (kind == "directory" and where != "config_file")]
+
+
+@pytest.mark.parametrize("kind, where", SSH_CONFIG_CASES)
 def test_ssh_config_file_or_include_unreadable_is_exit_3(tmp_path, capsys, kind, where):
     from deploy.cli.main import main
     from tests.hostile.test_config_corpus import BASE, dump
@@ -372,3 +378,23 @@ def test_ctrl_c_during_a_silent_agent_within_a_second(tmp_path, monkeypatch):
         timer.cancel()
         agent.close()
     assert time.monotonic() - started < 1.3
+
+
+@pytest.mark.parametrize("where", ["include-absolute", "include-glob"])
+def test_include_of_a_directory_is_skipped(tmp_path, capsys, where):
+    """readconf.c globs an Include's argument and skips what is a directory (issue 27: deployctl refused
+    what ssh accepts); the rest of the file still applies."""
+    from deploy.cli.main import main
+    from tests.hostile.test_config_corpus import BASE, dump
+
+    bad = tmp_path / "inc" / "a.conf"
+    bad.parent.mkdir()
+    bad.mkdir()
+    main_config = tmp_path / "ssh_config"
+    target = str(bad) if where == "include-absolute" else str(bad.parent / "*.conf")
+    main_config.write_text(f"Include {target}\nHost *\n  User x\n")
+    config = tmp_path / "deployctl.yaml"
+    config.write_bytes(dump(BASE | {"ssh": BASE["ssh"] | {"config_file": str(main_config)}}))
+    code = main(["-c", str(config), "plan"])
+    text = "".join(capsys.readouterr())
+    assert code == 0 and "Traceback" not in text, text

@@ -130,3 +130,29 @@ def test_the_crontab_comment_lists_every_exit_code_nightly_ends_with_unattended(
     comment = " ".join(line.lstrip("# ") for line in CRONTAB.read_text().splitlines() if line.startswith("#"))
     for code in (1, 9, 11, 12, 13):
         assert re.search(rf"\b{code}: ", comment), f"exit {code} is not explained in {CRONTAB.name}"
+
+
+STATUS_CRONTAB = REPO / "contrib" / "cron" / "deployctl-status.crontab"
+
+
+@pytest.mark.parametrize("code,stderr,mails", [
+    (0, "", False),
+    (0, "sb1: accept length unknown (no decode since the server started)\n", False),   # issue 27: was mailed
+    (0, "warning: textfile directory /var/lib/node_exporter/textfile is missing\n", False),
+    (12, "sb1: accept length 1.20 < 0.8 x 3.10 (last good)\n", True),
+    (4, "sb2: cannot connect\n", True),
+])
+def test_status_crontab_is_quiet_unless_the_check_fails(tmp_path, code, stderr, mails):
+    """What cron would mail: the line's output, run with a stand-in deployctl at its path."""
+    [line] = [ln for ln in STATUS_CRONTAB.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    command = line.split(None, 5)[5]
+    assert "%" not in command
+    fake = tmp_path / "deployctl"
+    fake.write_text(f"#!/bin/sh\nprintf 'a status table on stdout\\n'\nprintf '{stderr}' >&2\nexit {code}\n")
+    fake.chmod(0o755)
+    out = subprocess.run(["sh", "-c", command.replace("/usr/local/bin/deployctl", str(fake))],
+                         capture_output=True, text=True, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    mailed = out.stdout + out.stderr
+    assert bool(mailed) == mails, mailed
+    if mails:
+        assert f"exit {code}" in mailed and stderr.strip() in mailed and "status table" not in mailed

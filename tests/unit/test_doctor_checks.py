@@ -421,11 +421,13 @@ def test_helper_is_python38_standard_library_only_and_never_imports_sglang():
             imported.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             # the fixer's header reader: ".fixer.header" locally, "fixer.header" in the inline program;
-            # host_ops' server-state and sglang_cli: "from . import ..." locally, "import ..." inline
-            imported.add(("fixer" if node.module else "host_ops") if node.level == 1 else node.module.split(".")[0])
+            # host_ops' server-state, sglang_cli and the port listeners' reader (issue 27):
+            # "from . import ..." / ".listeners" locally, "import ..." inline
+            imported.add((node.module.split(".")[0] if node.module else "host_ops") if node.level == 1
+                         else node.module.split(".")[0])
         if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
             assert node.value.id not in ("list", "dict", "tuple", "set", "type"), node.value.id
-    ours = {"fixer", "host_ops", "sglang_cli"}
+    ours = {"fixer", "host_ops", "sglang_cli", "listeners"}
     assert imported - ours <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
     assert not imported & {"sglang", "torch", "deploy"}
 
@@ -454,3 +456,16 @@ def test_the_inline_doctor_reports_a_bad_header_the_fixers_way(tmp_path):
     drafter = json.loads(proc.stdout)["drafter"]
     assert drafter["files"] == {"model.safetensors": None}
     assert "over safetensors' 100 MB limit" in drafter["files_error"], drafter["files_error"]
+
+
+def test_a_wildcard_serve_host_still_clashes_with_a_listener_on_one_address(world):
+    """Issue 27: the doctor asks the kernel (a bind of serve_host:port) before blaming a listener
+    another address shows; on a real host a 0.0.0.0 bind beside 127.0.0.1:PORT fails, so it still
+    fails here, naming the holder."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", world.port))
+        listener.listen()
+        check = world.checks(run=world.run(serve_host="0.0.0.0"))["serve-port"]
+        assert check.status == "fail" and f"pid {os.getpid()}" in check.reason, check.reason
+    assert world.checks(run=world.run(serve_host="0.0.0.0"))["serve-port"].status == "pass"

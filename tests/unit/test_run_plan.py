@@ -10,7 +10,7 @@ import json
 import pytest
 
 from deploy.cli.main import main
-from deploy.fleet.router import FLEET_OPS, OPS_SCRIPT, RouterCalls, RouterHost
+from deploy.fleet.router import OPS_SCRIPT, RouterCalls, RouterHost, fleet_ops_program
 from deploy.shell import quote
 
 BASE = """\
@@ -63,10 +63,10 @@ def test_fleet_plan_lists_every_router_call_per_batch(tmp_path, capsys, serial):
     preflight = phases[0]
     assert preflight["phase"].startswith("pre-flight"), [p["phase"] for p in phases]
     words = [c["command"].split()[3] if "fleet_ops" in c["command"] else c["description"] for c in preflight["commands"]]
-    assert words[:3] == ["router-packages", "port-check", "reach"], words
-    assert all(f"http://10.0.0.{i}:30000" in preflight["commands"][2]["command"] for i in (1, 2, 3))
-    assert sorted(c["host"] for c in preflight["commands"][3:]) == ["a", "b", "c"]
-    assert all("doctor" in c["description"] for c in preflight["commands"][3:])
+    assert words[:4] == ["router-packages", "router-state", "ports", "reach"], words
+    assert all(f"http://10.0.0.{i}:30000" in preflight["commands"][3]["command"] for i in (1, 2, 3))
+    assert sorted(c["host"] for c in preflight["commands"][4:]) == ["a", "b", "c"]
+    assert all("doctor" in c["description"] for c in preflight["commands"][4:])
     for phase in phases[1:]:  # every router phase reads the router's state first, through fleet_ops.py
         if "redeploy" not in phase["phase"] and "drain" not in phase["phase"]:
             assert phase["commands"][0]["command"].startswith(f"python3 -c {OPS_SCRIPT} router-state "), phase
@@ -104,6 +104,6 @@ def test_the_router_host_sends_exactly_the_calls_the_plan_builds(tmp_path):
     router.workers()
     calls, planned = RouterCalls(run.router, host), RouterCalls(run.router, host, planned=True)
     assert conn.commands == [calls.loads(url).command, calls.end_to_end().command, calls.workers(True).command]
-    script = quote(FLEET_OPS.read_text())
+    script = quote(fleet_ops_program())
     assert [c.replace(script, OPS_SCRIPT) for c in conn.commands] == [
         planned.loads(url).command, planned.end_to_end().command, planned.workers(True).command]

@@ -131,9 +131,14 @@ def test_bad_connect_timeout(value):
         resolve_endpoint(host(), SSHSettings(), source(f"Host *\n  ConnectTimeout {value}\n"))
 
 
-def test_user_known_hosts_none_is_refused():
-    with pytest.raises(ConfigError, match="UserKnownHostsFile is none"):
-        resolve_endpoint(host(), SSHSettings(), source("Host *\n  UserKnownHostsFile none\n"))
+def test_user_known_hosts_none_leaves_the_global_files_to_verify_with():
+    """Issue 27: ssh accepts ``UserKnownHostsFile none`` (keys come from GlobalKnownHostsFile)."""
+    endpoint = resolve_endpoint(host(), SSHSettings(), source("Host *\n  UserKnownHostsFile none\n"))
+    assert endpoint.known_hosts.value == ()
+    assert endpoint.global_known_hosts.value == ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+    endpoint = resolve_endpoint(host(), SSHSettings(), source(
+        'Host *\n  GlobalKnownHostsFile "/etc/ssh/fleet known"\n'))
+    assert endpoint.global_known_hosts == type(endpoint.global_known_hosts)(("/etc/ssh/fleet known",), "ssh_config")
 
 
 # -- StrictHostKeyChecking --------------------------------------------------------------------
@@ -368,3 +373,117 @@ def test_docs_ssh_say_who_evaluates_ssh_config_and_it_is_true():
     assert "deploy/ssh_config_eval.py" in text
     assert not [p for p in (root / "deploy").rglob("*.py") if "paramiko.SSHConfig" in p.read_text()
                 or "from paramiko import SSHConfig" in p.read_text()]
+
+
+# -- issue 27: OpenSSH's argv_split, known_hosts "none" and /dev/null, GlobalKnownHostsFile -----
+
+from deploy.ssh_config_eval import argv_split  # noqa: E402
+
+ARGV_SPLIT = [  # misc.c argv_split(s, ..., terminate_on_comment=1), as readconf.c calls it since 8.7
+    ("ops#x", ["ops#x"]), ("a #c d", ["a"]), ("#all", []), ('"/p/known hosts" /x', ["/p/known hosts", "/x"]),
+    ("'single q' b", ["single q", "b"]), ('a"b c"d', ["ab cd"]), ("a\\ b", ["a b"]), ('\\"q', ['"q']),
+    ("x\\y", ["x\\y"]), ('"a\\ b"', ["a\\ b"]), ("\ta\t b ", ["a", "b"]), ('""', [""]), ("a#b #c", ["a#b"]),
+]
+
+
+@pytest.mark.parametrize("text,words", ARGV_SPLIT)
+def test_arguments_are_split_as_openssh_argv_split(text, words):
+    assert argv_split(text) == words
+
+
+@pytest.mark.parametrize("text", ['"open', "a 'b", 'x "y\\"'])
+def test_an_unterminated_quote_is_refused_naming_the_line(text):
+    with pytest.raises(ConfigError, match="ssh_config:2: ssh_config line not understood"):
+        source(f"Host *\n  User {text}\n")
+
+
+def test_user_and_host_keep_a_hash_inside_a_word():
+    config = source("Host gpu-b#x\n  Port 2201\nHost *\n  User ops#x # a comment\n")
+    assert resolve_endpoint(host(address="gpu-b"), SSHSettings(), config).port.value == 22   # not gpu-b's block
+    assert resolve_endpoint(host(address="gpu-b"), SSHSettings(), config).user.value == "ops#x"
+
+
+def test_none_beside_a_file_is_refused_as_ssh_does():
+    with pytest.raises(ConfigError, match='"none" argument must appear alone'):
+        resolve_endpoint(host(), SSHSettings(), source("Host *\n  UserKnownHostsFile none /k\n"))
+
+
+def test_known_hosts_are_read_from_user_then_global_files_and_dev_null_is_empty(tmp_path):
+    from deploy.connect.hop import known_hosts_files
+
+    user, system = tmp_path / "user hosts", tmp_path / "ssh_known_hosts"
+    user.write_text("")
+    system.write_text("")
+    text = f'Host *\n  UserKnownHostsFile /dev/null "{user}"\n  GlobalKnownHostsFile {system} {tmp_path}/absent\n'
+    endpoint = resolve_endpoint(host(), SSHSettings(), source(text))
+    files, read = known_hosts_files(endpoint)
+    assert [str(f) for f in files] == ["/dev/null", str(user)]      # a new key is recorded in files[0]
+    assert read == [user, system]                                    # /dev/null reads as nothing; absent skipped
+
+
+class _KeyOnlyServer:
+    """An in-process SSH server (paramiko) that shows its host key and refuses every login: how far
+    a client gets tells whether it trusted the key (authentication failed) or not (host key refused)."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.key = paramiko.Ed25519Key.generate() if hasattr(paramiko.Ed25519Key, "generate") else None
+        if self.key is None:
+            self.key = paramiko.ECDSAKey.generate()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        class Refuse(paramiko.ServerInterface):
+            def get_allowed_auths(self, username):
+                return "password"
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            transport = paramiko.Transport(conn)
+            transport.add_server_key(self.key)
+            try:
+                transport.start_server(server=Refuse())
+            except Exception:  # noqa: BLE001 - the client went away
+                pass
+
+    def line(self) -> str:
+        return f"[127.0.0.1]:{self.port} {self.key.get_name()} {self.key.get_base64()}\n"
+
+
+@pytest.mark.parametrize("where", ["global", "user-after-dev-null", "nowhere"])
+def test_a_key_only_in_the_global_known_hosts_file_is_trusted_and_never_written(tmp_path, where):
+    from deploy.connect.hop import apply_host_key_policy
+    from deploy.errors import HostKeyRejected
+
+    server = _KeyOnlyServer()
+    system, user = tmp_path / "ssh_known_hosts", tmp_path / "user_hosts"
+    system.write_text(server.line() if where == "global" else "")
+    user.write_text(server.line() if where == "user-after-dev-null" else "")
+    files = "none" if where == "global" else f"/dev/null {user}"
+    endpoint = resolve_endpoint(host(address="127.0.0.1", port=server.port), SSHSettings(), source(
+        f"Host *\n  UserKnownHostsFile {files}\n  GlobalKnownHostsFile {system}\n"))
+    client = paramiko.SSHClient()
+    apply_host_key_policy(client, endpoint, "host h1")
+    before = system.read_text()
+    try:
+        if where == "nowhere":
+            with pytest.raises(HostKeyRejected, match="not in known_hosts"):
+                client.connect("127.0.0.1", server.port, username="u", password="x", timeout=10,
+                               allow_agent=False, look_for_keys=False)
+        else:  # the key was trusted: it got as far as the login, which this server refuses
+            with pytest.raises(paramiko.AuthenticationException):
+                client.connect("127.0.0.1", server.port, username="u", password="x", timeout=10,
+                               allow_agent=False, look_for_keys=False)
+    finally:
+        client.close()
+        server.sock.close()
+    assert system.read_text() == before

@@ -304,7 +304,7 @@ def test_the_shipped_crontab_line_is_valid_cron_and_valid_flags_and_is_the_docum
     fields = line.split(None, 5)
     assert fields[0] == "*/5" and fields[1:5] == ["*"] * 4 and "%" not in fields[5]
     subprocess.run(["sh", "-n", "-c", fields[5]], check=True)
-    words = shlex.split(fields[5].split(" > ", 1)[0])
+    words = shlex.split(fields[5].split(" 2>&1 > ", 1)[0].split("$(", 1)[1])
     start = next(i for i, w in enumerate(words) if w.endswith("/deployctl"))
     assert words[start + 1] == "status"
     ctx = command.make_context("status", words[start + 2:])  # click validates every flag and value
@@ -448,3 +448,25 @@ def test_a_prom_value_reads_back_as_the_same_float(value, text):
     assert status.prom_value(value) == text
     if value == value:
         assert float(text.replace("Inf", "inf")) == value
+
+
+@pytest.mark.parametrize("width", [80, 60, 160])
+def test_the_status_table_is_readable_at_its_terminal_width(width):
+    """Issue 27: the table needed ~120 columns: at 80 a PID split across lines, at 60 columns were 2
+    characters wide. Below 120 it is one block per host, every value on one line."""
+    from rich.console import Console
+
+    from deploy import status_render
+
+    hosts = [Host(name=f"kimi-{c}", address="10.1.230.174") for c in "ab"]
+    readings = [status.HostReading(hosts[0], host_status(), verdict=status.Verdict("healthy")),
+                status.HostReading(hosts[1], host_status(accept=1.2), verdict=status.Verdict("regression"))]
+    console = Console(width=width, record=True, color_system=None)
+    console.print(status_render.table(readings, "deployctl status, run r", console.width))
+    lines = console.export_text().splitlines()
+    assert lines and max(len(line) for line in lines) <= width, "\n".join(lines)
+    assert sum("4242" in line for line in lines) == 2                          # each PID whole, on one line
+    assert any("2.90 / 3.00 97%" in line for line in lines)                    # the accept pair unbroken
+    if width < status_render.WIDE_COLUMNS:
+        assert any(line.split() == ["kimi-b", "regression"] for line in lines)
+        assert any(line.split()[:1] == ["pid"] for line in lines)

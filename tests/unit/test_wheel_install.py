@@ -40,8 +40,10 @@ def installed(tmp_path_factory):
         assert (src / name).is_file(), name
     dist = root / "dist"
     # isolated build: pip fetches setuptools and wheel from the configured index, as `pip install .` does
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)],
+    # -v: the build backend's own warnings, kept for test_the_build_ignores_no_package
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(dist), str(src)],
                            timeout=600, capture_output=True, text=True)
+    (root / "build.log").write_text(built.stdout + built.stderr)
     if built.returncode != 0 and "Could not find a version that satisfies" in built.stderr:
         pytest.skip("no package index reachable for the build backend (setuptools, wheel)")
     assert built.returncode == 0, built.stderr[-3000:]
@@ -156,3 +158,10 @@ def test_the_builtin_prompt_set_ships_in_the_wheel(installed):
     result = _run(installed, "plan", "bench")
     assert result.returncode == 0, result.stderr
     assert f"datasets/{datasets.builtin().sha256}.json" in result.stdout
+
+
+def test_the_build_ignores_no_package(installed):
+    """Issue 27: setuptools warned that deploy.data (the prompt set, no __init__.py) "would be ignored"."""
+    _, work, _ = installed
+    log = (work.parent / "build.log").read_text()
+    assert "would be ignored" not in log and "is absent from the `packages` configuration" not in log, log[-3000:]
