@@ -82,6 +82,10 @@ def run_steps(steps: Sequence[PlannedStep], host: Host, run: Run, conn, stamp: s
         if memory.get("converged") and getattr(step.module, "CONVERGE_SKIPS", False):
             records.append(StepRecord(step.name, "skipped", detail="already running as desired"))
             continue
+        if memory.get("swapped") and getattr(step.module, "CONVERGE_SKIPS", False):
+            # swap-drafter put the new drafter into the running server and verified it (issue 29)
+            records.append(StepRecord(step.name, "skipped", detail="drafter swapped into the running server"))
+            continue
         name = f"{label}{step.name}"
         record = StepRecord(step.name, "failed")
         started = time.monotonic()
@@ -235,6 +239,8 @@ def collect_facts(report: HostReport, memory: dict, run: Run) -> None:
         "dataset": (memory.get("bench") or {}).get("dataset"),
         "dataset_sha256": (memory.get("bench") or {}).get("dataset_sha256"),
         "converged": bool(memory.get("converged")),
+        # swapped into the running server or reloaded, and why / what was verified (swap-drafter)
+        "drafter_update": memory.get("drafter_update"),
     }
 
 

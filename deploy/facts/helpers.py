@@ -115,7 +115,9 @@ def fixer_zipapp() -> bytes:
 @functools.lru_cache(maxsize=1)
 def helper_payloads() -> dict[str, bytes]:
     """What ensure-helper installs in ``<state_dir>/helpers``: file name -> exact bytes."""
-    return {"host_ops.py": (REMOTE_DIR / "host_ops.py").read_bytes(), "fixer.pyz": fixer_zipapp()}
+    return {"host_ops.py": (REMOTE_DIR / "host_ops.py").read_bytes(), "fixer.pyz": fixer_zipapp(),
+            # the drafter swap's inspector and sender (issue 29); run under the run's sglang_python
+            "drafter_swap.py": (REMOTE_DIR / "drafter_swap.py").read_bytes()}
 
 
-HELPER_FILES = ("host_ops.py", "fixer.pyz")
+HELPER_FILES = ("host_ops.py", "fixer.pyz", "drafter_swap.py")

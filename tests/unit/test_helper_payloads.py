@@ -14,10 +14,11 @@ from pathlib import Path
 from deploy.facts import helpers
 
 
-def test_payloads_are_host_ops_and_the_fixer_zipapp():
+def test_payloads_are_host_ops_the_fixer_zipapp_and_the_drafter_sender():
     payloads = helpers.helper_payloads()
-    assert sorted(payloads) == sorted(helpers.HELPER_FILES) == ["fixer.pyz", "host_ops.py"]
+    assert sorted(payloads) == sorted(helpers.HELPER_FILES) == ["drafter_swap.py", "fixer.pyz", "host_ops.py"]
     assert payloads["host_ops.py"] == (helpers.REMOTE_DIR / "host_ops.py").read_bytes()
+    assert payloads["drafter_swap.py"] == (helpers.REMOTE_DIR / "drafter_swap.py").read_bytes()
     archive = zipfile.ZipFile(BytesIO(payloads["fixer.pyz"]))
     names = archive.namelist()
     package = sorted(p.name for p in helpers.FIXER_PACKAGE.glob("*.py"))

@@ -36,6 +36,8 @@ class ServerArgs:
         parser.add_argument("--kv-cache-dtype", type=str, default="auto")
         parser.add_argument("--context-length", type=int, default=None)
         parser.add_argument("--served-model-name", type=str, default=None)
+        parser.add_argument("--admin-api-key", type=str, default=None)
+        parser.add_argument("--weight-version", type=str, default="default")
         parser.add_argument("--host", type=str, default="127.0.0.1")
         parser.add_argument("--port", type=int, default=30000)
         parser.add_argument("--mem-fraction-static", type=float, default=None)
