@@ -1,0 +1,169 @@
+"""Issue 29 over the real-sshd sandbox: restart --swap-drafter into the running stand-in server.
+
+The stand-in models SGLang 0.5.21+'s weight-update session (sandbox/sim_sglang/sglang/srt/managers/
+weight_update.py); the sender is deploy/remote/drafter_swap.py under the host's python, in the
+stand-in's payload format (the real one, CUDA IPC, needs GPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+import pytest
+
+from deploy import history
+from deploy.errors import ExitCode
+from tests.integration.helpers import cli_json, write_config
+
+pytestmark = pytest.mark.sandbox
+FAST = {"SGLANG_SIM_LOAD_SECONDS": "0.5", "SGLANG_SIM_WARMUP_SECONDS": "0.1", "SGLANG_SIM_SWAP_SECONDS": "0.2"}
+
+#: rewrites the host's drafter: a new __metadata__ "step" (a new header, so the stand-in's acceptance
+#: model draws another accept rate, as another training step would give) and, with SHRINK, one
+#: tensor with half its rows (a changed shape); the bytes after the header are rewritten to match
+REWRITE = r'''
+import json, struct, sys
+path, step, shrink = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+data = open(path, "rb").read()
+(n,) = struct.unpack("<Q", data[:8])
+header = json.loads(data[8:8 + n]); body = data[8 + n:]
+meta = header.pop("__metadata__", {}) or {}
+meta["step"] = step
+out, chunks, offset = {"__metadata__": meta}, [], 0
+for name, entry in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+    lo, hi = entry["data_offsets"]; raw = body[lo:hi]; shape = list(entry["shape"])
+    if shrink and name.endswith("lm_head.weight"):
+        shape[0] //= 2; raw = raw[:len(raw) // 2]
+    out[name] = {"dtype": entry["dtype"], "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+    chunks.append(raw); offset += len(raw)
+blob = json.dumps(out).encode(); blob += b" " * (-len(blob) % 8)
+open(path, "wb").write(struct.pack("<Q", len(blob)) + blob + b"".join(chunks))
+'''
+
+
+def config(sandbox, tmp_path, version: str = "0.5.23", **run):
+    sandbox.set_sglang_version("sb1", version)
+    return write_config(sandbox, tmp_path, run={"group": None, "hosts": ["sb1"], "env": dict(FAST)} | run)
+
+
+def steps_of(doc: dict) -> dict:
+    [entry] = doc["hosts"]
+    return {s["step"]: s for s in entry["steps"]}
+
+
+def new_checkpoint(sandbox, step: str, *, shrink: bool = False, marker: str | None = None) -> None:
+    weights = f"{sandbox.host('sb1').drafter_dir}/model.safetensors"
+    command = f"python3 -c {shlex.quote(REWRITE)} {weights} {step} {int(shrink)}"
+    if marker:
+        command += f" && printf x > {sandbox.host('sb1').drafter_dir}/SIMULATION-{marker}"
+    result = sandbox.run("sb1", command)
+    assert result.returncode == 0, result.stderr
+
+
+def record(sandbox, name: str = "deployment.json") -> dict:
+    return json.loads(sandbox.run("sb1", f"cat ~/.deployctl/{name}").stdout)
+
+
+def model_info(sandbox) -> dict:
+    host = sandbox.host("sb1")
+    out = sandbox.run("sb1", f"curl -s --max-time 10 http://{host.address}:30000/model_info").stdout
+    return json.loads(out)
+
+
+def test_swap_keeps_the_pid_reports_the_fingerprint_and_serves_the_new_drafter(clean_sandbox, tmp_path, capsys):
+    """The issue's done-when: PID unchanged, /model_info's weight_version, acceptance as a launch gives,
+    the records say "swapped"; a server with --admin-api-key takes the key from its own record."""
+    path = config(clean_sandbox, tmp_path, drafter_update="swap", extra_args=["--admin-api-key", "sandbox-admin"])
+    code, doc = cli_json(capsys, "--config", str(path), "up", "--json")
+    assert code == 0, doc
+    pid = steps_of(doc)["launch"]["data"]["pid"]
+    new_checkpoint(clean_sandbox, "2")
+
+    started = time.monotonic()
+    code, doc = cli_json(capsys, "--config", str(path), "restart", "--json")
+    swap_wall = time.monotonic() - started
+    assert code == 0, doc
+    steps = steps_of(doc)
+    swap = steps["swap-drafter"]
+    assert swap["status"] == "ok" and swap["data"]["path"] == "swap", swap
+    assert swap["data"]["pid"] == pid
+    for name in ("stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready"):
+        assert steps[name]["status"] == "skipped", (name, steps[name])
+    deployment = record(clean_sandbox)
+    fingerprint = deployment["drafter_fingerprint"]
+    assert fingerprint == steps["fix-keys"]["data"]["fingerprint"]
+    assert model_info(clean_sandbox)["weight_version"] == fingerprint
+    assert deployment["pid"] == pid and deployment["drafter_update"]["how"] == "swapped"
+    verified = deployment["drafter_update"]["verified"]
+    assert verified["weight_version"] == fingerprint and verified["pid"] == pid and verified["format"] == "stand-in"
+    assert verified["accept_length"] >= 1.5
+    assert record(clean_sandbox, "last-good.json")["drafter_update"]["how"] == "swapped"
+    assert history.read()[-1]["drafter_update"]["how"] == "swapped"
+    assert "sandbox-admin" not in json.dumps(swap)  # the key never reaches a report
+
+    # the swapped server is what this run wants: a plain restart converges on it (same PID)
+    code, doc = cli_json(capsys, "--config", str(path), "restart", "--json")
+    assert code == 0 and steps_of(doc)["converge"]["data"]["converged"] is True, doc
+
+    # a full launch of the same drafter measures the same acceptance the swap verified
+    started = time.monotonic()
+    code, doc = cli_json(capsys, "--config", str(path), "restart", "--reload", "--force", "--json")
+    reload_wall = time.monotonic() - started
+    assert code == 0, doc
+    steps = steps_of(doc)
+    assert steps["swap-drafter"]["status"] == "skipped" and "--reload" in steps["swap-drafter"]["detail"]
+    assert steps["launch"]["data"]["pid"] != pid
+    assert abs(steps["verify-acceptance"]["data"]["accept_length"] - verified["accept_length"]) < 0.15
+    assert swap_wall < reload_wall + 5  # timings: tests/benchmarks/bench_drafter_swap.py
+
+
+def test_changed_shapes_end_on_a_verified_full_reload(clean_sandbox, tmp_path, capsys):
+    path = config(clean_sandbox, tmp_path)
+    assert cli_json(capsys, "--config", str(path), "up", "--json")[0] == 0
+    new_checkpoint(clean_sandbox, "2", shrink=True)
+    code, doc = cli_json(capsys, "--config", str(path), "restart", "--swap-drafter", "--json")
+    assert code == 0, doc
+    steps = steps_of(doc)
+    assert steps["swap-drafter"]["data"]["path"] == "reload"
+    assert "shapes changed" in steps["swap-drafter"]["data"]["reason"] and "lm_head" in steps["swap-drafter"]["detail"]
+    assert steps["launch"]["status"] == "ok" and steps["verify-acceptance"]["status"] == "ok"
+    assert "drafter_update" not in record(clean_sandbox)
+
+
+def test_sglang_0_5_20_has_no_session_and_reloads(clean_sandbox, tmp_path, capsys):
+    path = config(clean_sandbox, tmp_path, version="0.5.20", drafter_update="swap")
+    assert cli_json(capsys, "--config", str(path), "up", "--json")[0] == 0
+    new_checkpoint(clean_sandbox, "2")
+    code, doc = cli_json(capsys, "--config", str(path), "restart", "--json")
+    assert code == 0, doc
+    steps = steps_of(doc)
+    assert steps["swap-drafter"]["status"] == "skipped"
+    assert "0.5.20 has no weight-update session" in steps["swap-drafter"]["detail"]
+    assert steps["launch"]["status"] == "ok" and steps["verify-acceptance"]["status"] == "ok"
+    # and the stand-in 0.5.20 really has no session route (404), as the wheel
+    host = clean_sandbox.host("sb1")
+    out = clean_sandbox.run("sb1", f"curl -s -o /dev/null -w '%{{http_code}}' -X POST -d '{{}}' "
+                                   f"http://{host.address}:30000/begin_weight_update").stdout
+    assert out == "404"
+
+
+def test_a_swap_that_fails_verification_reloads_then_rolls_back(clean_sandbox, tmp_path, capsys):
+    """A drafter that accepts nothing: swapped, verified at 1.00 (as a launch with it gives), reloaded
+    in full, verified at 1.00 again, rolled back to the last good deployment: never left on it."""
+    path = config(clean_sandbox, tmp_path, drafter_update="swap")
+    code, doc = cli_json(capsys, "--config", str(path), "up", "--json")
+    assert code == 0, doc
+    good = record(clean_sandbox)
+    new_checkpoint(clean_sandbox, "2", marker="accept-nothing")
+    code, doc = cli_json(capsys, "--config", str(path), "restart", "--json")
+    assert code == ExitCode.ROLLED_BACK, doc
+    steps = steps_of(doc)
+    swap = steps["swap-drafter"]
+    assert swap["data"]["path"] == "reload" and swap["data"]["sent"] is True, swap
+    assert "the swap failed verification" in swap["detail"] and "accept length 1.00" in swap["detail"]
+    assert steps["launch"]["status"] == "ok" and steps["verify-acceptance"]["status"] == "failed"
+    now = record(clean_sandbox)
+    assert now["drafter_fingerprint"] == good["drafter_fingerprint"] and "drafter_update" not in now
+    assert model_info(clean_sandbox)["weight_version"] == "default"  # a fresh launch of the last good one
