@@ -65,6 +65,8 @@ class SendSummary(_Fact):
     weight_version: str | None
     tensors: int = Field(ge=0)
     seconds: float = Field(ge=0)
+    #: the cache flush after the update (refused while requests run: retried until idle, bounded)
+    flushed: bool
 
 
 def _python_prefix(env_file: str | None) -> str:

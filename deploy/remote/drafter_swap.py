@@ -45,6 +45,8 @@ MAX_HEADER = 100_000_000
 MAX_MAP_BYTES = 64 << 20
 MAX_TENSORS = 20_000
 MAX_ANSWER = 1 << 20
+FLUSH_WAIT_S = 1.0
+NOT_FLUSHED = "Weights were updated, but the cache was not flushed"
 MARKERS = ("crash-during-load", "crash-on-generate", "accept-nothing", "decode-speed")
 IGNORED_CONFIG_KEYS = ("_name_or_path", "transformers_version")
 
@@ -199,6 +201,15 @@ def _message(answer) -> str:
     return str(answer)[:500]
 
 
+def _flush_when_idle(url: str, key: str | None, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        status, _ = http(f"{url}/flush_cache", {}, key, 10.0)
+        if status == 200 or time.monotonic() >= deadline:
+            return status == 200
+        time.sleep(0.2)
+
+
 def sim_payloads(model_dir: str, tp: int) -> tuple:
     headers = {}
     for path in _files(model_dir):
@@ -246,7 +257,8 @@ def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: in
     started = time.monotonic()
     deadline = started + timeout
     summary: dict = {"ok": False, "stage": "prepare", "sent": False, "ended": False, "format": None,
-                     "http_status": None, "message": "", "weight_version": None, "tensors": 0, "seconds": 0.0}
+                     "http_status": None, "message": "", "weight_version": None, "tensors": 0, "seconds": 0.0,
+                     "flushed": False}
 
     def left() -> float:
         return max(1.0, deadline - time.monotonic())
@@ -282,6 +294,13 @@ def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: in
                                "weight_version": weight_version, "flush_cache": True}, key, left())
         summary.update(http_status=status, message=_message(answer))
         updated = status == 200 and isinstance(answer, dict) and answer.get("success") is True
+        summary["flushed"] = updated
+        if not updated and summary["message"].startswith(NOT_FLUSHED):
+            # 0.5.23 weight_updater.flush_cache_after_weight_update: the weights WERE loaded (and the
+            # weight_version recorded) but requests were running, so the cache flush was refused and
+            # the call answers success false. The target is unchanged (its cached KV stays valid);
+            # only the draft KV of cached prefixes is the old drafter's. Flush when the server idles.
+            updated, summary["flushed"] = True, _flush_when_idle(url, key, min(FLUSH_WAIT_S, left()))
     finally:
         keep = None  # noqa: F841 - the server has copied the tensors (or failed): release them
         end_status, end_answer = http(f"{url}/end_weight_update", {}, key, min(60.0, left()))

@@ -171,7 +171,7 @@ def _swap(ctx: StepContext, state: ServerState, decision: SwapDecision) -> StepO
     elif summary.weight_version != fingerprint:
         failures.append(f"/model_info reports weight_version {summary.weight_version!r}, not {fingerprint!r}")
     verified: dict[str, Any] = {"weight_version": summary.weight_version, "format": summary.format,
-                                "tensors": summary.tensors, "send_s": summary.seconds}
+                                "tensors": summary.tensors, "send_s": summary.seconds, "cache_flushed": summary.flushed}
     if not failures:
         after = parse_server_state(ctx.execute(after_action(ctx)).stdout, ctx.host.name)
         if after.pid != state.pid or not after.healthy:

@@ -137,7 +137,7 @@ def test_the_admin_key_comes_from_the_record_never_the_command_line(tmp_path):
 
 
 SUMMARY = {"ok": True, "stage": "done", "sent": True, "ended": True, "format": "stand-in", "http_status": 200,
-           "message": "Success", "weight_version": "abc", "tensors": 12, "seconds": 0.4}
+           "message": "Success", "weight_version": "abc", "tensors": 12, "seconds": 0.4, "flushed": True}
 
 
 @pytest.mark.parametrize("output", [
