@@ -100,36 +100,37 @@ def after_action(ctx: StepContext) -> Command:
                                description="read the running server again: the same PID, alive, /health 200")
 
 
-def record_action(ctx: StepContext, record: dict | None = None, pid: Any = "<pid>",
-                  how: str = "swapped") -> Command:
-    text = json.dumps(record if record is not None else {"drafter_update": {"how": how}}, sort_keys=True)
+def record_action(ctx: StepContext, record: dict | None = None, pid: int | None = None) -> Command:
+    text = quote(json.dumps(record, sort_keys=True)) if record is not None else "'<the deployment record>'"
     path = quote_path(deployment_path(ctx.paths.root))
-    payload = f"printf '%s\\n' {quote(text)}"
-    return Command(description=f"deployment record: {how} (verified swap: the served drafter and what was verified; "
-                               "failed swap: marked not as desired, so nothing converges on it)",
+    payload = "printf '%s\\n' " + text
+    return Command(description="deployment record: swapped (the served drafter and what was verified) or swap-failed "
+                               "(no fingerprint: nothing converges on a server whose drafter is unknown)",
                    when="tensors were sent",
-                   command=f"pid={quote(str(pid))}; {_written(path, payload, 'the deployment record')}",
+                   command=f"pid={pid if pid is not None else '<pid>'}; {_written(path, payload, 'the deployment record')}",
                    timeout_s=30, what="deployment record")
+
+
+def state_action(ctx: StepContext) -> Command:
+    """converge's server-state read, described with the decision as far as it is known without the host."""
+    decision = decide(ctx)
+    return dataclasses.replace(converge.state_action(ctx), description=f"drafter update: {decision.path} "
+                               f"({decision.reason}); read the running server (PID, record, /health)")
 
 
 def plan(ctx: StepContext) -> list[Action]:
     decision = decide(ctx)
     if decision.path == "reload":
-        return [dataclasses.replace(converge.state_action(ctx), when=f"never in this run: reload ({decision.reason})",
-                                    description="drafter update: reload; no swap is tried")]
-    verify = [dataclasses.replace(a, when="the swap was sent and /model_info reports the fingerprint")
-              for a in verify_acceptance.plan(_verify_ctx(ctx))]
-    state = dataclasses.replace(converge.state_action(ctx), description=f"drafter update: {decision.reason}; read "
-                                "the running server (PID, record, /health)")
-    return [state, inspect_action(ctx), send_action(ctx), after_action(ctx), *verify,
-            record_action(ctx, how="swapped or swap-failed")]
+        return [dataclasses.replace(state_action(ctx), when="never in this run: the steps below reload")]
+    return [state_action(ctx), inspect_action(ctx), send_action(ctx), after_action(ctx),
+            *verify_acceptance.plan(_verify_ctx(ctx)), record_action(ctx)]
 
 
 def _state(ctx: StepContext) -> ServerState:
     snapshot = ctx.memory.get("snapshot")
     if snapshot is not None and snapshot.fresh:
         return snapshot.server
-    return parse_server_state(ctx.execute(converge.state_action(ctx)).stdout, ctx.host.name)
+    return parse_server_state(ctx.execute(state_action(ctx)).stdout, ctx.host.name)
 
 
 def _reload(ctx: StepContext, reason: str, extra: dict | None = None) -> StepOutcome:
@@ -192,7 +193,7 @@ def _swap(ctx: StepContext, state: ServerState, decision: SwapDecision) -> StepO
         marked = state.record | {"drafter_fingerprint": None,
                                  "drafter_update": {"how": "swap-failed", "at": now, "from": previous,
                                                     "to": fingerprint, "why": why}}
-        ctx.execute(record_action(ctx, marked, state.pid, "swap-failed"))
+        ctx.execute(record_action(ctx, marked, state.pid))
         ctx.memory.pop("verify", None)
         ctx.progress(f"swap failed verification: {why}; reloading the new drafter")
         return _reload(ctx, f"the swap failed verification: {why}", {"sent": True, "verified": verified})

@@ -14,8 +14,12 @@ import time
 import pytest
 
 from deploy import history
+from deploy.config.loader import load_config
+from deploy.engine.plan import plan_with_endpoints
 from deploy.errors import ExitCode
+from deploy.playbook import load_playbook
 from tests.integration.helpers import cli_json, write_config
+from tests.integration.test_plan_is_run import check_run_follows_plan, recorder  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.sandbox
 FAST = {"SGLANG_SIM_LOAD_SECONDS": "0.5", "SGLANG_SIM_WARMUP_SECONDS": "0.1", "SGLANG_SIM_SWAP_SECONDS": "0.2"}
@@ -72,7 +76,8 @@ def model_info(sandbox) -> dict:
     return json.loads(out)
 
 
-def test_swap_keeps_the_pid_reports_the_fingerprint_and_serves_the_new_drafter(clean_sandbox, tmp_path, capsys):
+def test_swap_keeps_the_pid_reports_the_fingerprint_and_serves_the_new_drafter(clean_sandbox, tmp_path, capsys,
+                                                                              recorder):
     """The issue's done-when: PID unchanged, /model_info's weight_version, acceptance as a launch gives,
     the records say "swapped"; a server with --admin-api-key takes the key from its own record."""
     path = config(clean_sandbox, tmp_path, drafter_update="swap", extra_args=["--admin-api-key", "sandbox-admin"])
@@ -80,12 +85,21 @@ def test_swap_keeps_the_pid_reports_the_fingerprint_and_serves_the_new_drafter(c
     assert code == 0, doc
     pid = steps_of(doc)["launch"]["data"]["pid"]
     new_checkpoint(clean_sandbox, "2")
+    loaded = load_config(path)
+    plans, _ = plan_with_endpoints(load_playbook("restart"), loaded.runs[0],
+                                   [h for h in loaded.hosts if h.name == "sb1"], loaded)
 
+    recorder.clear()
     started = time.monotonic()
     code, doc = cli_json(capsys, "--config", str(path), "restart", "--json")
     swap_wall = time.monotonic() - started
     assert code == 0, doc
     steps = steps_of(doc)
+    # what the swap sent is what `plan` lists for it
+    check_run_follows_plan(plans["sb1"], list(recorder), {name: s["status"] for name, s in steps.items()})
+    sent = [a.description for step, a in recorder if step == "swap-drafter"]
+    assert any(d.startswith("swap check (read-only)") for d in sent)
+    assert any(d.startswith("swap the drafter into the running server") for d in sent)
     swap = steps["swap-drafter"]
     assert swap["status"] == "ok" and swap["data"]["path"] == "swap", swap
     assert swap["data"]["pid"] == pid
