@@ -246,9 +246,9 @@ def sglang_payloads(model_dir: str, tp: int, base_gpu_id: int) -> tuple:
     for rank in range(tp):
         device = torch.device("cuda", base_gpu_id + rank)
         named = [(name, tensor.to(device)) for name, tensor in cpu.items()]
+        torch.cuda.synchronize(device)  # the copy is complete before another process opens the IPC handle
         keep.append(named)
         entries.append(MultiprocessingSerializer.serialize(named, output_str=True))
-    torch.cuda.synchronize()
     return entries, len(cpu), keep
 
 

@@ -181,3 +181,18 @@ def test_a_swap_that_fails_verification_reloads_then_rolls_back(clean_sandbox, t
     now = record(clean_sandbox)
     assert now["drafter_fingerprint"] == good["drafter_fingerprint"] and "drafter_update" not in now
     assert model_info(clean_sandbox)["weight_version"] == "default"  # a fresh launch of the last good one
+
+
+def test_nightly_swaps_a_new_checkpoint_and_gates_it_like_a_launch(clean_sandbox, tmp_path, capsys):
+    path = config(clean_sandbox, tmp_path, drafter_update="swap")
+    code, doc = cli_json(capsys, "--config", str(path), "up", "--json")
+    assert code == 0, doc
+    pid = steps_of(doc)["launch"]["data"]["pid"]
+    new_checkpoint(clean_sandbox, "3")
+    code, doc = cli_json(capsys, "--config", str(path), "nightly", "--json")
+    assert code == 0, doc
+    steps = steps_of(doc)
+    assert steps["swap-drafter"]["data"]["path"] == "swap" and steps["swap-drafter"]["data"]["pid"] == pid
+    assert steps["launch"]["status"] == "skipped"
+    assert steps["benchmark"]["status"] == "ok" and steps["regression-gate"]["status"] == "ok"
+    assert record(clean_sandbox, "last-good.json")["drafter_update"]["how"] == "swapped"
