@@ -26,6 +26,10 @@ Faithful (on purpose, because deployctl must cope with it):
   decode log line was printed, /generate, /v1/completions, /v1/chat/completions, /flush_cache
   (resets the average), /metrics with --enable-metrics (404 without it, like SGLang: the route is
   only added then; SGLang's metric names and labels, see MetricsState).
+- Weight updates (0.5.21+): /begin_weight_update, /update_weights_from_tensor (selector draft),
+  /end_weight_update, ``--admin-api-key``, ``weight_version`` in /model_info; a swapped drafter goes
+  through draft_weights_effect, the loader rules of a launch (srt/managers/weight_update.py says what
+  is and is not faithful: the payload is the stand-in's own format, no CUDA IPC).
 
 Also modelled (srt/speculative/pitfalls.py, issue 19): a reduced draft vocabulary without d2t
 (accept len 1.00), the draft inheriting the target's quantization (``Cannot find the config file
