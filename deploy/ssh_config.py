@@ -1,7 +1,7 @@
 """Where each SSH setting of a host comes from: the YAML, the user's ssh_config, or a default.
 
 A pure function (:func:`resolve_endpoint`) turns a YAML :class:`Host`, the YAML
-:class:`SSHSettings` and a parsed ``paramiko.SSHConfig`` into a :class:`Endpoint`: the address,
+:class:`SSHSettings` and the evaluated ssh_config (:class:`SSHConfigSource`) into a :class:`Endpoint`: the address,
 user, port, keys, host key policy and jump hosts deployctl will use, each value tagged with its
 source, so ``deployctl plan`` and ``gpu-status --json`` can show why a host is reached the way it
 is. No file is read and nothing connects here (``load_ssh_config`` is the one reader); the

@@ -12,6 +12,7 @@ using the nightly regression gate's fractions, and ``status --check`` exits 12 b
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -80,25 +81,33 @@ def gate_of(playbook_name: str = "nightly", **overrides: float | None) -> Gate:
 
 
 def configured(run: Run, host: Host, status: HostStatus) -> tuple[bool | None, list[str]]:
-    """(runs what this run would launch?, what differs). The drafter checkpoint itself is not
-    fingerprinted again (read-only and quick); ``deployctl plan``/``up`` converge on it."""
-    from deploy.facts.server import env_hash
-    from deploy.sglang.argv import sglang_argv
+    """(runs what this run would launch?, what differs): the recorded deployment against the run's
+    desired deployment (deploy/sglang/deployment.py, what launch and converge compute), with the
+    drafter's store path and the doctor's draft-quantization decision as the launch recorded them.
+    Read-only and quick: the drafter checkpoint is not fingerprinted again and the doctor not re-run
+    (``deployctl plan``/``up`` converge on both). A node group is read at rank 0: its argv carries
+    rank 0's ``--nnodes --node-rank --dist-init-addr``."""
+    from deploy.sglang.deployment import desired_deployment, recorded_draft_quantization
 
     record = status.deployment
-    if run.nodes:
-        return None, ["a multi-node run: each node's argv has its own --node-rank (not compared)"]
     if record is None:
         return None, ["no deployment recorded on the host"]
+    wanted = run
+    if run.nodes:
+        from deploy.fleet.nodes import dist_init_addr, node_run
+
+        wanted = node_run(run, 0, len(run.nodes), dist_init_addr(run, host))
     drafter = record.get("drafter_path") if isinstance(record.get("drafter_path"), str) else None
+    desired = desired_deployment(wanted, host, run.draft_tokens, drafter_path=drafter,
+                                 draft_quantization=recorded_draft_quantization(record, run))
     draft_tokens = status.draft_tokens or run.draft_tokens
     differences = []
     if record.get("run") != run.name:
         differences.append(f"deployed by run {str(record.get('run'))[:60]!r}")
-    if record.get("argv") != sglang_argv(run, host, run.draft_tokens, drafter):
+    if desired.differences(record, ("argv",)):
         differences.append("argv" if draft_tokens == run.draft_tokens else
                            f"draft tokens {draft_tokens} (configured {run.draft_tokens})")
-    if record.get("env_hash") != env_hash(run.env):
+    if desired.differences(record, ("env_hash",)):
         differences.append("environment")
     return not differences, differences
 
@@ -283,18 +292,31 @@ def _prom_values(r: HostReading, now: float) -> dict[str, float | None]:
     return values
 
 
+def prom_value(value: float) -> str:
+    """A sample value at full precision: the shortest text that reads back as the same float (``{:.6g}``
+    turned the Unix timestamp 1764636000 into 1.76464e+09, 4000 s off, and the staleness alert
+    docs/status.md recommends fired or stayed silent wrongly); integers as integers."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == int(value) and abs(value) < 2 ** 53:
+        return str(int(value))
+    return repr(float(value))
+
+
 def prom_text(run: Run, readings: Sequence[HostReading], now: float | None = None) -> str:
     """The figures in Prometheus text format (node_exporter's textfile collector); unknown = absent."""
     now = time.time() if now is None else now
     per_host = [(r, _prom_values(r, now)) for r in readings]
     lines = []
     for metric, help_text in PROM_METRICS.items():
-        samples = [(r, v[metric]) for r, v in per_host if v.get(metric) is not None]
+        samples = [(r, value) for r, v in per_host if (value := v.get(metric)) is not None]
         if not samples:
             continue
         lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
         for r, value in samples:
-            lines.append(f'{metric}{{host="{prom_label(r.host.name)}",run="{prom_label(run.name)}"}} {value:.6g}')
+            lines.append(f'{metric}{{host="{prom_label(r.host.name)}",run="{prom_label(run.name)}"}} {prom_value(value)}')
     return "\n".join(lines) + "\n"
 
 

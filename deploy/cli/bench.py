@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from deploy.cli import options
-from deploy.cli.common import doctor_override, run_and_hosts, with_dataset, with_draft_tokens
+from deploy.cli.common import doctor_override, rollout_of, run_and_hosts, with_dataset, with_draft_tokens
 
 
 @click.command("bench")
@@ -37,6 +37,7 @@ def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concu
 
     config = globals_.load()
     run, hosts = run_and_hosts(config, run_name, host_names)
+    rollout = rollout_of(config, run, "bench", host_names, playbook=playbook_name)
     runs = [with_draft_tokens(run, t) for t in draft_tokens] or [run]
     playbook = load_playbook(playbook_name)
     updates = {k: v for k, v in (("num_prompts", num_prompts), ("max_concurrency", max_concurrency),
@@ -46,23 +47,41 @@ def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concu
     playbook = with_dataset(playbook, dataset, globals_.config_path)
     for step, settings in doctor_override(ignore_doctor, replace).items():
         playbook = playbook.with_settings(step, **settings)
+    playbook = rollout.playbook(playbook)
     if dry_run:
         plans = [(f"draft tokens {r.draft_tokens}", r, bench_sweep.round_playbook(playbook, r, run)) for r in runs]
         if runs[-1].draft_tokens != run.draft_tokens:
             plans.append((f"restore the configured deployment (draft tokens {run.draft_tokens})", run,
                           bench_sweep.restore_playbook(playbook)))
+        # each round as its run plans it: a node group's ranks, a fleet's batches (the rollout's)
+        rounds = [(label, r, *rollout.with_run(r).plan(config, p, plan_playbook(p, r, hosts, lock=True), None))
+                  for label, r, p in plans]
         if as_json:
-            documents = [render.plan_document("bench", r.name, plan_playbook(p, r, hosts, lock=True))
-                         | {"draft_tokens": r.draft_tokens, "stage": label} for label, r, p in plans]
+            documents = [render.plan_document("bench", r.name, host_plans)
+                         | {"draft_tokens": r.draft_tokens, "stage": label}
+                         | ({"fleet": fleet_plan} if fleet_plan is not None else {})
+                         for label, r, host_plans, fleet_plan in rounds]
             render.print_json({"command": "bench", "run": run.name, "dry_run": True, "sweep": documents})
         else:
-            for label, r, p in plans:
-                render.plan_text(f"bench ({label})", plan_playbook(p, r, hosts, lock=True), render.console())
+            from deploy import fleet
+
+            for label, r, host_plans, fleet_plan in rounds:
+                render.plan_text(f"bench ({label})", host_plans, render.console())
+                if fleet_plan is not None:
+                    fleet.print_fleet_plan(fleet_plan)
         return 0
     progress = render.progress_printer()
 
     def run_round(round_playbook, round_run):
-        return run_locked(globals_.config_path, config, "bench", round_playbook, round_run, hosts, progress)
+        # a node group benches as one server, replicas behind a router in the rollout's batches
+        runner = rollout.with_run(round_run).runner(config, round_playbook, progress)
+        result = run_locked(globals_.config_path, config, "bench", round_playbook, round_run, hosts, progress,
+                            runner=runner)
+        if runner is None:
+            return result
+        for report in result.reports:  # a run-level failure (the router's pre-flight) fails the untouched hosts
+            report.error = report.error or result.error
+        return result.reports
 
     result = bench_sweep.sweep(run_round, playbook, run, runs, hosts, progress)
     table = bench_report.rows(result.rounds)

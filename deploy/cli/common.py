@@ -11,6 +11,7 @@ from deploy.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:  # pydantic stays unimported until a verb runs (a fast --help)
     from deploy.config.models import Config, Host, Run
+    from deploy.fleet.rollout import Rollout
 
 
 def select_hosts(config: Config, names: list[str], group: str | None) -> list[Host]:
@@ -75,14 +76,19 @@ def doctor_override(ignore_doctor: bool, replace: bool = False, retry_failed: bo
     return overrides
 
 
+def rollout_of(config: Config, run: Run, verb: str, host_names, serial: int | None = None,
+               allow_downtime: bool = False, playbook: str | None = None) -> Rollout:
+    """The verb's one rollout value (deploy/fleet/rollout.py): its plan and its run take the same."""
+    from deploy.fleet.rollout import Rollout
+
+    return Rollout.of(run, config.hosts_of(run), verb, tuple(host_names or ()), serial=serial,
+                      allow_downtime=allow_downtime, playbook=playbook)
+
+
 def execute(globals_, command: str, default_playbook: str, run_name, host_names, draft_tokens, playbook_name,
             dry_run: bool, as_json: bool, overrides: dict | None = None, force: bool = False,
             no_rollback: bool = False, serial: int | None = None, allow_downtime: bool = False) -> int:
-    """up, restart, down and plan: load, resolve, plan or run the playbook, render.
-
-    A run with a router or ``--serial`` runs as a fleet (batches, router phases); a run with
-    ``nodes`` as one multi-node server (deploy/fleet/).
-    """
+    """up, restart, down and plan: load, resolve the rollout, plan or run the playbook, render."""
     from deploy import fleet, render
     from deploy.errors import DeployError
     from deploy.engine.plan import plan_with_endpoints
@@ -91,19 +97,17 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
 
     config = globals_.load()
     run, hosts = run_and_hosts(config, run_name, host_names, draft_tokens)
-    playbook = load_playbook(playbook_name or default_playbook)
+    name = playbook_name or default_playbook
+    verb = name if command == "plan" and name in ("up", "restart", "down") else command
+    rollout = rollout_of(config, run, verb, host_names, serial, allow_downtime, playbook=name)
+    playbook = load_playbook(name)
     for step, updates in (overrides or {}).items():
         playbook = playbook.with_settings(step, **updates)
     playbook = with_dataset(playbook, None, globals_.config_path)  # a playbook's benchmark dataset: exit 3 if bad
-    is_fleet = run.router is not None or serial is not None
+    playbook = rollout.playbook(playbook)
     if dry_run:
         plans, endpoints = plan_with_endpoints(playbook, run, hosts, config)
-        # what the run would do: down (the verb or the playbook) runs no run-level phases
-        phased = command != "down" and (playbook_name or default_playbook) != "down"
-        fleet_plan = fleet.plan_fleet(config, run, hosts, command, serial, allow_downtime,
-                                      playbook=playbook if phased else None, endpoints=endpoints) if is_fleet else None
-        if run.nodes and phased:
-            plans, fleet_plan = fleet.plan_nodes(config, playbook, run, hosts, endpoints)
+        plans, fleet_plan = rollout.plan(config, playbook, plans, endpoints)
         if as_json:
             document = render.plan_document(command, run.name, plans, endpoints)
             if fleet_plan is not None:
@@ -119,22 +123,18 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
         return max(refused) if refused else 0
     progress = render.progress_printer()
     result = stopped = None
-    if command != "down" and (run.nodes or is_fleet):
-        if run.nodes and host_names:
-            raise UsageError(f"run {run.name!r} is one server across {', '.join(run.nodes)}: --host cannot pick a node")
-        runner = fleet.nodes_runner(config, playbook, run, hosts, progress) if run.nodes else \
-            fleet.rolling_runner(config, playbook, run, hosts, progress, serial, allow_downtime)
+    down = rollout.verb == "down" or name == "down"
+    if rollout.phased:
         result = run_locked(globals_.config_path, config, command, playbook, run, hosts, progress,
-                            rollback=not no_rollback, force=force, runner=runner)
+                            rollback=not no_rollback, force=force, runner=rollout.runner(config, playbook, progress))
         reports, code = result.reports, int(result.exit_code())
     else:
-        whole = not host_names or {h.name for h in hosts} == {h.name for h in config.hosts_of(run)}
-        if command == "down" and run.router is not None and not whole:
+        if down and run.router is not None and not rollout.whole:
             stopped = {"host": run.router.host} | fleet.remove_from_router(config, run, hosts, progress)
         reports = run_locked(globals_.config_path, config, command, playbook, run, hosts, progress,
-                             rollback=not no_rollback and command != "down", force=force)
+                             rollback=not no_rollback and not down, force=force)
         code = int(exit_code(reports))
-        if command == "down" and run.router is not None and whole:
+        if down and run.router is not None and rollout.whole:
             try:
                 stopped = {"host": run.router.host} | fleet.stop_router(config, run, progress)
             except DeployError as exc:

@@ -70,13 +70,14 @@ def _progress(log):
 def command(globals_, run_name, host_names, playbook_name, force, no_rollback, min_accept_fraction,
             min_throughput_fraction, dataset, as_json, replace, retry_failed, serial, allow_downtime) -> int:
     """Lock, converge to the drafter now at the configured path, verify, benchmark, gate, roll back on failure."""
-    from deploy import render
-    from deploy.cli.common import run_and_hosts, with_dataset
+    from deploy import fleet, render
+    from deploy.cli.common import rollout_of, run_and_hosts, with_dataset
     from deploy.engine.run import exit_code, run_locked
     from deploy.playbook import load_playbook
 
     config = globals_.load()
     run, hosts = run_and_hosts(config, run_name, host_names)
+    rollout = rollout_of(config, run, "nightly", host_names, serial, allow_downtime, playbook=playbook_name)
     playbook = load_playbook(playbook_name)
     gate = {k: v for k, v in (("min_accept_fraction", min_accept_fraction),
                               ("min_throughput_fraction", min_throughput_fraction)) if v is not None}
@@ -88,18 +89,16 @@ def command(globals_, run_name, host_names, playbook_name, force, no_rollback, m
 
     for step, settings in doctor_override(False, replace, retry_failed).items():
         playbook = playbook.with_settings(step, **settings)
+    playbook = rollout.playbook(playbook)
     path, log = _log_file()
     with log:
         progress = _progress(log)
         progress("*", "nightly", f"run {run.name}, hosts {', '.join(h.name for h in hosts)}, log {path}")
         result = None
-        if run.router is not None or serial is not None or run.nodes:
-            from deploy import fleet
-
-            runner = fleet.nodes_runner(config, playbook, run, hosts, progress) if run.nodes else \
-                fleet.rolling_runner(config, playbook, run, hosts, progress, serial, allow_downtime)
+        if rollout.phased:
             result = run_locked(globals_.config_path, config, "nightly", playbook, run, hosts, progress,
-                                rollback=not no_rollback, force=force, runner=runner)
+                                rollback=not no_rollback, force=force,
+                                runner=rollout.runner(config, playbook, progress))
             reports = result.reports
         else:
             reports = run_locked(globals_.config_path, config, "nightly", playbook, run, hosts, progress,

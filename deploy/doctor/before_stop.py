@@ -9,19 +9,20 @@ the doctor's one command read (deploy/facts/doctor.py):
 - ``other-servers``: a server of another run (the state dir's deployment record names it) or one
   deployctl did not start on the host's GPUs: stop-stale and ``fuser -k`` would take it down.
 - ``extra-args``: an option the installed SGLang does not have, ``--help``, a lone ``--``, an option
-  deployctl sets: SGLang's argparse exits at launch, after the old server was stopped.
+  deployctl sets, a missing value, a value outside the option's choices or not of its type: SGLang's
+  argparse exits at launch, after the old server was stopped. The options are the facts' one reading
+  of the installed SGLang's parser (deploy/remote/sglang_cli.py), which the parallelism check reads too.
 - ``parallelism``: tp x dp x pp more GPUs than the host has (SGLang fails to start its ranks).
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 from typing import Optional
 
-from deploy.config.models import reserved_option_for
 from deploy.doctor.checks import Check, DoctorInput, run_checks
+from deploy.doctor.sglang_options import Parsed, installed_options, option, parse_extra_args  # noqa: F401  (Parsed: re-exported)
 from deploy.errors import RemoteOutputError
 from deploy.facts.gpus import attach_holders, parse_compute_apps, parse_gpu_rows
 
@@ -167,105 +168,28 @@ def check_other_servers(d: DoctorInput, plan: StopPlan) -> Check:
 DP_OPTIONS = ("--data-parallel-size", "--dp-size")
 PP_OPTIONS = ("--pipeline-parallel-size", "--pp-size")
 DP_ATTENTION = "--enable-dp-attention"
-#: argparse's own option, in every parser (a unique prefix such as --hel selects it too)
-HELP = ["--help", "-h"]
-NEGATIVE_NUMBER = re.compile(r"^-\d+(\.\d*)?$")
-
-
-@dataclass(frozen=True)
-class Parsed:
-    #: canonical option (the first of its add_argument call) -> value (None: a flag)
-    options: dict[str, Optional[str]]
-    problems: tuple[str, ...]
-
-
-def _resolve(name: str, groups: list[list[str]]) -> tuple[Optional[list[str]], str]:
-    """The add_argument group ``name`` selects, as argparse does (exact, else a unique prefix:
-    ``allow_abbrev``, SGLang's default); the problem text when none or several."""
-    exact = [g for g in groups if name in g]
-    if exact:
-        return exact[0], ""
-    prefixed = [g for g in groups if any(o.startswith(name) for o in g)]
-    if len(prefixed) == 1:
-        return prefixed[0], ""
-    if prefixed:
-        names = sorted(o for g in prefixed for o in g if o.startswith(name))
-        return None, f"ambiguous option {name}: it could be {', '.join(names[:6])}"
-    close = difflib.get_close_matches(name, [o for g in groups for o in g], n=3)
-    hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    return None, f"unrecognized option {name}: the installed SGLang has no such option{hint}"
-
-
-def _value_follows(args: list[str], i: int, eq: str) -> int:
-    """1 when ``args[i]`` is the value of the option before it (not given with ``=``)."""
-    return int(not eq and i < len(args) and (not args[i].startswith("-") or bool(NEGATIVE_NUMBER.match(args[i]))))
-
-
-def parse_extra_args(args: list[str], groups: list[list[str]]) -> Parsed:
-    options: dict[str, Optional[str]] = {}
-    problems = []
-    i = 0
-    while i < len(args):
-        token = args[i]
-        i += 1
-        if token == "--":
-            problems.append("a lone '--' ends SGLang's options: what follows is an unrecognized argument "
-                            "(launch_server takes no positional arguments)")
-            continue
-        if token == "-h":
-            problems.append(f"{token}: SGLang prints its help and exits 0; no server starts")
-            continue
-        if not token.startswith("-") or NEGATIVE_NUMBER.match(token):
-            problems.append(f"{token!r} is not an option (a value must follow its option)")
-            continue
-        name, eq, value = token.partition("=")
-        if not name.startswith("--"):
-            problems.append(f"{token}: SGLang has no short options (only -h)")
-            continue
-        group, problem = _resolve(name, groups + [HELP])
-        if group is HELP or group == HELP:
-            problems.append(f"{token}: that is --help; SGLang prints its help and exits 0, no server starts")
-            continue
-        if group is None:
-            problems.append(problem)
-            i += _value_follows(args, i, eq)
-            continue
-        reserved = reserved_option_for(group[0]) or next((reserved_option_for(o) for o in group
-                                                          if reserved_option_for(o)), None)
-        if reserved:
-            problems.append(f"{token} is {group[0]}, which deployctl sets itself (as {reserved}): set it through "
-                            "the run's fields")
-            i += _value_follows(args, i, eq)
-            continue
-        if _value_follows(args, i, eq):
-            value = args[i]
-            i += 1
-        options[group[0]] = value if (eq or value) else None
-    return Parsed(options, tuple(problems))
-
-
-def _option_groups(d: DoctorInput) -> tuple[Optional[list[list[str]]], str]:
-    cli = d.sglang.cli if d.sglang is not None else None
-    if cli is None:
-        return None, "the installed SGLang's sources were not found"
-    if cli.options is None:
-        return None, f"cannot read its options from {cli.file}: {cli.error}"
-    return cli.options, cli.file
+#: what the parallelism check knows without the installed SGLang's options
+_PARALLEL_FALLBACK = [option(list(DP_OPTIONS), value_type="int"), option(list(PP_OPTIONS), value_type="int"),
+                      option([DP_ATTENTION], "0")]
 
 
 def check_extra_args(d: DoctorInput) -> Check:
     if not d.run.extra_args:
         return Check("extra-args", "pass", "no extra_args")
-    groups, where = _option_groups(d)
-    if groups is None:
+    options, where = installed_options(d)
+    if options is None:
         return Check("extra-args", "warn", f"cannot decide whether SGLang accepts extra_args: {where}",
                      "make the installed SGLang's srt/server_args.py readable")
-    parsed = parse_extra_args(list(d.run.extra_args), groups)
+    parsed = parse_extra_args(list(d.run.extra_args), options)
+    version = d.sglang.version if d.sglang is not None else None
     if parsed.problems:
-        version = d.sglang.version if d.sglang is not None else None
         return Check("extra-args", "fail", f"SGLang {version or '?'} would refuse the run's extra_args at launch, after "
-                     "the running server was stopped:\n" + "\n".join(parsed.problems),
+                     "the running server was stopped:\n" + "\n".join(parsed.problems + parsed.doubts),
                      f"fix the run's extra_args (the options are in {where})")
+    if parsed.doubts:
+        return Check("extra-args", "warn", f"cannot decide whether SGLang {version or '?'} accepts the run's "
+                     "extra_args:\n" + "\n".join(parsed.doubts),
+                     "check the value against the installed SGLang and its plugins")
     return Check("extra-args", "pass", f"{len(parsed.options)} option(s), each one of the installed SGLang's ({where})")
 
 
@@ -280,9 +204,8 @@ def _int_option(options: dict[str, Optional[str]], names: tuple[str, ...]) -> tu
 
 
 def check_parallelism(d: DoctorInput) -> Check:
-    groups, _ = _option_groups(d)
-    known = groups or [list(DP_OPTIONS), list(PP_OPTIONS), [DP_ATTENTION]]
-    parsed = parse_extra_args(list(d.run.extra_args), known)
+    options, _ = installed_options(d)
+    parsed = parse_extra_args(list(d.run.extra_args), options or _PARALLEL_FALLBACK)
     try:
         dp, dp_name = _int_option(parsed.options, DP_OPTIONS)
         pp, pp_name = _int_option(parsed.options, PP_OPTIONS)

@@ -12,8 +12,9 @@ import ipaddress
 from collections.abc import Callable
 from typing import Any, Optional
 
-from deploy.config.models import Run, reserved_option_for
+from deploy.config.models import reserved_option_for
 from deploy.doctor import speculation
+from deploy.doctor.sglang_options import extra_arg
 from deploy.doctor.verdict import Check, DoctorInput, Status, version_tuple  # noqa: F401  (Status: re-exported)
 from deploy.errors import RemoteOutputError
 from deploy.facts.doctor import base_architectures
@@ -242,8 +243,8 @@ def check_aux_hidden_states(d: DoctorInput) -> Check:
                  f"{fc[1] if fc else '?'} = {target_hidden} x {n_aux}")
 
 
-def cuda_graphs_disabled(run: Run) -> bool:
-    return any(a.split("=", 1)[0] == "--disable-cuda-graph" for a in run.extra_args)
+def cuda_graphs_disabled(d: DoctorInput) -> bool:
+    return extra_arg(d, "--disable-cuda-graph") is not None
 
 
 def check_cuda_graph_capture(d: DoctorInput) -> Check:
@@ -254,7 +255,7 @@ def check_cuda_graph_capture(d: DoctorInput) -> Check:
     if not custom:
         return Check("cuda-graph-capture", "pass", "the drafter uses SGLang's default aux layers: the CUDA-graph "
                      "capture bug (PR #22836) does not change them")
-    if cuda_graphs_disabled(d.run):
+    if cuda_graphs_disabled(d):
         return Check("cuda-graph-capture", "pass", "--disable-cuda-graph is set: decode captures the custom ids")
     if installed is None:
         return Check("cuda-graph-capture", "warn", f"cannot decide: custom aux ids {ids} and the SGLang version is "

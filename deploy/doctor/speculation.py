@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from deploy.doctor.sglang_options import extra_arg
+from deploy.doctor.sglang_options import literal_option_value as option_value  # noqa: F401  (re-exported)
 from deploy.doctor.verdict import Check, DoctorInput, version_tuple
-from deploy.sglang.argv import speculative_plan
+from deploy.sglang.argv import DRAFT_QUANT_FLAG, speculative_plan
 
-DRAFT_QUANT_FLAG = "--speculative-draft-model-quantization"
 #: the value for an unquantized (bf16/fp16) drafter (sglang#22588); a choice since 0.5.7 (absent in
 #: 0.5.6's server_args.py, present in 0.5.7 - 0.5.23)
 UNQUANT = "unquant"
@@ -36,21 +37,8 @@ WINDOW_FRACTION = 0.5
 # ---------------------------------------------------------------------------------------------
 # reading the run's extra_args and env, and the two config.json files
 
-def option_value(args: list[str], name: str) -> Optional[str]:
-    """The value of ``name`` in an argv (``--name V`` or ``--name=V``; the last one wins, as in
-    argparse); "" for a bare flag; None when absent."""
-    found: Optional[str] = None
-    for i, arg in enumerate(args):
-        if arg == name:
-            following = args[i + 1] if i + 1 < len(args) else ""
-            found = "" if following.startswith("--") else following
-        elif arg.startswith(name + "="):
-            found = arg.split("=", 1)[1]
-    return found
-
-
-def _int_option(args: list[str], name: str) -> Optional[int]:
-    value = option_value(args, name)
+def _int_option(d: DoctorInput, name: str) -> Optional[int]:
+    value = extra_arg(d, name)
     try:
         return int(value) if value else None
     except ValueError:
@@ -138,7 +126,7 @@ def check_draft_vocab_map(d: DoctorInput) -> Check:
     if d2t:
         return Check(name, "pass", f"{source} < the target's vocab_size {vocab}; {d2t[0]} maps draft ids to "
                      "target ids")
-    token_map = option_value(d.run.extra_args, "--speculative-token-map")
+    token_map = extra_arg(d, "--speculative-token-map")
     if token_map:
         return Check(name, "pass", f"{source} < the target's vocab_size {vocab}, no d2t tensor; extra_args "
                      f"--speculative-token-map {token_map} supplies the map")
@@ -168,7 +156,7 @@ def _declared_quantization(config: Optional[dict[str, Any]], quant_files: list[s
 
 def target_quantization(d: DoctorInput) -> tuple[Optional[str], str]:
     """(method, where it comes from): --quantization in extra_args wins over the checkpoint's own."""
-    flag = option_value(d.run.extra_args, "--quantization")
+    flag = extra_arg(d, "--quantization")
     if flag and flag != UNQUANT:
         return flag, f"--quantization {flag} in extra_args"
     if flag == UNQUANT:
@@ -186,7 +174,7 @@ def draft_quantization_flag(d: DoctorInput) -> Optional[str]:
     (sglang#28196); fp8-like methods quantize it online instead. ``unquant`` keeps the draft as its
     own checkpoint says (a drafter with its own quantization_config is still detected). Only when
     the version is known to have the flag (0.5.7+): 0.5.6 rejects it (argparse, exit 2)."""
-    if option_value(d.run.extra_args, DRAFT_QUANT_FLAG) is not None:
+    if extra_arg(d, DRAFT_QUANT_FLAG) is not None:
         return None  # the user's choice
     method, _ = target_quantization(d)
     drafter = _declared_quantization(d.facts.drafter.config, d.facts.drafter.quant_files)
@@ -199,7 +187,7 @@ def draft_quantization_flag(d: DoctorInput) -> Optional[str]:
 def check_draft_quantization(d: DoctorInput) -> Check:
     name = "draft-quantization"
     method, where = target_quantization(d)
-    explicit = option_value(d.run.extra_args, DRAFT_QUANT_FLAG)
+    explicit = extra_arg(d, DRAFT_QUANT_FLAG)
     if d.facts.base_model.config is None or d.facts.drafter.config is None:
         return Check(name, "warn", "cannot decide: the base model's or the drafter's config.json is unreadable")
     drafter = _declared_quantization(d.facts.drafter.config, d.facts.drafter.quant_files)
@@ -292,7 +280,7 @@ def check_drafter_window(d: DoctorInput) -> Check:
     if drafter_max is None or target_max is None:
         return Check(name, "warn", "cannot decide: max_position_embeddings is missing from the drafter's or the "
                      "base model's config.json")
-    context = _int_option(d.run.extra_args, "--context-length")
+    context = _int_option(d, "--context-length")
     served = context or target_max
     problems = []
     if context is not None and drafter_max < context:
@@ -343,7 +331,7 @@ def check_max_running_requests(d: DoctorInput) -> Check:
     0.5.6 - 0.5.11, arg_groups/speculative_hook.py 0.5.13 - 0.5.23; sglang#34290). A WARNING: it
     matters only with more than 48 concurrent requests."""
     name = "max-running-requests"
-    value = _int_option(d.run.extra_args, "--max-running-requests")
+    value = _int_option(d, "--max-running-requests")
     if value is not None:
         return Check(name, "pass", f"--max-running-requests {value} is set in extra_args")
     return Check(name, "warn", "--max-running-requests is not set: with speculative decoding SGLang silently caps "
@@ -357,12 +345,12 @@ def check_page_size_topk(d: DoctorInput) -> Check:
     per-branch tree (PAGE_TREE_BACKENDS)."""
     name = "page-size-topk"
     _, topk, _ = speculative_plan(d.run, d.draft_tokens)
-    page = _int_option(d.run.extra_args, "--page-size")
+    page = _int_option(d, "--page-size")
     if topk <= 1 or page is None or page <= 1:
         return Check(name, "pass", f"topk {topk}, page size {page or 1}: no paged tree")
     installed = _version(d)
     allowed = PAGE_TREE_BACKENDS if installed is None or installed >= PAGE_TREE_TRITON_SINCE else PAGE_TREE_BACKENDS_OLD
-    backend = option_value(d.run.extra_args, "--attention-backend")
+    backend = extra_arg(d, "--attention-backend")
     if backend in allowed:
         return Check(name, "pass", f"topk {topk} with --page-size {page}: --attention-backend {backend} supports it")
     fix = f"use --page-size 1, eagle_topk 1, or --attention-backend one of {', '.join(allowed)}"
@@ -380,7 +368,7 @@ def check_hierarchical_cache(d: DoctorInput) -> Check:
     (sglang#32176), 3.4 -> 1.9 over two hours (sglang#28771). No fix known as of 0.5.23. A WARNING:
     it depends on traffic; deployctl status shows the decay."""
     name = "hierarchical-cache"
-    if option_value(d.run.extra_args, "--enable-hierarchical-cache") is None:
+    if extra_arg(d, "--enable-hierarchical-cache") is None:
         return Check(name, "pass", "--enable-hierarchical-cache is not set")
     return Check(name, "warn", "--enable-hierarchical-cache with speculative decoding: acceptance decays while "
                  "serving (4.49 -> 1.59 after cache loadback, sglang#32176; 3.4 -> 1.9 over two hours, sglang#28771; "

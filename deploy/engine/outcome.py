@@ -10,28 +10,30 @@ out again.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING
 
 from deploy.config.models import Run
 from deploy.engine.records import HostReport, Progress, RunOptions
 from deploy.errors import DeployError
 from deploy.serving import Serving, decide
 
+if TYPE_CHECKING:
+    from deploy.steps.memory import StepMemory
 
-def verified_pid(report: HostReport, memory: dict[str, Any]) -> int | None:
+
+def verified_pid(report: HostReport, memory: StepMemory) -> int | None:
     """The server this run verified: its own deployment, or the one its rollback restored."""
-    restored = memory.get("restored")
+    restored = memory.restored
     if isinstance(restored, dict) and isinstance(restored.get("pid"), int):
         return restored["pid"]
     if any(s.name == "verify-acceptance" and s.status == "ok" for s in report.steps):
-        pid = memory.get("pid")
-        return pid if isinstance(pid, int) else None
+        return memory.pid
     return None
 
 
-def serving_of(report: HostReport, memory: dict[str, Any], options: RunOptions, state=None,
+def serving_of(report: HostReport, memory: StepMemory, options: RunOptions, state=None,
                state_error: str | None = None) -> Serving:
-    snapshot = memory.get("snapshot")
+    snapshot = memory.snapshot
     return decide(verified_pid=verified_pid(report, memory), state=state, state_error=state_error,
                   stopped=any(s.name == "stop-stale" and s.status == "ok" for s in report.steps),
                   last_good=getattr(snapshot, "last_good", None), down=options.command == "down")
@@ -42,7 +44,7 @@ def unreached(error: DeployError, why: str) -> Serving:
 
 
 def update_quarantine(report: HostReport, options: RunOptions, failed_step: str, conn, run: Run,
-                      memory: dict[str, Any], progress: Progress) -> None:
+                      memory: StepMemory, progress: Progress) -> None:
     """One exec, under the run's host lock, only when the record changes; a failure to write it is a
     warning (the record guards later runs, it is never a reason to fail this one)."""
     from deploy.facts.quarantine import parse_quarantine, parse_update, update_command
@@ -54,7 +56,7 @@ def update_quarantine(report: HostReport, options: RunOptions, failed_step: str,
         parse_update(conn.check(update_command(host.python, host.state_dir, op, fingerprint, entry), timeout=30,
                                 what="quarantine").stdout, host.name)
 
-    fingerprint = memory.get("drafter_fingerprint")
+    fingerprint = memory.drafter_fingerprint
     try:
         if report.error is not None:
             found = quarantine.failure_entry(options.command, run.name, failed_step, report.cause or report.error,
@@ -66,9 +68,9 @@ def update_quarantine(report: HostReport, options: RunOptions, failed_step: str,
                 report.warnings.append(note)
                 progress(host.name, "quarantine", note)
             return
-        known = memory.get("quarantine")
+        known = memory.quarantine
         if known is None:
-            known = parse_quarantine(getattr(memory.get("snapshot"), "quarantine", None), host.name, "quarantine.json")
+            known = parse_quarantine(getattr(memory.snapshot, "quarantine", None), host.name, "quarantine.json")
         if fingerprint and fingerprint in known:
             update("remove", fingerprint)
             progress(host.name, "quarantine", f"fingerprint {fingerprint[:16]} verified: out of the quarantine")

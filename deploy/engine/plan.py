@@ -7,7 +7,7 @@ tests/integration/test_plan_is_run.py checks that what a run executed is what th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from deploy.config.models import Config, Host, Run
 from deploy.engine.records import launch_stamp
@@ -29,11 +29,12 @@ def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host],
 
     stamp = launch_stamp()
     from deploy.steps.base import Command
+    from deploy.steps.memory import StepMemory
 
     plans: dict[str, list[tuple[str, list[Action]]]] = {}
     for host in hosts:
         host = network_host(host, (addresses or {}).get(host.name, host.address))
-        memory: dict[str, Any] = {}
+        memory = StepMemory()
         steps: list[tuple[str, list[Action]]] = []
         if lock:
             steps.append(("host-lock", [Command(
@@ -70,6 +71,7 @@ def plan_failure(playbook: Playbook, run: Run, host: Host) -> list[tuple[str, li
     from deploy.engine.session import ROLLBACK_STEPS, rollback_steps, server_state_action
     from deploy.facts.server import last_good_path, read_record_command
     from deploy.steps.base import Command
+    from deploy.steps.memory import StepMemory
     from deploy.steps.wait_ready import tail_command
 
     rollback = "a step after stop-stale failed and a last good deployment is recorded (not with --no-rollback)"
@@ -80,7 +82,7 @@ def plan_failure(playbook: Playbook, run: Run, host: Host) -> list[tuple[str, li
         ("rollback", [Command(description="read the last good deployment", when=rollback,
                               command=read_record_command(last_good_path(host.state_dir)))]),
     ]
-    memory: dict[str, Any] = {"rollback_record": {"argv": ["<the last good deployment's argv>"]}, "env_file": None}
+    memory = StepMemory(rollback_record={"argv": ["<the last good deployment's argv>"]})
     stamp = launch_stamp()
     for step in rollback_steps(playbook):
         ctx = step_context(host, run, step.settings, None, stamp, lambda m: None, memory, step=step.name)

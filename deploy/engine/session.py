@@ -30,19 +30,22 @@ from deploy.transport import HostConnection, JumpConnections
 if TYPE_CHECKING:  # the playbook and its steps load when a playbook runs: gpu-status, logs and doctor never need them
     from deploy.playbook import Playbook, PlannedStep
     from deploy.steps.base import Command, StepContext
+    from deploy.steps.memory import StepMemory
 
 #: what a rollback runs, with the playbook's settings for each step where it has them
 ROLLBACK_STEPS = ("stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready", "verify-acceptance")
 
 
-def step_context(host: Host, run: Run, settings, conn, stamp: str, progress, memory,
-             cancelled: threading.Event | None = None, step: str = "") -> StepContext:
+def step_context(host: Host, run: Run, settings, conn, stamp: str, progress, memory: StepMemory | None = None,
+                 cancelled: threading.Event | None = None, step: str = "") -> StepContext:
     from deploy.steps.base import StepContext
+    from deploy.steps.memory import StepMemory
+
+    memory = StepMemory() if memory is None else memory
     # the journal lives in the host's memory: every step (and a rollback's) appends to one list
-    journal = memory.setdefault("journal", [])
     return StepContext(host=host, run=run, settings=settings, conn=conn,
                        launch_stamp=stamp, progress=progress, memory=memory,
-                       cancelled=cancelled or threading.Event(), journal=journal, step=step)
+                       cancelled=cancelled or threading.Event(), journal=memory.journal, step=step)
 
 
 def network_host(host: Host, address: str) -> Host:
@@ -55,7 +58,7 @@ def network_host(host: Host, address: str) -> Host:
 
 
 def run_steps(steps: Sequence[PlannedStep], host: Host, run: Run, conn, stamp: str,
-               progress: Progress, memory: dict, cancelled: threading.Event, label: str = "") -> tuple[list[StepRecord], DeployError | None, int]:
+               progress: Progress, memory: StepMemory, cancelled: threading.Event, label: str = "") -> tuple[list[StepRecord], DeployError | None, int]:
     """Run steps in order; returns (records, first error, index of the failing step or -1)."""
     records: list[StepRecord] = []
     error: DeployError | None = None
@@ -65,7 +68,7 @@ def run_steps(steps: Sequence[PlannedStep], host: Host, run: Run, conn, stamp: s
         if stop or cancelled.is_set():
             records.append(StepRecord(step.name, "not-run"))
             continue
-        held = memory.get("host_lock")
+        held = memory.host_lock
         if held is not None and not held.running:
             # The connection dropped and was re-opened between commands: the host-side helper saw
             # EOF and the lock is gone, so another run may be changing this host now.
@@ -79,10 +82,10 @@ def run_steps(steps: Sequence[PlannedStep], host: Host, run: Run, conn, stamp: s
         if not step.settings.enabled:
             records.append(StepRecord(step.name, "disabled"))
             continue
-        if memory.get("converged") and getattr(step.module, "CONVERGE_SKIPS", False):
+        if memory.converged and getattr(step.module, "CONVERGE_SKIPS", False):
             records.append(StepRecord(step.name, "skipped", detail="already running as desired"))
             continue
-        if memory.get("swapped") and getattr(step.module, "CONVERGE_SKIPS", False):
+        if memory.swapped and getattr(step.module, "CONVERGE_SKIPS", False):
             # swap-drafter put the new drafter into the running server and verified it (issue 29)
             records.append(StepRecord(step.name, "skipped", detail="drafter swapped into the running server"))
             continue
@@ -120,7 +123,7 @@ def server_state_action(host: Host, run: Run) -> Command:
     from deploy.steps.base import Command
     from deploy.steps.wait_ready import health_url
 
-    ctx = step_context(host, run, None, None, "", lambda m: None, {})
+    ctx = step_context(host, run, None, None, "", lambda m: None)
     paths = StatePaths(host.state_dir)
     return Command(description="what the host runs now (PID file, process, deployment record, /health)",
                    when="a step failed: the report says what the host was left running",
@@ -128,28 +131,29 @@ def server_state_action(host: Host, run: Run) -> Command:
                    timeout_s=30, what="server-state")
 
 
-def server_state(conn, host: Host, run: Run, memory: dict) -> ServerState:
+def server_state(conn, host: Host, run: Run) -> ServerState:
     action = server_state_action(host, run)
     output = conn.check(action.command, timeout=action.timeout_s, what=action.what or "server-state").stdout
     return parse_server_state(output, host.name)
 
 
-def died(conn, host: Host, run: Run, memory: dict, error: DeployError, step: str) -> DeployError:
+def died(conn, host: Host, run: Run, memory: StepMemory, error: DeployError, step: str) -> DeployError:
     """A failure while a server PID is known: if that server is gone, say so with its log tail."""
     from deploy.steps.wait_ready import died_message, tail_command
 
-    if isinstance(error, (ServerDied, LockHeld)) or "pid" not in memory:
+    pid = memory.pid
+    if isinstance(error, (ServerDied, LockHeld)) or pid is None:
         return error
     try:
-        state = server_state(conn, host, run, memory)
+        state = server_state(conn, host, run)
     except DeployError:
         return error
-    if state.alive and state.pid == memory["pid"]:
+    if state.alive and state.pid == pid:
         return error
-    log = memory.get("log") or ""
+    log = memory.log or ""
     tail = conn.run(tail_command(log)).stdout.rstrip() if log else ""
     ctx = step_context(host, run, None, conn, "", lambda m: None, memory)
-    return ServerDied(died_message(ctx, memory["pid"], log, tail, f"(noticed by {step}; it had reported: "
+    return ServerDied(died_message(ctx, pid, log, tail, f"(noticed by {step}; it had reported: "
                                    f"{str(error).splitlines()[0][:200]})"))
 
 
@@ -179,12 +183,12 @@ def should_roll_back(playbook: Playbook, records: list[StepRecord], failed_at: i
 
 
 def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str,
-               progress: Progress, memory: dict, cancelled: threading.Event) -> None:
+               progress: Progress, memory: StepMemory, cancelled: threading.Event) -> None:
     host = report.host
     error = report.error
     assert error is not None
     path = last_good_path(host.state_dir)
-    snapshot = memory.get("snapshot")
+    snapshot = memory.snapshot
     try:
         # as doctor read it under the host lock in this run (nothing but record-good, the last step, writes it)
         good = snapshot.last_good if snapshot is not None else \
@@ -196,22 +200,19 @@ def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str
         report.warnings.append("no last good deployment is recorded on this host: nothing to roll back to")
         progress(host.name, "rollback", "no last good deployment recorded: nothing to roll back to")
         return
-    if isinstance(error, Regression) and same_deployment(good, memory.get("deployment")):
+    if isinstance(error, Regression) and same_deployment(good, memory.deployment):
         report.warnings.append("the regressing deployment is the last good one: nothing else to roll back to")
         return
     progress(host.name, "rollback", f"relaunching the last good deployment ({good.get('drafter_path')})")
-    rb_memory: dict[str, Any] = {"rollback_record": good, "env_file": good.get("env_file"),
-                                 "host_lock": memory.get("host_lock"),
-                                 # memory held before the stop (the doctor's read): the rollback never waits for it
-                                 "gpu_baseline_mib": memory.get("gpu_baseline_mib")}
+    rb_memory = memory.rollback_of(good)
     records, rb_error, _ = run_steps(rollback_steps(playbook), host, run, conn, stamp, progress,
                                       rb_memory, cancelled, label="rollback/")
     report.rollback = records
     report.cause = error
     first = str(error).splitlines()[0]
     if rb_error is None:
-        memory.update(restored=rb_memory.get("deployment"))
-        restored = f"previous deployment restored and verified ({good.get('drafter_path')}, pid {rb_memory.get('pid')})"
+        memory.restored = rb_memory.deployment
+        restored = f"previous deployment restored and verified ({good.get('drafter_path')}, pid {rb_memory.pid})"
         if isinstance(error, Regression):
             report.error = Regression(f"{error}\n-> rolled back: {restored}")
         else:
@@ -223,24 +224,25 @@ def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str
             f"{str(rb_error).splitlines()[0]}", exit_code=ExitCode.FAILED)
         # what the host serves now is read after the run (HostSession.close), not assumed: a server
         # still loading after a network freeze is not "nothing"
-        memory["rollback_failed"] = True
+        memory.rollback_failed = True
         progress(host.name, "rollback", "FAILED: the rollback did not restore a verified deployment")
 
 
-def collect_facts(report: HostReport, memory: dict, run: Run) -> None:
-    deployment = memory.get("deployment") or {}
+def collect_facts(report: HostReport, memory: StepMemory, run: Run) -> None:
+    deployment = memory.deployment or {}
+    bench = memory.bench or {}
     report.facts = {
-        "sglang_version": memory.get("sglang_version") or deployment.get("sglang_version"),
-        "drafter_fingerprint": memory.get("drafter_fingerprint") or deployment.get("drafter_fingerprint"),
+        "sglang_version": memory.sglang_version or deployment.get("sglang_version"),
+        "drafter_fingerprint": memory.drafter_fingerprint or deployment.get("drafter_fingerprint"),
         "draft_tokens": run.draft_tokens,
-        "accept_length": (memory.get("verify") or {}).get("accept_length"),
-        "output_tok_s": (memory.get("bench") or {}).get("output_tok_s"),
+        "accept_length": (memory.verify or {}).get("accept_length"),
+        "output_tok_s": bench.get("output_tok_s"),
         # which prompts the numbers were measured on (BENCH, issue 20): history rows name them
-        "dataset": (memory.get("bench") or {}).get("dataset"),
-        "dataset_sha256": (memory.get("bench") or {}).get("dataset_sha256"),
-        "converged": bool(memory.get("converged")),
+        "dataset": bench.get("dataset"),
+        "dataset_sha256": bench.get("dataset_sha256"),
+        "converged": memory.converged,
         # swapped into the running server or reloaded, and why / what was verified (swap-drafter)
-        "drafter_update": memory.get("drafter_update"),
+        "drafter_update": memory.drafter_update,
     }
 
 
@@ -259,7 +261,9 @@ class HostSession:
         self.jumps, self.options, self.progress, self.cancelled = jumps, options, progress, cancelled
         self.stamp = stamp
         self.report = HostReport(host)
-        self.memory: dict[str, Any] = {"force": options.force, "must_converge": host.name in options.keep_serving}
+        from deploy.steps.memory import StepMemory
+
+        self.memory = StepMemory(force=options.force, must_converge=host.name in options.keep_serving)
         self.conn: HostConnection | None = None
         self.held: Any = None
         self.started = time.monotonic()
@@ -281,14 +285,14 @@ class HostSession:
             self.report.warnings.append(warning)
             self.progress(self.host.name, "lock", f"WARNING: {warning}")
         self.progress(self.host.name, "lock", "held")
-        self.memory["host_lock"] = self.held
+        self.memory.host_lock = self.held
 
     def open(self) -> None:
         """Connect, then take the host lock (when the options say so)."""
         self.connect()
         self.lock()
 
-    def run_steps(self, steps: Sequence[PlannedStep], memory: dict | None = None, label: str = "",
+    def run_steps(self, steps: Sequence[PlannedStep], memory: StepMemory | None = None, label: str = "",
                   cancelled: threading.Event | None = None) -> tuple[list[StepRecord], DeployError | None, int]:
         """``run_steps`` on this host; ``memory``: another step memory (a rollback's), not the session's."""
         assert self.conn is not None
@@ -309,11 +313,11 @@ class HostSession:
     def skip(self, steps: Sequence[PlannedStep], why: str) -> None:
         self.report.steps.extend(StepRecord(s.name, "skipped", detail=why) for s in steps)
 
-    def server_state(self, memory: dict | None = None) -> ServerState:
+    def server_state(self) -> ServerState:
         assert self.conn is not None
-        return server_state(self.conn, self.host, self.run, self.memory if memory is None else memory)
+        return server_state(self.conn, self.host, self.run)
 
-    def died(self, error: DeployError, step: str, memory: dict | None = None) -> DeployError:
+    def died(self, error: DeployError, step: str, memory: StepMemory | None = None) -> DeployError:
         assert self.conn is not None
         return died(self.conn, self.host, self.run, self.memory if memory is None else memory, error, step)
 
@@ -337,7 +341,7 @@ class HostSession:
                     self.report.left_running = f"unknown: {exc}"
             if describe:
                 self.report.serving = serving_of(self.report, self.memory, self.options, state, state_error)
-                if self.memory.get("rollback_failed") and self.report.error is not None:
+                if self.memory.rollback_failed and self.report.error is not None:
                     self.report.error = DeployError(f"{self.report.error}\n{self.report.serving.headline()}",
                                                     exit_code=ExitCode.FAILED)
             if self.held is not None:

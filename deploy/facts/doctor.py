@@ -15,9 +15,9 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
 
 from deploy.config.models import Host, Run
 from deploy.errors import RemoteOutputError
@@ -37,6 +37,7 @@ def doctor_program() -> str:
     fixer = HELPER.parent / "fixer"
     modules = [(f"fixer.{name}", (fixer / f"{name}.py").read_text()) for name in FIXER_MODULES]
     modules.append(("host_ops", (HELPER.parent / "host_ops.py").read_text()))  # its server-state code
+    modules.append(("sglang_cli", (HELPER.parent / "sglang_cli.py").read_text()))  # SGLang's options
     return inline_program(modules + [("doctor_facts", HELPER.read_text())], "doctor_facts")
 
 
@@ -172,13 +173,45 @@ class GpuHolderFacts(_Strict):
     server: RecordedServer
 
 
+class SglangOption(_Strict):
+    """One option of SGLang's parser (deploy/remote/sglang_cli.py)."""
+
+    #: the option strings, canonical first (``["--tp-size", "--tensor-parallel-size"]``)
+    names: list[str]
+    #: argparse nargs as text: "0" (a flag), "1", "2".., "?", "*", "+", "..." or "unknown"
+    nargs: str
+    #: the values argparse accepts; None: any (or computed at run time, not read)
+    choices: Optional[list[Union[StrictStr, StrictBool, StrictInt, StrictFloat]]]
+    #: a list SGLang lets plugins extend (add_*_choices): a value outside it may still be accepted
+    open_choices: bool
+    #: the ``type=`` a value is converted by before the choices are checked: str, int, float or other
+    type: Literal["str", "int", "float", "other"]
+
+    @field_validator("names")
+    @classmethod
+    def _option_strings(cls, names: list[str]) -> list[str]:
+        if not names or not all(n.startswith("-") for n in names):
+            raise ValueError(f"option strings must start with '-', got {names[:4]}")
+        return names
+
+    @field_validator("nargs")
+    @classmethod
+    def _nargs(cls, nargs: str) -> str:
+        if not (nargs.isdigit() or nargs in ("?", "*", "+", "...", "unknown")):
+            raise ValueError(f"nargs {nargs!r} is none of argparse's")
+        return nargs
+
+
 class SglangCliFacts(_Strict):
-    """SGLang's option strings, read from its srt/server_args.py (never imported)."""
+    """SGLang's options, read from its srt/server_args.py (never imported)."""
 
     file: str
-    #: per add_argument call: the option and its aliases (``["--tensor-parallel-size", "--tp-size"]``)
-    options: Optional[list[list[str]]]
+    #: None when unreadable (``error`` says why)
+    options: Optional[list[SglangOption]]
     error: Optional[str]
+    #: how the read version builds its parser: "literal" (add_argument calls, 0.5.12 and older) or
+    #: "dataclass" (add_cli_args_from_dataclass plus literal calls, 0.5.15+)
+    layout: Optional[Literal["literal", "dataclass"]]
 
 
 class SglangRun(_Strict):

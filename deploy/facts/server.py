@@ -8,7 +8,6 @@ running. ``last-good.json`` is the same record plus the numbers it was verified 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -16,24 +15,10 @@ from typing import Any
 from deploy.errors import RemoteOutputError
 from deploy.shell import quote, quote_path
 from deploy.facts.helpers import helper_python
+# the deployment's identity is spelled once, next to the desired deployment it is compared with
+from deploy.sglang.deployment import IDENTITY, env_hash, identity  # noqa: F401  (re-exported)
 from deploy.state_layout import (StatePaths, deployment_path, last_good_env_path,  # noqa: F401  (re-exported)
                                  last_good_path)
-
-#: the fields that make two deployments the same server (the rest is bookkeeping)
-IDENTITY = ("argv", "drafter_fingerprint", "env_hash", "sglang_version")
-
-
-def env_hash(env: dict[str, str]) -> str:
-    """sha256 of the sorted environment: compares runs without keeping the values anywhere."""
-    text = "".join(f"{k}={v}\n" for k, v in sorted(env.items()))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def identity(record: dict | None) -> dict | None:
-    if not isinstance(record, dict):
-        return None
-    return {k: record.get(k) for k in IDENTITY}
-
 
 def same_deployment(a: dict | None, b: dict | None) -> bool:
     ia, ib = identity(a), identity(b)

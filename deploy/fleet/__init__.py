@@ -7,18 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 
-def plan_fleet(*args: Any, **kw: Any):
-    from deploy.fleet.plan import plan_fleet as impl
-
-    return impl(*args, **kw)
-
-
-def plan_nodes(*args: Any, **kw: Any):
-    from deploy.fleet.nodes import plan_nodes as impl
-
-    return impl(*args, **kw)
-
-
 def print_fleet_plan(*args: Any, **kw: Any):
     from deploy.fleet.plan import print_fleet_plan as impl
 
@@ -47,17 +35,3 @@ def remove_from_router(*args: Any, **kw: Any):
     from deploy.fleet.rolling import remove_from_router as impl
 
     return impl(*args, **kw)
-
-
-def rolling_runner(config, playbook, run, hosts, progress, serial, allow_downtime):
-    """run_locked's runner for a run with a router or --serial."""
-    from deploy.fleet.rolling import run_fleet
-
-    return lambda options: run_fleet(config, playbook, run, hosts, progress, options, serial, allow_downtime)
-
-
-def nodes_runner(config, playbook, run, hosts, progress):
-    """run_locked's runner for a multi-node server."""
-    from deploy.fleet.nodes import run_nodes
-
-    return lambda options: run_nodes(config, playbook, run, hosts, progress, options)

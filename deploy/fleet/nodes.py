@@ -37,10 +37,12 @@ from deploy.config.models import Host, Run
 from deploy.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied, VerificationFailed
 from deploy.engine.records import RolledBack, launch_stamp
 from deploy.engine.session import HostSession, rollback_steps
-from deploy.facts.server import identity, last_good_path, parse_record, read_record_command, same_deployment
+from deploy.facts.server import last_good_path, parse_record, read_record_command, same_deployment
 from deploy.fleet.phases import Barrier, PhaseRecord, RunResult
 from deploy.playbook import PlannedStep
+from deploy.sglang.deployment import identity
 from deploy.steps import REGISTRY
+from deploy.steps.memory import StepMemory
 from deploy.transport import JumpConnections
 
 RANK0_ONLY = ("wait-ready", "verify-acceptance", "benchmark", "regression-gate")
@@ -150,10 +152,10 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
             if barrier.error is None:
                 for s in sessions[1:]:
                     _converged_without_http(s)
-                converged = all(s.memory.get("converged") for s in sessions)
+                converged = all(s.memory.converged for s in sessions)
                 if not converged:
                     for s in sessions:
-                        s.memory["converged"] = False
+                        s.memory.converged = False
                 phases.append(PhaseRecord("node group converge", "ok",
                                           "every node runs as desired: nothing stopped" if converged else
                                           "redeploying every node (one deployment)"))
@@ -166,11 +168,11 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
                 s.skip(slices["verify"], "node rank > 0 serves no HTTP: rank 0 was checked")
 
             def still_alive(s: Node) -> DeployError | None:
-                if s.memory.get("converged"):
+                if s.memory.converged:
                     return None
                 state = s.server_state()
-                if not (state.alive and state.pid == s.memory.get("pid")):
-                    return ServerDied(f"{s.host.name}: node rank {s.rank} (pid {s.memory.get('pid')}) is not running "
+                if not (state.alive and state.pid == s.memory.pid):
+                    return ServerDied(f"{s.host.name}: node rank {s.rank} (pid {s.memory.pid}) is not running "
                                       f"after rank 0 became ready: {state.describe()}")
                 return None
 
@@ -179,7 +181,7 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
                 _mark_group(sessions)
             each(sessions, "every node: record-good", lambda s: s.steps(slices["record"]))
             cleared = any(p.name.startswith("every node: stop-stale") and p.status != "not-run" for p in phases)
-            redeployed = not all(s.memory.get("converged") for s in sessions)
+            redeployed = not all(s.memory.converged for s in sessions)
             error = barrier.error
             if error is not None and cleared and redeployed:
                 if options.rollback and not cancelled.is_set() and not isinstance(error, LockHeld):
@@ -255,7 +257,7 @@ def plan_nodes(config, playbook, run: Run, hosts: Sequence[Host], endpoints: dic
     stop = _group_stop_step()
     stops = []
     for rank, node in enumerate(nodes):
-        ctx = step_context(node, runs[rank], stop.settings, None, "<launch stamp>", lambda m: None, {}, step=stop.name)
+        ctx = step_context(node, runs[rank], stop.settings, None, "<launch stamp>", lambda m: None, step=stop.name)
         stops += [(node, "group-stop/stop-stale", dataclasses.replace(a, when=(
             "a node failed after stop-stale and no rollback of the whole group is possible, or it failed")))
                   for a in stop.module.plan(ctx)]
@@ -302,26 +304,27 @@ def _converged_without_http(s: Node) -> None:
     """converge also wants /health 200, which a rank > 0 never answers (it serves no HTTP): such a
     node runs as desired when its recorded deployment is unchanged and its server is alive."""
     record = next((r for r in reversed(s.report.steps) if r.name == "converge"), None)
-    if record is None or record.status != "ok" or s.memory.get("converged") or s.memory.get("force"):
+    if record is None or record.status != "ok" or s.memory.converged or s.memory.force:
         return
     if record.data.get("changed") or not record.data.get("alive"):
         return
     state = s.server_state()
     if state.alive and state.record is not None and state.pid == record.data.get("recorded_pid"):
-        s.memory.update(converged=True, pid=state.pid, log=state.record.get("log"), deployment=state.record)
+        s.memory.converged, s.memory.pid = True, state.pid
+        s.memory.log, s.memory.deployment = state.record.get("log"), state.record
         record.detail = f"already running as desired (pid {state.pid}; node rank {s.rank} serves no HTTP)"
 
 
 def _mark_group(sessions: Sequence[Node]) -> None:
     """Every node's deployment (launched now or converged) carries its node group, so that its last
     good record says which group deployment it belongs to."""
-    deployments = [{k: v for k, v in (s.memory.get("deployment") or {}).items() if k != "node_group"}
+    deployments = [{k: v for k, v in (s.memory.deployment or {}).items() if k != "node_group"}
                    for s in sessions]
     addr = _flag(sessions[0].run.extra_args, "--dist-init-addr")
     fields = group_fields(deployments, [s.host.name for s in sessions], addr)
     for s, deployment, group in zip(sessions, deployments, fields, strict=True):
-        if s.memory.get("deployment") is not None:
-            s.memory["deployment"] = deployment | {"node_group": group}
+        if s.memory.deployment is not None:
+            s.memory.deployment = deployment | {"node_group": group}
 
 
 def _stop_every_node(sessions: Sequence[Node], phases: list[PhaseRecord], progress, why: str = "",
@@ -334,7 +337,7 @@ def _stop_every_node(sessions: Sequence[Node], phases: list[PhaseRecord], progre
     for s in sessions:
         if s.conn is None:
             continue
-        records, failure, _ = s.run_steps([step], memory={}, label="group-stop/", cancelled=threading.Event())
+        records, failure, _ = s.run_steps([step], memory=StepMemory(), label="group-stop/", cancelled=threading.Event())
         s.report.rollback.extend(records)
         if failure is not None:
             problems.append(f"{s.host.name}: {failure}")
@@ -366,7 +369,7 @@ def _roll_back_group(sessions: Sequence[Node], playbook, error: DeployError, pha
         _stop_every_node(sessions, phases, progress, f"no last good deployment of this node group: {why}")
         return
     drafter = records[0].get("drafter_path")
-    if isinstance(error, Regression) and all(same_deployment(good, s.memory.get("deployment"))
+    if isinstance(error, Regression) and all(same_deployment(good, s.memory.deployment)
                                              for s, good in zip(sessions, records, strict=True)):
         # relaunched (--force, or a node had died) and slower than its own record: relaunching it again
         # would change nothing, and a rollback would claim a restore; the group serves on, exit 12
@@ -380,8 +383,9 @@ def _roll_back_group(sessions: Sequence[Node], playbook, error: DeployError, pha
     clear = [p for p in steps if p.name in ("stop-stale", "free-gpus", "wait-gpus-free")]
     launch = [p for p in steps if p.name == "launch"]
     verify = [p for p in steps if p.name in ("wait-ready", "verify-acceptance")]
-    memories = {s.host.name: {"rollback_record": good, "env_file": good.get("env_file"),
-                              "host_lock": s.memory.get("host_lock")} for s, good in zip(sessions, records, strict=True)}
+    # each node's rollback memory as one host's (engine.session.roll_back): its last good record, its
+    # host lock and the GPU memory the doctor found held before the stop (never waited for)
+    memories = {s.host.name: s.memory.rollback_of(good) for s, good in zip(sessions, records, strict=True)}
     barrier = Barrier(phases, progress, parallel, blame=False)
     on = barrier.phase
 
@@ -395,9 +399,9 @@ def _roll_back_group(sessions: Sequence[Node], playbook, error: DeployError, pha
 
     def alive(s: Node) -> DeployError | None:
         memory = memories[s.host.name]
-        state = s.server_state(memory)
-        if not (state.alive and state.pid == memory.get("pid")):
-            return ServerDied(f"{s.host.name}: node rank {s.rank} (pid {memory.get('pid')}) is not running after "
+        state = s.server_state()
+        if not (state.alive and state.pid == memory.pid):
+            return ServerDied(f"{s.host.name}: node rank {s.rank} (pid {memory.pid}) is not running after "
                               f"rank 0 became ready: {state.describe()}")
         return None
 
@@ -410,7 +414,7 @@ def _roll_back_group(sessions: Sequence[Node], playbook, error: DeployError, pha
     if barrier.error is None:
         addr = records[0]["node_group"]["dist_init_addr"]
         restored = (f"previous deployment restored and verified on every node ({drafter}, --dist-init-addr "
-                    f"{addr}, pids " + ", ".join(f"{n} {memories[n].get('pid')}" for n in names) + ")")
+                    f"{addr}, pids " + ", ".join(f"{n} {memories[n].pid}" for n in names) + ")")
         for s in sessions:
             s.report.cause = s.report.error
             # a regression stays a regression (exit 12, as on one host); anything else: rolled back (exit 11)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deploy.config.models import Config, Host, Run
-from deploy.errors import DeployError, ExitCode, Interrupted, UsageError
+from deploy.errors import DeployError, ExitCode, Interrupted
 from deploy.fanout import for_each_host
 from deploy.engine.records import HostReport, Progress, RunOptions, StepRecord
 from deploy.engine.session import network_host, run_on_host
@@ -238,15 +238,6 @@ def _run_phases(state: RunState, hosts: Sequence[Host], phases: Sequence[Phase],
     return RunResult(reports, records, error if not any(r.error for r in reports) else None, state.rotation)
 
 
-def batches(hosts: Sequence[Host], serial: int) -> list[tuple[Host, ...]]:
-    return [tuple(hosts[i:i + serial]) for i in range(0, len(hosts), serial)]
-
-
-def default_serial(run: Run, hosts: Sequence[Host]) -> int:
-    """All at once without a router; one host at a time with one (the others keep serving)."""
-    return 1 if run.router is not None else max(1, len(hosts))
-
-
 def open_router(state: RunState) -> Any:
     """The router host's connection and client, opened once per run."""
     from deploy.fleet.router import RouterHost
@@ -267,9 +258,3 @@ def close_router(state: RunState) -> None:
     conn = state.data.pop("router_conn", None)
     if conn is not None:
         conn.close()
-
-
-def check_serial(serial: int, hosts: Sequence[Host], run: Run, allow_downtime: bool) -> None:
-    if run.router is not None and serial >= len(hosts) and len(hosts) > 0 and not allow_downtime:
-        raise UsageError(f"--serial {serial} takes all {len(hosts)} replica(s) of run {run.name!r} out of the "
-                         "router at once: nothing would serve; use a smaller --serial or --allow-downtime")

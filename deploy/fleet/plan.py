@@ -7,7 +7,6 @@ from typing import Any
 
 import click
 
-from deploy.fleet.phases import batches, default_serial
 from deploy.fleet.router import RouterCalls, RouterPaths, router_argv, router_url, worker_url
 
 
@@ -57,23 +56,21 @@ def phase_plan(phases, view: PlanView, playbook) -> list[dict[str, Any]]:
     return out
 
 
-def plan_fleet(config, run, hosts, command: str, serial: int | None, allow_downtime: bool,
-               playbook=None, endpoints: dict | None = None) -> dict[str, Any]:
-    from deploy.fleet.rolling import fleet_phases, with_router_spared
+def plan_fleet(config, rollout, playbook=None, endpoints: dict | None = None) -> dict[str, Any]:
+    """The run-level plan of ``rollout`` (fleet/rollout.py: the value its run takes); ``playbook``
+    None: no run-level phases (``down``), only the router's part."""
+    from deploy.fleet.rolling import fleet_phases
 
-    serial = serial or default_serial(run, hosts)
-    groups = batches(hosts, serial)
-    document: dict[str, Any] = {"serial": serial, "allow_downtime": allow_downtime,
-                                "batches": [[h.name for h in batch] for batch in groups]}
+    run, hosts = rollout.run, list(rollout.hosts)
+    document: dict[str, Any] = {"serial": rollout.serial, "allow_downtime": rollout.allow_downtime,
+                                "batches": [[h.name for h in batch] for batch in rollout.batches]}
     if playbook is not None:
         view = PlanView(config, run, network_hosts(config.hosts_of(run), endpoints))
         if run.router is not None:
             view.calls = RouterCalls(run.router, view.network(config.host(run.router.host)), planned=True)
             view.router_host = run.router.host
-            playbook = with_router_spared(playbook, run)
-        benchmarks = any(s.name == "benchmark" and s.settings.enabled for s in playbook.steps)
-        document["phases"] = phase_plan(fleet_phases(hosts, serial, run.router is not None, allow_downtime,
-                                                     keep_unchanged=not benchmarks), view, playbook)
+        playbook = rollout.playbook(playbook)
+        document["phases"] = phase_plan(fleet_phases(rollout, playbook), view, playbook)
     if run.router is not None:
         host = config.host(run.router.host)
         paths = RouterPaths(host.state_dir)

@@ -18,7 +18,7 @@ from typing import Any
 
 from deploy.config.models import Host
 from deploy.errors import DeployError, ExitCode
-from deploy.fleet.phases import (SERVING_OUTCOMES, HostPhase, Phase, RunPhase, RunState, batches, open_router)
+from deploy.fleet.phases import (SERVING_OUTCOMES, HostPhase, Phase, RunPhase, RunState, open_router)
 from deploy.fleet.router import worker_url
 
 
@@ -56,7 +56,7 @@ def _serving(state: RunState, hosts: Sequence[Host]) -> list[Host]:
 
 def probe_actions(host: Host, run, stamp: str):
     """The pre-drain probe's two read-only commands (the doctor's read, the drafter's fingerprint)
-    and the context converge's rule judges them in; ``plan`` lists the same two."""
+    and the context they are built in; ``plan`` lists the same two."""
     from deploy.facts.doctor import doctor_command, run_state_spec
     from deploy.facts.helpers import HELPER_FILES
     from deploy.steps import converge
@@ -65,7 +65,7 @@ def probe_actions(host: Host, run, stamp: str):
     from deploy.steps.wait_ready import health_url
 
     ctx = StepContext(host=host, run=run, settings=converge.Settings(step="converge"), conn=None,
-                      launch_stamp=stamp, memory={})
+                      launch_stamp=stamp)
     spec = run_state_spec(host, list(HELPER_FILES), health_url(ctx))
     when = "the router runs and --force is not given (a host found unchanged stays in the router)"
     return ctx, (Command(description="probe (read-only): the doctor's read of SGLang's version and the running server",
@@ -97,12 +97,14 @@ def _unchanged(state: RunState, host: Host) -> tuple[bool, str]:
         fingerprint = parse_fingerprint(result.exit_code, result.stdout, result.stderr, host.name).fingerprint
         from deploy.doctor.speculation import draft_quantization_flag
         from deploy.doctor.verdict import DoctorInput
+        from deploy.sglang.deployment import desired_deployment
 
-        ctx.memory.update(drafter_fingerprint=fingerprint, drafter_path=store_path(ctx, fingerprint),
-                          sglang_version=sglang.version,  # and the doctor step's draft quantization decision
-                          draft_quantization=draft_quantization_flag(DoctorInput(host, state.run, state.run.draft_tokens,
-                                                                                 facts, sglang)))
-        return converge.would_converge(ctx, server)
+        # what the playbook's launch would start here, with the doctor step's own decisions
+        desired = desired_deployment(state.run, host, state.run.draft_tokens, drafter_path=store_path(ctx, fingerprint),
+                                     drafter_fingerprint=fingerprint, sglang_version=sglang.version,
+                                     draft_quantization=draft_quantization_flag(
+                                         DoctorInput(host, state.run, state.run.draft_tokens, facts, sglang)))
+        return converge.would_converge(desired, server)
 
 
 def _probe(batch: tuple[Host, ...]):
@@ -287,22 +289,28 @@ def _preflight_plan(hosts: Sequence[Host]):
     return plan
 
 
-def fleet_phases(hosts: Sequence[Host], serial: int, has_router: bool, allow_downtime: bool,
-                 keep_unchanged: bool = True) -> list[Phase]:
-    """``keep_unchanged``: probe each batch and keep the hosts that would only converge in the router
-    (off when the playbook benchmarks: bench_serving must not compete with the router's traffic)."""
+def keep_unchanged(playbook) -> bool:
+    """Probe each batch and keep the hosts that would only converge in the router, unless the
+    playbook benchmarks (bench_serving must not compete with the router's traffic)."""
+    return not any(s.name == "benchmark" and s.settings.enabled for s in playbook.steps)
+
+
+def fleet_phases(rollout, playbook) -> list[Phase]:
+    """The run-level phases of ``rollout`` (fleet/rollout.py: its checked batches), in order."""
+    hosts, has_router = list(rollout.hosts), rollout.run.router is not None
+    probe = has_router and keep_unchanged(playbook)
     phases: list[Phase] = []
     if has_router:
         phases.append(RunPhase("pre-flight: router checks, every replica's doctor", _preflight(hosts),
                                plan=_preflight_plan(hosts)))
-    groups = batches(hosts, serial)
+    groups = rollout.batches
     for i, batch in enumerate(groups, 1):
         tag = f"batch {i}/{len(groups)}"
         names = ",".join(h.name for h in batch)
-        if has_router and keep_unchanged:
+        if probe:
             phases.append(RunPhase(f"{tag} check unchanged {names}", _probe(batch), plan=_probe_plan(batch)))
         if has_router:
-            phases.append(RunPhase(f"{tag} router-remove {names}", _remove(batch, allow_downtime),
+            phases.append(RunPhase(f"{tag} router-remove {names}", _remove(batch, rollout.allow_downtime),
                                    plan=_remove_plan(batch)))
             phases.append(RunPhase(f"{tag} drain {names}", _drain(batch), plan=_drain_plan(batch)))
         phases.append(HostPhase(batch, f"{tag} redeploy {names}"))
@@ -313,38 +321,20 @@ def fleet_phases(hosts: Sequence[Host], serial: int, has_router: bool, allow_dow
     return phases
 
 
-def with_router_spared(playbook, run):
-    """stop-stale --scope user must not stop a router that runs on a replica host."""
-    from deploy.fleet.router import ROUTER_CMDLINE_MARKS
-
-    if run.router is None:
-        return playbook
-    for step in playbook.steps:
-        if step.name == "stop-stale":
-            exclude = list(step.settings.exclude) + [m for m in ROUTER_CMDLINE_MARKS if m not in step.settings.exclude]
-            return playbook.with_settings("stop-stale", exclude=exclude)
-    return playbook
-
-
-def run_fleet(config, playbook, run, hosts: Sequence[Host], progress, options,
-              serial: int | None, allow_downtime: bool):
-    """The playbook over the run's hosts in batches, with the router's phases between them."""
+def run_fleet(config, playbook, rollout, progress, options):
+    """The playbook over the rollout's hosts in its batches, with the router's phases between them."""
     import threading
 
-    from deploy.fleet.phases import RunState, check_serial, close_router, default_serial, run_phases
+    from deploy.fleet.phases import RunState, close_router, run_phases
     from deploy.engine.records import launch_stamp
     from deploy.transport import JumpConnections
 
-    serial = serial or default_serial(run, hosts)
-    check_serial(serial, hosts, run, allow_downtime)
-    playbook = with_router_spared(playbook, run)
+    playbook = rollout.playbook(playbook)
     with JumpConnections() as jumps:
-        state = RunState(config, run, playbook, options, progress, jumps, threading.Event(),
+        state = RunState(config, rollout.run, playbook, options, progress, jumps, threading.Event(),
                          launch_stamp())
         try:
-            benchmarks = any(s.name == "benchmark" and s.settings.enabled for s in playbook.steps)
-            return run_phases(state, hosts, fleet_phases(hosts, serial, run.router is not None, allow_downtime,
-                                                         keep_unchanged=not benchmarks))
+            return run_phases(state, list(rollout.hosts), fleet_phases(rollout, playbook))
         finally:
             close_router(state)
 

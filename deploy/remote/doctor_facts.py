@@ -31,11 +31,12 @@ import subprocess
 import sys
 
 if __package__:  # imported locally, as deploy.remote.doctor_facts
-    from . import host_ops
+    from . import host_ops, sglang_cli
     from .fixer.errors import FixError
     from .fixer.header import read_header as read_safetensors_header
 else:  # sent inline: deploy/facts/inline.py embeds the fixer's modules as the package "fixer", and host_ops
     import host_ops  # type: ignore[no-redef]
+    import sglang_cli  # type: ignore[no-redef]
     from fixer.errors import FixError  # type: ignore[no-redef]
     from fixer.header import read_header as read_safetensors_header  # type: ignore[no-redef]
 
@@ -493,36 +494,11 @@ def resolve_hook(classes, arch):
     return {"class_found": True, "file": first["file"], "has_hook": False, "via": None, "chain": chain}
 
 
-_OPTION = re.compile(r"""["'](--?[A-Za-z0-9][A-Za-z0-9_.-]*)["']""")
-#: the leading option strings of one ``add_argument(...)`` call: one option and its aliases
-_CALL = re.compile(r"""add_argument\(\s*((?:["']--?[A-Za-z0-9][A-Za-z0-9_.-]*["']\s*,\s*)+)""")
-MAX_SOURCE_BYTES = 4 << 20
-
-
 def sglang_options(package_dir):
-    """The options of SGLang's own command line, from its source (never imported: that is torch):
-    per ``add_argument("--name", "--alias", ...)`` call inside ``ServerArgs.add_cli_args`` in
-    srt/server_args.py (SGLang 0.4-0.5: launch_server builds its parser there), its option strings.
-    None and the reason when unreadable."""
-    path = os.path.join(package_dir, "srt", "server_args.py")
-    try:
-        with open(path, "rb") as handle:
-            text = handle.read(MAX_SOURCE_BYTES + 1).decode("utf-8", "replace")
-    except OSError as exc:
-        return {"file": path, "options": None, "error": _error(exc)}
-    if len(text) > MAX_SOURCE_BYTES:
-        return {"file": path, "options": None, "error": "larger than %d bytes" % MAX_SOURCE_BYTES}
-    start = re.search(r"^\s+def add_cli_args\s*\(", text, re.M)
-    if start is None:
-        return {"file": path, "options": None, "error": "no add_cli_args in it"}
-    indent = len(start.group(0)) - len(start.group(0).lstrip())
-    end = re.compile(r"^ {0,%d}(?:def |class |@)\S" % indent, re.M).search(text, start.end())
-    body = text[start.end():end.start() if end else len(text)]
-    groups = [_OPTION.findall(call) for call in _CALL.findall(body)]
-    groups = [g for g in groups if g]
-    if not groups:
-        return {"file": path, "options": None, "error": "no add_argument(\"--option\", ...) in add_cli_args"}
-    return {"file": path, "options": groups, "error": None}
+    """The options of SGLang's own command line, read from its source as its parser builds them
+    (deploy/remote/sglang_cli.py: the literal add_argument calls of 0.5.12 and older, the Arg fields
+    of 0.5.15+); ``options`` None and the reason when unreadable."""
+    return sglang_cli.read_options(package_dir)
 
 
 def sglang_facts(spec):

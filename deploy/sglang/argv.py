@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from deploy.config.models import Host, Run
 
+#: SGLang 0.5.7+: the draft model's own quantization (unset: it inherits the target's, sglang#28196)
+DRAFT_QUANT_FLAG = "--speculative-draft-model-quantization"
+
 
 def speculative_plan(run: Run, draft_tokens: int) -> tuple[int, int, int]:
     """(num_steps, topk, num_draft_tokens) passed explicitly.
@@ -49,7 +52,7 @@ def sglang_argv(run: Run, host: Host, draft_tokens: int, drafter: str | None = N
         # counters from it while the server serves (SGLang only serves /metrics with this flag)
         "--enable-metrics",
         # the doctor's decision for an unquantized drafter under a quantized target (sglang#28196)
-        *(["--speculative-draft-model-quantization", draft_quantization] if draft_quantization else []),
+        *([DRAFT_QUANT_FLAG, draft_quantization] if draft_quantization else []),
         *run.extra_args,
     ]
 

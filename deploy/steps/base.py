@@ -28,6 +28,7 @@ from pydantic import Field
 from deploy.config.models import Host, Run, Strict
 from deploy.errors import Interrupted
 from deploy.state_layout import StatePaths  # noqa: F401  (re-exported: steps use ctx.paths)
+from deploy.steps.memory import StepMemory
 from deploy.transport import CommandResult, Transport, WatchResult
 
 
@@ -149,7 +150,7 @@ class StepContext:
     launch_stamp: str
     progress: Callable[[str], None] = lambda message: None
     #: values one step hands to a later one on the same host (e.g. the launched PID)
-    memory: dict[str, Any] = field(default_factory=dict)
+    memory: StepMemory = field(default_factory=StepMemory)
     #: set on Ctrl-C: polling steps stop at their next poll
     cancelled: threading.Event = field(default_factory=threading.Event)
     #: (step, action) for every action performed on this host, in order (shared by the host's steps)

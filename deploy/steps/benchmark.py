@@ -132,7 +132,7 @@ def run(ctx: StepContext) -> StepOutcome:
             **ds.identity(), "dataset_uploaded": uploaded, "settings": load(ctx, ds)}
     if ds.is_file:
         data["dataset_path"] = ds.remote_path(ctx.paths.root)
-    ctx.memory["bench"] = data
+    ctx.memory.bench = data
     accept = f", accept length {bench.accept_length:.2f}" if bench.accept_length is not None else ""
     return StepOutcome("ok", f"{bench.output_tok_s:.1f} output tok/s{accept} (T={ctx.draft_tokens}, "
                              f"dataset {ds.name})", data)

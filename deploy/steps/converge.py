@@ -13,7 +13,8 @@ from deploy.errors import DeployError, ExitCode
 from deploy.facts.server import SNAPSHOT_FRESH_S, identity, parse_server_state, server_state_command
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 from deploy.steps.fix_keys import parse_version, version_command
-from deploy.steps.launch import desired_record
+from deploy.sglang.deployment import DesiredDeployment
+from deploy.steps.launch import desired
 from deploy.steps.wait_ready import health_url
 
 NAME = "converge"
@@ -44,22 +45,12 @@ def plan(ctx: StepContext) -> list[Command]:
     return [version_action(ctx), state_action(ctx)]
 
 
-def differences(desired: dict, recorded: dict | None) -> list[str]:
-    if recorded is None:
-        return ["no deployment recorded"]
-    want, have = identity(desired), identity(recorded)
-    assert want is not None and have is not None  # identity() of a dict is a dict
-    return [key.replace("_", " ") for key in want if want[key] != have[key]]
-
-
-def would_converge(ctx: StepContext, state) -> tuple[bool, str]:
-    """(already running as desired?, why not), for the fleet's probe before it drains a replica.
-
-    ``ctx.memory`` holds what fix-keys and the doctor would have learnt: drafter_fingerprint,
-    drafter_path and sglang_version."""
+def would_converge(desired: DesiredDeployment, state) -> tuple[bool, str]:
+    """(already running as desired?, why not): the one rule, for converge and the fleet's probe
+    before it drains a replica (deploy/sglang/deployment.py builds ``desired`` for both)."""
     if state.record is None:
         return False, "no deployment is recorded on this host"
-    changed = differences(desired_record(ctx), state.record)
+    changed = desired.differences(state.record)
     if changed:
         return False, ", ".join(changed) + " changed"
     if not state.alive:
@@ -71,7 +62,7 @@ def would_converge(ctx: StepContext, state) -> tuple[bool, str]:
 
 def run(ctx: StepContext) -> StepOutcome:
     outcome = _decide(ctx)
-    if ctx.memory.get("must_converge") and not outcome.data.get("converged"):
+    if ctx.memory.must_converge and not outcome.data.get("converged"):
         # the fleet kept this replica in the router because a probe found it unchanged; it changed since:
         # redeploying it now would stop a server that takes requests. Nothing was stopped.
         raise DeployError(f"{ctx.host.name}: {outcome.detail.removeprefix('redeploying: ')} since the check before "
@@ -81,23 +72,24 @@ def run(ctx: StepContext) -> StepOutcome:
 
 
 def _decide(ctx: StepContext) -> StepOutcome:
-    if ctx.run.sglang_generation == "auto" and not ctx.memory.get("sglang_version"):
-        ctx.memory["sglang_version"] = parse_version(ctx.execute(version_action(ctx)), ctx.host.name,
+    if ctx.run.sglang_generation == "auto" and not ctx.memory.sglang_version:
+        ctx.memory.sglang_version = parse_version(ctx.execute(version_action(ctx)), ctx.host.name,
                                                      ctx.run.sglang_python)
-    desired = desired_record(ctx)
-    snapshot = ctx.memory.get("snapshot")
+    wanted = desired(ctx)
+    snapshot = ctx.memory.snapshot
     if snapshot is not None and snapshot.fresh:
         state = snapshot.server
     else:
         state = parse_server_state(ctx.execute(state_action(ctx)).stdout, ctx.host.name)
-    changed = differences(desired, state.record)
-    data = {"desired": identity(desired), "recorded_pid": state.pid, "alive": state.alive, "health": state.status}
-    if ctx.memory.get("force"):
+    changed = wanted.differences(state.record)
+    data = {"desired": identity(wanted.record()), "recorded_pid": state.pid, "alive": state.alive, "health": state.status}
+    if ctx.memory.force:
         return StepOutcome("ok", "--force: redeploying", data | {"converged": False})
-    unchanged, why = would_converge(ctx, state)  # the one rule, shared with the fleet's pre-drain probe
+    unchanged, why = would_converge(wanted, state)  # the one rule, shared with the fleet's pre-drain probe
     if not unchanged:
         return StepOutcome("ok", f"redeploying: {why}", data | {"converged": False} | ({"changed": changed} if changed else {}))
     assert state.record is not None and state.pid is not None
-    ctx.memory.update(converged=True, pid=state.pid, log=state.record.get("log"), deployment=state.record)
+    ctx.memory.converged, ctx.memory.pid = True, state.pid
+    ctx.memory.log, ctx.memory.deployment = state.record.get("log"), state.record
     return StepOutcome("ok", f"already running as desired (pid {state.pid}); nothing touched",
                        data | {"converged": True, "pid": state.pid})

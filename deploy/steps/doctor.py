@@ -44,7 +44,7 @@ def action(ctx: StepContext, script: str | None = "<deploy/remote/doctor_facts.p
 
 
 def plan(ctx: StepContext) -> list[Command]:
-    ctx.memory.setdefault("sglang_version", "<sglang version>")  # what later steps' plans show
+    ctx.memory.sglang_version = ctx.memory.sglang_version or "<sglang version>"  # what later steps' plans show
     return [action(ctx)]
 
 
@@ -114,28 +114,28 @@ def run(ctx: StepContext) -> StepOutcome:
     plan = StopPlan(threshold_mib=ctx.settings.gpu_threshold_mib or 0, replace=ctx.settings.replace)
     checks = all_checks(given, plan)
     # memory no process the stop ends holds, per GPU: wait-gpus-free (a rollback's too) never waits for it
-    ctx.memory["gpu_baseline_mib"] = gpu_baseline(given)
+    ctx.memory.gpu_baseline_mib = gpu_baseline(given)
     version = sglang.version if sglang else None
     if version:
-        ctx.memory["sglang_version"] = version  # fix-keys and converge reuse it: no command of their own
+        ctx.memory.sglang_version = version  # fix-keys and converge reuse it: no command of their own
     if facts.run_state is not None:
         # read under the host lock: ensure-helper, converge, record-good and regression-gate use it
-        ctx.memory["snapshot"] = snapshot_of(facts.run_state, facts.python.version, ctx.host.name,
+        ctx.memory.snapshot = snapshot_of(facts.run_state, facts.python.version, ctx.host.name,
                                              ctx.host.state_dir)
     from deploy.doctor.checks import failed
     from deploy.doctor.speculation import DRAFT_QUANT_FLAG, draft_quantization_flag
 
     # an unquantized drafter under a quantized target: the launch passes the draft's own quantization
     quantization = draft_quantization_flag(DoctorInput(ctx.host, ctx.run, ctx.run.draft_tokens, facts, sglang))
-    ctx.memory["draft_quantization"] = quantization
+    ctx.memory.draft_quantization = quantization
     passes = f"; the launch passes {DRAFT_QUANT_FLAG} {quantization}" if quantization else ""
     documents = [c.to_dict() for c in checks]
-    ctx.memory["doctor_checks"] = documents
+    ctx.memory.doctor_checks = documents
     data = {"checks": documents}
     bad = failed(checks)
     warned = [c.name for c in checks if c.status == "warn"]
     if bad and not ctx.settings.ignore:
-        text = failure_text(ctx.host.name, checks, ctx.memory.get("snapshot"))
+        text = failure_text(ctx.host.name, checks, ctx.memory.snapshot)
         if checkpoint_invalid(bad):
             raise DeployError(text, exit_code=ExitCode.CHECKPOINT)
         raise VerificationFailed(text)

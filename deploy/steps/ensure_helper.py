@@ -46,7 +46,7 @@ def plan(ctx: StepContext) -> list[Action]:
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    snapshot = ctx.memory.get("snapshot")
+    snapshot = ctx.memory.snapshot
     if snapshot is not None:
         helpers.require_python(snapshot.python, ctx.host.python, ctx.host.name)
         remote = snapshot.helpers

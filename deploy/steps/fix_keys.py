@@ -88,7 +88,7 @@ def store_command(ctx: StepContext, version: str | None) -> str:
 
 def known_version(ctx: StepContext) -> str | None:
     # the doctor step already read it from the same package metadata in this run
-    version = ctx.memory.get("sglang_version")
+    version = ctx.memory.sglang_version
     return version if isinstance(version, str) else None
 
 
@@ -102,8 +102,8 @@ def action(ctx: StepContext) -> Command:
 
 def plan(ctx: StepContext) -> list[Command]:
     # what the later steps' plans show for the values this step learns on the host
-    ctx.memory.setdefault("drafter_fingerprint", "<drafter fingerprint>")
-    ctx.memory.setdefault("drafter_path", path_join(ctx.paths.drafters, "<drafter fingerprint>"))
+    ctx.memory.drafter_fingerprint = ctx.memory.drafter_fingerprint or "<drafter fingerprint>"
+    ctx.memory.drafter_path = ctx.memory.drafter_path or path_join(ctx.paths.drafters, "<drafter fingerprint>")
     return [action(ctx)]
 
 
@@ -117,7 +117,7 @@ def outcome_of(ctx: StepContext, summary: FixerSummary | FixerFailure) -> StepOu
     if isinstance(summary, FixerFailure):
         raise DeployError(f"{source}: key fix of {drafter}: {summary.error}", exit_code=exit_code_of(summary.code, source))
     store = store_path(ctx, summary.fingerprint)
-    ctx.memory.update(drafter_fingerprint=summary.fingerprint, drafter_path=store)
+    ctx.memory.drafter_fingerprint, ctx.memory.drafter_path = summary.fingerprint, store
     if summary.status == "no_sglang_version":
         read = summary.sglang_version_read
         if read is not None:
@@ -128,7 +128,7 @@ def outcome_of(ctx: StepContext, summary: FixerSummary | FixerFailure) -> StepOu
         return StepOutcome("skipped", f"drafter unchanged, already converted in {store}",
                            {"fingerprint": summary.fingerprint, "store": store})
     if summary.sglang_version is not None:
-        ctx.memory["sglang_version"] = summary.sglang_version
+        ctx.memory.sglang_version = summary.sglang_version
     verification = summary.verification
     if summary.status == "verify_failed" or (verification is not None and not verification.ok):
         # The fixer orders problems root cause first ("EAGLE3 currently only supports 1 layer" on

@@ -21,8 +21,9 @@ from datetime import datetime, timezone
 
 from deploy.config.models import Host, Run
 from deploy.errors import RemoteOutputError
-from deploy.facts.server import deployment_path, env_hash
-from deploy.sglang.argv import PATH_POSITIONS, sglang_argv, speculative_plan
+from deploy.facts.server import deployment_path
+from deploy.sglang.argv import PATH_POSITIONS, speculative_plan
+from deploy.sglang.deployment import DesiredDeployment, desired_deployment
 from deploy.shell import path_join, quote, quote_path
 from deploy.state_layout import SERVER_LOG_PATTERN, SERVER_LOG_PLACEHOLDER, server_log_name
 from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings, Upload, UploadFile
@@ -54,27 +55,26 @@ def env_file_text(env: dict[str, str]) -> str:
     return "".join(f"{name}={quote(value)}\n" for name, value in sorted(env.items()))
 
 
-def desired_argv(ctx: StepContext) -> list[str]:
-    """What this run launches: the run's flags with the drafter from the store (fix-keys put its
-    path in memory), or, during a rollback, the last good deployment's argv exactly."""
-    rollback = ctx.memory.get("rollback_record")
+def desired(ctx: StepContext) -> DesiredDeployment:
+    """What this launch starts: the run's deployment with the drafter from the store (fix-keys put
+    its path in memory) and the doctor's decisions, or, during a rollback, the last good deployment
+    exactly (deploy/sglang/deployment.py: the one place it is computed)."""
+    rollback = ctx.memory.rollback_record
     if rollback is not None:
-        return list(rollback["argv"])
-    return sglang_argv(ctx.run, ctx.host, ctx.draft_tokens, ctx.memory.get("drafter_path"),
-                       ctx.memory.get("draft_quantization"))
+        return DesiredDeployment.of_record(rollback)
+    return desired_deployment(ctx.run, ctx.host, ctx.draft_tokens, drafter_path=ctx.memory.drafter_path,
+                              drafter_fingerprint=ctx.memory.drafter_fingerprint,
+                              sglang_version=ctx.memory.sglang_version,
+                              draft_quantization=ctx.memory.draft_quantization)
+
+
+def desired_argv(ctx: StepContext) -> list[str]:
+    return list(desired(ctx).argv)
 
 
 def desired_record(ctx: StepContext) -> dict:
     """The desired state recorded on the host at launch (compared by converge)."""
-    rollback = ctx.memory.get("rollback_record")
-    if rollback is not None:
-        return {k: rollback.get(k) for k in ("run", "argv", "drafter_fingerprint", "drafter_path", "env_hash",
-                                              "sglang_version", "draft_tokens", "env_file")}
-    return {"run": ctx.run.name, "argv": desired_argv(ctx),
-            "drafter_fingerprint": ctx.memory.get("drafter_fingerprint"),
-            "drafter_path": ctx.memory.get("drafter_path") or ctx.run.drafter,
-            "env_hash": env_hash(ctx.run.env), "sglang_version": ctx.memory.get("sglang_version"),
-            "draft_tokens": ctx.draft_tokens, "env_file": env_path(ctx) if ctx.run.env else None}
+    return desired(ctx).record()
 
 
 def new_log_name() -> str:
@@ -82,7 +82,7 @@ def new_log_name() -> str:
 
 
 def log_path(ctx: StepContext) -> str:
-    return ctx.memory.get("log") or path_join(ctx.paths.logs, SERVER_LOG_PLACEHOLDER)
+    return ctx.memory.log or path_join(ctx.paths.logs, SERVER_LOG_PLACEHOLDER)
 
 
 def prune_logs_command(ctx: StepContext) -> str:
@@ -121,7 +121,7 @@ def command(ctx: StepContext, argv: list[str], record: dict) -> str:
     record (with the PID) and the log pruning; the PID is the script's only output.
     A rollback sources the environment file the last good deployment was launched with.
     """
-    env_file = ctx.memory.get("env_file") if "rollback_record" in ctx.memory else (env_path(ctx) if ctx.run.env else None)
+    env_file = record.get("env_file")
     env = f"set -a && . {quote_path(env_file)} && set +a || exit 1; " if env_file else ""
     name = quote(log_path(ctx).rsplit("/", 1)[-1])
     log = quote_path(log_path(ctx))
@@ -164,14 +164,14 @@ def launch_action(ctx: StepContext, launched_at: str = "<launch time>") -> Comma
 def plan(ctx: StepContext) -> list[Action]:
     actions: list[Action] = [env_upload_action(ctx)] if ctx.run.env else []
     actions.append(launch_action(ctx))
-    ctx.memory.setdefault("log", log_path(ctx))  # what wait-ready's plan watches: this launch's log
+    ctx.memory.log = log_path(ctx)  # what wait-ready's plan watches: this launch's log
     return actions
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    if ctx.run.env and "rollback_record" not in ctx.memory:
+    if ctx.run.env and ctx.memory.rollback_record is None:
         ctx.execute_upload(env_upload_action(ctx))
-    ctx.memory["log"] = path_join(ctx.paths.logs, new_log_name())
+    ctx.memory.log = path_join(ctx.paths.logs, new_log_name())
     launched_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     launch = launch_action(ctx, launched_at)
     text = ctx.execute(launch).stdout.strip()
@@ -179,7 +179,7 @@ def run(ctx: StepContext) -> StepOutcome:
         raise RemoteOutputError(f"{ctx.host.name}: launch printed {text[:200]!r}, expected the server PID")
     pid = int(text)
     record = launch_record(ctx, launched_at) | {"pid": pid}
-    ctx.memory.update(pid=pid, deployment=record, launched=True)
+    ctx.memory.pid, ctx.memory.deployment, ctx.memory.launched = pid, record, True
     steps, topk, tokens = speculative_plan(ctx.run, ctx.draft_tokens)
     assert launch.argv is not None
     return StepOutcome("ok", f"pid {pid}, log {log_path(ctx)}",

@@ -11,11 +11,14 @@ then verifies leaves the quarantine. Skipped when converge found the server alre
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deploy.errors import DeployError, Quarantined
 from deploy.facts.quarantine import parse_quarantine, quarantine_path, read_command
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
+
+if TYPE_CHECKING:
+    from deploy.steps.memory import StepMemory
 
 NAME = "quarantine"
 
@@ -42,7 +45,7 @@ def plan(ctx: StepContext) -> list[Command]:
 
 
 def entries(ctx: StepContext) -> dict[str, dict[str, Any]]:
-    snapshot = ctx.memory.get("snapshot")
+    snapshot = ctx.memory.snapshot
     text = getattr(snapshot, "quarantine", None) if snapshot is not None else None
     if snapshot is None or not getattr(snapshot, "quarantine_read", False):
         text = ctx.execute(read_action(ctx)).stdout
@@ -56,9 +59,9 @@ def describe(fingerprint: str, entry: dict[str, Any]) -> str:
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    fingerprint = ctx.memory.get("drafter_fingerprint")
+    fingerprint = ctx.memory.drafter_fingerprint
     known = entries(ctx)
-    ctx.memory["quarantine"] = known
+    ctx.memory.quarantine = known
     if not fingerprint:
         return StepOutcome("ok", "no drafter fingerprint in this run: nothing to compare", {"entries": len(known)})
     entry = known.get(fingerprint)
@@ -71,22 +74,22 @@ def run(ctx: StepContext) -> StepOutcome:
     from deploy.steps.doctor import left_as_it_was
 
     raise Quarantined(f"{ctx.host.name}: {describe(fingerprint, entry)}; not redeployed: nothing was stopped, "
-                      f"{left_as_it_was(ctx.memory.get('snapshot'))}. Change the checkpoint, or pass --retry-failed "
+                      f"{left_as_it_was(ctx.memory.snapshot)}. Change the checkpoint, or pass --retry-failed "
                       "to try it again")
 
 
-def failure_entry(verb: str, run_name: str, failed_step: str, error: DeployError, memory: dict,
+def failure_entry(verb: str, run_name: str, failed_step: str, error: DeployError, memory: StepMemory,
                   failed_at: str) -> tuple[str, dict[str, Any]] | None:
     """(fingerprint, entry) to quarantine after a failed run, or None: only a deployment that was
     launched and failed (FAILING_STEPS), of a fingerprint that is not the host's last good one."""
-    fingerprint = memory.get("drafter_fingerprint")
-    if not fingerprint or memory.get("converged") or failed_step not in FAILING_STEPS:
+    fingerprint = memory.drafter_fingerprint
+    if not fingerprint or memory.converged or failed_step not in FAILING_STEPS:
         return None
-    snapshot = memory.get("snapshot")
+    snapshot = memory.snapshot
     good = getattr(snapshot, "last_good", None) or {}
     if good.get("drafter_fingerprint") == fingerprint:
         return None  # the last good deployment itself: quarantining it would leave nothing to deploy
     entry = {"failed_at": failed_at, "verb": verb, "run": run_name, "exit_code": int(error.exit_code),
-             "reason": f"{failed_step}: {str(error).splitlines()[0][:300]}", "drafter_path": memory.get("drafter_path")}
+             "reason": f"{failed_step}: {str(error).splitlines()[0][:300]}", "drafter_path": memory.drafter_path}
     return fingerprint, entry
 

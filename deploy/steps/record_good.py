@@ -26,8 +26,8 @@ class Settings(StepSettings):
 
 def measurements(ctx: StepContext) -> dict:
     found: dict[str, Any] = {"draft_tokens": ctx.draft_tokens}
-    verify = ctx.memory.get("verify") or {}
-    bench = ctx.memory.get("bench") or {}
+    verify = ctx.memory.verify or {}
+    bench = ctx.memory.bench or {}
     if verify.get("accept_length") is not None:
         found["accept_length"] = verify["accept_length"]
         # acceptance depends on the prompts: only one measured on the same prompt set compares
@@ -94,7 +94,7 @@ def plan(ctx: StepContext) -> list[Command]:
 
 def last_good(ctx: StepContext) -> dict | None:
     """The last good record: as doctor read it under the host lock in this run, else read now."""
-    snapshot = ctx.memory.get("snapshot")
+    snapshot = ctx.memory.snapshot
     if snapshot is not None:
         return snapshot.last_good
     path = last_good_path(ctx.paths.root)
@@ -102,7 +102,7 @@ def last_good(ctx: StepContext) -> dict | None:
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    deployment = ctx.memory.get("deployment")
+    deployment = ctx.memory.deployment
     if deployment is None:
         return StepOutcome("skipped", "no deployment recorded in this run")
     previous = last_good(ctx)
@@ -119,10 +119,10 @@ def run(ctx: StepContext) -> StepOutcome:
     record["env_file"] = target if env_file else None
     if previous is not None and same_deployment(previous, deployment) and not copy_from and \
             {k: v for k, v in previous.items() if k != "pid"} == {k: v for k, v in record.items() if k != "pid"}:
-        ctx.memory["last_good"] = previous
+        ctx.memory.last_good = previous
         return StepOutcome("ok", f"already the last good deployment ({deployment.get('drafter_path')})",
                            {"last_good": {k: previous.get(k) for k in ("drafter_fingerprint", "drafter_path", "metrics")}})
     ctx.execute(write_action(ctx, record, copy_from))
-    ctx.memory["last_good"] = record
+    ctx.memory.last_good = record
     return StepOutcome("ok", f"last good: {deployment.get('drafter_path')} (pid {deployment.get('pid')})",
                        {"last_good": {k: record.get(k) for k in ("drafter_fingerprint", "drafter_path", "metrics")}})

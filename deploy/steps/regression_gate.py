@@ -71,7 +71,7 @@ def compare(now: dict, good: dict, accept_fraction: float, throughput_fraction: 
 
 
 def run(ctx: StepContext) -> StepOutcome:
-    snapshot = ctx.memory.get("snapshot")
+    snapshot = ctx.memory.snapshot
     if snapshot is not None:
         good = snapshot.last_good
     else:
@@ -86,7 +86,7 @@ def run(ctx: StepContext) -> StepOutcome:
                                  f"not {ctx.draft_tokens}: not compared", {"now": now})
     regressions, lines = compare(now, metrics, ctx.settings.min_accept_fraction, ctx.settings.min_throughput_fraction)
     data = {"now": now, "last_good": metrics, "comparisons": lines,
-            "same_as_last_good": same_deployment(good, ctx.memory.get("deployment"))}
+            "same_as_last_good": same_deployment(good, ctx.memory.deployment)}
     if regressions:
         raise Regression(f"{ctx.host.name}: regression against the last good deployment "
                          f"({good.get('drafter_path')}): {'; '.join(regressions)}")

@@ -77,7 +77,7 @@ def inspect_action(ctx: StepContext, running_drafter: str = "<the running drafte
                                "and each GPU's free memory",
                    when="the swap decision so far is swap",
                    command=inspect_command(ctx.run.sglang_python, ctx.paths.helper(SENDER), running_drafter,
-                                           ctx.memory.get("drafter_path") or "<the new drafter's store path>"),
+                                           ctx.memory.drafter_path or "<the new drafter's store path>"),
                    timeout_s=120, what="drafter inspection")
 
 
@@ -127,14 +127,14 @@ def plan(ctx: StepContext) -> list[Action]:
 
 
 def _state(ctx: StepContext) -> ServerState:
-    snapshot = ctx.memory.get("snapshot")
+    snapshot = ctx.memory.snapshot
     if snapshot is not None and snapshot.fresh:
         return snapshot.server
     return parse_server_state(ctx.execute(state_action(ctx)).stdout, ctx.host.name)
 
 
 def _reload(ctx: StepContext, reason: str, extra: dict | None = None) -> StepOutcome:
-    ctx.memory["drafter_update"] = {"how": "reloaded", "why": reason} | (extra or {})
+    ctx.memory.drafter_update = {"how": "reloaded", "why": reason} | (extra or {})
     return StepOutcome("skipped", f"reload: {reason}", {"path": "reload", "reason": reason} | (extra or {}))
 
 
@@ -194,7 +194,7 @@ def _swap(ctx: StepContext, state: ServerState, decision: SwapDecision) -> StepO
                                  "drafter_update": {"how": "swap-failed", "at": now, "from": previous,
                                                     "to": fingerprint, "why": why}}
         ctx.execute(record_action(ctx, marked, state.pid))
-        ctx.memory.pop("verify", None)
+        ctx.memory.verify = None
         ctx.progress(f"swap failed verification: {why}; reloading the new drafter")
         return _reload(ctx, f"the swap failed verification: {why}", {"sent": True, "verified": verified})
     update = {"how": "swapped", "at": now, "from": previous, "to": fingerprint,
@@ -203,8 +203,9 @@ def _swap(ctx: StepContext, state: ServerState, decision: SwapDecision) -> StepO
                         "launched_argv": state.record.get("launched_argv") or state.record.get("argv"),
                         "drafter_update": update}
     ctx.execute(record_action(ctx, record, state.pid))
-    ctx.memory.update(swapped=True, pid=state.pid, log=state.record.get("log"), deployment=record,
-                      drafter_update={"how": "swapped", "verified": verified})
+    memory = ctx.memory
+    memory.swapped, memory.pid, memory.log, memory.deployment = True, state.pid, state.record.get("log"), record
+    memory.drafter_update = {"how": "swapped", "verified": verified}
     return StepOutcome("ok", f"swapped into pid {state.pid} in {summary.seconds:.1f} s: weight_version "
                              f"{str(fingerprint)[:12]}, accept length {verified.get('accept_length')}, no restart",
                        {"path": "swap", "reason": decision.reason, "pid": state.pid, "verified": verified})

@@ -72,8 +72,8 @@ def run(ctx: StepContext) -> StepOutcome:
     length = float(document["accept_length"])
     data = {k: document.get(k) for k in ("accept_length", "completion_tokens", "spec_verify_ct", "server_avg_spec_accept_length")}
     data["settings"] = prompt_set(ctx)
-    ctx.memory["verify"] = data
-    simulated = simulated_acceptance(ctx.memory.get("doctor_checks"))
+    ctx.memory.verify = data
+    simulated = simulated_acceptance(ctx.memory.doctor_checks)
     if simulated:  # the doctor ran (--ignore-doctor too) and found the knob: no number proves anything
         raise VerificationFailed(f"{ctx.host.name}: accept length {length:.2f} is simulated, not measured: {simulated}")
     if length < ctx.settings.min_accept_length:
@@ -81,7 +81,7 @@ def run(ctx: StepContext) -> StepOutcome:
         if length < 1.05:
             # Ordered by the doctor's facts for this host: a Kimi-K2.5 target on SGLang 0.5.9 never
             # captures the aux states, yet "keys dropped" used to be blamed first whatever the facts.
-            causes = likely_causes(ctx.memory.get("doctor_checks"))
+            causes = likely_causes(ctx.memory.doctor_checks)
             hint = " — no draft token was accepted; likely causes, most likely first:\n" + "\n".join(
                 f"  {i}. {cause}" for i, cause in enumerate(causes, 1))
         raise VerificationFailed(

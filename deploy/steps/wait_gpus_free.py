@@ -77,7 +77,7 @@ def run(ctx: StepContext) -> StepOutcome:
     started = time.monotonic()
     seen: dict = {"samples": 0, "busy": None, "free": None}
 
-    baseline = ctx.memory.get("gpu_baseline_mib") or {}
+    baseline = ctx.memory.gpu_baseline_mib or {}
 
     def on_line(line: str) -> bool:
         rows = read_sample(line, ctx.host.gpus, ctx.host.name)

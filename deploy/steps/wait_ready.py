@@ -83,12 +83,12 @@ def read_pid_action(ctx: StepContext) -> Command:
 
 
 def log_of(ctx: StepContext) -> str:
-    return ctx.memory.get("log") or ctx.paths.latest_log
+    return ctx.memory.log or ctx.paths.latest_log
 
 
 def watch_action(ctx: StepContext, pid: int | None = None) -> Watch:
     timeout = ctx.timeout(ctx.run.timeouts.ready_s)
-    shown: int | str = pid if pid is not None else ctx.memory.get("pid", "<pid>")
+    shown: int | str = pid if pid is not None else (ctx.memory.pid if ctx.memory.pid is not None else "<pid>")
     # the host loop ends itself at the deadline; the channel gets a little longer for the last line
     return Watch(description=f"poll {health_url(ctx)} and the PID on the host every {ctx.settings.interval_s:g} s "
                              f"up to {timeout:g} s, one line per change",
@@ -105,8 +105,8 @@ def plan(ctx: StepContext) -> list[Command | Watch]:
 
 
 def _pid_and_log(ctx: StepContext) -> tuple[int, str]:
-    if "pid" in ctx.memory:
-        return ctx.memory["pid"], log_of(ctx)
+    if ctx.memory.pid is not None:
+        return ctx.memory.pid, log_of(ctx)
     text = ctx.execute(read_pid_action(ctx)).stdout.strip()
     if not re.fullmatch(r"\d+", text):
         raise RemoteOutputError(f"{ctx.host.name}: no server PID recorded in {ctx.paths.pidfile} (launch first)")

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from deploy.facts import fuser, gpus, helpers, host_helper  # noqa: E402
+from deploy.steps.memory import StepMemory
 from tests.fixer_zipapp import fixer_zipapp  # noqa: E402
 
 OUT = Path(__file__).resolve().parent
@@ -186,7 +187,7 @@ def capture_fixer_store(tmp: str) -> None:
                                        "python": PY})
         run_ = Run(name="r", hosts=["h"], base_model="/m", drafter=str(drafter), sglang_python=PY)
         ctx = StepContext(host=host, run=run_, settings=fix_keys.Settings(step="fix-keys", **settings), conn=None,
-                          launch_stamp="x", memory={"sglang_version": version} if version else {})
+                          launch_stamp="x", memory=StepMemory(sglang_version=version or None))
         return fix_keys.plan(ctx)[0].command
 
     one = make_speculators_drafter(Path(tmp) / "drafter")

@@ -16,6 +16,7 @@ from deploy.facts.fixer import FixerFailure, parse_fixer_summary
 from deploy.remote import fixer as fix
 from deploy.steps import fix_keys, launch
 from deploy.steps.base import StepContext
+from deploy.steps.memory import StepMemory
 from tests.fixer_zipapp import fixer_zipapp
 from tests.fixtures_ckpt import make_speculators_drafter
 from tests.hostile.tree import tree_state
@@ -69,7 +70,7 @@ def test_drafter_store_copy_on_a_full_disk(full_fs, tmp_path):
     ctx = ctx_for(fix_keys, state)
     host = Host.model_construct(**{**ctx.host.model_dump(), "python": sys.executable})
     ctx = StepContext(host=host, run=ctx.run.model_copy(update={"drafter": str(drafter)}), settings=ctx.settings,
-                      conn=None, launch_stamp=ctx.launch_stamp, memory={"sglang_version": "0.5.11"})
+                      conn=None, launch_stamp=ctx.launch_stamp, memory=StepMemory(sglang_version="0.5.11"))
     [planned] = fix_keys.plan(ctx)
     result = subprocess.run(["sh", "-c", planned.command], capture_output=True, text=True, timeout=30)
     summary = parse_fixer_summary(result.returncode, result.stdout, result.stderr, "gpu-a")

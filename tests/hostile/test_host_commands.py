@@ -12,6 +12,7 @@ from pathlib import Path
 from deploy.config.models import Host, Run
 from deploy.steps import fix_keys
 from deploy.steps.base import StepContext
+from deploy.steps.memory import StepMemory
 from tests.fixer_zipapp import fixer_zipapp
 from tests.fixtures_ckpt import make_speculators_drafter
 
@@ -27,7 +28,7 @@ def test_the_store_command_puts_the_drafter_after_double_dash(tmp_path):
     run = Run.model_construct(**{**Run(name="r", hosts=["gpu-a"], base_model="/m", drafter="/d").model_dump(),
                                  "drafter": "-x"})
     ctx = StepContext(host=host, run=run, settings=fix_keys.Settings(step="fix-keys"), conn=None,
-                      launch_stamp="x", memory={"sglang_version": "0.5.11"})
+                      launch_stamp="x", memory=StepMemory(sglang_version="0.5.11"))
     command = fix_keys.store_command(ctx, fix_keys.known_version(ctx))  # what plan() shows and run() sends
     assert command.endswith(" -- -x")
     result = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=60)

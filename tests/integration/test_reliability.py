@@ -91,6 +91,9 @@ def test_a_server_of_another_run_is_not_stopped_without_replace(clean_sandbox, t
 @pytest.mark.parametrize("extra_args,fragment", [
     (["--not-an-option", "1"], "unrecognized option --not-an-option"), (["--help"], "--help"), (["--"], "lone '--'"),
     (["--dp-size", "2"], "needs 16 GPUs on this host, which has 8"),
+    # a value outside the option's choices: refused by the launch's argparse, so before the stop (issue 30)
+    (["--kv-cache-dtype", "bogus"], "invalid choice: --kv-cache-dtype 'bogus'"),
+    (["--mem-fractoin-static", "0.85"], "did you mean --mem-fraction-static"),
 ])
 def test_extra_args_sglang_refuses_are_caught_before_the_stop(clean_sandbox, tmp_path, capsys, extra_args, fragment):
     good = config(clean_sandbox, tmp_path)
@@ -102,6 +105,17 @@ def test_extra_args_sglang_refuses_are_caught_before_the_stop(clean_sandbox, tmp
     steps = refused_before_stop(doc, code, ExitCode.VERIFY)
     assert fragment in steps["doctor"]["detail"], steps["doctor"]["detail"]
     assert serving_pid(clean_sandbox) == pid and health(clean_sandbox) == "200"
+
+
+def test_the_options_every_user_passes_deploy(clean_sandbox, tmp_path, capsys):
+    """Issue 30: the stand-in's server_args.py is built like SGLang 0.5.15+ (Arg dataclass fields), which
+    the doctor once read as having no options at all."""
+    args = ["--mem-fraction-static", "0.85", "--context-length", "8192", "--kv-cache-dtype", "fp8_e4m3"]
+    path = write_config(clean_sandbox, tmp_path, run={"group": None, "hosts": ["sb1"], "env": FAST, "extra_args": args})
+    up_ok(capsys, path)
+    pid = serving_pid(clean_sandbox)
+    cmdline = clean_sandbox.run("sb1", f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
+    assert " ".join(args) in cmdline, cmdline
 
 
 def test_a_checkpoint_that_rolled_back_is_not_redeployed_every_night(clean_sandbox, tmp_path, capsys):

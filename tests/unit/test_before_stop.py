@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from deploy.doctor.before_stop import (StopPlan, all_checks, check_extra_args, check_gpu_memory, check_other_servers,
-                                       check_parallelism, gpu_baseline, parse_extra_args)
+                                       check_parallelism, gpu_baseline, option, parse_extra_args)
 from deploy.doctor.checks import DoctorInput
+from deploy.facts.doctor import SglangCliFacts
 from deploy.facts.gpus import GpuRow
 from deploy.remote import doctor_facts
 from deploy.steps.wait_gpus_free import busy_beyond_baseline
@@ -186,8 +187,7 @@ BAD_EXTRA_ARGS = [
                                   ["--speculative-num-steps", "3"], ["--tensor-parallel-size", "2"], ["--ho", "h"]])
 def test_an_option_deployctl_sets_is_refused_whatever_its_spelling(args):
     """The config refuses these already (exit 3); the parser names them too, by SGLang's own groups."""
-    groups = doctor_facts.sglang_options(str(SIM_SERVER_ARGS.parents[1]))["options"]
-    parsed = parse_extra_args(args, groups)
+    parsed = parse_extra_args(args, _sim_options())
     assert len(parsed.problems) == 1 and "deployctl sets itself" in parsed.problems[0]
 
 
@@ -226,8 +226,12 @@ def test_the_sandbox_launcher_accepts_exactly_what_the_doctor_reads():
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser, "0.5.11")
     parsed = {o for a in parser._actions for o in a.option_strings} - {"-h", "--help"}
-    read = doctor_facts.sglang_options(str(SIM_SERVER_ARGS.parents[1]))["options"]
-    assert {o for g in read for o in g} == parsed
+    assert {n for o in _sim_options() for n in o.names} == parsed
+
+
+def _sim_options():
+    read = doctor_facts.sglang_options(str(SIM_SERVER_ARGS.parents[1]))
+    return SglangCliFacts.model_validate(read).options
 
 
 REAL_SHAPE = '''
@@ -259,8 +263,8 @@ def test_options_are_read_from_add_cli_args_as_sglang_writes_it(tmp_path):
     (tmp_path / "srt").mkdir()
     (tmp_path / "srt" / "server_args.py").write_text(REAL_SHAPE)
     found = doctor_facts.sglang_options(str(tmp_path))
-    assert found["options"] == [["--model-path", "--model"], ["--enable-dp-attention"],
-                                ["--data-parallel-size", "--dp-size"]]
+    assert [(o["names"], o["nargs"]) for o in found["options"]] == [
+        (["--model-path", "--model"], "1"), (["--enable-dp-attention"], "0"), (["--data-parallel-size", "--dp-size"], "1")]
     (tmp_path / "srt" / "server_args.py").write_text("x = 1\n")
     assert doctor_facts.sglang_options(str(tmp_path))["options"] is None
 
@@ -286,8 +290,8 @@ def test_all_checks_name_each_check_once(host):
 
 
 def test_parse_keeps_values_with_their_options():
-    groups = [["--log-level"], ["--enable-metrics"], ["--random-seed"]]
-    parsed = parse_extra_args(["--log-level", "warn", "--enable-metrics", "--random-seed=-3"], groups)
+    options = [option(["--log-level"]), option(["--enable-metrics"], "0"), option(["--random-seed"], value_type="int")]
+    parsed = parse_extra_args(["--log-level", "warn", "--enable-metrics", "--random-seed=-3"], options)
     assert parsed.options == {"--log-level": "warn", "--enable-metrics": None, "--random-seed": "-3"}
     assert parsed.problems == ()
 

@@ -19,6 +19,7 @@ from deploy.errors import DeployError, ExitCode, RemoteCommandFailed, RemoteOutp
 from deploy.remote.fixer import convert
 from deploy.steps import fix_keys
 from deploy.steps.base import StepContext
+from deploy.steps.memory import StepMemory
 from tests.fixer_zipapp import fixer_zipapp
 from tests.fixtures_ckpt import contents, make_speculators_drafter
 from tests.recording import RecordingTransport, Reply
@@ -36,7 +37,7 @@ class World:
 
     def ctx(self, conn, memory=None, **settings) -> StepContext:
         return StepContext(host=self.host, run=self.run_, settings=fix_keys.Settings(step="fix-keys", **settings),
-                           conn=conn, launch_stamp="x", memory={} if memory is None else memory)
+                           conn=conn, launch_stamp="x", memory=StepMemory() if memory is None else memory)
 
     def host_answer(self, command: str) -> Reply:
         """Run the command as the host would (HOME is the world's home) and record its answer."""
@@ -46,10 +47,10 @@ class World:
 
     def step(self, memory=None, **settings):
         """plan() on a fresh context, the host's real answer to that command, then run()."""
-        planned = fix_keys.plan(self.ctx(None, dict(memory or {}), **settings))
+        planned = fix_keys.plan(self.ctx(None, memory or StepMemory(), **settings))
         assert len(planned) == 1
         conn = RecordingTransport(self.host, [self.host_answer(planned[0].command)], home=str(self.home))
-        ctx = self.ctx(conn, dict(memory or {}), **settings)
+        ctx = self.ctx(conn, memory or StepMemory(), **settings)
         return conn, ctx, planned[0].command
 
 
@@ -60,14 +61,14 @@ def re_escape(text: str) -> str:
 def test_run_sends_exactly_the_one_command_plan_shows(tmp_path):
     world = World(tmp_path)
     before = contents(world.drafter)
-    conn, ctx, planned = world.step(memory={"sglang_version": "0.5.11"})
+    conn, ctx, planned = world.step(memory=StepMemory(sglang_version="0.5.11"))
     outcome = fix_keys.run(ctx)
     assert conn.commands == [planned] and conn.uploads == []
     assert "--sglang-version 0.5.11" in planned and "--sglang-python" not in planned   # doctor's read reused
     assert outcome.status == "ok" and outcome.data["status"] == "converted" and outcome.data["renamed"] == 10
     assert outcome.data["store"] == f"~/state dir/drafters/{outcome.data['fingerprint'][:32]}"
-    assert ctx.memory["drafter_path"] == outcome.data["store"]
-    assert ctx.memory["drafter_fingerprint"] == outcome.data["fingerprint"]
+    assert ctx.memory.drafter_path == outcome.data["store"]
+    assert ctx.memory.drafter_fingerprint == outcome.data["fingerprint"]
     assert outcome.data["verification"]["ok"] is True and outcome.data["pruned"]["kept"]
     assert contents(world.drafter) == before
     assert (world.home / "state dir" / "drafters" / outcome.data["fingerprint"][:32] / ".deployctl-ready").exists()
@@ -85,7 +86,7 @@ def test_the_version_is_read_in_the_same_command_when_doctor_did_not(tmp_path):
 
 def test_a_fixed_generation_is_passed_and_no_version_is_read(tmp_path):
     world = World(tmp_path, generation="modern")
-    conn, ctx, planned = world.step(memory={"sglang_version": "0.5.11"})
+    conn, ctx, planned = world.step(memory=StepMemory(sglang_version="0.5.11"))
     assert "--sglang-generation modern" in planned
     outcome = fix_keys.run(ctx)
     assert outcome.data["sglang_version"] is None and outcome.data["verification"]["generation"] == "modern"
@@ -93,22 +94,22 @@ def test_a_fixed_generation_is_passed_and_no_version_is_read(tmp_path):
 
 def test_when_changed_skips_an_unchanged_drafter_and_always_reverifies_it(tmp_path):
     world = World(tmp_path)
-    _, ctx, _ = world.step(memory={"sglang_version": "0.5.11"})
+    _, ctx, _ = world.step(memory=StepMemory(sglang_version="0.5.11"))
     first = fix_keys.run(ctx)
-    conn, ctx, planned = world.step(memory={"sglang_version": "0.5.11"}, when="changed")
+    conn, ctx, planned = world.step(memory=StepMemory(sglang_version="0.5.11"), when="changed")
     assert "--when changed" in planned
     skipped = fix_keys.run(ctx)
     assert skipped.status == "skipped" and skipped.data == {"fingerprint": first.data["fingerprint"],
                                                             "store": first.data["store"]}
-    assert ctx.memory["drafter_path"] == first.data["store"]
-    _, ctx, _ = world.step(memory={"sglang_version": "0.5.12"})
+    assert ctx.memory.drafter_path == first.data["store"]
+    _, ctx, _ = world.step(memory=StepMemory(sglang_version="0.5.12"))
     again = fix_keys.run(ctx)
     assert again.data["status"] == "already_converted" and again.data["verification"]["generation"] == "modern"
 
 
 def test_keep_drafters_and_hidden_states_from_reach_the_host(tmp_path):
     world = World(tmp_path)
-    conn, ctx, planned = world.step(memory={"sglang_version": "0.5.11"}, keep_drafters=5, hidden_states_from="vllm")
+    conn, ctx, planned = world.step(memory=StepMemory(sglang_version="0.5.11"), keep_drafters=5, hidden_states_from="vllm")
     assert "--keep 5" in planned and "--hidden-states-from vllm" in planned
     fix_keys.run(ctx)
     store = world.home / "state dir" / "drafters"
@@ -122,7 +123,7 @@ def test_keep_drafters_and_hidden_states_from_reach_the_host(tmp_path):
 
 def test_a_drafter_sglang_would_not_load_fully_fails_verification(tmp_path):
     world = World(tmp_path, layers=2)
-    _, ctx, _ = world.step(memory={"sglang_version": "0.5.11"})
+    _, ctx, _ = world.step(memory=StepMemory(sglang_version="0.5.11"))
     with pytest.raises(VerificationFailed) as exc:
         fix_keys.run(ctx)
     assert "only supports 1 layer" in str(exc.value) and str(world.drafter) in str(exc.value)
@@ -131,7 +132,7 @@ def test_a_drafter_sglang_would_not_load_fully_fails_verification(tmp_path):
 def test_a_broken_drafter_keeps_the_fixers_exit_code_and_names_the_file(tmp_path):
     world = World(tmp_path)
     (world.drafter / "model.safetensors").write_bytes(b"\x00" * 100)
-    _, ctx, _ = world.step(memory={"sglang_version": "0.5.11"})
+    _, ctx, _ = world.step(memory=StepMemory(sglang_version="0.5.11"))
     with pytest.raises(DeployError) as exc:
         fix_keys.run(ctx)
     assert exc.value.exit_code == ExitCode.CHECKPOINT and "model.safetensors" in str(exc.value)
@@ -140,9 +141,9 @@ def test_a_broken_drafter_keeps_the_fixers_exit_code_and_names_the_file(tmp_path
 @pytest.mark.parametrize("stdout", ["", "Traceback (most recent call last):\n", '{"status": "converted"}\n', "[]\n"])
 def test_anything_but_the_summary_is_a_remote_output_error(tmp_path, stdout):
     world = World(tmp_path)
-    ctx = world.ctx(None, {"sglang_version": "0.5.11"})
+    ctx = world.ctx(None, StepMemory(sglang_version="0.5.11"))
     conn = RecordingTransport(world.host, [Reply("fixer.pyz' store ", 1, stdout, "")], home=str(world.home))
-    ctx = world.ctx(conn, {"sglang_version": "0.5.11"})
+    ctx = world.ctx(conn, StepMemory(sglang_version="0.5.11"))
     with pytest.raises(RemoteOutputError) as exc:
         fix_keys.run(ctx)
     assert "gpu-a" in str(exc.value) and len(conn.commands) == 1
@@ -153,7 +154,7 @@ def test_a_link_out_of_the_drafter_is_not_copied_and_the_step_says_so(tmp_path):
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "weights.bin").write_bytes(b"B" * 4096)
     (world.drafter / "base-model").symlink_to(tmp_path / "base")
-    conn, ctx, _ = world.step(memory={"sglang_version": "0.5.11"})
+    conn, ctx, _ = world.step(memory=StepMemory(sglang_version="0.5.11"))
     outcome = fix_keys.run(ctx)
     assert outcome.status == "ok"
     entry = world.home / "state dir" / "drafters" / outcome.data["fingerprint"][:32]

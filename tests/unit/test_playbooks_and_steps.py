@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from deploy.config.models import Host, Run
+from deploy.sglang.argv import sglang_argv
 from deploy.errors import ConfigError, RemoteOutputError
 from deploy.facts.fuser import parse_killed
 from deploy.facts.host_helper import parse_probe, parse_stop_report
@@ -76,7 +77,7 @@ def test_topk_above_one_uses_configured_steps():
 
 
 def test_sglang_argv_is_the_documented_command():
-    argv = launch.sglang_argv(RUN, HOST, 16)
+    argv = sglang_argv(RUN, HOST, 16)
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     pairs = dict(zip(argv[3::2], argv[4::2]))
     assert pairs["--speculative-algorithm"] == "EAGLE3"
@@ -101,7 +102,7 @@ def test_launch_command_is_detached_and_quoted():
     assert "~/'drafters/it'\"'\"'s'" in cmd  # tilde expands, the rest is one literal word
     assert "'/data/models/Kimi K2.5'" in cmd
     assert "'/var/lib/deploy ctl/server.pid'" in cmd
-    assert planned.argv == launch.sglang_argv(RUN, HOST, 16)
+    assert planned.argv == sglang_argv(RUN, HOST, 16)
     shlex.split(cmd.replace("~/", "/home/u/"))  # well-formed shell words
 
 
@@ -321,8 +322,8 @@ def test_doctor_plan_is_one_command_and_sends_the_helper_inline():
 
 
 STEP_FILES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "steps").glob("*.py"))
-#: not steps: what steps share, and swap_decision (pure, no host: swap-drafter and plan ask it)
-NOT_STEPS = ("base.py", "__init__.py", "drafter_swap.py")
+#: not steps: what steps share (base, the typed memory), and swap_decision (pure, no host: swap-drafter and plan ask it)
+NOT_STEPS = ("base.py", "memory.py", "__init__.py", "drafter_swap.py")
 
 
 @pytest.mark.parametrize("path", [p for p in STEP_FILES if p.name not in NOT_STEPS], ids=lambda p: p.name)

@@ -16,6 +16,7 @@ from deploy.facts.server import RunSnapshot, ServerState
 from deploy.playbook import load_playbook
 from deploy.steps import quarantine
 from deploy.steps.base import StepContext
+from deploy.steps.memory import StepMemory
 from tests.recording import RecordingTransport, Reply
 
 HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/deployctl state")
@@ -31,7 +32,7 @@ def record(entries: dict) -> str:
 
 def ctx(conn=None, memory=None, **settings) -> StepContext:
     return StepContext(host=HOST, run=RUN, settings=quarantine.Settings(step="quarantine", **settings), conn=conn,
-                       launch_stamp="20261129T000000Z", memory={} if memory is None else memory)
+                       launch_stamp="20261129T000000Z", memory=StepMemory() if memory is None else memory)
 
 
 def snapshot(text: str | None, read: bool = True, good: dict | None = None) -> RunSnapshot:
@@ -40,7 +41,7 @@ def snapshot(text: str | None, read: bool = True, good: dict | None = None) -> R
 
 
 def test_a_quarantined_fingerprint_is_refused_naming_it_and_when():
-    memory = {"drafter_fingerprint": FP, "snapshot": snapshot(record({FP: ENTRY}))}
+    memory = StepMemory(drafter_fingerprint=FP, snapshot=snapshot(record({FP: ENTRY})))
     conn = RecordingTransport(HOST, [])
     with pytest.raises(Quarantined) as refused:
         quarantine.run(ctx(conn, memory))
@@ -52,17 +53,17 @@ def test_a_quarantined_fingerprint_is_refused_naming_it_and_when():
 
 
 def test_retry_failed_and_a_changed_checkpoint_deploy():
-    memory = {"drafter_fingerprint": FP, "snapshot": snapshot(record({FP: ENTRY}))}
+    memory = StepMemory(drafter_fingerprint=FP, snapshot=snapshot(record({FP: ENTRY})))
     outcome = quarantine.run(ctx(None, memory, retry_failed=True))
     assert outcome.data["retrying"] == FP
-    memory = {"drafter_fingerprint": "cd" * 32, "snapshot": snapshot(record({FP: ENTRY}))}
+    memory = StepMemory(drafter_fingerprint="cd" * 32, snapshot=snapshot(record({FP: ENTRY})))
     assert "not quarantined" in quarantine.run(ctx(None, memory)).detail
 
 
 def test_without_the_doctors_read_the_step_reads_the_record_itself():
     conn = RecordingTransport(HOST, [Reply("head -c", stdout=record({FP: ENTRY}))])
     with pytest.raises(Quarantined):
-        quarantine.run(ctx(conn, {"drafter_fingerprint": FP}))
+        quarantine.run(ctx(conn, StepMemory(drafter_fingerprint=FP)))
     assert conn.commands == [quarantine.read_action(ctx()).command]
 
 
@@ -93,8 +94,8 @@ def test_no_record_quarantines_nothing(text):
     ("verify-acceptance", VerificationFailed("x"), False, FP, False),   # the last good one: keep deployable
 ])
 def test_which_failures_quarantine_the_fingerprint(step, error, converged, good_fp, recorded):
-    memory = {"drafter_fingerprint": FP, "converged": converged, "drafter_path": "/s/d",
-              "snapshot": snapshot(None, good={"drafter_fingerprint": good_fp} if good_fp else None)}
+    memory = StepMemory(drafter_fingerprint=FP, converged=converged, drafter_path="/s/d",
+              snapshot=snapshot(None, good={"drafter_fingerprint": good_fp} if good_fp else None))
     found = quarantine.failure_entry("nightly", "r", step, error, memory, "T")
     assert (found is not None) == recorded
     if found:

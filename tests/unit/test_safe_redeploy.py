@@ -18,11 +18,12 @@ from deploy.errors import ExitCode, LockHeld
 from deploy.facts.server import env_hash, parse_record, parse_server_state, same_deployment
 from deploy.locks import HOST_LOCK_SOURCE, describe_owner, local_lock, owner_info, parse_host_lock
 from deploy.remote import host_ops
-from deploy.steps.converge import differences
+from deploy.sglang.deployment import DesiredDeployment
 from deploy.steps.regression_gate import compare
 from deploy.facts.host_helper import parse_probe
 from deploy.steps.wait_ready import classify
 from deploy.errors import RemoteOutputError
+from deploy.steps.memory import StepMemory
 
 # ---------------------------------------------------------------------------- wait-ready
 
@@ -167,14 +168,14 @@ def _record(**over):
 @pytest.mark.parametrize("field, value", [("argv", ["python3"]), ("drafter_fingerprint", "b" * 64),
                                           ("env_hash", env_hash({"A": "1"})), ("sglang_version", "0.5.12")])
 def test_converge_names_what_changed(field, value):
-    assert differences(_record(), _record(**{field: value})) == [field.replace("_", " ")]
+    assert DesiredDeployment.of_record(_record()).differences(_record(**{field: value})) == [field.replace("_", " ")]
     assert not same_deployment(_record(), _record(**{field: value}))
 
 
 def test_same_deployment_ignores_pid_and_log():
-    assert differences(_record(), _record(pid=99, log="y.log")) == []
+    assert DesiredDeployment.of_record(_record()).differences(_record(pid=99, log="y.log")) == []
     assert same_deployment(_record(), _record(pid=99))
-    assert differences(_record(), None) == ["no deployment recorded"]
+    assert DesiredDeployment.of_record(_record()).differences(None) == ["no deployment recorded"]
 
 
 def test_env_hash_differs_by_value_and_never_contains_it():
@@ -350,7 +351,7 @@ def fake_step(name: str, calls: list, fail: DeployError | None = None, skips: bo
 def test_converged_memory_skips_only_the_steps_that_stop_free_or_launch():
     calls: list = []
     steps = [fake_step("a", calls), fake_step("launch", calls, skips=True), fake_step("verify", calls)]
-    records, error, _ = run_steps(steps, HOST, RUN, None, "s", lambda *a: None, {"converged": True},
+    records, error, _ = run_steps(steps, HOST, RUN, None, "s", lambda *a: None, StepMemory(converged=True),
                                    threading.Event())
     assert calls == ["a", "verify"] and error is None
     assert [r.status for r in records] == ["ok", "skipped", "ok"]
@@ -365,7 +366,7 @@ def test_a_lost_host_lock_stops_before_the_next_step():
         if step == "a" and message.startswith("ok"):
             held.running = False
 
-    records, error, failed_at = run_steps(steps, HOST, RUN, None, "s", drop_after_a, {"host_lock": held},
+    records, error, failed_at = run_steps(steps, HOST, RUN, None, "s", drop_after_a, StepMemory(host_lock=held),
                                            threading.Event())
     assert calls == ["a"] and failed_at == 1 and error.exit_code == ExitCode.LOCKED
     assert [r.status for r in records] == ["ok", "failed", "not-run"]
@@ -459,7 +460,7 @@ class ScriptedHost:
 
 def wait_ctx(conn):
     return StepContext(host=HOST, run=RUN, settings=wait_ready.Settings(step="wait-ready", interval_s=0.01), conn=conn,
-                       launch_stamp="s", memory={"pid": 7, "log": "/l/sglang-x.log"})
+                       launch_stamp="s", memory=StepMemory(pid=7, log="/l/sglang-x.log"))
 
 
 @pytest.mark.parametrize("status", [404, 500, 401, 302, 204])

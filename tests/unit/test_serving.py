@@ -79,6 +79,7 @@ def test_a_checkpoint_still_being_written_is_exit_6_not_8(failed, invalid):
 from deploy.config.models import Host  # noqa: E402
 from deploy.engine.outcome import serving_of, verified_pid  # noqa: E402
 from deploy.engine.records import HostReport, RunOptions, StepRecord  # noqa: E402
+from deploy.steps.memory import StepMemory  # noqa: E402
 
 HOST = Host(name="h", address="127.0.0.1", state_dir="/var/lib/x")
 
@@ -91,17 +92,17 @@ def test_a_host_whose_steps_never_ran_is_not_run_never_ok():
 
 def test_verified_pid_is_the_runs_own_or_the_rollbacks():
     verified = HostReport(HOST, steps=[StepRecord("verify-acceptance", "ok")])
-    assert verified_pid(verified, {"pid": 7}) == 7
+    assert verified_pid(verified, StepMemory(pid=7)) == 7
     unverified = HostReport(HOST, steps=[StepRecord("verify-acceptance", "failed")])
-    assert verified_pid(unverified, {"pid": 7}) is None
-    assert verified_pid(unverified, {"pid": 7, "restored": {"pid": 9}}) == 9
+    assert verified_pid(unverified, StepMemory(pid=7)) is None
+    assert verified_pid(unverified, StepMemory(pid=7, restored={"pid": 9})) == 9
 
 
 def test_the_report_json_and_history_carry_the_same_answer():
     from deploy import history
 
     report = HostReport(HOST, steps=[StepRecord("stop-stale", "ok"), StepRecord("wait-ready", "failed")])
-    report.serving = serving_of(report, {"pid": 42}, RunOptions(command="up"),
+    report.serving = serving_of(report, StepMemory(pid=42), RunOptions(command="up"),
                                 state(status=503, record=OTHER))
     assert report.to_dict()["serving"]["state"] == "unverified"
     [row] = history.records_for("up", "r", [report])

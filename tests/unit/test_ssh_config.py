@@ -355,3 +355,16 @@ def test_proxycommand_none_and_identity_agent_matching_the_environment_are_fine(
     monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "agent.sock"))
     text = f"Host gpu-a\n  ProxyCommand none\n  IdentityAgent {tmp_path}/agent.sock\n"
     assert resolve_endpoint(host(), SSHSettings(), source(text)).jumps == ()
+
+
+def test_docs_ssh_say_who_evaluates_ssh_config_and_it_is_true():
+    # issue 25: docs/ssh.md still said paramiko's parser read ssh_config and that Include was
+    # inlined before it; deploy/ssh_config_eval.py evaluates it (readconf.c), Include scoped to its block
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "ssh.md").read_text()
+    assert "parsed by paramiko" not in text and "inlined before paramiko" not in text
+    assert "deploy/ssh_config_eval.py" in text
+    assert not [p for p in (root / "deploy").rglob("*.py") if "paramiko.SSHConfig" in p.read_text()
+                or "from paramiko import SSHConfig" in p.read_text()]

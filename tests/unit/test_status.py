@@ -408,3 +408,38 @@ def test_the_stand_in_serves_metrics_only_with_enable_metrics(enabled, code):
     finally:
         server.shutdown()
         server.server_close()
+
+
+# -- the Prometheus text read back by the reference parser (issue 25) ---------------------------------
+
+
+@pytest.mark.parametrize("now", [1764636000.0, 1764636001.75, 2 ** 31 + 3.0])
+def test_the_prom_file_parses_with_prometheus_client_and_keeps_the_timestamp_to_the_second(tmp_path, now):
+    # `{:.6g}` wrote 1764636000 as 1.76464e+09: 4000 s off, the staleness alert docs/status.md
+    # recommends fired or stayed silent wrongly
+    from prometheus_client.parser import text_string_to_metric_families
+
+    readings = [status.HostReading(HOST, host_status(accept=2.912345678, tok_s=612.125, comparable=True),
+                                   configured=True, verdict=status.Verdict("healthy")),
+                status.HostReading(Host.model_construct(**(HOST.model_dump() | {"name": 'b"\\\n'})),
+                                   error=RemoteOutputError("x"), verdict=status.Verdict("error"))]
+    path = tmp_path / "deployctl.prom"
+    status.write_prom_file(path, status.prom_text(RUN, readings, now=now))
+    families = {f.name: f for f in text_string_to_metric_families(path.read_text())}
+    assert set(families) <= set(status.PROM_METRICS) and all(f.type == "gauge" for f in families.values())
+    stamps = {s.labels["host"]: s.value for s in families["deployctl_status_timestamp_seconds"].samples}
+    assert stamps == {"kimi-a": now, 'b"\\\n': now} and int(stamps["kimi-a"]) == int(now)
+    values = {(f.name, s.labels["host"]): s.value for f in families.values() for s in f.samples}
+    assert values[("deployctl_status_accept_length", "kimi-a")] == 2.912345678  # every digit, not 2.91235
+    assert values[("deployctl_status_output_tokens_per_second", "kimi-a")] == 612.125
+    assert values[("deployctl_status_reachable", 'b"\\\n')] == 0.0
+    assert values[("deployctl_status_configured", "kimi-a")] == 1.0
+
+
+@pytest.mark.parametrize("value,text", [(1764636000.0, "1764636000"), (0.0, "0"), (1.0, "1"), (2.5, "2.5"),
+                                        (0.1 + 0.2, "0.30000000000000004"), (1e-7, "1e-07"), (2.0 ** 60, "1.152921504606847e+18"),
+                                        (float("inf"), "+Inf"), (float("-inf"), "-Inf"), (float("nan"), "NaN")])
+def test_a_prom_value_reads_back_as_the_same_float(value, text):
+    assert status.prom_value(value) == text
+    if value == value:
+        assert float(text.replace("Inf", "inf")) == value

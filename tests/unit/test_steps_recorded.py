@@ -16,11 +16,12 @@ import deploy.remote
 from deploy.config.models import Host, Run
 from deploy.errors import ConnectionFailed, RemoteCommandFailed, RemoteOutputError, StepTimeout, VerificationFailed
 from deploy.facts.fuser import NO_DEVICE_FILES
-from deploy.steps import (converge, ensure_helper, free_gpus, record_good, regression_gate, stop_stale, verify_acceptance,
+from deploy.steps import (converge, ensure_helper, launch, free_gpus, record_good, regression_gate, stop_stale, verify_acceptance,
                           wait_gpus_free, wait_ready)
 from deploy.steps.base import StepContext
 from deploy.steps.launch import desired_record
 from deploy.transport import ExecTimedOut
+from deploy.steps.memory import StepMemory
 from tests.recording import RecordingTransport, Reply
 
 HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/deployctl state")
@@ -30,7 +31,7 @@ UUID = ["GPU-4a1b2c3d-0000-0000-0000-00000000000" + str(i) for i in range(2)]
 
 def ctx(module, conn, run=RUN, memory=None, **settings):
     return StepContext(host=HOST, run=run, settings=module.Settings(step=module.NAME, **settings), conn=conn,
-                       launch_stamp="20261129T000000Z", memory={} if memory is None else memory)
+                       launch_stamp="20261129T000000Z", memory=StepMemory() if memory is None else memory)
 
 
 # -- the base class: wrapper, error mapping, ~ ------------------------------------------------------
@@ -150,7 +151,7 @@ def test_a_watch_that_fails_on_the_host_is_its_error_never_a_timeout(step):
     missing = "python3: can't open file '/home/deploy/deployctl state/helpers/host_ops.py': [Errno 2] No such file or directory\n"
     conn = RecordingTransport(HOST, [Reply(r" watch-", exit_code=2, stderr=missing)])
     with pytest.raises(RemoteCommandFailed) as exc:
-        step.run(ctx(step, conn, memory={"pid": 7, "log": "/l/x.log"}))
+        step.run(ctx(step, conn, memory=StepMemory(pid=7, log="/l/x.log")))
     assert "exit code 2" in str(exc.value) and "run ensure-helper before this step" in str(exc.value)
 
 
@@ -165,7 +166,7 @@ def test_wait_gpus_free_unexpected_watch_output_is_never_free(line):
 
 def test_regression_gate_without_a_last_good_record_makes_this_the_baseline():
     conn = RecordingTransport(HOST, [Reply(r"last-good\.json", stdout="")])
-    outcome = regression_gate.run(ctx(regression_gate, conn, memory={"verify": {"accept_length": 3.1}}))
+    outcome = regression_gate.run(ctx(regression_gate, conn, memory=StepMemory(verify={"accept_length": 3.1})))
     assert "becomes the baseline" in outcome.detail and conn.commands[0].count("/home/deploy/") == 0
 
 
@@ -207,13 +208,13 @@ def test_verify_acceptance_records_the_measured_accept_length():
     conn = RecordingTransport(HOST, [Reply(r"host_ops\.py' accept-check --base http://10\.1\.230\.174:30000 "
                                            r"--requests 4 --max-new-tokens 256 --concurrency 4 --prompts-json '\[\"",
                                            stdout=_accept())])
-    memory: dict = {}
+    memory = StepMemory()
     outcome = verify_acceptance.run(ctx(verify_acceptance, conn, memory=memory))
-    assert outcome.status == "ok" and memory["verify"]["accept_length"] == 3.02
+    assert outcome.status == "ok" and memory.verify["accept_length"] == 3.02
     # measured on the built-in prompt set, named by its sha256 (the regression gate compares like with like)
     from deploy import datasets
 
-    assert memory["verify"]["settings"]["prompts_sha256"] == datasets.builtin().sha256
+    assert memory.verify["settings"]["prompts_sha256"] == datasets.builtin().sha256
     sent = json.loads(shlex.split(conn.commands[-1])[-1])
     assert sent == datasets.verify_prompts(4) and len({p.split()[0] for p in sent}) == 4
 
@@ -259,11 +260,11 @@ def test_ensure_helper_uses_what_doctor_read_and_sends_nothing_when_current():
 
     snapshot = RunSnapshot(time.monotonic(), "3.10.12", local_digests(), ServerState(None, False, None, None, None), None)
     conn = RecordingTransport(HOST, [])
-    outcome = ensure_helper.run(ctx(ensure_helper, conn, memory={"snapshot": snapshot}))
+    outcome = ensure_helper.run(ctx(ensure_helper, conn, memory=StepMemory(snapshot=snapshot)))
     assert outcome.data["uploaded"] == [] and conn.commands == [] and conn.uploads == []
     old = RunSnapshot(time.monotonic(), "3.7.3", local_digests(), ServerState(None, False, None, None, None), None)
     with pytest.raises(RemoteCommandFailed, match="need 3.8"):
-        ensure_helper.run(ctx(ensure_helper, conn, memory={"snapshot": old}))
+        ensure_helper.run(ctx(ensure_helper, conn, memory=StepMemory(snapshot=old)))
 
 
 def _state(**fields):
@@ -286,9 +287,9 @@ def test_converge_leaves_a_server_running_as_desired_alone():
     record = desired_record(probe) | {"log": "/l/sglang-x.log"}
     conn = RecordingTransport(HOST, [Reply(r" server-state ", stdout=_state(pid=4242, alive=True, status=200,
                                                                              error=None, record=record))])
-    memory: dict = {}
+    memory = StepMemory()
     outcome = converge.run(ctx(converge, conn, run=LEGACY_RUN, memory=memory))
-    assert outcome.data["converged"] is True and memory["pid"] == 4242 and memory["log"] == "/l/sglang-x.log"
+    assert outcome.data["converged"] is True and memory.pid == 4242 and memory.log == "/l/sglang-x.log"
 
 
 def test_converge_redeploys_a_recorded_server_that_answers_500():
@@ -317,10 +318,10 @@ def test_a_replica_kept_in_the_router_must_still_converge_or_nothing_is_stopped(
     fields = {"pid": 4242, "alive": True, "status": 200, "error": None, "record": record} | state
     conn = RecordingTransport(HOST, [Reply(r" server-state ", stdout=_state(**fields))])
     with pytest.raises(DeployError, match="since the check before the drain") as exc:
-        converge.run(ctx(converge, conn, run=LEGACY_RUN, memory={"must_converge": True}))
+        converge.run(ctx(converge, conn, run=LEGACY_RUN, memory=StepMemory(must_converge=True)))
     assert reason in str(exc.value) and exc.value.exit_code == 1 and len(conn.commands) == 1
     probe = ServerState(fields["pid"], fields["alive"], fields.get("status"), None, fields["record"])
-    unchanged, why = would_converge(ctx(converge, None, run=LEGACY_RUN), probe)
+    unchanged, why = would_converge(launch.desired(ctx(converge, None, run=LEGACY_RUN)), probe)
     assert unchanged is False and reason.split()[0] in why
 
 
@@ -331,9 +332,9 @@ def test_a_replica_kept_in_the_router_that_converges_passes():
     record = desired_record(ctx(converge, None, run=LEGACY_RUN)) | {"log": "/l/x.log"}
     conn = RecordingTransport(HOST, [Reply(r" server-state ", stdout=_state(pid=7, alive=True, status=200, error=None,
                                                                              record=record))])
-    outcome = converge.run(ctx(converge, conn, run=LEGACY_RUN, memory={"must_converge": True}))
+    outcome = converge.run(ctx(converge, conn, run=LEGACY_RUN, memory=StepMemory(must_converge=True)))
     assert outcome.data["converged"] is True
-    assert would_converge(ctx(converge, None, run=LEGACY_RUN), ServerState(7, True, 200, None, record)) == (
+    assert would_converge(launch.desired(ctx(converge, None, run=LEGACY_RUN)), ServerState(7, True, 200, None, record)) == (
         True, "already running as desired")
 
 
@@ -345,11 +346,11 @@ def test_launch_is_one_command_and_records_the_pid_it_printed():
 
     run = RUN.model_copy(update={"env": {"HF_TOKEN": "hf_s3cr3t"}})
     conn = RecordingTransport(HOST, [Reply(r"setsid nohup", stdout="4242\n")])
-    c = ctx(launch, conn, run=run, memory={"drafter_path": "~/deployctl state/drafters/ab12", "drafter_fingerprint": "ab12",
-                                            "sglang_version": "0.5.11"})
+    c = ctx(launch, conn, run=run, memory=StepMemory(drafter_path="~/deployctl state/drafters/ab12", drafter_fingerprint="ab12",
+                                            sglang_version="0.5.11"))
     outcome = launch.run(c)
-    assert outcome.data["pid"] == 4242 and c.memory["deployment"]["pid"] == 4242
-    assert c.memory["deployment"]["argv"][c.memory["deployment"]["argv"].index("--speculative-draft-model-path") + 1] \
+    assert outcome.data["pid"] == 4242 and c.memory.deployment["pid"] == 4242
+    assert c.memory.deployment["argv"][c.memory.deployment["argv"].index("--speculative-draft-model-path") + 1] \
         == "~/deployctl state/drafters/ab12"
     [command] = conn.commands  # log dir, link, launch, PID file, record, pruning: one exec channel
     assert "hf_s3cr3t" not in command and ". ~/'deployctl state/launch.env'" in command
@@ -373,7 +374,7 @@ def test_launch_refuses_anything_but_a_pid(stdout, exit_code, stderr, error, fra
     c = ctx(launch, conn)
     with pytest.raises(error, match=fragment):
         launch.run(c)
-    assert "pid" not in c.memory and "deployment" not in c.memory
+    assert c.memory.pid is None and c.memory.deployment is None
 
 
 def test_a_rollback_launch_relaunches_the_recorded_argv_and_uploads_nothing():
@@ -384,7 +385,7 @@ def test_a_rollback_launch_relaunches_the_recorded_argv_and_uploads_nothing():
               "run": "r", "env_file": "~/deployctl state/last-good.env"}
     run = RUN.model_copy(update={"env": {"HF_TOKEN": "new"}})
     conn = RecordingTransport(HOST, [Reply(r"setsid nohup", stdout="99\n")])
-    c = ctx(launch, conn, run=run, memory={"rollback_record": record, "env_file": record["env_file"]})
+    c = ctx(launch, conn, run=run, memory=StepMemory(rollback_record=record))
     assert launch.run(c).data["argv"] == record["argv"]
     assert conn.uploads == [] and ". ~/'deployctl state/last-good.env'" in conn.commands[0]
 
@@ -399,27 +400,27 @@ def test_doctor_sends_one_command_and_stops_the_run_on_a_failing_check(tmp_path)
 
     host = HOST.model_copy(update={"python": sys.executable, "state_dir": str(tmp_path / "state")})
     probe = StepContext(host=host, run=RUN.model_copy(update={"sglang_python": sys.executable}),
-                        settings=doctor.Settings(step="doctor"), conn=None, launch_stamp="x", memory={})
+                        settings=doctor.Settings(step="doctor"), conn=None, launch_stamp="x", memory=StepMemory())
     real = subprocess.run(["sh", "-c", doctor.action(probe, script=None).command], capture_output=True, text=True,
                           timeout=60)
     assert real.returncode == 0, real.stderr
     conn = RecordingTransport(host, [Reply(r"exec\(sys\.deployctl_program\)", stdout=real.stdout)])
     c = StepContext(host=host, run=probe.run, settings=doctor.Settings(step="doctor"), conn=conn, launch_stamp="x",
-                    memory={})
+                    memory=StepMemory())
     with pytest.raises(VerificationFailed, match="nothing was stopped"):
         doctor.run(c)
     assert len(conn.commands) == 1
     ignored = StepContext(host=host, run=probe.run, settings=doctor.Settings(step="doctor", ignore=True), conn=conn,
-                          launch_stamp="x", memory={})
+                          launch_stamp="x", memory=StepMemory())
     assert "IGNORED" in doctor.run(ignored).detail
-    snapshot = ignored.memory["snapshot"]  # the run's state, read in the same command
+    snapshot = ignored.memory.snapshot  # the run's state, read in the same command
     assert snapshot.server.alive is False and snapshot.last_good is None and set(snapshot.helpers) == {
         "host_ops.py", "fixer.pyz", "drafter_swap.py"} and not any(snapshot.helpers.values())
     for garbage in ("", "Traceback (most recent call last):\n  boom", '{"schema": 1}', real.stdout * 2):
         bad = RecordingTransport(host, [Reply(r"exec\(sys\.deployctl_program\)", stdout=garbage)])
         with pytest.raises(Bad):
             doctor.run(StepContext(host=host, run=probe.run, settings=doctor.Settings(step="doctor"), conn=bad,
-                                   launch_stamp="x", memory={}))
+                                   launch_stamp="x", memory=StepMemory()))
 
 
 BENCH_CASE = json.loads((Path(__file__).parents[1] / "facts" / "bench_serving" / "kimi_k26_eagle3_padded_values.json").read_text())
@@ -434,7 +435,7 @@ def test_benchmark_is_one_command_and_checks_every_request_succeeded():
     outcome = benchmark.run(c)
     assert outcome.data["dataset"] == "random-ids" and outcome.data["dataset_sha256"] is None
     assert outcome.data["output_tok_s"] == pytest.approx(BENCH_CASE["fact"]["output_tok_s"])
-    assert c.memory["bench"]["draft_tokens"] == 16
+    assert c.memory.bench["draft_tokens"] == 16
     [command] = conn.commands
     assert "--num-prompts 768" in command and "--output-file ~/'deployctl state/bench/bench-20261129T000000Z-t16.jsonl'" in command
     short = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT)])

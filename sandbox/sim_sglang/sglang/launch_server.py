@@ -4,8 +4,10 @@ It loads no model and uses no GPU. It is a small stdlib HTTP server that behaves
 (read from the published wheels 0.5.6 - 0.5.23) where deployctl depends on it.
 
 Faithful (on purpose, because deployctl must cope with it):
-- Flags: the real names and defaults for the subset listed in ``srt/server_args.py``; an unknown flag is
-  an argparse error (exit 2); ``--cuda-graph-max-bs`` only exists up to 0.5.12.
+- Flags: the real names, aliases, choices and defaults for the subset listed in ``srt/server_args.py``
+  (built like SGLang 0.5.15+: ``Arg`` dataclass fields plus literal calls); an unknown flag, a value
+  outside its choices or of the wrong type is an argparse error (exit 2); ``--cuda-graph-max-bs``
+  only exists up to 0.5.12.
 - Speculative flag rules (server_args.py): num-steps unset => topk and draft tokens must be unset
   (auto-chosen); topk == 1 and T != S + 1 => a warning and T = S + 1, silently.
 - Paths are not expanded: ``~/x`` or a missing dir fails like huggingface_hub does, exit 1.
@@ -141,7 +143,7 @@ def version_tuple(version: str) -> tuple[int, int, int]:
 
 
 def build_parser(version: str) -> argparse.ArgumentParser:
-    # the options live where SGLang keeps them (srt/server_args.py), which the doctor reads as text
+    # the options live where SGLang keeps them (srt/server_args.py), whose source the doctor reads with ast
     from sglang.srt.server_args import ServerArgs
 
     p = argparse.ArgumentParser(

@@ -1,0 +1,598 @@
+"""SGLang's command line read from its source, the way its own parser is built, without importing it.
+
+Standard library only, Python 3.8+; it runs under the run's sglang_python inside the doctor's inline
+program (deploy/remote/doctor_facts.py) and locally in the tests. ``import sglang.srt.server_args``
+pulls in torch (seconds, hundreds of MiB), so the source is read with ``ast`` instead. Two layouts,
+both built by ``ServerArgs.add_cli_args(parser)`` in ``srt/server_args.py``:
+
+* SGLang 0.5.12 and older: one literal ``parser.add_argument("--name", "--alias", ...)`` call per
+  option (0.5.12: 387 calls).
+* SGLang 0.5.15 and newer: ``add_cli_args_from_dataclass(parser, ServerArgs)`` first
+  (``srt/arg_groups/arg_utils.py``), which turns every ``Annotated[T, Arg(...)]`` (or
+  ``Annotated[T, "help"]``) field of ServerArgs into an option, then a few literal calls (0.5.23: 9).
+  The fields are ServerArgs' own (0.5.15: a dataclass in server_args.py) or, from 0.5.2x, those of
+  the namespace classes server_args.py collects with ``collect_input_fields([...])`` from
+  ``srt/arg_groups/fields/*.py`` into ``ServerArgs.__annotations__``.
+
+Each option carries its option strings, how many values it takes (argparse ``nargs``) and, when
+the source spells them, its choices and value type. Whatever this reader cannot follow (another
+layout, a computed option name, an ``Arg`` built elsewhere) makes the whole read fail with the
+reason: the doctor then cannot decide (a warning), it never refuses an option it did not find.
+Choices computed at run time (a set extended by an environment variable, a registry's keys) are
+reported as unknown (None); a module-level list that SGLang lets plugins extend
+(``add_*_choices``) is reported with ``open_choices``.
+"""
+
+import ast
+import os
+
+#: the largest source file read (0.5.12's server_args.py: 348 KB)
+MAX_SOURCE_BYTES = 4 << 20
+#: files one read may parse (0.5.23: server_args.py, argparse_actions, choices, utils/common, 12 field modules)
+MAX_FILES = 64
+MAX_TOTAL_BYTES = 16 << 20
+MAX_DEPTH = 12
+#: argparse actions that take no value
+_NO_VALUE_ACTIONS = ("store_true", "store_false", "store_const", "append_const", "count", "help", "version")
+_ARG_FIELDS = ("help", "choices", "aliases", "cli_name", "type_parser", "nargs", "required", "action",
+               "action_kwargs", "const", "no_cli")
+_TYPES = {"str": "str", "int": "int", "float": "float"}
+_MUTATORS = ("append", "extend", "insert", "add", "update")
+#: Annotated metadata of arg_utils that is not an Arg (any other call might return one: unreadable)
+_MARKERS = ("NS", "Derived")
+
+
+class Unreadable(Exception):
+    """The source does not have a shape this reader follows."""
+
+
+class _Dynamic(Exception):
+    """A value computed at run time."""
+
+
+def _error(exc):
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
+class _Module(object):
+    """One parsed source file: its top-level assignments, imports and classes."""
+
+    def __init__(self, dotted, path, tree):
+        self.dotted, self.path, self.tree = dotted, path, tree
+        self.assigns, self.imports, self.classes, self.mutated = {}, {}, {}, set()
+        package = dotted if path.endswith("__init__.py") else dotted.rpartition(".")[0]
+        for node in tree.body:
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        self.assigns[target.id] = node.value
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                self.assigns[node.target.id] = node.value
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    parts = parts[:len(parts) - (node.level - 1)] if node.level > 1 else parts
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                for alias in node.names:
+                    self.imports[alias.asname or alias.name] = (base, alias.name)
+            elif isinstance(node, ast.ClassDef):
+                self.classes[node.name] = node
+        for node in ast.walk(tree):
+            # a list some function extends at run time: plugins register more choices (add_*_choices)
+            # (0.5.15: ``def add_quantization_method_choices(c): QUANTIZATION_CHOICES.extend(c)``;
+            # 0.5.23: ``add_quantization_method_choices = QUANTIZATION_CHOICES.extend``)
+            if isinstance(node, ast.Attribute) and node.attr in _MUTATORS and isinstance(node.value, ast.Name):
+                self.mutated.add(node.value.id)
+            elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+                self.mutated.add(node.target.id)
+
+
+class _Source(object):
+    """The installed package's modules, parsed on demand (bounded in number and size)."""
+
+    def __init__(self, package_dir):
+        self.package_dir = package_dir
+        self.modules = {}
+        self.total_bytes = 0
+
+    def path_of(self, dotted):
+        parts = dotted.split(".")
+        if parts[0] != "sglang" or len(parts) < 2:
+            return None
+        base = os.path.join(self.package_dir, *parts[1:])
+        for path in (base + ".py", os.path.join(base, "__init__.py")):
+            if os.path.isfile(path):
+                return path
+        return None
+
+    def module(self, dotted):
+        if dotted in self.modules:
+            return self.modules[dotted]
+        path = self.path_of(dotted)
+        if path is None:
+            self.modules[dotted] = None
+            return None
+        if len(self.modules) >= MAX_FILES:
+            raise Unreadable("more than %d source files to follow" % MAX_FILES)
+        tree, size = parse_file(path)
+        self.total_bytes += size
+        if self.total_bytes > MAX_TOTAL_BYTES:
+            raise Unreadable("more than %d bytes of source to follow" % MAX_TOTAL_BYTES)
+        self.modules[dotted] = _Module(dotted, path, tree)
+        return self.modules[dotted]
+
+    def lookup(self, module, name, depth=0):
+        """(module, node) of ``name`` as seen from ``module``: a top-level assignment or class, followed
+        through ``from sglang... import`` lines; (None, None) when it is not in SGLang's own source."""
+        if depth > MAX_DEPTH:
+            return None, None
+        if name in module.classes:
+            return module, module.classes[name]
+        if name in module.assigns:
+            return module, module.assigns[name]
+        if name in module.imports:
+            dotted, original = module.imports[name]
+            other = self.module(dotted)
+            if other is None:
+                other = self.module(dotted + "." + original)  # ``from package import submodule``
+                return (other, other.tree) if other is not None else (None, None)
+            return self.lookup(other, original, depth + 1)
+        return None, None
+
+
+def parse_file(path):
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_SOURCE_BYTES + 1)
+    except OSError as exc:
+        raise Unreadable("%s: %s" % (path, _error(exc)))
+    if len(data) > MAX_SOURCE_BYTES:
+        raise Unreadable("%s is larger than %d bytes" % (path, MAX_SOURCE_BYTES))
+    try:
+        return ast.parse(data.decode("utf-8", "replace"), filename=path), len(data)
+    except (SyntaxError, ValueError) as exc:
+        raise Unreadable("%s does not parse under this Python: %s" % (path, _error(exc)))
+
+
+class _Value(object):
+    """Static evaluation of the small expressions SGLang spells choices, names and nargs with."""
+
+    def __init__(self, source, module, local=None, local_mutated=()):
+        self.source, self.module, self.local, self.local_mutated = source, module, local or {}, local_mutated
+        self.open = False
+
+    def eval(self, node, depth=0):
+        if depth > MAX_DEPTH:
+            raise _Dynamic("too deep")
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return [self.eval(e, depth + 1) for e in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            left, right = self.eval(node.left, depth + 1), self.eval(node.right, depth + 1)
+            if isinstance(left, list) and isinstance(right, list):
+                return left + right
+            if isinstance(left, str) and isinstance(right, str):
+                return left + right
+            raise _Dynamic("+ of %s and %s" % (type(left).__name__, type(right).__name__))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id in ("list", "tuple", "sorted", "set") and len(node.args) == 1 and not node.keywords:
+            value = self.eval(node.args[0], depth + 1)
+            if not isinstance(value, list):
+                raise _Dynamic("%s() of a non-list" % node.func.id)
+            return value
+        if isinstance(node, ast.Name):
+            if node.id in self.local:
+                if node.id in self.local_mutated:
+                    raise _Dynamic("%s is changed at run time" % node.id)
+                return self.eval(self.local[node.id], depth + 1)
+            module, found = self.source.lookup(self.module, node.id)
+            if found is None or isinstance(found, (ast.ClassDef, ast.Module)):
+                raise _Dynamic(node.id)
+            if node.id in module.mutated or node.id in self.module.mutated:  # extended where defined or imported
+                self.open = True
+            return _Value(self.source, module).eval_into(found, self, depth + 1)
+        raise _Dynamic(type(node).__name__)
+
+    def eval_into(self, node, outer, depth):
+        value = self.eval(node, depth)
+        outer.open = outer.open or self.open
+        return value
+
+
+def _constant(value, node, what):
+    """The value of a node that must be a literal (an option string, a flag): else the read fails."""
+    try:
+        return value.eval(node)
+    except _Dynamic as exc:
+        raise Unreadable("%s is computed at run time (%s) at line %d" % (what, exc, getattr(node, "lineno", 0)))
+
+
+def _choices(value, node):
+    """(choices, open): a list of plain values, or None when computed at run time."""
+    if node is None:
+        return None, False
+    value.open = False
+    try:
+        found = value.eval(node)
+    except _Dynamic:
+        return None, False
+    if not isinstance(found, list) or not all(isinstance(c, (str, int, float, bool)) and c is not None for c in found):
+        return None, False
+    return found, value.open
+
+
+def _option(names, nargs, choices=None, open_choices=False, value_type="str"):
+    return {"names": list(names), "nargs": nargs, "choices": choices, "open_choices": bool(open_choices),
+            "type": value_type if choices is not None or nargs != "0" else "str"}
+
+
+def _nargs_text(value):
+    if value is None:
+        return "1"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    if value in ("?", "*", "+", "..."):
+        return value
+    return "unknown"
+
+
+def _dotted(node):
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return inner + "." + node.attr if inner else None
+    return None
+
+
+def _action_nargs(source, module, node):
+    """How many values a custom argparse action takes (its ``__init__``'s ``nargs`` default), or None.
+    ``argparse.BooleanOptionalAction`` is handled by the caller (it adds ``--no-`` names)."""
+    name = _dotted(node)
+    if name is None or "." in name:
+        return None
+    found_module, found = source.lookup(module, name)
+    if not isinstance(found, ast.ClassDef):
+        return None
+    for item in found.body:
+        if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+            args = item.args.args + item.args.kwonlyargs
+            defaults = [None] * (len(item.args.args) - len(item.args.defaults)) + list(item.args.defaults) + \
+                list(item.args.kw_defaults)
+            for arg, default in zip(args, defaults):
+                if arg.arg == "nargs":
+                    return _nargs_text(default.value) if isinstance(default, ast.Constant) else "unknown"
+            return "1"
+    if any(_dotted(b) in ("argparse.Action", "Action") for b in found.bases):
+        return "1"  # argparse.Action's own default: one value
+    return None
+
+
+def _action(source, module, value, node, explicit_nargs):
+    """(nargs, adds ``--no-`` names) of an ``action=`` argument."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        if node.value in _NO_VALUE_ACTIONS:
+            return "0", False
+        return (explicit_nargs or "1"), False  # store, append, extend
+    if _dotted(node) in ("argparse.BooleanOptionalAction", "BooleanOptionalAction"):
+        return "0", True
+    if explicit_nargs is not None:
+        return explicit_nargs, False
+    return _action_nargs(source, module, node) or "unknown", False
+
+
+def _type_name(node, has_parser):
+    if has_parser:
+        return "other"
+    if node is None:
+        return "str"
+    return _TYPES.get(_dotted(node) or "", "other")
+
+
+def literal_call(source, module, value, call):
+    """The option one ``parser.add_argument(...)`` call declares."""
+    names = []
+    for arg in call.args:
+        text = _constant(value, arg, "an option string")
+        if not isinstance(text, str) or not text.startswith("-"):
+            raise Unreadable("add_argument with a positional argument %r at line %d" % (text, call.lineno))
+        names.append(text)
+    if not names:
+        raise Unreadable("add_argument without option strings at line %d" % call.lineno)
+    kwargs = dict((k.arg, k.value) for k in call.keywords if k.arg is not None)
+    if any(k.arg is None for k in call.keywords):
+        raise Unreadable("add_argument(**...) at line %d" % call.lineno)
+    nargs = None
+    if "nargs" in kwargs:
+        raw = kwargs["nargs"]
+        nargs = _nargs_text(raw.value) if isinstance(raw, ast.Constant) else "unknown"
+    if "action" in kwargs:
+        nargs, negated = _action(source, module, value, kwargs["action"], nargs)
+    else:
+        nargs, negated = nargs or "1", False
+    if negated:
+        names += ["--no-" + n[2:] for n in names if n.startswith("--")]
+    choices, open_choices = _choices(value, kwargs.get("choices"))
+    return _option(names, nargs, choices, open_choices, _type_name(kwargs.get("type"), False))
+
+
+# ---------------------------------------------------------------------------------------------
+# add_cli_args_from_dataclass (SGLang 0.5.15+, srt/arg_groups/arg_utils.py)
+
+def _subscript(node):
+    """(base name, [items]) of ``X[a, b]`` (Python 3.8 wraps the slice in ast.Index)."""
+    inner = node.slice
+    if hasattr(ast, "Index") and isinstance(inner, getattr(ast, "Index")):
+        inner = inner.value
+    items = list(inner.elts) if isinstance(inner, ast.Tuple) else [inner]
+    return (_dotted(node.value) or "").rpartition(".")[2], items
+
+
+def _annotation(node):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a quoted annotation
+        try:
+            return ast.parse(node.value, mode="eval").body
+        except SyntaxError:
+            return None
+    return node
+
+
+def _unwrap_optional(node):
+    """``Optional[X]``, ``Union[X, None]``, ``X | None`` -> X (SGLang's _unwrap_optional)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        parts = [p for p in (node.left, node.right) if not (isinstance(p, ast.Constant) and p.value is None)]
+        return parts[0] if len(parts) == 1 else node
+    if isinstance(node, ast.Subscript):
+        base, items = _subscript(node)
+        if base == "Optional" and len(items) == 1:
+            return items[0]
+        if base == "Union":
+            parts = [p for p in items if not (isinstance(p, ast.Constant) and p.value is None)]
+            return parts[0] if len(parts) == 1 else node
+    return node
+
+
+def _arg_metadata(value, items, field):
+    """The ``Arg`` of an ``Annotated[T, ...]`` field as keyword nodes, or None (no CLI metadata).
+    SGLang's _unwrap_annotated takes the first item that is an ``Arg`` or a ``str``."""
+    for item in items:
+        if isinstance(item, ast.Call) and (_dotted(item.func) or "").rpartition(".")[2] == "Arg":
+            meta = dict(zip(_ARG_FIELDS, item.args))
+            meta.update((k.arg, k.value) for k in item.keywords if k.arg is not None)
+            if any(k.arg is None for k in item.keywords):
+                raise Unreadable("field %s: Arg(**...)" % field)
+            return meta
+        if isinstance(item, (ast.Constant, ast.JoinedStr, ast.BinOp)):
+            if isinstance(item, ast.Constant) and not isinstance(item.value, str):
+                continue
+            return {}
+        if isinstance(item, ast.Call) and (_dotted(item.func) or "").rpartition(".")[2] in _MARKERS:
+            continue  # a marker that is no Arg (0.5.23: NS("parallel"))
+        raise Unreadable("field %s: metadata %s that this reader cannot evaluate (line %d)"
+                         % (field, type(item).__name__, getattr(item, "lineno", 0)))
+    return None
+
+
+def _is_empty_list(node):
+    return isinstance(node, (ast.List, ast.Tuple)) and not node.elts or \
+        isinstance(node, ast.Constant) and node.value is None
+
+
+def field_option(source, module, field, annotation):
+    """The option ``add_cli_args_from_dataclass`` adds for one field, or None (no Arg, or no_cli)."""
+    annotation = _annotation(annotation)
+    if not isinstance(annotation, ast.Subscript):
+        return None
+    base, items = _subscript(annotation)
+    if base not in ("Annotated", "A") or len(items) < 2:
+        return None
+    value = _Value(source, module)
+    meta = _arg_metadata(value, items[1:], field)
+    if meta is None:
+        return None
+    if "no_cli" in meta and _constant(value, meta["no_cli"], "field %s: no_cli" % field):
+        return None
+    cli_name = _constant(value, meta["cli_name"], "field %s: cli_name" % field) if "cli_name" in meta else None
+    aliases = _constant(value, meta["aliases"], "field %s: aliases" % field) if "aliases" in meta else None
+    names = [cli_name or "--" + field.replace("_", "-")] + list(aliases or [])
+    if not all(isinstance(n, str) for n in names):
+        raise Unreadable("field %s: an option string that is not text" % field)
+    has_parser = "type_parser" in meta and not (isinstance(meta["type_parser"], ast.Constant) and
+                                                meta["type_parser"].value is None)
+    explicit_nargs = None
+    if "nargs" in meta:
+        raw = _constant(value, meta["nargs"], "field %s: nargs" % field)
+        explicit_nargs = _nargs_text(raw) if raw is not None else None
+    if "action" in meta and not (isinstance(meta["action"], ast.Constant) and meta["action"].value is None):
+        # the action path passes action_kwargs only: no type, no choices (unless action_kwargs has them)
+        extra = {}
+        if "action_kwargs" in meta:
+            try:
+                extra = value.eval(meta["action_kwargs"]) if not isinstance(meta["action_kwargs"], ast.Dict) else \
+                    dict((value.eval(k), v) for k, v in zip(meta["action_kwargs"].keys, meta["action_kwargs"].values)
+                         if k is not None)
+            except _Dynamic:
+                raise Unreadable("field %s: action_kwargs computed at run time" % field)
+        nargs = None
+        if "nargs" in extra:
+            raw = extra["nargs"]
+            nargs = _nargs_text(raw.value) if isinstance(raw, ast.Constant) else "unknown"
+        nargs, negated = _action(source, module, value, meta["action"], nargs)
+        if negated:
+            names += ["--no-" + n[2:] for n in names if n.startswith("--")]
+        choices, open_choices = _choices(value, extra.get("choices"))
+        return _option(names, nargs, choices, open_choices, _type_name(extra.get("type"), False))
+    inner = _unwrap_optional(items[0])
+    choices, open_choices = _choices(value, meta.get("choices"))
+    if choices == []:  # ``if arg_meta.choices:`` / ``arg_meta.choices or literal_vals``: empty is none
+        choices = None
+    if isinstance(inner, ast.Subscript):
+        inner_base, inner_items = _subscript(inner)
+        if inner_base == "Literal":
+            literal = [i.value for i in inner_items if isinstance(i, ast.Constant)]
+            if choices is None and ("choices" not in meta or _is_empty_list(meta["choices"])):
+                choices, open_choices = (literal if len(literal) == len(inner_items) else None), False
+            first = type(literal[0]).__name__ if literal else "str"
+            return _option(names, "1", choices, open_choices, _type_name(None, has_parser) if has_parser else
+                           _TYPES.get(first, "str"))
+        if inner_base in ("list", "List") and not has_parser:
+            element = _unwrap_optional(inner_items[0]) if inner_items else None
+            return _option(names, explicit_nargs or "+", choices, open_choices,
+                           _TYPES.get(_dotted(element) or "", "str") if element is not None else "str")
+    if _dotted(inner) == "bool":
+        return _option(names, "0")
+    # _infer_type_func: str, int, float; anything else is parsed as str
+    value_type = "other" if has_parser else _TYPES.get(_dotted(inner) or "", "str")
+    return _option(names, explicit_nargs or "1", choices, open_choices, value_type)
+
+
+def class_fields(source, module, cls, depth=0):
+    """(module, field name, annotation) of a dataclass / msgspec Struct, bases first."""
+    if depth > MAX_DEPTH:
+        raise Unreadable("class %s: bases too deep" % cls.name)
+    fields = []
+    for base in cls.bases:
+        name = _dotted(base)
+        if name is None or "." in name:
+            continue  # msgspec.Struct, typing.Generic[...]: no fields of SGLang's
+        found_module, found = source.lookup(module, name)
+        if isinstance(found, ast.ClassDef):
+            fields += class_fields(source, found_module, found, depth + 1)
+    for item in cls.body:
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            fields.append((module, item.target.id, item.annotation))
+    return fields
+
+
+def _collected_classes(source, module, cls_name):
+    """The namespace classes whose fields server_args.py puts on ``cls_name`` (SGLang 0.5.2x):
+    ``_annotations, ... = collect_input_fields(NAMESPACES)`` then
+    ``ServerArgs.__annotations__ = {**_annotations, **ServerArgs.__annotations__}``."""
+    classes = []
+    for node in module.tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and
+                isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == "__annotations__" and
+                _dotted(node.targets[0].value) == cls_name):
+            continue
+        if not isinstance(node.value, ast.Dict):
+            raise Unreadable("%s.__annotations__ is not a dict display (line %d)" % (cls_name, node.lineno))
+        for key, item in zip(node.value.keys, node.value.values):
+            if key is not None:
+                raise Unreadable("%s.__annotations__ has a literal key (line %d)" % (cls_name, node.lineno))
+            if _dotted(item) == cls_name + ".__annotations__":
+                continue
+            classes += _namespaces_behind(source, module, item, cls_name)
+    return classes
+
+
+def _namespaces_behind(source, module, item, cls_name):
+    name = _dotted(item)
+    for node in module.tree.body:
+        if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
+            continue
+        targets = node.targets[0].elts if isinstance(node.targets[0], ast.Tuple) else [node.targets[0]]
+        if not any(_dotted(t) == name for t in targets):
+            continue
+        call = node.value
+        if (_dotted(call.func) or "").rpartition(".")[2] != "collect_input_fields" or len(call.args) != 1:
+            break
+        listed = call.args[0]
+        if isinstance(listed, ast.Name) and listed.id in module.assigns:
+            listed = module.assigns[listed.id]
+        if not isinstance(listed, (ast.List, ast.Tuple)):
+            break
+        found = []
+        for element in listed.elts:
+            element_module, cls = source.lookup(module, _dotted(element) or "")
+            if not isinstance(cls, ast.ClassDef):
+                raise Unreadable("namespace class %s of %s not found in SGLang's source"
+                                 % (_dotted(element), cls_name))
+            found.append((element_module, cls))
+        return found
+    raise Unreadable("%s.__annotations__ takes %s from code this reader does not follow" % (cls_name, name))
+
+
+def dataclass_options(source, module, call):
+    """The options ``add_cli_args_from_dataclass(parser, Cls[, fields=[...]])`` adds."""
+    if len(call.args) != 2:
+        raise Unreadable("add_cli_args_from_dataclass with %d positional arguments (line %d)"
+                         % (len(call.args), call.lineno))
+    cls_name = _dotted(call.args[1])
+    only = None
+    for keyword in call.keywords:
+        if keyword.arg == "fields":
+            only = _constant(_Value(source, module), keyword.value, "add_cli_args_from_dataclass fields=")
+    cls_module, cls = source.lookup(module, cls_name or "")
+    if not isinstance(cls, ast.ClassDef):
+        raise Unreadable("class %s of add_cli_args_from_dataclass not found" % cls_name)
+    fields = class_fields(source, cls_module, cls)
+    for ns_module, ns_class in _collected_classes(source, cls_module, cls_name):
+        fields += class_fields(source, ns_module, ns_class)
+    options, seen = [], set()
+    for field_module, name, annotation in fields:
+        if name in seen or (only is not None and name not in only):
+            continue
+        seen.add(name)
+        option = field_option(source, field_module, name, annotation)
+        if option is not None:
+            options.append(option)
+    if not options:
+        raise Unreadable("class %s has no Annotated[..., Arg(...)] fields" % cls_name)
+    return options
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _add_cli_args(module):
+    """``ServerArgs.add_cli_args``: the function launch_server's parser is built by."""
+    cls = module.classes.get("ServerArgs")
+    if cls is not None:
+        for item in cls.body:
+            if isinstance(item, ast.FunctionDef) and item.name == "add_cli_args":
+                return item
+    raise Unreadable("no ServerArgs.add_cli_args in it")
+
+
+def read_options(package_dir):
+    """SGLang's options from ``package_dir`` (the ``sglang`` package directory): the facts document
+    ``{"file", "options": [{"names", "nargs", "choices", "open_choices", "type"}] | None, "error",
+    "layout": "literal" | "dataclass" | None}``."""
+    path = os.path.join(package_dir, "srt", "server_args.py")
+    result = {"file": path, "options": None, "error": None, "layout": None}
+    source = _Source(package_dir)
+    try:
+        module = source.module("sglang.srt.server_args")
+        if module is None:
+            raise Unreadable("%s: not found" % path)
+        function = _add_cli_args(module)
+        local = {}
+        local_mutated = set()
+        for node in ast.walk(function):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                local[node.targets[0].id] = node.value
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    isinstance(node.func.value, ast.Name) and node.func.attr in ("add", "append", "extend", "update"):
+                local_mutated.add(node.func.value.id)
+        value = _Value(source, module, local, local_mutated)
+        options, layout = [], "literal"
+        calls = sorted((n for n in ast.walk(function) if isinstance(n, ast.Call)),
+                       key=lambda n: (n.lineno, n.col_offset))
+        for call in calls:
+            name = _dotted(call.func) or ""
+            if name.rpartition(".")[2] == "add_cli_args_from_dataclass":
+                options += dataclass_options(source, module, call)
+                layout = "dataclass"
+            elif isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument":
+                options.append(literal_call(source, module, value, call))
+        if not options:
+            raise Unreadable("ServerArgs.add_cli_args adds no option this reader recognises")
+        result.update(options=options, layout=layout)
+    except Unreadable as exc:
+        result["error"] = str(exc)
+    except RecursionError:
+        result["error"] = "the source nests deeper than this reader follows"
+    except Exception as exc:  # a shape no test has seen: the doctor cannot decide, its other facts still count
+        result["error"] = "the reader did not follow this source (%s)" % _error(exc)
+    return result

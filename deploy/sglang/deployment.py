@@ -1,0 +1,107 @@
+"""The desired deployment: what a run launches on a host, as one value, and how it compares with a record.
+
+``desired_deployment`` is the one place "what this run launches" is computed: the SGLang argv (with
+the drafter from the host's store and the doctor's decisions, e.g. ``--speculative-draft-model-
+quantization unquant``), the environment's hash, the drafter's fingerprint and path, the SGLang
+version, the draft tokens. The launch step writes ``DesiredDeployment.record()`` as deployment.json;
+converge, the fleet's pre-drain probe, a node group and ``deployctl status`` compare a recorded
+deployment with it (``differences``), so they cannot disagree on what "configured" means.
+Pure, below the steps (facts, doctor, steps, fleet and verbs all read it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from deploy.config.models import Host, Run
+from deploy.sglang.argv import DRAFT_QUANT_FLAG, sglang_argv
+from deploy.state_layout import StatePaths
+
+#: the fields that make two deployments the same server (the rest is bookkeeping)
+IDENTITY = ("argv", "drafter_fingerprint", "env_hash", "sglang_version")
+
+
+def env_hash(env: dict[str, str]) -> str:
+    """sha256 of the sorted environment: compares runs without keeping the values anywhere."""
+    text = "".join(f"{k}={v}\n" for k, v in sorted(env.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def identity(record: dict | None) -> dict | None:
+    if not isinstance(record, dict):
+        return None
+    return {k: record.get(k) for k in IDENTITY}
+
+
+@dataclass(frozen=True)
+class DesiredDeployment:
+    """What one host is to run; ``record()`` is the deployment.json the launch writes (plus pid, log)."""
+
+    run: str | None
+    argv: tuple[str, ...]
+    drafter_fingerprint: str | None
+    #: the drafter the argv names (the host's store path once fix-keys ran; the run's path before)
+    drafter_path: str | None
+    env_hash: str | None
+    sglang_version: str | None
+    draft_tokens: int | None
+    #: the environment file the launch sources (None: the run sets no env)
+    env_file: str | None
+    #: the doctor's --speculative-draft-model-quantization decision, kept so that a reader without the
+    #: doctor's facts (``deployctl status``) builds the same argv
+    draft_quantization: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["argv"] = list(self.argv)
+        return data
+
+    def differences(self, recorded: dict | None, fields: tuple[str, ...] = IDENTITY) -> list[str]:
+        """The identity fields (or ``fields``) in which ``recorded`` differs, as words ("drafter fingerprint")."""
+        if not isinstance(recorded, dict):
+            return ["no deployment recorded"]
+        want = self.record()
+        return [key.replace("_", " ") for key in fields if want.get(key) != recorded.get(key)]
+
+    def runs_in(self, recorded: dict | None) -> bool:
+        return not self.differences(recorded)
+
+    @classmethod
+    def of_record(cls, record: dict[str, Any]) -> DesiredDeployment:
+        """A recorded deployment as the desired one (a rollback relaunches the last good one exactly)."""
+        argv = record.get("argv")
+        return cls(run=record.get("run"), argv=tuple(argv) if isinstance(argv, list) else (),
+                   drafter_fingerprint=record.get("drafter_fingerprint"), drafter_path=record.get("drafter_path"),
+                   env_hash=record.get("env_hash"), sglang_version=record.get("sglang_version"),
+                   draft_tokens=record.get("draft_tokens"), env_file=record.get("env_file"),
+                   draft_quantization=recorded_draft_quantization(record, None))
+
+
+def desired_deployment(run: Run, host: Host, draft_tokens: int | None = None, *, drafter_path: str | None = None,
+                       drafter_fingerprint: str | None = None, sglang_version: str | None = None,
+                       draft_quantization: str | None = None) -> DesiredDeployment:
+    """What ``run`` launches on ``host``: ``drafter_path`` the drafter's store path (fix-keys), the
+    SGLang version and the doctor's draft-quantization decision as read on the host."""
+    tokens = run.draft_tokens if draft_tokens is None else draft_tokens
+    return DesiredDeployment(
+        run=run.name, argv=tuple(sglang_argv(run, host, tokens, drafter_path, draft_quantization)),
+        drafter_fingerprint=drafter_fingerprint, drafter_path=drafter_path or run.drafter,
+        env_hash=env_hash(run.env), sglang_version=sglang_version, draft_tokens=tokens,
+        env_file=StatePaths(host.state_dir).env_file if run.env else None, draft_quantization=draft_quantization)
+
+
+def recorded_draft_quantization(record: dict[str, Any], run: Run | None) -> str | None:
+    """The doctor's draft-quantization decision a recorded launch was made with: the record's field,
+    or (a record written before it existed) the flag in its argv that the run's extra_args did not set."""
+    if "draft_quantization" in record:
+        value = record["draft_quantization"]
+        return value if isinstance(value, str) else None
+    argv = record.get("argv")
+    if not isinstance(argv, list) or DRAFT_QUANT_FLAG not in argv:
+        return None
+    if run is not None and DRAFT_QUANT_FLAG in run.extra_args:
+        return None  # the user's own flag: sglang_argv passes extra_args as they are
+    at = argv.index(DRAFT_QUANT_FLAG) + 1
+    return argv[at] if at < len(argv) and isinstance(argv[at], str) else None
