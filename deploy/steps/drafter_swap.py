@@ -1,8 +1,10 @@
 """Swap or reload: the one decision whether a new drafter goes into the running server.
 
-``swap_decision`` takes the desired deployment (what this run would launch: ``launch.desired_record``)
-and the running one (the host's deployment record and its server's state) as inputs, so it does
-not depend on where either is computed. Every verb asks it: the ``swap-drafter`` step before it
+``swap_decision`` takes the desired deployment (``deploy/sglang/deployment.py``: the one value of what
+this run launches, ``launch.desired``) and the running one (the host's deployment record and its
+server's state) as inputs, and compares them with the desired deployment's own ``differences``
+(with the running drafter put back: ``with_drafter``), so "only the drafter changed" cannot drift
+from what converge and the launch mean by the same deployment. Every verb asks it: the ``swap-drafter`` step before it
 sends anything, ``plan`` (without host facts: the decision then says what it still has to check).
 
 Why each refusal (SGLang 0.5.21 - 0.5.23, read from the wheels; docs/drafter-swap.md):
@@ -24,9 +26,9 @@ from typing import Any, Literal
 
 from deploy.config.models import Run
 from deploy.facts.drafter_swap import SwapInspection
+from deploy.sglang.deployment import SWAP_SAME, DesiredDeployment
 
 SWAP_SINCE = (0, 5, 21)
-DRAFTER_FLAG = "--speculative-draft-model-path"
 ADMIN_FLAG = "--admin-api-key"
 
 
@@ -55,21 +57,10 @@ def _version(text: str | None) -> tuple[int, ...] | None:
     return tuple(nums + [0] * (3 - len(nums)))
 
 
-def without_drafter(argv: list[str]) -> list[str]:
-    """The argv with the drafter's path blanked: what must be equal for a swap."""
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == DRAFTER_FLAG and i + 1 < len(out):
-            out[i + 1] = "<drafter>"
-        elif arg.startswith(DRAFTER_FLAG + "="):
-            out[i] = DRAFTER_FLAG + "=<drafter>"
-    return out
-
-
 def _argv_change(want: list[str], have: list[str]) -> str:
-    a, b = without_drafter(want), without_drafter(have)
-    added = [x for x in a if x not in b]
-    removed = [x for x in b if x not in a]
+    """What differs in two argvs, for the reason (the rule is ``DesiredDeployment.differences``)."""
+    added = [x for x in want if x not in have]
+    removed = [x for x in have if x not in want]
     parts = ([f"adds {' '.join(added[:4])}"] if added else []) + ([f"drops {' '.join(removed[:4])}"] if removed else [])
     return "; ".join(parts) or "reorders arguments"
 
@@ -93,7 +84,7 @@ def requested_mode(run: Run, override: str | None) -> tuple[str, str]:
     return run.drafter_update, f"drafter_update: {run.drafter_update}"
 
 
-def swap_decision(run: Run, desired: dict[str, Any], running: RunningServer | None,
+def swap_decision(run: Run, desired: DesiredDeployment, running: RunningServer | None,
                   inspection: SwapInspection | None = None, override: str | None = None) -> SwapDecision:
     """Swap the drafter into the running server, or reload (stop, launch) -- and why.
 
@@ -111,30 +102,33 @@ def swap_decision(run: Run, desired: dict[str, Any], running: RunningServer | No
     record = running.record
     if record is None:
         return SwapDecision("reload", "no deployment is recorded on this host")
-    if record.get("run") != desired.get("run"):
+    if desired.differences(record, ("run",)):
         return SwapDecision("reload", f"the host runs run {record.get('run')!r}'s deployment, not this run's")
+    update = record.get("drafter_update")
+    if isinstance(update, dict) and update.get("how") == "swap-failed":
+        return SwapDecision("reload", "a swap failed on this server before: which drafter it holds is unknown")
     if not running.alive or running.health != 200:
         return SwapDecision("reload", "the recorded server is not serving "
                                       f"({'not running' if not running.alive else f'/health {running.health}'})")
-    version = desired.get("sglang_version")
+    version = desired.sglang_version
     parsed = _version(version)
     if parsed is None:
         return SwapDecision("reload", "SGLang's version is unknown")
     if parsed < SWAP_SINCE:
         return SwapDecision("reload", f"SGLang {version} has no weight-update session with a draft selector "
                                       "(since 0.5.21)")
-    if record.get("sglang_version") != version:
-        return SwapDecision("reload", f"SGLang changed ({record.get('sglang_version')} -> {version})")
-    if record.get("drafter_fingerprint") == desired.get("drafter_fingerprint"):
+    if not desired.differences(record, ("drafter_fingerprint",)):
         return SwapDecision("reload", "the drafter did not change; something else did")
-    want, have = list(desired.get("argv") or []), list(record.get("argv") or [])
-    if without_drafter(want) != without_drafter(have):
-        return SwapDecision("reload", f"SGLang's arguments changed besides the drafter ({_argv_change(want, have)})")
-    for key, what in (("env_hash", "the run's environment"), ("env_file", "the environment file"),
-                      ("draft_tokens", "the draft tokens")):
-        if record.get(key) != desired.get(key):
-            return SwapDecision("reload", f"{what} changed")
-    if has_admin_key(have) is False:
+    # the desired deployment with the running drafter put back: anything it still differs in needs a launch
+    same = desired.with_drafter(record.get("drafter_path"), record.get("drafter_fingerprint"))
+    changed = same.differences(record, SWAP_SAME)
+    if changed:
+        have = list(record.get("argv") or [])
+        detail = f" ({_argv_change(list(same.argv), have)})" if "argv" in changed else ""
+        if "sglang version" in changed:
+            detail += f" (SGLang {record.get('sglang_version')} -> {version})"
+        return SwapDecision("reload", f"changed besides the drafter: {', '.join(changed)}{detail}")
+    if has_admin_key(list(record.get("argv") or [])) is False:
         return SwapDecision("reload", f"the server was launched with {ADMIN_FLAG} but deployctl has no key for it")
     if inspection is None:
         return SwapDecision("swap", "only the drafter changed so far; the host's drafters and GPU memory are "
@@ -142,7 +136,7 @@ def swap_decision(run: Run, desired: dict[str, Any], running: RunningServer | No
     return _judge_drafters(run, desired, record, inspection)
 
 
-def _judge_drafters(run: Run, desired: dict, record: dict, seen: SwapInspection) -> SwapDecision:
+def _judge_drafters(run: Run, desired: DesiredDeployment, record: dict, seen: SwapInspection) -> SwapDecision:
     old, new = seen.running, seen.new
     for facts, which in ((old, "running"), (new, "new")):
         if facts.error is not None:
@@ -166,7 +160,7 @@ def _judge_drafters(run: Run, desired: dict, record: dict, seen: SwapInspection)
                                       "it built at start-up")
     if seen.gpus is None:
         return SwapDecision("reload", f"the GPUs' free memory is unknown ({seen.gpu_error})")
-    base = base_gpu_id(list(desired.get("argv") or []))
+    base = base_gpu_id(list(desired.argv))
     wanted = {base + r for r in range(run.tp_size)}
     need_mib = -(-new.bytes // (1 << 20))
     by_index = {g.index: g for g in seen.gpus}
@@ -179,7 +173,7 @@ def _judge_drafters(run: Run, desired: dict, record: dict, seen: SwapInspection)
         return SwapDecision("reload", f"not enough free GPU memory for a copy of the drafter on each GPU "
                                       f"(GPU {g.index}: {g.free_mib} MiB free, {need_mib} MiB needed)")
     return SwapDecision("swap", f"only the drafter's tensors changed ({str(record.get('drafter_fingerprint'))[:12]} -> "
-                                f"{str(desired.get('drafter_fingerprint'))[:12]}; same config, shapes and vocabulary "
+                                f"{str(desired.drafter_fingerprint)[:12]}; same config, shapes and vocabulary "
                                 f"map; {need_mib} MiB per GPU free)")
 
 

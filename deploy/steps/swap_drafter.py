@@ -32,7 +32,7 @@ from deploy.shell import quote, quote_path
 from deploy.steps import converge, verify_acceptance
 from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings
 from deploy.steps.drafter_swap import RunningServer, SwapDecision, base_gpu_id, swap_decision
-from deploy.steps.launch import _written, desired_record, env_path
+from deploy.steps.launch import _written, desired, env_path
 
 NAME = "swap-drafter"
 
@@ -57,7 +57,7 @@ def _override(ctx: StepContext) -> str | None:
 
 def decide(ctx: StepContext, running: RunningServer | None = None,
            inspection: SwapInspection | None = None) -> SwapDecision:
-    return swap_decision(ctx.run, desired_record(ctx), running, inspection, _override(ctx))
+    return swap_decision(ctx.run, desired(ctx), running, inspection, _override(ctx))
 
 
 def _verify_ctx(ctx: StepContext) -> StepContext:
@@ -82,15 +82,15 @@ def inspect_action(ctx: StepContext, running_drafter: str = "<the running drafte
 
 
 def send_action(ctx: StepContext) -> Command:
-    desired = desired_record(ctx)
+    wanted = desired(ctx)
     return Command(description="swap the drafter into the running server: SGLang's weight-update session "
                                "(begin selector draft, update_weights_from_tensor with one payload per TP rank and "
                                "the fingerprint as weight_version, end), then /model_info's weight_version",
                    when="the swap decision is swap",
                    command=send_command(ctx.run.sglang_python, ctx.paths.helper(SENDER), base_url(ctx),
-                                        desired["drafter_path"] or "<drafter>",
-                                        desired["drafter_fingerprint"] or "<drafter fingerprint>", ctx.run.tp_size,
-                                        base_gpu_id(desired["argv"]), ctx.paths.root, ctx.settings.send_timeout_s,
+                                        wanted.drafter_path or "<drafter>",
+                                        wanted.drafter_fingerprint or "<drafter fingerprint>", ctx.run.tp_size,
+                                        base_gpu_id(list(wanted.argv)), ctx.paths.root, ctx.settings.send_timeout_s,
                                         env_path(ctx) if ctx.run.env else None),
                    timeout_s=ctx.settings.send_timeout_s + 30, what="drafter swap")
 
@@ -158,8 +158,8 @@ def run(ctx: StepContext) -> StepOutcome:
 
 def _swap(ctx: StepContext, state: ServerState, decision: SwapDecision) -> StepOutcome:
     assert state.record is not None
-    desired = desired_record(ctx)
-    fingerprint = desired["drafter_fingerprint"]
+    wanted = desired(ctx)
+    fingerprint = wanted.drafter_fingerprint
     ctx.progress(f"swapping the drafter into pid {state.pid}: {decision.reason}")
     summary = parse_send(ctx.execute(send_action(ctx)).stdout, ctx.host.name)
     if not summary.sent:
@@ -199,7 +199,7 @@ def _swap(ctx: StepContext, state: ServerState, decision: SwapDecision) -> StepO
         return _reload(ctx, f"the swap failed verification: {why}", {"sent": True, "verified": verified})
     update = {"how": "swapped", "at": now, "from": previous, "to": fingerprint,
               "verified": verified}
-    record = desired | {"pid": state.pid, "log": state.record.get("log"), "launched_at": state.record.get("launched_at"),
+    record = wanted.record() | {"pid": state.pid, "log": state.record.get("log"), "launched_at": state.record.get("launched_at"),
                         "launched_argv": state.record.get("launched_argv") or state.record.get("argv"),
                         "drafter_update": update}
     ctx.execute(record_action(ctx, record, state.pid))

@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import shutil
 from types import SimpleNamespace
 
 import pytest
 
-from deploy.config.models import Run
+from deploy.config.models import Host, Run
 from deploy.errors import RemoteOutputError
 from deploy.facts.drafter_swap import DrafterFacts, GpuMemory, SwapInspection, parse_inspection, parse_send
 from deploy.remote import drafter_swap as sender
-from deploy.steps.drafter_swap import RunningServer, has_admin_key, swap_decision, without_drafter
+from deploy.sglang.deployment import DesiredDeployment, desired_deployment
+from deploy.steps.drafter_swap import RunningServer, has_admin_key, swap_decision
 from sandbox import drafter as drafter_mod
 from tests.fixtures_ckpt import make_sglang_drafter
 
-ARGV = ["python3", "-m", "sglang.launch_server", "--model-path", "/m", "--speculative-algorithm", "EAGLE3",
-        "--speculative-draft-model-path", "/s/drafters/OLD", "--tp-size", "2", "--port", "30000"]
 TENSORS = {"fc.weight": ["BF16", [64, 192]], "midlayer.mlp.up_proj.weight": ["BF16", [128, 64]], "d2t": ["I64", [128]]}
+HOST = Host(name="h", address="127.0.0.1", state_dir="/s")
 
 
 def a_run(**fields) -> Run:
@@ -27,15 +28,29 @@ def a_run(**fields) -> Run:
                                "drafter_update": "swap"} | fields)
 
 
-def desired(**changes) -> dict:
-    argv = [a if a != "/s/drafters/OLD" else "/s/drafters/NEW" for a in ARGV]
-    return {"run": "r", "argv": argv, "drafter_fingerprint": "new" * 8, "drafter_path": "/s/drafters/NEW",
-            "env_hash": "e", "sglang_version": "0.5.23", "draft_tokens": 16, "env_file": None} | changes
+def deployment(drafter: str, fingerprint: str, run: Run | None = None, **changes) -> DesiredDeployment:
+    """What the run launches with ``drafter`` (the one builder: deploy/sglang/deployment.py)."""
+    built = desired_deployment(run or a_run(), HOST, drafter_path=drafter, drafter_fingerprint=fingerprint,
+                               sglang_version="0.5.23")
+    if "argv" in changes:
+        changes["argv"] = tuple(changes["argv"])
+    return dataclasses.replace(built, **changes)
+
+
+#: what the running server was launched with (the old drafter)
+ARGV = list(deployment("/s/drafters/OLD", "old" * 8).argv)
+
+
+def desired(**changes) -> DesiredDeployment:
+    return deployment("/s/drafters/NEW", "new" * 8, **changes)
+
+
+def argv_of(want: DesiredDeployment) -> list[str]:
+    return list(want.argv)
 
 
 def running(**changes) -> RunningServer:
-    record = {"run": "r", "argv": list(ARGV), "drafter_fingerprint": "old" * 8, "drafter_path": "/s/drafters/OLD",
-              "env_hash": "e", "sglang_version": "0.5.23", "draft_tokens": 16, "env_file": None, "pid": 42}
+    record = deployment("/s/drafters/OLD", "old" * 8).record() | {"pid": 42}
     alive, health = changes.pop("alive", True), changes.pop("health", 200)
     return RunningServer(None if changes.pop("no_record", False) else record | changes, alive, health, 42)
 
@@ -60,13 +75,20 @@ def seen(new: DrafterFacts | None = None, gpus=((0, 1000, 8000), (1, 1000, 8000)
     (a_run(), desired(), running(health=503), "/health 503"),
     (a_run(), desired(sglang_version="0.5.20"), running(sglang_version="0.5.20"), "0.5.20 has no weight-update session"),
     (a_run(), desired(sglang_version=None), running(), "version is unknown"),
-    (a_run(), desired(), running(sglang_version="0.5.22"), "SGLang changed (0.5.22 -> 0.5.23)"),
+    (a_run(), desired(), running(sglang_version="0.5.22"), "besides the drafter: sglang version (SGLang 0.5.22 -> 0.5.23)"),
     (a_run(), desired(drafter_fingerprint="old" * 8), running(), "the drafter did not change"),
-    (a_run(), desired(argv=desired()["argv"] + ["--mem-fraction-static", "0.8"]), running(),
-     "arguments changed besides the drafter (adds --mem-fraction-static 0.8)"),
-    (a_run(), desired(env_hash="f"), running(), "environment changed"),
-    (a_run(), desired(draft_tokens=8), running(), "draft tokens changed"),
-    (a_run(), desired(argv=desired()["argv"] + ["--admin-api-key"]), running(argv=ARGV + ["--admin-api-key"]),
+    (a_run(), desired(argv=argv_of(desired()) + ["--mem-fraction-static", "0.8"]), running(),
+     "besides the drafter: argv (adds --mem-fraction-static 0.8)"),
+    # the run's own extra_args through the one argv builder: a launch option is not a drafter change
+    (a_run(), deployment("/s/drafters/NEW", "new" * 8, a_run(extra_args=["--mem-fraction-static", "0.8"])), running(),
+     "besides the drafter: argv (adds --mem-fraction-static 0.8)"),
+    (a_run(), desired(argv=[a if a != "/m" else "/m2" for a in argv_of(desired())]), running(),
+     "besides the drafter: argv (adds /m2; drops /m)"),
+    (a_run(), desired(env_hash="f"), running(), "besides the drafter: env hash"),
+    (a_run(), desired(env_file="/s/env"), running(), "besides the drafter: env file"),
+    (a_run(), desired(draft_tokens=8), running(), "besides the drafter: draft tokens"),
+    (a_run(), desired(), running(drafter_update={"how": "swap-failed"}), "a swap failed on this server before"),
+    (a_run(), desired(argv=argv_of(desired()) + ["--admin-api-key"]), running(argv=ARGV + ["--admin-api-key"]),
      "no key for it"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_refusals_before_the_host_is_inspected_reload_and_say_why(run, want, have, why):
@@ -101,14 +123,19 @@ def test_only_the_tensors_changed_is_a_swap_on_the_servers_own_gpus():
     decision = swap_decision(a_run(), desired(), running(), seen())
     assert decision.path == "swap" and not decision.pending and "only the drafter's tensors changed" in decision.reason
     # --base-gpu-id 2: GPUs 2 and 3 are the server's, 0 and 1 do not count
-    argv = desired()["argv"] + ["--base-gpu-id", "2"]
+    argv = argv_of(desired()) + ["--base-gpu-id", "2"]
     full = seen(gpus=((0, 8000, 8000), (1, 8000, 8000), (2, 0, 8000), (3, 0, 8000)))
     assert swap_decision(a_run(), desired(argv=argv), running(argv=ARGV + ["--base-gpu-id", "2"]), full).path == "swap"
 
 
-def test_argv_comparison_blanks_only_the_drafter_path():
-    assert without_drafter(["--speculative-draft-model-path=/a", "--x", "/a"]) == [
-        "--speculative-draft-model-path=<drafter>", "--x", "/a"]
+def test_the_running_drafter_is_put_back_in_its_own_slot_only():
+    # the same path elsewhere in the argv (a token map under the drafter's dir, say) is not the drafter
+    want = desired(argv=argv_of(desired()) + ["--speculative-token-map", "/s/drafters/NEW"])
+    back = want.with_drafter("/s/drafters/OLD", "old" * 8)
+    assert back.argv[-1] == "/s/drafters/NEW" and back.argv.count("/s/drafters/OLD") == 1
+    assert back.drafter_fingerprint == "old" * 8 and back.drafter_path == "/s/drafters/OLD"
+    assert swap_decision(a_run(), desired(), running(), seen()).path == "swap"
+    assert "argv (adds --speculative-token-map /s/drafters/NEW)" in swap_decision(a_run(), want, running()).reason
     assert has_admin_key(["--admin-api-key", "k"]) is True and has_admin_key(["--admin-api-key=k"]) is True
     assert has_admin_key(["--admin-api-key", "--port"]) is False and has_admin_key([]) is None
 
