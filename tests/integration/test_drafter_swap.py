@@ -57,12 +57,12 @@ def steps_of(doc: dict) -> dict:
     return {s["step"]: s for s in entry["steps"]}
 
 
-def new_checkpoint(sandbox, step: str, *, shrink: bool = False, marker: str | None = None) -> None:
-    weights = f"{sandbox.host('sb1').drafter_dir}/model.safetensors"
+def new_checkpoint(sandbox, step: str, *, shrink: bool = False, marker: str | None = None, host: str = "sb1") -> None:
+    weights = f"{sandbox.host(host).drafter_dir}/model.safetensors"
     command = f"python3 -c {shlex.quote(REWRITE)} {weights} {step} {int(shrink)}"
     if marker:
-        command += f" && printf x > {sandbox.host('sb1').drafter_dir}/SIMULATION-{marker}"
-    result = sandbox.run("sb1", command)
+        command += f" && printf x > {sandbox.host(host).drafter_dir}/SIMULATION-{marker}"
+    result = sandbox.run(host, command)
     assert result.returncode == 0, result.stderr
 
 
@@ -196,3 +196,50 @@ def test_nightly_swaps_a_new_checkpoint_and_gates_it_like_a_launch(clean_sandbox
     assert steps["launch"]["status"] == "skipped"
     assert steps["benchmark"]["status"] == "ok" and steps["regression-gate"]["status"] == "ok"
     assert record(clean_sandbox, "last-good.json")["drafter_update"]["how"] == "swapped"
+
+
+def test_behind_a_router_a_swap_stays_in_rotation_and_a_refused_one_is_drained_first(clean_sandbox, tmp_path, capsys):
+    """sb1 unchanged, sb2 a new checkpoint of the same shapes, sb3 one with a changed shape: the probe
+    keeps sb2 and sb3 in the router (only the drafter changed, as far as it can tell without the
+    drafters' headers); sb2 swaps without ever leaving it, sb3's swap-drafter refuses (shapes) and
+    sb3 is taken out and drained before its reload. No request through the router fails."""
+    from tests.integration.fleet_client import StreamingClient
+    from tests.integration.test_fleet import FAST as FLEET_FAST, ROUTER_PORT, ROUTER_PYTHON, router_workers, \
+        server_pid, summary, worker_url
+
+    if not ROUTER_PYTHON.is_file():
+        pytest.skip(f"{ROUTER_PYTHON} missing: run tests/bootstrap.sh")
+    sb = clean_sandbox
+    hosts = ("sb1", "sb2", "sb3")
+    for host in hosts:
+        sb.set_sglang_version(host, "0.5.23")
+    router = {"host": "sb1", "port": ROUTER_PORT, "policy": "round_robin", "python": str(ROUTER_PYTHON),
+              "startup_timeout_s": 60, "drain_timeout_s": 30}
+    path = write_config(sb, tmp_path, run={"env": FLEET_FAST | FAST, "router": router, "drafter_update": "swap"})
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    pids = {h: server_pid(sb, h) for h in hosts}
+    new_checkpoint(sb, "2", host="sb2")
+    new_checkpoint(sb, "2", shrink=True, host="sb3")
+    with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=2) as client:
+        code, doc = cli_json(capsys, "-c", str(path), "restart", "--json")
+    assert code == 0, summary(doc)
+    phases = {p["phase"]: p["detail"] for p in doc["fleet"]["phases"]}
+    assert "kept in the router: sb1" in phases["batch 1/3 check unchanged sb1"]
+    assert "drafter swap, kept in the router (no drain): sb2" in phases["batch 2/3 check unchanged sb2"]
+    assert "removed 0 worker(s)" in phases["batch 2/3 router-remove sb2"]
+    assert "sb2: swapped in place, no drain" in phases["batch 2/3 router-add sb2"]
+    assert "drafter swap, kept in the router (no drain): sb3" in phases["batch 3/3 check unchanged sb3"]
+    assert "removed 0 worker(s)" in phases["batch 3/3 router-remove sb3"]
+    assert "sb3: the swap fell back to a reload, drained first" in phases["batch 3/3 router-add sb3"]
+    by_host = {h["host"]: {s["step"]: s for s in h["steps"]} for h in doc["hosts"]}
+    assert by_host["sb2"]["swap-drafter"]["data"]["path"] == "swap"
+    assert "shapes changed" in by_host["sb3"]["swap-drafter"]["data"]["reason"]
+    assert by_host["sb3"]["launch"]["status"] == "ok"
+    rotation = doc["fleet"]["rotation"]
+    assert rotation["sb2"] == {"out_of_rotation_s": 0.0, "note": "stayed in the router: drafter swapped in place, no drain"}
+    assert rotation["sb3"]["out_of_rotation_s"] > 0
+    assert server_pid(sb, "sb1") == pids["sb1"] and server_pid(sb, "sb2") == pids["sb2"]
+    assert server_pid(sb, "sb3") != pids["sb3"]
+    assert client.stats.failed == 0, client.stats.errors[:5]
+    assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in hosts)

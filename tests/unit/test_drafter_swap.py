@@ -255,3 +255,46 @@ def test_the_admin_key_is_required_when_set_and_0_5_20_has_no_session(ls):
     assert e.weight_updates.handle("/begin_weight_update", {"selector": "draft"}, "Bearer k")[0] == 200
     assert not engine(ls, version="0.5.20").weight_updates.serves("/begin_weight_update")
     assert engine(ls, version="0.5.21").weight_updates.serves("/begin_weight_update")
+
+
+# ------------------------------------------------------------------------------ behind a router
+
+
+def planned(name: str):
+    from deploy.playbook import PlannedStep
+    from deploy.steps import REGISTRY
+
+    return PlannedStep(name, REGISTRY[name].Settings(step=name))
+
+
+def test_a_replica_kept_for_a_swap_leaves_the_router_once_before_anything_stops_it():
+    from deploy.engine.session import leave_router_before_stop
+    from deploy.steps.memory import StepMemory
+
+    calls, said = [], []
+    memory = StepMemory(leave_router=lambda: calls.append(1) or "drained in 0.10 s")
+    progress = lambda host, step, message: said.append((step, message))  # noqa: E731
+    for name in ("doctor", "converge", "swap-drafter"):  # the swap's own step and read-only ones: still serving
+        assert leave_router_before_stop(planned(name), HOST, memory, progress) is None
+    assert calls == []
+    assert leave_router_before_stop(planned("stop-stale"), HOST, memory, progress) is None
+    assert calls == [1] and said == [("router", "drained in 0.10 s")]
+    assert leave_router_before_stop(planned("launch"), HOST, memory, progress) is None and calls == [1]
+    # a rollback after a swap still in the router: its own memory carries the call
+    assert StepMemory(leave_router=memory.leave_router or (lambda: "x")).rollback_of({}).leave_router is not None
+
+
+def test_a_swapped_replica_never_leaves_and_a_refused_leave_stops_with_the_server_as_it_was():
+    from deploy.engine.session import leave_router_before_stop
+    from deploy.errors import ExitCode
+    from deploy.fleet.rolling import LastHealthyWorker
+    from deploy.steps.memory import StepMemory
+
+    swapped = StepMemory(leave_router=lambda: pytest.fail("a swapped replica left the router"), swapped=True)
+    assert leave_router_before_stop(planned("stop-stale"), HOST, swapped, lambda *a: None) is None
+
+    def last() -> str:
+        raise LastHealthyWorker("h: would leave the router no healthy worker; nothing was stopped")
+
+    error = leave_router_before_stop(planned("stop-stale"), HOST, StepMemory(leave_router=last), lambda *a: None)
+    assert error is not None and error.exit_code == ExitCode.USAGE and "nothing was stopped" in str(error)
