@@ -1,8 +1,9 @@
 """Rolling redeploys behind SGLang's router, built from run-level phases.
 
 Per batch of ``--serial N`` hosts: check which of them would only converge (already running as
-desired: nothing to redeploy) and keep those in the router, unless the playbook benchmarks them;
-take the others' workers out of the router, wait until SGLang reports
+desired: nothing to redeploy), or would swap their drafter into the running server (issue 29:
+no drain; a swap that falls back to a reload drains first, ``_leave_for_reload``), and keep those
+in the router, unless the playbook benchmarks them; take the others' workers out of the router, wait until SGLang reports
 nothing in flight on them (``/v1/loads``; bounded by the router's ``drain_timeout_s``), run the
 playbook on the batch (converge, rollback and host locks as usual), put the hosts that serve a
 verified deployment back (a host rolled back to its last good deployment included), and only
