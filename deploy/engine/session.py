@@ -133,7 +133,10 @@ def leave_router_before_stop(step: PlannedStep, host: Host, memory: StepMemory, 
     from deploy.steps import swap_drafter
 
     leave = memory.leave_router
-    if leave is None or memory.swapped or step.name == swap_drafter.NAME \
+    # after swap-drafter chose the reload (it records why), or in a rollback; quarantine, also skipped
+    # on converge, runs before the swap and stops nothing
+    decided = memory.drafter_update is not None or memory.rollback_record is not None
+    if leave is None or memory.swapped or not decided or step.name == swap_drafter.NAME \
             or not getattr(step.module, "CONVERGE_SKIPS", False):
         return None
     memory.leave_router = None

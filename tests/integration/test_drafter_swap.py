@@ -224,6 +224,8 @@ def test_behind_a_router_a_swap_stays_in_rotation_and_a_refused_one_is_drained_f
     with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=2) as client:
         code, doc = cli_json(capsys, "-c", str(path), "restart", "--json")
     assert code == 0, summary(doc)
+    by_host = {h["host"]: {s["step"]: s for s in h["steps"]} for h in doc["hosts"]}
+    assert by_host["sb2"]["swap-drafter"]["data"]["path"] == "swap", by_host["sb2"]["swap-drafter"]
     phases = {p["phase"]: p["detail"] for p in doc["fleet"]["phases"]}
     assert "kept in the router: sb1" in phases["batch 1/3 check unchanged sb1"]
     assert "drafter swap, kept in the router (no drain): sb2" in phases["batch 2/3 check unchanged sb2"]
@@ -232,8 +234,6 @@ def test_behind_a_router_a_swap_stays_in_rotation_and_a_refused_one_is_drained_f
     assert "drafter swap, kept in the router (no drain): sb3" in phases["batch 3/3 check unchanged sb3"]
     assert "removed 0 worker(s)" in phases["batch 3/3 router-remove sb3"]
     assert "sb3: the swap fell back to a reload, drained first" in phases["batch 3/3 router-add sb3"]
-    by_host = {h["host"]: {s["step"]: s for s in h["steps"]} for h in doc["hosts"]}
-    assert by_host["sb2"]["swap-drafter"]["data"]["path"] == "swap"
     assert "shapes changed" in by_host["sb3"]["swap-drafter"]["data"]["reason"]
     assert by_host["sb3"]["launch"]["status"] == "ok"
     rotation = doc["fleet"]["rotation"]

@@ -274,14 +274,16 @@ def test_a_replica_kept_for_a_swap_leaves_the_router_once_before_anything_stops_
     calls, said = [], []
     memory = StepMemory(leave_router=lambda: calls.append(1) or "drained in 0.10 s")
     progress = lambda host, step, message: said.append((step, message))  # noqa: E731
-    for name in ("doctor", "converge", "swap-drafter"):  # the swap's own step and read-only ones: still serving
+    for name in ("doctor", "converge", "quarantine", "swap-drafter"):  # before the swap decided: still serving
         assert leave_router_before_stop(planned(name), HOST, memory, progress) is None
     assert calls == []
+    memory.drafter_update = {"how": "reloaded", "why": "the drafter's shapes changed"}
     assert leave_router_before_stop(planned("stop-stale"), HOST, memory, progress) is None
     assert calls == [1] and said == [("router", "drained in 0.10 s")]
     assert leave_router_before_stop(planned("launch"), HOST, memory, progress) is None and calls == [1]
     # a rollback after a swap still in the router: its own memory carries the call
-    assert StepMemory(leave_router=memory.leave_router or (lambda: "x")).rollback_of({}).leave_router is not None
+    rollback = StepMemory(leave_router=lambda: calls.append(2) or "drained").rollback_of({"argv": []})
+    assert leave_router_before_stop(planned("stop-stale"), HOST, rollback, progress) is None and calls == [1, 2]
 
 
 def test_a_swapped_replica_never_leaves_and_a_refused_leave_stops_with_the_server_as_it_was():
@@ -290,11 +292,13 @@ def test_a_swapped_replica_never_leaves_and_a_refused_leave_stops_with_the_serve
     from deploy.fleet.rolling import LastHealthyWorker
     from deploy.steps.memory import StepMemory
 
-    swapped = StepMemory(leave_router=lambda: pytest.fail("a swapped replica left the router"), swapped=True)
+    swapped = StepMemory(leave_router=lambda: pytest.fail("a swapped replica left the router"), swapped=True,
+                         drafter_update={"how": "swapped"})
     assert leave_router_before_stop(planned("stop-stale"), HOST, swapped, lambda *a: None) is None
 
     def last() -> str:
         raise LastHealthyWorker("h: would leave the router no healthy worker; nothing was stopped")
 
-    error = leave_router_before_stop(planned("stop-stale"), HOST, StepMemory(leave_router=last), lambda *a: None)
+    error = leave_router_before_stop(planned("stop-stale"), HOST, StepMemory(leave_router=last, drafter_update={}),
+                                     lambda *a: None)
     assert error is not None and error.exit_code == ExitCode.USAGE and "nothing was stopped" in str(error)
