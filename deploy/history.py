@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from deploy.limits import parse_json
 from deploy.local_state import LocalStateError, check_state_root, ensure_directory, read_regular, require_not_directory, state_home
 from deploy.local_state import write_regular
 
@@ -110,7 +111,7 @@ def _record(raw: bytes) -> dict[str, Any] | None:
         # recursion over 100k levels is a RecursionError)
         if raw.count(b"[") + raw.count(b"{") > 64:
             return None
-        row = json.loads(raw.decode("utf-8"))
+        row = parse_json(raw.decode("utf-8"))
     except (ValueError, RecursionError):
         return None
     return row if isinstance(row, dict) else None

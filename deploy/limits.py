@@ -118,3 +118,44 @@ def check_yaml_graph(root, max_depth: int = MAX_YAML_DEPTH, max_nodes: int = MAX
                 )
             if id(child) not in expanded:
                 stack.append((child, depth + 1, False))
+
+
+#: nesting depth of any JSON document deployctl reads (datasets, host answers, host records,
+#: quarantine entries, /server_info bodies): the deepest real one (a doctor facts document) is
+#: under 10. Python's json recursed once per level: a ShareGPT record or a /server_info body
+#: nested a few thousand deep was "internal error: RecursionError" (issue 31).
+MAX_JSON_DEPTH = 64
+
+
+class JSONTooDeep(InputTooLarge):
+    """A JSON document nested deeper than MAX_JSON_DEPTH (a ValueError: callers name the file or host)."""
+
+
+def check_json_depth(value, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """JSONTooDeep when ``value`` (a decoded document) nests lists/objects more than ``max_depth`` deep.
+
+    Iterative: walking a deep document must not recurse either. ``[]`` is depth 1, ``[[]]`` depth 2.
+    """
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > max_depth:
+            raise JSONTooDeep(f"nested more than {max_depth} levels deep")
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+
+
+def parse_json(text: str | bytes, max_depth: int = MAX_JSON_DEPTH):
+    """``json.loads`` bounded in depth: ValueError (JSONTooDeep) instead of a RecursionError.
+
+    The size is the caller's bound (every reader caps its bytes before this)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise JSONTooDeep(f"nested more than {max_depth} levels deep") from None
+    check_json_depth(value, max_depth)
+    return value

@@ -144,3 +144,58 @@ def write_regular(path: Path, data: bytes, what: str, *, append: bool) -> None:
         raise LocalStateError(f"{path}: cannot write {what}: {_reason(exc)}") from None
     finally:
         os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def replace_file(path: Path, data: bytes, what: str, *, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` the one way deployctl replaces a local file (the host side's twin
+    is deploy/remote/host_ops.py replace_file).
+
+    A symbolic link is followed (the file it names is replaced, the link stays); then the target
+    must be a regular file or absent: a device, FIFO, directory or socket there is refused naming
+    the path (``status --prom-file /dev/null`` as root replaced /dev/null with a regular file,
+    issue 31). The temporary file is ``mkstemp``'s (O_CREAT|O_EXCL|O_NOFOLLOW) in the target's
+    directory, named ``.NAME.*.tmp`` (a textfile collector reads only ``*.prom``), fsynced, then
+    renamed over the target: a reader sees the old file or the new one. LocalStateError (exit 10).
+    """
+    import tempfile
+
+    target = Path(os.path.realpath(path))
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise LocalStateError(f"{path}: cannot write {what}: {_reason(exc)}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        shown = f"{path}" if target == Path(path) else f"{path} (-> {target})"
+        raise LocalStateError(f"{shown}: {what} is {_kind(st.st_mode)}, not a regular file; not replaced")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise LocalStateError(f"{path}: cannot write {what}: {_reason(exc)}") from None
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise LocalStateError(f"{path}: cannot write {what}: {_reason(exc)}") from None
+        raise

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from deploy.limits import parse_json
 from deploy.config.models import Host
 from deploy.errors import DeployError, ExitCode, LockHeld, RemoteOutputError
 from deploy.local_state import (LocalStateError, ensure_directory, read_regular, require_not_directory,
@@ -33,7 +34,9 @@ from deploy.facts.helpers import helper_python
 HOST_LOCK_SOURCE = Path(__file__).resolve().parent / "remote" / "host_lock.py"
 #: an OSError the host printed that means "this file system refuses the write" (EACCES, EPERM,
 #: ENOSPC, EROFS, EDQUOT): the state dir is read-only, full or not the user's, exit 10
-WRITE_FAILURE = re.compile(r"\[Errno (13|1|28|30|122)\]|Read-only file system|No space left|Disk quota|Permission denied")
+#: ... or a state file that is not a regular file (host_ops.replace_file refuses to replace it, issue 31)
+WRITE_FAILURE = re.compile(r"\[Errno (13|1|28|30|122)\]|Read-only file system|No space left|Disk quota|Permission denied|"
+                           r"not a regular file; not replaced")
 
 
 def owner_info(command: str, run: str) -> dict[str, Any]:
@@ -59,9 +62,17 @@ def host_lock_path(host: Host) -> str:
     return path_join(host.state_dir, "deployctl.lock")
 
 
+def host_lock_program() -> str:
+    """host_lock.py with host_ops beside it (its replace_file), one ``-c`` program."""
+    from deploy.facts.helpers import host_ops_modules
+    from deploy.facts.inline import inline_program
+
+    return inline_program(host_ops_modules() + [("host_lock", HOST_LOCK_SOURCE.read_text())], "host_lock")
+
+
 def host_lock_command(host: Host, owner: dict | str, script: str | None = None) -> str:
     """``owner``/``script`` as text: the plan's placeholders for what is known only at run time."""
-    source = HOST_LOCK_SOURCE.read_text() if script is None else script
+    source = host_lock_program() if script is None else script
     owner_text = owner if isinstance(owner, str) else json.dumps(owner, sort_keys=True)
     # the gpu_devices glob: one more lock per GPU device file, whatever the state dir (host_lock.py)
     return " ".join([helper_python(host.python), "-c", quote(source), "deployctl-host-lock", quote_path(host_lock_path(host)),
@@ -70,7 +81,7 @@ def host_lock_command(host: Host, owner: dict | str, script: str | None = None) 
 
 def parse_host_lock(line: str, source: str) -> dict:
     try:
-        document = json.loads(line)
+        document = parse_json(line)
         if not isinstance(document, dict) or not isinstance(document["acquired"], bool):
             raise TypeError
         other = document.get("previous" if document["acquired"] else "owner")
@@ -152,7 +163,7 @@ def local_lock(config_path: Path, run: str, owner: dict, scopes: Sequence[str] =
                 lock.acquire(timeout=0)
             except Timeout:
                 try:
-                    holder = json.loads(read_regular(owner_path, 64 << 10, "the lock's owner file") or b"null")
+                    holder = parse_json(read_regular(owner_path, 64 << 10, "the lock's owner file") or b"null")
                 except (DeployError, ValueError, RecursionError):
                     holder = None
                 what = f" {scope.replace(':', ' ', 1)}" if scope else ""

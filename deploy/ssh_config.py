@@ -134,6 +134,12 @@ def read_ssh_config_file(path: str, label: str) -> str:
         raise ConfigError(f"{label}: refused: {exc} (an ssh_config is a few KB)") from None
     except OSError as exc:
         raise ConfigError(f"{label}: cannot read: {exc.strerror or exc}") from None
+    if b"\0" in data:
+        # OpenSSH reads lines with getline and C strings: a NUL silently ends the line there, so
+        # what it would use is not what the file shows (issue 31)
+        at = data.index(b"\0")
+        line = data.count(b"\n", 0, at) + 1
+        raise ConfigError(f"{label}:{line}: a NUL byte (byte {at}); an ssh_config is text") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

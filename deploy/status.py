@@ -13,8 +13,6 @@ using the nightly regression gate's fractions, and ``status --check`` exits 12 b
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -321,20 +319,10 @@ def prom_text(run: Run, readings: Sequence[HostReading], now: float | None = Non
 
 
 def write_prom_file(path: Path, text: str) -> None:
-    """Atomically: a temporary file in the same directory (a name the collector ignores: it reads
-    only ``*.prom``), fsync, rename over ``path``. A scrape sees the old file or the new one."""
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Atomically, through local_state.replace_file: a temporary file in the same directory (a name
+    the collector ignores: it reads only ``*.prom``), fsync, rename over ``path`` when it is a
+    regular file or absent. A scrape sees the old file or the new one; a device, FIFO, directory or
+    socket at ``path`` is refused (exit 10), never replaced."""
+    from deploy.local_state import replace_file
+
+    replace_file(path, text.encode("utf-8"), "the --prom-file", mode=0o644)

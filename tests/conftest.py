@@ -11,6 +11,13 @@ Several engineers run the suite on one machine: sessions take a machine-wide loc
 sandbox (the hosts' addresses and user names are fixed), so a second session waits for the first
 instead of colliding with it. The root is fixed too, so a session that crashed is cleaned up by
 the next one (start_sandbox first stops what sandbox.json under the root records).
+
+Parallel runs (pytest-xdist, ``-n auto`` in pyproject.toml): every xdist worker is a pytest
+session of its own, and the sandbox has fixed addresses, users and a machine-wide lock, so every
+test in tests/integration/ runs on one worker, as one work unit (``pytest_xdist_make_scheduler``
+below); a test elsewhere that asks for a sandbox fixture fails, in serial runs too, naming the
+directory it belongs in. The other tiers spread over the remaining workers one module at a time,
+so a module-scoped fixture (a wheel build, a browser) is built once.
 """
 
 from __future__ import annotations
@@ -26,6 +33,46 @@ LOCK_WAIT_S = float(os.environ.get("DEPLOYCTL_TEST_SANDBOX_LOCK_WAIT_S", "600"))
 #: .ci/run sets it: a machine that cannot run the sandbox fails the sandbox tests instead of
 #: skipping them (a green CI that never ran the integration tests proves nothing)
 REQUIRE_SANDBOX = os.environ.get("DEPLOYCTL_TEST_REQUIRE_SANDBOX") == "1"
+
+
+#: the fixtures that reach the sandbox's fixed addresses, users or machine lock
+SANDBOX_FIXTURES = frozenset({"sandbox_machine_lock", "sandbox", "clean_sandbox", "jump_sandbox"})
+#: node ids start with the path from the rootdir (the clone), where pyproject.toml is
+SANDBOX_DIR = "tests/integration/"
+
+
+def work_unit(nodeid: str) -> str:
+    """What one xdist worker runs as a whole: the sandbox tier, or one test module."""
+    return "sandbox" if nodeid.startswith(SANDBOX_DIR) else nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    # pytest-xdist's own --dist loadgroup reads a group written into item._nodeid, which pytest 9.2
+    # no longer reads the node id from: the grouping is made here from the node id instead
+    from xdist.scheduler import LoadScopeScheduling
+
+    if config.getvalue("dist") == "each":
+        return None
+
+    class SandboxOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return SandboxOnOneWorker(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SANDBOX_FIXTURES & set(getattr(item, "fixturenames", ())) and work_unit(item.nodeid) != "sandbox":
+            item.add_marker(pytest.mark.misplaced_sandbox_test)
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture is set up: never a second sandbox session
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("misplaced_sandbox_test"):
+        pytest.fail(f"a test that uses the sandbox belongs in {SANDBOX_DIR} (parallel runs keep that directory on "
+                    "one worker: the sandbox's addresses, users and machine lock allow one session)", pytrace=False)
 
 
 @pytest.fixture(scope="session")

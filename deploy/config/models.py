@@ -161,6 +161,20 @@ def _non_decimal_in(value: Any) -> NonDecimalNumber | None:
     return None
 
 
+_SHELL_EXPANSION = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{|\(|[0-9#?*@!$-])|`|(?:^|:)~")
+
+
+def shell_expansion(value: str) -> str | None:
+    """The first ``$NAME``, ``${``, ``$(``, backquote or ``~`` (at the start or after ``:``) in ``value``.
+
+    A run's ``env`` is written into the launch's env file quoted (deploy/steps/launch.py): a shell
+    never expands it, so ``PATH: /usr/local/cuda/bin:$PATH`` became a PATH in which the launch
+    could not find its own commands, found only after the server was stopped (issue 31).
+    """
+    match = _SHELL_EXPANSION.search(value)
+    return match.group(0) if match else None
+
+
 class Strict(BaseModel):
     """Every model read from a user's YAML (config and playbook steps).
 
@@ -361,6 +375,17 @@ class Run(Strict):
     #: it into the running server (SGLang 0.5.21+ weight-update session; not yet seen on real GPUs,
     #: docs/drafter-swap.md); restart --swap-drafter / --reload override it per command
     drafter_update: Literal["reload", "swap"] = "reload"
+
+    @field_validator("env")
+    @classmethod
+    def _env_values_are_literal(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            found = shell_expansion(value)
+            if found:
+                raise ValueError(f"env.{name}: {value[:80]!r} has {found!r}, a shell expansion; the launch "
+                                 "environment takes each value literally (written quoted into the env file, never "
+                                 "expanded), so write the full value (e.g. PATH: /usr/local/cuda/bin:/usr/bin:/bin)")
+        return env
 
     @model_validator(mode="after")
     def _one_target(self) -> Run:

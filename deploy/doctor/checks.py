@@ -73,6 +73,21 @@ def _simulated(d: DoctorInput):
         return str(exc)
 
 
+def check_launch_env(d: DoctorInput) -> Check:
+    facts = d.facts.launch_env
+    if facts is None:
+        return Check("launch-env", "warn", "cannot decide: the host facts did not try the launch's environment")
+    where = f"with the run's env ({', '.join(facts.names)})" if facts.names else "in the host's environment"
+    if facts.error:
+        return Check("launch-env", "fail", f"the launch's preamble could not run {where}: {facts.error}",
+                     "check runs[].env and the host's /bin/sh")
+    if facts.missing:
+        return Check("launch-env", "fail", f"{where} the launch script cannot find {', '.join(facts.missing)}",
+                     "set runs[].env PATH to a full value that has them (env values are never expanded), or "
+                     "runs[].sglang_python to an absolute path")
+    return Check("launch-env", "pass", f"setsid, nohup and {d.run.sglang_python} found {where}")
+
+
 # ---------------------------------------------------------------------------------------------
 # 1. versions
 
@@ -486,7 +501,7 @@ def check_dirs(d: DoctorInput) -> list[Check]:
 
 
 CHECKS: tuple[Callable[[DoctorInput], Check | list[Check]], ...] = (
-    check_sglang_version, check_python, check_nvidia_smi, check_gpu_devices, check_tp_size, check_serve_port,
+    check_sglang_version, check_python, check_launch_env, check_nvidia_smi, check_gpu_devices, check_tp_size, check_serve_port,
     check_serve_host, check_model_paths, check_dirs, check_drafter_config, check_drafter_layers,
     check_drafter_weights, check_aux_hidden_states, check_target_capture, check_cuda_graph_capture,
     check_speculative_flags, check_sizes,

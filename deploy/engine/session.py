@@ -209,7 +209,29 @@ def should_roll_back(playbook: Playbook, records: list[StepRecord], failed_at: i
     if "stop-stale" not in names:
         return False
     stop_index = names.index("stop-stale")
-    return failed_at > stop_index and records[stop_index].status in ("ok", "skipped")
+    if failed_at <= stop_index:
+        return False
+    # a regression of the server converge kept is the gate's verdict on it: replacing it with the
+    # last good deployment is the documented remedy (exit 12, "rolled back")
+    return run_changed_server(playbook, records) or (isinstance(error, Regression) and
+                                                     records[stop_index].status in ("ok", "skipped"))
+
+
+def run_changed_server(playbook: Playbook, records: list[StepRecord]) -> bool:
+    """Whether this run stopped, freed or (re)launched anything: only then does a later failure roll back.
+
+    A step that fails before the stop (a dataset upload or its check, the benchmark client, after
+    converge found the server running as desired) touched nothing: rolling back stopped that
+    untouched server and relaunched it (downtime, exit 11) before reporting it "unchanged" (issue 31).
+    """
+    for step, record in zip(playbook.steps, records):
+        if step.name == "stop-stale" and record.status == "ok" and record.data.get("processes"):
+            return True
+        if step.name == "free-gpus" and record.status == "ok" and record.data.get("killed"):
+            return True
+        if step.name == "launch" and record.status in ("ok", "failed"):
+            return True
+    return False
 
 
 def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str,
@@ -256,6 +278,43 @@ def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str
         # still loading after a network freeze is not "nothing"
         memory.rollback_failed = True
         progress(host.name, "rollback", "FAILED: the rollback did not restore a verified deployment")
+
+
+#: the steps whose result decides what the host serves; interrupted inside one, the run cannot know it
+#: (cut inside free-gpus, the server is stopped or untouched and nothing launched all the same)
+CHANGING_STEPS = ("stop-stale", "launch")
+SIGNAL_EXITS = (int(ExitCode.INTERRUPTED), int(ExitCode.TERMINATED), int(ExitCode.HANGUP))
+
+
+def what_the_run_left(steps: Sequence[StepRecord], memory: StepMemory) -> str:
+    """What an interrupted run left on the host, from what it did (no host command: a signal ends
+    the run). SIGINT right after stop-stale said "left running: unknown" though the run knew it had
+    stopped the server and launched nothing (issue 31)."""
+    by_name = {s.name: s for s in steps}
+    cut = next((s for s in steps if s.name in CHANGING_STEPS and s.status == "failed" and
+                s.exit_code in SIGNAL_EXITS), None)
+    launch = by_name.get("launch")
+    if launch is not None and launch.status == "ok":
+        pid = launch.data.get("pid", memory.pid)
+        verify, ready = by_name.get("verify-acceptance"), by_name.get("wait-ready")
+        if verify is not None and verify.status == "ok":
+            return f"pid {pid}, launched by this run and verified"
+        how = "ready, not verified" if ready is not None and ready.status == "ok" else "not verified (not ready yet)"
+        return f"pid {pid}, launched by this run, {how}"
+    if cut is not None:
+        return f"unknown: interrupted while {cut.name} ran (its command may have finished on the host)"
+    stop = by_name.get("stop-stale")
+    stopped = [p.get("pid") for p in (stop.data.get("processes") or [])] if stop is not None and stop.status == "ok" else []
+    if stopped:
+        listed = ", ".join(str(p) for p in stopped[:8])
+        return f"nothing: this run stopped the server (pid {listed}) and launched nothing"
+    if memory.converged:
+        return f"pid {memory.pid}, the server this run found running as desired, untouched"
+    freed = by_name.get("free-gpus")
+    if freed is not None and freed.status == "ok" and freed.data.get("killed"):
+        return "nothing launched: this run stopped no server but killed GPU holders " + \
+            ", ".join(str(p) for p in freed.data["killed"][:8])
+    return "what it served before: this run stopped nothing and launched nothing"
 
 
 def collect_facts(report: HostReport, memory: StepMemory, run: Run) -> None:
@@ -361,9 +420,14 @@ class HostSession:
         host serves (deploy/serving.py); the lock is released, the connection closed."""
         from deploy.engine.outcome import serving_of
 
+        known = True
+        if self.cancelled.is_set():
+            # a signal: say what this run did, without another command on the host unless that is unknown
+            self.report.left_running = what_the_run_left(self.report.steps, self.memory)
+            known = not self.report.left_running.startswith("unknown")
         if self.conn is not None:
             state, state_error = None, None
-            if describe and self.report.error is not None:
+            if describe and self.report.error is not None and not (self.cancelled.is_set() and known):
                 try:
                     state = self.server_state()
                     self.report.left_running = state.describe()

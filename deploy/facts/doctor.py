@@ -19,8 +19,10 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
 
+from deploy.limits import parse_json
 from deploy.config.models import Host, Run
 from deploy.errors import RemoteOutputError
+from deploy.facts.helpers import host_ops_modules
 from deploy.facts.inline import inline_program
 from deploy.shell import quote
 from deploy.state_layout import StatePaths
@@ -36,7 +38,7 @@ def doctor_program() -> str:
     """doctor_facts.py with the fixer's header reader, as one ``python3 -c`` program."""
     fixer = HELPER.parent / "fixer"
     modules = [(f"fixer.{name}", (fixer / f"{name}.py").read_text()) for name in FIXER_MODULES]
-    modules.append(("host_ops", (HELPER.parent / "host_ops.py").read_text()))  # its server-state code
+    modules += host_ops_modules()  # its server-state code
     modules.append(("sglang_cli", (HELPER.parent / "sglang_cli.py").read_text()))  # SGLang's options
     return inline_program(modules + [("doctor_facts", HELPER.read_text())], "doctor_facts")
 
@@ -220,6 +222,14 @@ class SglangRun(_Strict):
     stderr: str
 
 
+class LaunchEnvFacts(_Strict):
+    #: the run's env variables the check applied (names only: values may be secrets)
+    names: list[str]
+    #: the launch's commands ``command -v`` did not find under that environment
+    missing: list[str]
+    error: Optional[str] = None
+
+
 class HostFacts(_Strict):
     schema_: int
     mode: str
@@ -236,6 +246,8 @@ class HostFacts(_Strict):
     run_state: Optional[RunStateFacts] = None
     sglang_run: Optional[SglangRun] = None
     gpu_holders: GpuHolderFacts
+    #: the launch's preamble run with the run's env (its command lookup variables): what it cannot find
+    launch_env: Optional[LaunchEnvFacts]
 
 
 class ArchitectureFacts(_Strict):
@@ -260,9 +272,21 @@ class SglangFacts(_Strict):
     cli: Optional[SglangCliFacts]
 
 
+#: the run's env variables that decide which programs the launch finds (their values are paths,
+#: never secrets: only these travel in the doctor's command line)
+LOOKUP_ENV = ("PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONHOME", "LD_LIBRARY_PATH")
+
+
+def launch_env_spec(run: Run) -> dict[str, Any]:
+    """What the launch script's preamble needs (deploy/steps/launch.py: ``setsid nohup SGLANG_PYTHON``)
+    and the run's lookup variables it runs with, for the doctor to try before anything is stopped."""
+    return {"env": {name: run.env[name] for name in LOOKUP_ENV if name in run.env},
+            "commands": ["setsid", "nohup", run.sglang_python]}
+
+
 def host_spec(host: Host, run: Run) -> dict[str, Any]:
     paths = StatePaths(host.state_dir)
-    return {
+    return {"launch_env": launch_env_spec(run), 
         "gpu_devices": host.gpu_devices, "port": run.port, "pidfile": paths.pidfile,
         "serve_host": serve_address(run, host), "dirs": {"state": paths.root, "logs": paths.logs},
         "base_model": run.base_model, "drafter": run.drafter,
@@ -289,7 +313,9 @@ def doctor_command(host: Host, run: Run, *, run_state: dict[str, Any] | None = N
                    script: str | None = None) -> str:
     """ONE command: the host facts under the host's python, which runs the SGLang part under
     sglang_python itself (base model architectures read there), plus the run's state when asked."""
+    # the SGLang part starts the way the launch would: under the run's lookup variables
     spec = host_spec(host, run) | {"sglang": {"python": run.sglang_python, "timeout_s": timeout,
+                                              "env": launch_env_spec(run)["env"],
                                               "spec": {"base_model": run.base_model}}}
     if run_state is not None:
         spec["run_state"] = run_state
@@ -318,7 +344,7 @@ def _parse(model: type[BaseModel], result, source: str, what: str):
         detail = (result.stderr.strip().splitlines() or [text or "(no output)"])[-1][:300]
         raise RemoteOutputError(f"{source}: {what} did not print its facts (exit {result.exit_code}): {detail}")
     try:
-        raw = json.loads(lines[0])
+        raw = parse_json(lines[0])
         if isinstance(raw, dict) and "schema" in raw:
             raw["schema_"] = raw.pop("schema")
         return model.model_validate_json(json.dumps(raw), strict=True)

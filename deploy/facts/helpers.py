@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from deploy.errors import RemoteCommandFailed, RemoteOutputError
+from deploy.errors import ExitCode, RemoteCommandFailed, RemoteOutputError
 from deploy.shell import quote, quote_path
 
 #: the host-side helpers are Python 3.8+ stdlib only
@@ -41,24 +41,70 @@ class HelperState(BaseModel):
 
     python: str
     files: dict[str, str | None]
+    #: file name -> why it was not read (not a regular file, a link, over the limit), naming its path
+    problems: dict[str, str] = {}
 
 
-#: runs on any python3 (no f-strings): an old interpreter must still answer with its version
+#: the largest file the state program hashes: a dataset is at most 128 MiB (deploy/datasets.py), a
+#: helper a few hundred KB; a link to /dev/zero there grew the host's python to 24 GB (issue 31)
+MAX_HASHED_BYTES = 128 << 20
+
+#: runs on any python3 (no f-strings): an old interpreter must still answer with its version.
+#: Each file is opened O_NOFOLLOW|O_NONBLOCK and fstat'ed before any byte is read (a FIFO planted at
+#: <state_dir>/datasets/<sha256>.json held the check until its 120 s timeout), read in 1 MiB chunks
+#: up to argv[1] bytes; anything else is a "problem" naming the file, never a hang or a crash.
 _STATE_PROGRAM = (
-    "import sys, json, hashlib, os\n"
+    "import sys, json, hashlib, os, stat, errno\n"
+    "limit = int(sys.argv[1])\n"
+    "problems = {}\n"
     "def digest(p):\n"
+    "    flags = os.O_RDONLY | getattr(os, 'O_NONBLOCK', 0) | getattr(os, 'O_NOFOLLOW', 0)\n"
     "    try:\n"
-    "        with open(p, 'rb') as h:\n"
-    "            return hashlib.sha256(h.read()).hexdigest()\n"
-    "    except (IOError, OSError):\n"
-    "        return None\n"
-    "files = dict((os.path.basename(p), digest(p)) for p in sys.argv[1:])\n"
-    "sys.stdout.write(json.dumps({'python': '%d.%d.%d' % tuple(sys.version_info[:3]), 'files': files}) + '\\n')\n"
+    "        fd = os.open(p, flags)\n"
+    "    except (IOError, OSError) as exc:\n"
+    "        if exc.errno == errno.ENOENT:\n"
+    "            return None\n"
+    "        if exc.errno == errno.ELOOP:\n"
+    "            return '%s is a symbolic link (deployctl writes regular files there); not read' % p\n"
+    "        if exc.errno == errno.ENXIO:\n"
+    "            return '%s is not a regular file (a socket); not read' % p\n"
+    "        return '%s: cannot read: %s' % (p, exc.strerror or exc)\n"
+    "    try:\n"
+    "        st = os.fstat(fd)\n"
+    "        if not stat.S_ISREG(st.st_mode):\n"
+    "            return '%s is not a regular file (a FIFO, device, socket or directory); not read' % p\n"
+    "        if st.st_size > limit:\n"
+    "            return '%s is %d bytes, over the limit of %d; not read' % (p, st.st_size, limit)\n"
+    "        h = hashlib.sha256()\n"
+    "        total = 0\n"
+    "        while True:\n"
+    "            chunk = os.read(fd, 1 << 20)\n"
+    "            if not chunk:\n"
+    "                return h\n"
+    "            total += len(chunk)\n"
+    "            if total > limit:\n"
+    "                return '%s grew over the limit of %d bytes while read; not read' % (p, limit)\n"
+    "            h.update(chunk)\n"
+    "    except (IOError, OSError) as exc:\n"
+    "        return '%s: cannot read: %s' % (p, exc.strerror or exc)\n"
+    "    finally:\n"
+    "        os.close(fd)\n"
+    "files = {}\n"
+    "for p in sys.argv[2:]:\n"
+    "    name = os.path.basename(p)\n"
+    "    d = digest(p)\n"
+    "    if d is None or hasattr(d, 'hexdigest'):\n"
+    "        files[name] = d.hexdigest() if d is not None else None\n"
+    "    else:\n"
+    "        files[name] = None\n"
+    "        problems[name] = d\n"
+    "sys.stdout.write(json.dumps({'python': '%d.%d.%d' % tuple(sys.version_info[:3]), 'files': files,\n"
+    "                             'problems': problems}) + '\\n')\n"
 )
 
 
-def helper_state_command(python: str, paths: list[str]) -> str:
-    return f"{quote(python)} -c {quote(_STATE_PROGRAM)} " + " ".join(quote_path(p) for p in paths)
+def helper_state_command(python: str, paths: list[str], max_bytes: int = MAX_HASHED_BYTES) -> str:
+    return f"{quote(python)} -c {quote(_STATE_PROGRAM)} {max_bytes} " + " ".join(quote_path(p) for p in paths)
 
 
 def parse_helper_state(exit_code: int, stdout: str, stderr: str, python: str, expected_files: list[str],
@@ -74,7 +120,16 @@ def parse_helper_state(exit_code: int, stdout: str, stderr: str, python: str, ex
         raise RemoteOutputError(f"{source}: the helper check reported {sorted(state.files)}, expected {sorted(expected_files)}")
     if any(d is not None and not re.fullmatch(r"[0-9a-f]{64}", d) for d in state.files.values()):
         raise RemoteOutputError(f"{source}: the helper check printed a malformed sha256: {stdout.strip()[:200]!r}")
+    if set(state.problems) - set(state.files):
+        raise RemoteOutputError(f"{source}: the helper check reported problems for {sorted(state.problems)}, "
+                                f"not among {sorted(expected_files)}")
     require_python(state.python, python, source)
+    if state.problems:
+        # deployctl writes only regular files there: whatever else sits at the path (a FIFO, a
+        # device, a link) is not replaced (issue 31) but named, before anything is stopped or sent
+        first = sorted(state.problems)[0]
+        raise RemoteCommandFailed(f"{source}: {state.problems[first][:400]}; remove it and run again",
+                                  exit_code=ExitCode.IO)
     return state
 
 
@@ -112,12 +167,31 @@ def fixer_zipapp() -> bytes:
     return buffer.getvalue()
 
 
+def host_ops_modules() -> list[tuple[str, str]]:
+    """host_ops.py and the state_files.py it imports (bounded reads and JSON, the one safe write),
+    dependencies first: what every inline program and the installed helper carry."""
+    return [(name, (REMOTE_DIR / f"{name}.py").read_text()) for name in ("state_files", "host_ops")]
+
+
 @functools.lru_cache(maxsize=1)
 def helper_payloads() -> dict[str, bytes]:
-    """What ensure-helper installs in ``<state_dir>/helpers``: file name -> exact bytes."""
-    return {"host_ops.py": (REMOTE_DIR / "host_ops.py").read_bytes(), "fixer.pyz": fixer_zipapp(),
+    """What ensure-helper installs in ``<state_dir>/helpers``: file name -> exact bytes. ``host_ops.py``
+    is host_ops with state_files beside it, one file (deploy/facts/inline.py's loader): the helper
+    runs as ``python3 -I -S host_ops.py`` (``-I``: no script directory on sys.path for a sibling)."""
+    from deploy.facts.inline import inline_program
+
+    bundled = "#!/usr/bin/env python3\n" + inline_program(host_ops_modules(), "host_ops")
+    return {"host_ops.py": bundled.encode("utf-8"), "fixer.pyz": fixer_zipapp(),
             # the drafter swap's inspector and sender (issue 29); run under the run's sglang_python
             "drafter_swap.py": (REMOTE_DIR / "drafter_swap.py").read_bytes()}
 
 
 HELPER_FILES = ("host_ops.py", "fixer.pyz", "drafter_swap.py")
+
+
+def write_file_command(python: str, host_ops: str, path: str, mode: int = 0o600) -> str:
+    """The host-side file write every state file takes (stdin -> ``path``): host_ops.py's
+    replace_file, an exclusive temporary name renamed over a regular file or nothing; a FIFO,
+    device, directory, socket or link at ``path`` is refused naming it (issue 31). ``path`` as the
+    shell should see it (quote_path'ed by the caller, so ``~`` expands)."""
+    return f"{helper_python(python)} {quote_path(host_ops)} write-file {path} --mode {mode:o}"

@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from deploy.limits import parse_json
 from deploy.errors import RemoteOutputError
-from deploy.facts.helpers import helper_python
+from deploy.facts.helpers import helper_python, host_ops_modules
+from deploy.facts.inline import inline_program
 from deploy.shell import path_join, quote, quote_path
 
 SOURCE = Path(__file__).resolve().parents[1] / "remote" / "quarantine.py"
@@ -27,12 +29,20 @@ def quarantine_path(state_dir: str) -> str:
 
 
 def read_command(state_dir: str) -> str:
-    return f"head -c {MAX_BYTES + 1} -- {quote_path(quarantine_path(state_dir))} 2>/dev/null || true"
+    # a FIFO there would block head: anything but a regular file is named, and the parser refuses it
+    quoted = quote_path(quarantine_path(state_dir))
+    return (f"if [ -e {quoted} ] && ! [ -f {quoted} ]; then printf '(not a regular file)\\n'; "
+            f"else head -c {MAX_BYTES + 1} -- {quoted} 2>/dev/null; fi; true")
+
+
+def update_program() -> str:
+    """quarantine.py with host_ops beside it (its bounded reads and replace_file), one ``-c`` program."""
+    return inline_program(host_ops_modules() + [("quarantine", SOURCE.read_text())], "quarantine")
 
 
 def update_command(python: str, state_dir: str, op: str, fingerprint: str, entry: dict | None = None,
                    script: str | None = None) -> str:
-    source = SOURCE.read_text() if script is None else script
+    source = update_program() if script is None else script
     parts = [helper_python(python), "-c", quote(source), MARK, quote_path(quarantine_path(state_dir)), op,
              quote(fingerprint)]
     if op == "add":
@@ -47,7 +57,7 @@ def parse_quarantine(text: str | None, source: str, what: str) -> dict[str, dict
     try:
         if len(text.encode()) > MAX_BYTES:
             raise ValueError(f"larger than {MAX_BYTES} bytes")
-        document = json.loads(text)
+        document = parse_json(text)
         entries = document.get("entries") if isinstance(document, dict) else None
         if not isinstance(entries, dict):
             raise ValueError("no entries object")
@@ -62,7 +72,7 @@ def parse_quarantine(text: str | None, source: str, what: str) -> dict[str, dict
 
 def parse_update(output: str, source: str) -> int:
     try:
-        document = json.loads(output.strip().splitlines()[-1])
+        document = parse_json(output.strip().splitlines()[-1])
         if document.get("ok") is not True or not isinstance(document.get("entries"), int):
             raise TypeError
     except (ValueError, TypeError, IndexError, AttributeError):

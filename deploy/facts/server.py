@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from deploy.limits import parse_json
 from deploy.errors import RemoteOutputError
 from deploy.shell import quote, quote_path
 from deploy.facts.helpers import helper_python
@@ -68,7 +69,7 @@ class ServerState:
 
 def parse_server_state(output: str, source: str) -> ServerState:
     try:
-        document = json.loads(output)
+        document = parse_json(output)
         pid = document["pid"]
         if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool)):
             raise TypeError
@@ -101,7 +102,7 @@ def parse_record(output: str, source: str, what: str) -> dict | None:
     if len(text) > MAX_RECORD_BYTES:
         raise RemoteOutputError(f"{source}: {what} is over {MAX_RECORD_BYTES} bytes: not a deployment record")
     try:
-        document = json.loads(text)
+        document = parse_json(text)
         if not isinstance(document, dict) or not isinstance(document.get("argv"), list):
             raise TypeError
     except (ValueError, TypeError, RecursionError):  # 100k-deep nesting is a RecursionError

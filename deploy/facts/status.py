@@ -34,8 +34,9 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from deploy.limits import parse_json
 from deploy.errors import RemoteOutputError
-from deploy.facts.helpers import helper_python
+from deploy.facts.helpers import helper_python, host_ops_modules
 from deploy.facts.inline import inline_program
 from deploy.state_layout import deployment_path, last_good_path
 from deploy.shell import path_join, quote, quote_path
@@ -48,8 +49,8 @@ UNSET_ACCEPT = 1.0
 @functools.lru_cache(maxsize=1)
 def status_program() -> str:
     """server_status.py with the host_ops.py it uses (its /proc readers, the verify prompts)."""
-    return inline_program([("host_ops", (REMOTE / "host_ops.py").read_text()),
-                           ("server_status", (REMOTE / "server_status.py").read_text())], "server_status")
+    return inline_program(host_ops_modules() + [("server_status", (REMOTE / "server_status.py").read_text())],
+                          "server_status")
 
 
 def status_command(python: str, state_dir: str, base_url: str, *, window_s: float = 2.0, probe: int = 0,
@@ -199,7 +200,7 @@ def parse_document(exit_code: int, stdout: str, stderr: str, source: str) -> Sta
         detail = (stderr.strip().splitlines() or [stdout.strip() or "(no output)"])[-1][:300]
         raise _fail(source, f"did not print its one JSON document (exit {exit_code}): {detail!r}")
     try:
-        raw = json.loads(lines[0])
+        raw = parse_json(lines[0])
         if isinstance(raw, dict) and "schema" in raw:
             raw["schema_"] = raw.pop("schema")
         document = StatusDocument.model_validate_json(json.dumps(raw), strict=True)
@@ -275,7 +276,7 @@ def _json_body(answer: HttpAnswer, what: str, source: str) -> dict | None:
     if answer.truncated:
         raise _fail(source, f"{what} answered more than the status read's limit; not read")
     try:
-        body = json.loads(answer.body)
+        body = parse_json(answer.body)
     except ValueError:
         raise _fail(source, f"{what} answered 200 with a body that is not JSON: {answer.body[:200]!r}") from None
     if not isinstance(body, dict):

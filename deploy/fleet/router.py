@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from deploy.limits import parse_json
 from deploy.config.models import Host, Run, RouterSpec
 from deploy.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
 from deploy.fleet.router_package import (ROUTER_CMDLINE_MARKS, RouterPackage, choose_package, parse_release,
@@ -159,7 +160,7 @@ class RouterCalls:
 
 def parse_json_line(output: str, source: str, keys: tuple[str, ...]) -> dict:
     try:
-        document = json.loads(output)
+        document = parse_json(output)
         if not isinstance(document, dict) or any(k not in document for k in keys):
             raise ValueError("missing keys")
     except (ValueError, RecursionError):
@@ -170,7 +171,7 @@ def parse_json_line(output: str, source: str, keys: tuple[str, ...]) -> dict:
 def parse_workers(body: str, source: str) -> list[dict]:
     """GET /workers (0.3.x) -> [{"id", "url", "is_healthy"}]; legacy /list_workers -> {"urls": [...]}."""
     try:
-        document = json.loads(body)
+        document = parse_json(body)
         if "workers" in document:
             workers = [{"id": str(w["id"]), "url": str(w["url"]), "is_healthy": bool(w["is_healthy"]),
                         "load": w.get("load")} for w in document["workers"]]
@@ -184,7 +185,7 @@ def parse_workers(body: str, source: str) -> list[dict]:
 def parse_loads(body: str, source: str) -> int:
     """SGLang GET /v1/loads -> requests running or waiting over every DP rank."""
     try:
-        loads = json.loads(body)["loads"]
+        loads = parse_json(body)["loads"]
         if not isinstance(loads, list) or not loads:
             raise ValueError("no loads")
         return sum(int(entry["num_running_reqs"]) + int(entry.get("num_waiting_reqs", 0)) for entry in loads)
@@ -376,7 +377,7 @@ class RouterHost:
             raise RouterError(f"{self.host.name}: a request through the router ({self.url}/generate) failed: "
                               f"{got.get('status')} {got.get('error') or got.get('body', '')[:300]}")
         try:
-            answer = json.loads(got["body"])
+            answer = parse_json(got["body"])
             text = answer["text"]
         except (ValueError, KeyError, TypeError):
             raise RemoteOutputError(f"{self.host.name}: the router's /generate answer has no text: "

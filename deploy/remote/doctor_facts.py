@@ -299,9 +299,9 @@ def read_json(path):
     if len(raw) > MAX_JSON_BYTES:
         return None, "larger than %d bytes" % MAX_JSON_BYTES
     try:
-        value = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeError, RecursionError) as exc:
-        return None, "not valid JSON: %s" % (exc if not isinstance(exc, RecursionError) else "nested too deep")
+        value = host_ops.loads_json(raw.decode("utf-8"))
+    except (ValueError, UnicodeError) as exc:
+        return None, "not valid JSON: %s" % exc
     if not isinstance(value, dict):
         return None, "not a JSON object"
     return value, None
@@ -345,13 +345,21 @@ def model_dir(path, tensors):
     return facts
 
 
+#: deploy/facts/helpers.py MAX_HASHED_BYTES
+MAX_HASHED_BYTES = 128 << 20
+
+
 def sha256_of(path):
     import hashlib
 
     try:
         with open_regular(os.path.expanduser(path)) as handle:
             digest = hashlib.sha256()
+            total = 0
             for block in iter(lambda: handle.read(1 << 20), b""):
+                total += len(block)
+                if total > MAX_HASHED_BYTES:  # a helper is a few hundred KB; never hash a growing file whole
+                    return None
                 digest.update(block)
             return digest.hexdigest()
     except OSError:
@@ -392,8 +400,9 @@ def start_sglang_part(spec, program):
     """Start the SGLang facts under the run's sglang_python (a second interpreter, same exec channel);
     it runs while this one gathers the host facts. Returns the process, or the failure document."""
     argv = [spec["python"], "-c", BOOT, program, "sglang", json.dumps(spec["spec"])]
+    env = dict(os.environ, **spec["env"]) if spec.get("env") else None
     try:
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     except OSError as exc:
         return {"exit_code": 127, "stdout": "", "stderr": "%s: not found (%s)" % (spec["python"], _error(exc))}
 
@@ -419,6 +428,25 @@ def server_env():
     return dict((name, os.environ[name][:200]) for name in SERVER_ENV_NAMES if name in os.environ)
 
 
+#: for each argument, print it when ``command -v`` does not find it (the shell's own lookup, as the
+#: launch script's ``setsid nohup PYTHON`` does it)
+_LOOKUP = 'for c in "$@"; do command -v "$c" >/dev/null 2>&1 || printf "%s\\n" "$c"; done'
+
+
+def launch_env(spec):
+    """The launch script's preamble under the run's env, without starting anything: which of its
+    commands (setsid, nohup, sglang_python) the shell cannot find. ``PATH: ...:$PATH`` written
+    literally left the launch unable to find them, seen only after the stop (issue 31)."""
+    env = dict(os.environ, **spec["env"])
+    result = host_ops.run_bounded(["/bin/sh", "-c", _LOOKUP, "sh"] + list(spec["commands"]), 10.0, 1 << 16, env=env)
+    facts = {"names": sorted(spec["env"]), "missing": [], "error": None}
+    if result["exit_code"] != 0:
+        facts["error"] = "/bin/sh exit %s: %s" % (result["exit_code"], result["stderr"][-300:])
+    else:
+        facts["missing"] = [line for line in result["stdout"].splitlines() if line][:16]
+    return facts
+
+
 def host_facts(spec):
     return {
         "server_env": server_env(),
@@ -432,6 +460,7 @@ def host_facts(spec):
         "drafter": model_dir(spec["drafter"], tensors=True),
         "gpu_holders": gpu_holders(spec.get("nvidia_smi", "nvidia-smi"), os.path.expanduser(spec["pidfile"]),
                                    os.path.join(os.path.dirname(os.path.expanduser(spec["pidfile"])), "deployment.json")),
+        "launch_env": launch_env(spec["launch_env"]) if "launch_env" in spec else None,
     }
 
 

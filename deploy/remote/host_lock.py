@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Hold the host's deployctl lock for as long as deployctl's SSH channel to this process is open.
 
-Standalone, Python 3.8+ standard library only. deployctl sends this file's source inline
-(``python3 -c SOURCE deployctl-host-lock LOCK OWNER_JSON [GPU_DEVICES]``) so the lock is taken before anything is uploaded or changed.
+Standalone, Python 3.8+ standard library only. deployctl sends this file's source inline, with
+host_ops.py beside it for its one safe file write (``python3 -c PROGRAM deployctl-host-lock LOCK
+OWNER_JSON [GPU_DEVICES]``, deploy/facts/inline.py) so the lock is taken before anything is uploaded or changed.
 
 Two kinds of flock, all or nothing: ``LOCK`` (in the state dir: the state files deployctl writes
 there) and, with ``GPU_DEVICES`` (the host's gpu_devices glob), one lock per GPU device file it
@@ -35,20 +36,28 @@ import os
 import stat
 import sys
 
+if __package__:  # imported locally, as deploy.remote.host_lock
+    from . import host_ops
+else:  # sent inline: deploy/locks.py bundles host_ops beside it (deploy/facts/inline.py)
+    import host_ops  # type: ignore[no-redef]
+
 #: where the per-GPU locks live: shared by every user of the host (FHS /run/lock first)
 SHARED_DIRS = ("/run/lock", "/var/lock", "/dev/shm", "/tmp")
 MAX_DEVICES = 1024
 
 
 def _read_owner(path: str):
-    try:
-        with open(path, "rb") as handle:
-            document = json.loads(handle.read(65536).decode("utf-8", "replace"))
-        return document if isinstance(document, dict) else {"unreadable": str(document)[:200]}
-    except FileNotFoundError:
+    # non-blocking, a regular file, 64 KiB, 64 levels deep: a FIFO there must not hold the lock helper
+    text, problem = host_ops.read_regular(path, 65536)
+    if problem is not None:
+        return {"unreadable": problem[:200]}
+    if text is None:
         return None
-    except (OSError, ValueError) as exc:
+    try:
+        document = host_ops.loads_json(text)
+    except ValueError as exc:
         return {"unreadable": str(exc)[:200]}
+    return document if isinstance(document, dict) else {"unreadable": str(document)[:200]}
 
 
 def shared_dir(candidates=SHARED_DIRS):
@@ -101,7 +110,7 @@ def _open_shared(path: str) -> int:
 
 def _read_fd(fd: int):
     try:
-        document = json.loads(os.pread(fd, 65536, 0).decode("utf-8", "replace") or "null")
+        document = host_ops.loads_json(os.pread(fd, 65536, 0).decode("utf-8", "replace") or "null")
     except (OSError, ValueError) as exc:
         return {"unreadable": str(exc)[:200]}
     return document if isinstance(document, dict) or document is None else {"unreadable": str(document)[:200]}
@@ -155,10 +164,8 @@ def hold(lock_path: str, owner_json: str, stdin=None, stdout=None, gpu_devices=N
     owner["host_pid"] = os.getpid()
     for gpu_fd in gpu_fds:
         _write_fd(gpu_fd, json.dumps(owner) + "\n")
-    tmp = "%s.%d.tmp" % (owner_path, os.getpid())
-    with open(tmp, "w") as handle:
-        handle.write(json.dumps(owner) + "\n")
-    os.replace(tmp, owner_path)
+    # the one safe write (an exclusive temporary name; a link planted there is never written through)
+    host_ops.replace_file(owner_path, (json.dumps(owner) + "\n").encode("utf-8"), 0o644)
     stdout.write(json.dumps({"acquired": True, "previous": previous}) + "\n")
     stdout.flush()
     received = b""

@@ -15,6 +15,7 @@ Commands:
                   heartbeat every --every s): wait-ready's poll, on the host, over one channel.
   watch-gpus      Run the given nvidia-smi queries every --interval s until --timeout; one JSON line
                   per change (and a heartbeat): wait-gpus-free's poll, on the host, over one channel.
+  write-file      stdin to FILE the safe way (replace_file): deployment.json, last-good.json.
 
 The watch commands print JSON lines and never decide: the orchestrator parses each line strictly
 and closes the channel once it has its answer (the next line then ends the loop on a broken pipe).
@@ -35,6 +36,13 @@ import stat as stat_module
 import subprocess
 import sys
 import time
+
+if __package__:  # imported locally, as deploy.remote.host_ops
+    from .state_files import (MAX_JSON_DEPTH, MAX_RECORD_BYTES, cmd_write_file, last_line, loads_json,
+                              process_start_time, read_regular, record_time, replace_file)
+else:  # the installed helper and the inline programs carry state_files beside it (deploy/facts/helpers.py)
+    from state_files import (MAX_JSON_DEPTH, MAX_RECORD_BYTES, cmd_write_file, last_line,  # type: ignore[no-redef]
+                             loads_json, process_start_time, read_regular, record_time, replace_file)
 
 PYTHON_EXE = re.compile(r"^python3(\.\d+)?$")
 
@@ -147,36 +155,6 @@ def select_user_python(protected: set, exclude=()) -> list:
 MAX_PIDFILE_BYTES = 64
 #: the kernel's ceiling for /proc/sys/kernel/pid_max on 64-bit Linux (PID_MAX_LIMIT, 2**22)
 PID_MAX_LIMIT = 1 << 22
-#: deployment.json / last-good.json are a few KB (argv, fingerprints, numbers)
-MAX_RECORD_BYTES = 1 << 20
-
-
-def read_regular(path: str, limit: int):
-    """(text, problem): a regular file's text, at most ``limit`` bytes; (None, None) when absent.
-
-    stat first and open O_NONBLOCK: a FIFO planted as a state file must not block the helper (a
-    drafter FIFO held doctor/up for 75 s), /dev/zero must not fill memory.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None, None
-    except OSError as exc:
-        return None, "%s: cannot read: %s" % (path, exc.strerror or exc)
-    try:
-        st = os.fstat(fd)
-        if not stat_module.S_ISREG(st.st_mode):
-            return None, "%s is not a regular file (a FIFO, device, socket or directory); ignored" % path
-        if st.st_size > limit:
-            return None, "%s is %d bytes, over the limit of %d; ignored" % (path, st.st_size, limit)
-        data = os.read(fd, limit + 1)
-        if len(data) > limit:
-            return None, "%s is over the limit of %d bytes; ignored" % (path, limit)
-        return data.decode("utf-8", "replace"), None
-    except OSError as exc:
-        return None, "%s: cannot read: %s" % (path, exc.strerror or exc)
-    finally:
-        os.close(fd)
 
 
 def pid_max() -> int:
@@ -232,27 +210,51 @@ def same_argv(live: list, argv: list) -> bool:
     return same and os.path.basename(live[0]).startswith(("python", os.path.basename(argv[0])))
 
 
-def find_recorded_server(record, uid: int) -> int | None:
+def find_recorded_server(record, uid: int, recorded_at=None) -> int | None:
     """A live process of ``uid`` whose command line is the recorded server's argv (whatever the PID file says)."""
     argv = _recorded_argv(record)
     if argv is None:
         return None
     protected = own_ancestry()
     for pid in all_pids():
-        if pid not in protected and alive(pid) and _uid(pid) == uid and same_argv(cmdline_argv(pid), argv):
+        if pid not in protected and alive(pid) and _uid(pid) == uid and same_argv(cmdline_argv(pid), argv) and \
+                not_the_recorded_server(pid, recorded_at) is None:
             return pid
     return None
 
 
-def check_server_pid(pidfile: str, record, expect: str = "sglang") -> dict:
+#: /proc's btime is whole seconds: the start time it gives may read up to a second late
+START_SLACK_S = 1.0
+
+
+def not_the_recorded_server(pid: int, recorded_at) -> str | None:
+    """Why the process ``pid`` (whose command line is the recorded argv) is still not provably the
+    server launch recorded, or None: another user owns it, or it started after the record was
+    written (a PID reused after a reboot by a same-looking command, issue 31)."""
+    owner = real_uid(pid)
+    if owner != os.getuid():
+        return "owned by uid %s, not the deploy user (uid %d)" % (owner, os.getuid())
+    if recorded_at is not None:
+        started = process_start_time(pid)
+        if started is None:
+            return "its start time is unreadable"
+        if started > recorded_at + START_SLACK_S:
+            return "it started %.0f s after the deployment record was written" % (started - recorded_at)
+    return None
+
+
+def check_server_pid(pidfile: str, record, expect: str = "sglang", recorded_at=None) -> dict:
     """Whether the PID file names the server deployctl launched: the ``pid_check`` of server-state and stop.
 
-    ``verified``: alive and its command line is deployment.json's argv; ``unverified``: alive, no
-    record to compare with, but its command line has ``expect``; ``not-ours``: alive but another
-    program (a PID reused after a reboot, a hand edit); ``dead``; ``invalid`` (0, 1, negative, huge,
-    not a number, not a regular file); ``none`` (no PID file). Only ``verified`` and ``unverified``
-    may be signalled. ``running`` says what really runs: the PID's command line, or a live process
-    whose command line is the recorded argv when the PID file does not name it.
+    ``verified``: alive, its command line is deployment.json's argv, its owner the deploy user and
+    its start time not after the record's (``recorded_at``, the record's mtime); ``unverified``:
+    alive, no record to compare with, but its command line has ``expect``; ``not-ours``: alive but
+    another program (a PID reused after a reboot, a hand edit, another user's process); ``dead``;
+    ``invalid`` (0, 1, negative, huge, not a number, not a regular file); ``none`` (no PID file).
+    Only ``verified`` may be signalled: a ``tail -f sglang.log`` or a shell whose argv mentions
+    SGLang is ``unverified`` at best (issue 31). ``running`` says what really runs: the PID's
+    command line, or a live process whose command line is the recorded argv when the PID file
+    does not name it.
     """
     pid, problem = read_pidfile(pidfile)
     result = {"pid": pid, "pid_check": "none", "pid_note": problem, "running": None}
@@ -263,11 +265,16 @@ def check_server_pid(pidfile: str, record, expect: str = "sglang") -> dict:
     else:
         live = cmdline_argv(pid)
         argv = _recorded_argv(record)
-        if argv is not None and same_argv(live, argv):
+        why = not_the_recorded_server(pid, recorded_at) if argv is not None and same_argv(live, argv) else None
+        if argv is not None and same_argv(live, argv) and why is None:
             result["pid_check"] = "verified"
+        elif why is not None:
+            result.update(pid_check="not-ours", running=" ".join(live)[:300],
+                          pid_note="PID %d from %s has the recorded command line but %s; not touched" % (
+                              pid, pidfile, why))
         elif argv is None and expect and expect in " ".join(live):
-            result.update(pid_check="unverified", pid_note="PID %d runs %s; no deployment record to compare its "
-                          "command line with" % (pid, expect))
+            result.update(pid_check="unverified", pid_note="PID %d runs %s; no deployment record proves it is the "
+                          "server deployctl launched; not touched" % (pid, expect))
         else:
             # The PID was reused by an unrelated process (after a reboot) or the file was edited:
             # never signal that one.
@@ -275,7 +282,7 @@ def check_server_pid(pidfile: str, record, expect: str = "sglang") -> dict:
                           pid_note="PID %d from %s is %r, not the server deployctl launched (PID reused?); not touched" % (
                               pid, pidfile, " ".join(live)[:120]))
     if result["pid_check"] not in ("verified", "unverified"):
-        other = find_recorded_server(record, os.getuid())
+        other = find_recorded_server(record, os.getuid(), recorded_at)
         if other is not None:
             result["running"] = "PID %d: %s" % (other, " ".join(cmdline_argv(other))[:300])
             result["pid_note"] = "%s; the server deployctl launched runs as PID %d, which %s does not name" % (
@@ -287,12 +294,11 @@ def check_server_pid(pidfile: str, record, expect: str = "sglang") -> dict:
 def select_server(pidfile: str, protected: set, expect: str, record_path: str = ""):
     """The server's PID from the PID file plus every process of its session (TP workers).
 
-    Third value: the PID check (check_server_pid); only a verified (or, with no record to
-    compare with, unverified) PID is ever signalled.
+    Third value: the PID check (check_server_pid); only a verified PID is ever signalled.
     """
     record = _read_json_file(record_path) if record_path else None
-    check = check_server_pid(pidfile, record, expect)
-    if check["pid_check"] not in ("verified", "unverified"):
+    check = check_server_pid(pidfile, record, expect, record_time(record_path) if record_path else None)
+    if check["pid_check"] != "verified":
         return [], check["pid_note"], check
     leader = check["pid"]
     members = []
@@ -350,7 +356,7 @@ def cmd_stop(args) -> dict:
         pids, note, check = select_server(args.pidfile, protected, args.expect, args.record)
     stopped = stop_processes(pids, args.grace)
     if args.scope == "pidfile" and args.pidfile and all(p["exited"] for p in stopped) and \
-            check is not None and check["pid_check"] in ("verified", "unverified", "dead"):
+            check is not None and check["pid_check"] in ("verified", "dead"):
         try:
             os.unlink(args.pidfile)
         except OSError:
@@ -359,26 +365,6 @@ def cmd_stop(args) -> dict:
     if check is not None:
         document.update(pid_check=check["pid_check"], running=check["running"])
     return document
-
-
-def last_line(path: str, max_bytes: int = 8192) -> str:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO as the log must not block the probe
-    except OSError:
-        return ""
-    try:
-        st = os.fstat(fd)
-        if not stat_module.S_ISREG(st.st_mode):
-            return "(%s is not a regular file)" % path
-        os.lseek(fd, max(0, st.st_size - max_bytes), os.SEEK_SET)
-        tail = os.read(fd, max_bytes).decode("utf-8", "replace")
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
-    # progress bars rewrite the line with '\r'
-    lines = [ln for ln in re.split(r"[\r\n]+", tail) if ln.strip()]
-    return lines[-1].strip()[:300] if lines else ""
 
 
 def http_status(url: str, timeout: float) -> dict:
@@ -472,11 +458,11 @@ def cmd_watch_health(args) -> int:
 MAX_QUERY_BYTES = 4 << 20
 
 
-def run_bounded(argv: list, timeout_s: float, limit: int = MAX_QUERY_BYTES) -> dict:
+def run_bounded(argv: list, timeout_s: float, limit: int = MAX_QUERY_BYTES, env=None) -> dict:
     """Run ``argv``: {"exit_code", "stdout", "stderr"}; killed past ``timeout_s`` (exit 124) or once it
     prints more than ``limit`` bytes (exit 125, stderr says so), never read whole into memory."""
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     except OSError as exc:
         return {"exit_code": 127, "stdout": "", "stderr": str(exc)[:300]}
     assert proc.stdout is not None and proc.stderr is not None
@@ -531,16 +517,17 @@ def _read_json_file(path: str):
     if text is None:
         return {"unreadable": problem} if problem else None
     try:
-        document = json.loads(text)
-    except (ValueError, RecursionError):  # 100k-deep nesting is a RecursionError, not a ValueError
-        return {"unreadable": "%s: not JSON: %r" % (path, text[:200])}
+        document = loads_json(text)
+    except ValueError as exc:
+        return {"unreadable": "%s: not JSON (%s): %r" % (path, exc, text[:200])}
     return document if isinstance(document, dict) else {"unreadable": "%s: %r" % (path, text[:200])}
 
 
 def cmd_server_state(args) -> dict:
     """What is serving now: the PID file's process (checked against the record), the record, /health."""
     record = _read_json_file(args.record)
-    check = check_server_pid(args.pidfile, record if isinstance(record, dict) and "unreadable" not in record else None)
+    check = check_server_pid(args.pidfile, record if isinstance(record, dict) and "unreadable" not in record else None,
+                             recorded_at=record_time(args.record))
     pid = check["pid"]
     running = check["pid_check"] in ("verified", "unverified")
     result = {"pid": pid, "alive": running, "cmdline": cmdline(pid)[:300] if running and pid is not None else "",
@@ -567,7 +554,8 @@ def _post_json(url: str, payload: dict, timeout: float) -> dict:
         url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
     )
     with urllib.request.urlopen(request, timeout=timeout) as resp:
-        return json.loads(resp.read().decode("utf-8"))
+        # bounded in bytes and depth: a /generate reply is a few KB
+        return loads_json(resp.read(MAX_RECORD_BYTES + 1).decode("utf-8"))
 
 
 def cmd_accept(args) -> dict:
@@ -623,7 +611,7 @@ def cmd_accept(args) -> dict:
     for path in ("/server_info", "/get_server_info"):
         try:
             with urllib.request.urlopen(args.base + path, timeout=args.timeout) as resp:
-                info = json.loads(resp.read().decode("utf-8"))
+                info = loads_json(resp.read(MAX_RECORD_BYTES + 1).decode("utf-8"))
             states = info.get("internal_states") or [{}]
             server_avg = states[0].get("avg_spec_accept_length")
             break
@@ -677,7 +665,13 @@ def main(argv=None) -> int:
     gpus.add_argument("--every", type=float, default=1.0, help="heartbeat: emit at least this often")
     gpus.add_argument("--for", dest="timeout_total", type=float, required=True, help="the whole wait's deadline")
     gpus.add_argument("--until-stdin-eof", action="store_true", help="stop when stdin reaches EOF (the reader is done)")
+    write = sub.add_parser("write-file", help="stdin to FILE: exclusive temporary name, then renamed over a "
+                           "regular file (or none); anything else at FILE is refused")
+    write.add_argument("path")
+    write.add_argument("--mode", default="600", help="octal")
     args = parser.parse_args(argv)
+    if args.command == "write-file":
+        return cmd_write_file(args)
     if args.command == "watch-health":
         return cmd_watch_health(args)
     if args.command == "watch-gpus":

@@ -132,7 +132,7 @@ def _status_traffic(first: dict, second: dict, metrics: bool) -> bool:
 
     def figures(read):
         try:
-            state = json.loads(read["server_info"]["body"])["internal_states"][0]
+            state = host_ops.loads_json(read["server_info"]["body"])["internal_states"][0]
             return state.get("avg_spec_accept_length"), state.get("last_gen_throughput")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             return None
@@ -146,8 +146,10 @@ def _status_int(value, default: int, limit: int) -> int:
 def cmd_status(args) -> dict:
     """The PID file's server, its deployment and last good records, and two reads of its figures
     ``--window`` seconds apart (or around ``--probe`` requests): /metrics, /server_info, /v1/loads."""
-    text = (host_ops._read(args.pidfile) or "").strip()
-    pid = int(text) if text.isdigit() and 0 < int(text) <= 4194304 else None  # PID_MAX_LIMIT
+    # bounded (64 bytes, regular file) before any int(): 5,000 digits crashed int() here (issue 31)
+    text, problem = host_ops.read_regular(args.pidfile, host_ops.MAX_PIDFILE_BYTES)
+    text = "(over 64 bytes or not a regular file)" if problem else (text or "").strip()
+    pid, _ = host_ops.read_pidfile(args.pidfile)
     running = pid is not None and host_ops.alive(pid) and "sglang" in host_ops.cmdline(pid)
     document = {"schema": 1, "pid": pid, "alive": running, "pidfile": text[:40],
                 "uptime_s": _status_uptime(pid) if running and pid is not None else None,

@@ -32,6 +32,11 @@ MAX_SOURCE_BYTES = 4 << 20
 MAX_FILES = 64
 MAX_TOTAL_BYTES = 16 << 20
 MAX_DEPTH = 12
+#: bounds on what goes into the facts document (the SGLang part's output is read up to 1 MiB;
+#: 0.5.23: 531 options, the longest choice list 60 values, about 60 KB of JSON)
+MAX_OPTIONS = 4096
+MAX_CHOICES = 1024
+MAX_NAME_CHARS = 200
 #: argparse actions that take no value
 _NO_VALUE_ACTIONS = ("store_true", "store_false", "store_const", "append_const", "count", "help", "version")
 _ARG_FIELDS = ("help", "choices", "aliases", "cli_name", "type_parser", "nargs", "required", "action",
@@ -220,6 +225,8 @@ def _choices(value, node):
         return None, False
     if not isinstance(found, list) or not all(isinstance(c, (str, int, float, bool)) and c is not None for c in found):
         return None, False
+    if len(found) > MAX_CHOICES or any(isinstance(c, str) and len(c) > MAX_NAME_CHARS for c in found):
+        return None, False  # not a list of choices argparse users type: unknown, so never checked
     return found, value.open
 
 
@@ -588,6 +595,11 @@ def read_options(package_dir):
                 options.append(literal_call(source, module, value, call))
         if not options:
             raise Unreadable("ServerArgs.add_cli_args adds no option this reader recognises")
+        if len(options) > MAX_OPTIONS:
+            raise Unreadable("more than %d options" % MAX_OPTIONS)
+        long_names = [n for o in options for n in o["names"] if len(n) > MAX_NAME_CHARS]
+        if long_names:
+            raise Unreadable("an option string of %d characters" % len(long_names[0]))
         result.update(options=options, layout=layout)
     except Unreadable as exc:
         result["error"] = str(exc)

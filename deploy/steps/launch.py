@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 
 from deploy.config.models import Host, Run
 from deploy.errors import RemoteOutputError
+from deploy.facts.helpers import write_file_command
 from deploy.facts.server import deployment_path
 from deploy.sglang.argv import PATH_POSITIONS, speculative_plan
 from deploy.sglang.deployment import DesiredDeployment, desired_deployment
@@ -100,14 +101,17 @@ def record_with_pid(record: dict) -> str:
     return text.replace("\\", "\\\\").replace("%", "%%").replace(f'"{PID_MARK}"', "%s") + "\\n"
 
 
-def _written(path: str, payload: str, what: str) -> str:
-    """``payload > path`` via a temporary file (a full disk leaves the old file, never a truncated one).
+def _written(ctx: StepContext, path: str, payload: str, what: str) -> str:
+    """``payload`` into ``path`` through host_ops.py write-file (a temporary name created exclusively,
+    renamed over a regular file only: a full disk leaves the old file, a FIFO or device there is
+    refused, never replaced).
 
     The message names the path as printf's argument: a quoted path inside a double-quoted echo
     would let a path holding ``"`` or ``$`` break out of the quoting.
     """
-    return (f"{{ {payload} > {path}.tmp && mv -f -- {path}.tmp {path}; }} "
-            f"|| {{ rm -f -- {path}.tmp; printf 'cannot write %s %s (server pid %s)\\n' {quote(what)} {path} \"$pid\" >&2; "
+    writer = write_file_command(ctx.host.python, ctx.paths.helper("host_ops.py"), path)
+    return (f"{{ {payload} | {writer}; }} "
+            f"|| {{ printf 'cannot write %s %s (server pid %s)\\n' {quote(what)} {path} \"$pid\" >&2; "
             f"exit 1; }}")
 
 
@@ -133,8 +137,8 @@ def command(ctx: StepContext, argv: list[str], record: dict) -> str:
         f"mkdir -p -m 700 -- {quote_path(ctx.paths.logs)} && ln -sfn -- {name} {quote_path(ctx.paths.latest_log)} || exit 1; "
         f"cd -- {quote_path(ctx.paths.root)} || exit 1; {env}"
         f"setsid nohup {_quoted_argv(argv)} > {log} 2>&1 < /dev/null & "
-        f"pid=$!; {_written(pidfile, pid_payload, 'the PID file')}; "
-        f"{_written(deployment, record_payload, 'the deployment record')}; "
+        f"pid=$!; {_written(ctx, pidfile, pid_payload, 'the PID file')}; "
+        f"{_written(ctx, deployment, record_payload, 'the deployment record')}; "
         f"{prune_logs_command(ctx)}; echo \"$pid\""
     )
 

@@ -14,6 +14,7 @@ from typing import Any
 from datetime import datetime, timezone
 
 from deploy.facts.server import last_good_env_path, last_good_path, parse_record, read_record_command, same_deployment
+from deploy.facts.helpers import write_file_command
 from deploy.shell import quote, quote_path
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 
@@ -63,14 +64,15 @@ def write_command(ctx: StepContext, record: dict, copy_env_from: str | None, sho
     ``shown``: the plan's stand-in for the record's JSON (known only after verification)."""
     path = quote_path(last_good_path(ctx.paths.root))
     target = last_good_env_path(ctx.paths.root)
+    helper = ctx.paths.helper("host_ops.py")
     if copy_env_from:
-        env = f"cp -p -- {quote_path(copy_env_from)} {quote_path(target)}.tmp && mv -f {quote_path(target)}.tmp {quote_path(target)} && "
+        env = (f"{write_file_command(ctx.host.python, helper, quote_path(target))} < {quote_path(copy_env_from)} && ")
     elif record.get("env_file") is None:
         env = f"rm -f -- {quote_path(target)} && "
     else:
         env = ""
     text = shown if shown is not None else json.dumps(record, sort_keys=True)
-    return f"{env}printf '%s\\n' {quote(text)} > {path}.tmp && mv -f {path}.tmp {path}"
+    return f"{env}printf '%s\\n' {quote(text)} | {write_file_command(ctx.host.python, helper, path)}"
 
 
 def read_action(ctx: StepContext) -> Command:

@@ -107,7 +107,7 @@ def record_action(ctx: StepContext, record: dict | None = None, pid: int | None 
     return Command(description="deployment record: swapped (the served drafter and what was verified) or swap-failed "
                                "(no fingerprint: nothing converges on a server whose drafter is unknown)",
                    when="tensors were sent",
-                   command=f"pid={pid if pid is not None else '<pid>'}; {_written(path, payload, 'the deployment record')}",
+                   command=f"pid={pid if pid is not None else '<pid>'}; {_written(ctx, path, payload, 'the deployment record')}",
                    timeout_s=30, what="deployment record")
 
 

@@ -184,9 +184,15 @@ def _zero(path: Path):
 
 
 def _sock(path: Path):
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(str(path))
-    s.close()
+    # bound by its name from its directory: an AF_UNIX path is at most 107 bytes, and an xdist
+    # worker's tmp_path alone can come close
+    s, cwd = socket.socket(socket.AF_UNIX), os.getcwd()
+    os.chdir(path.parent)
+    try:
+        s.bind(path.name)
+    finally:
+        os.chdir(cwd)
+        s.close()
 
 
 NOT_REGULAR = {"fifo": _fifo, "directory": _dir, "dev-zero": _zero, "socket": _sock}
@@ -248,7 +254,17 @@ def _latin1(path: Path):
     path.write_bytes(b"Host caf\xe9\n  HostName 10.0.0.1\n")
 
 
-SSH_CONFIG_FILES = dict(NOT_REGULAR, **{"sparse-8m": _sparse, "not-utf8": _latin1})
+def _nul_in_a_line(path: Path):
+    # OpenSSH would read "HostName 10.0.0.1" and drop the rest of the line (issue 31)
+    path.write_bytes(b"Host gpu-a\n  HostName 10.0.0.1\0.evil.example\n")
+
+
+def _nul_only(path: Path):
+    path.write_bytes(b"\0")
+
+
+SSH_CONFIG_FILES = dict(NOT_REGULAR, **{"sparse-8m": _sparse, "not-utf8": _latin1, "nul-in-a-line": _nul_in_a_line,
+                                        "nul-only": _nul_only})
 
 
 @pytest.mark.parametrize("kind", sorted(SSH_CONFIG_FILES))

@@ -97,13 +97,12 @@ def test_history_append_non_regular_refused_at_once(kind):
     assert caught.value.exit_code == ExitCode.IO and str(path) in str(caught.value)
 
 
-@pytest.mark.parametrize("kind", sorted(NON_REGULAR))
+# not a FIFO or a socket: filelock opens such a lock file without blocking, which is harmless
+@pytest.mark.parametrize("kind", sorted(set(NON_REGULAR) - {"fifo", "socket"}))
 def test_history_lock_file_non_regular(kind):
     path = history.history_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = Path(str(path) + ".lock")
-    if kind in ("fifo", "socket"):
-        pytest.skip("filelock opens a FIFO or socket lock file without blocking: harmless")
     NON_REGULAR[kind](lock)
     with pytest.raises(LocalStateError) as caught:
         bounded(lambda: history.append([{"host": "a"}]))
@@ -250,10 +249,8 @@ def test_state_home_unusable(tmp_path, monkeypatch, capsys, case, use):
     assert xdg in str(caught.value), str(caught.value)
 
 
-@pytest.mark.parametrize("kind", sorted(NON_REGULAR))
+@pytest.mark.parametrize("kind", sorted(set(NON_REGULAR) - {"directory"}))  # a directory is what it should be
 def test_locks_folder_not_a_directory(tmp_path, kind):
-    if kind == "directory":
-        pytest.skip("a directory is what it should be")
     locks = state_home() / "locks"
     locks.parent.mkdir(parents=True, exist_ok=True)
     NON_REGULAR[kind](locks)

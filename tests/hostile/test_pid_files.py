@@ -61,6 +61,7 @@ BAD_CONTENTS = {
     "limit": str(host_ops.PID_MAX_LIMIT + 1), "plus": "+1", "hex": "0x10", "float": "12.0", "exp": "1e3",
     "empty": "", "spaces-inside": "12 34", "two-lines": "1\n2\n", "arabic-digits": "\u0661\u0662",
     "superscript": "\u00b2", "nul": "\x00", "text": "sglang", "json": '{"pid": 1}', "long": "1" * 100,
+    "digits-5000": "9" * 5000,  # int() refuses over 4300 digits: status's host program crashed (issue 31)
 }
 
 
@@ -199,10 +200,19 @@ def test_no_record_falls_back_to_unverified(tmp_path, server):
 
 
 def test_own_ancestry_is_never_a_server(tmp_path):
+    """The helper's own PID in the PID file, and the record naming its own command line.
+
+    Run in a child whose command line no other process has (tmp_path is in it): under pytest-xdist
+    the sibling workers share this process's argv, and the check rightly finds one of them as the
+    recorded server running "elsewhere"."""
     pidfile = tmp_path / "server.pid"
-    pidfile.write_text(f"{os.getpid()}\n")
-    check = host_ops.check_server_pid(str(pidfile), {"argv": host_ops.cmdline_argv(os.getpid())})
-    assert check["pid_check"] == "invalid"
+    program = ("import json, os, sys; from deploy.remote import host_ops; pidfile = sys.argv[1]; "
+               "open(pidfile, 'w').write('%d\\n' % os.getpid()); "
+               "print(json.dumps(host_ops.check_server_pid(pidfile, {'argv': host_ops.cmdline_argv(os.getpid())})))")
+    proc = subprocess.run([sys.executable, "-c", program, str(pidfile)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    check = json.loads(proc.stdout)
+    assert check["pid_check"] == "invalid" and "this helper or one of its parents" in check["pid_note"], check
 
 
 class _Ctx:
@@ -297,3 +307,98 @@ def test_recorded_home_paths_match_the_expanded_command_line(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+# --- round 3 (issue 31): only the process that is provably the recorded server is signalled ----
+def _alive(proc) -> bool:
+    return proc.poll() is None
+
+
+def _start(argv, **kwargs):
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            **kwargs)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and host_ops.cmdline_argv(proc.pid) != [str(a) for a in argv]:
+        time.sleep(0.01)
+    return proc
+
+
+def _lookalikes(tmp_path):
+    log = tmp_path / "sglang.log"
+    log.write_text("loading\n")
+    notes = tmp_path / "sglang_notes.txt"
+    notes.write_text("x")
+    return {
+        # a user following the server's log
+        "tail-f-sglang-log": ["tail", "-f", str(log)],
+        # a program that merely mentions SGLang in its argv
+        "argv-mentions-sglang": [sys.executable, "-c", SLEEPER, "--notes", str(notes), "sglang.launch_server"],
+        # a session leader (an interactive shell) whose command line names SGLang
+        "session-leader": ["sh", "-c", "sleep 120; : sglang.launch_server"],
+    }
+
+
+@pytest.mark.parametrize("with_record", [False, True])
+@pytest.mark.parametrize("kind", ["tail-f-sglang-log", "argv-mentions-sglang", "session-leader"])
+def test_a_lookalike_process_is_reported_and_never_signalled(tmp_path, server, kind, with_record):
+    proc, record = server
+    argv = _lookalikes(tmp_path)[kind]
+    other = _start(argv, start_new_session=(kind == "session-leader"))
+    try:
+        pidfile = tmp_path / "server.pid"
+        pidfile.write_text(f"{other.pid}\n")
+        args = ["stop-processes", "--scope", "pidfile", "--pidfile", str(pidfile), "--grace", "0.3"]
+        doc = run_helper(*args, *(["--record", str(record)] if with_record else []))
+        assert doc["processes"] == [] and doc["pid_check"] in ("unverified", "not-ours", "elsewhere")
+        assert str(other.pid) in doc["note"] and "not touched" in doc["note"]
+        assert _alive(other) and _alive(proc) and pidfile.read_text() == f"{other.pid}\n"
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_the_recorded_argv_started_after_the_record_is_not_ours(tmp_path, server):
+    proc, record = server
+    pidfile = tmp_path / "server.pid"
+    pidfile.write_text(f"{proc.pid}\n")
+    past = time.time() - 3600  # the record predates the process: a PID reused by a same-looking command
+    os.utime(record, (past, past))
+    doc = run_helper("stop-processes", "--scope", "pidfile", "--pidfile", str(pidfile), "--grace", "0.3",
+                     "--record", str(record))
+    assert doc["processes"] == [] and doc["pid_check"] == "not-ours" and "after the deployment record" in doc["note"]
+    assert _alive(proc)
+    state = run_helper("server-state", "--pidfile", str(pidfile), "--record", str(record), "--url",
+                       "http://127.0.0.1:9/health", "--timeout", "0.2")
+    assert state["pid_check"] == "not-ours" and state["alive"] is False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting another user's process needs root")
+def test_the_recorded_argv_run_by_another_user_is_not_ours(tmp_path):
+    argv = ["/bin/sh", "-c", "sleep 120", "sglang.launch_server", "--port", "30001"]  # nobody can run it
+    other = _start(argv, user=65534, start_new_session=True, cwd="/")
+    try:
+        record = tmp_path / "deployment.json"
+        record.write_text(json.dumps({"argv": [str(a) for a in argv], "pid": other.pid}))
+        pidfile = tmp_path / "server.pid"
+        pidfile.write_text(f"{other.pid}\n")
+        doc = run_helper("stop-processes", "--scope", "pidfile", "--pidfile", str(pidfile), "--grace", "0.3",
+                         "--record", str(record))
+        assert doc["processes"] == [] and doc["pid_check"] == "not-ours" and "uid 65534" in doc["note"]
+        assert _alive(other)
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_status_reads_a_5000_digit_pid_file_without_crashing(tmp_path):
+    from deploy.remote import server_status
+
+    pidfile = tmp_path / "server.pid"
+    pidfile.write_text("9" * 5000)
+    out = subprocess.run([sys.executable, server_status.__file__, "--pidfile", str(pidfile), "--record",
+                          str(tmp_path / "d.json"), "--last-good", str(tmp_path / "l.json"), "--base",
+                          "http://127.0.0.1:9"], capture_output=True, text=True, timeout=30,
+                         env=dict(os.environ, PYTHONPATH=os.path.dirname(host_ops.__file__)))
+    assert out.returncode == 0, out.stderr
+    document = json.loads(out.stdout)
+    assert document["pid"] is None and document["alive"] is False and len(document["pidfile"]) <= 40

@@ -18,6 +18,7 @@ from deploy.cli.main import main
 from deploy.config.models import Host, Run, SSHSettings, accepts_bool
 from deploy.steps import REGISTRY
 from tests.hostile.test_config_corpus import BASE, dump
+from tests.hostile.cases import words_per_field
 from tests.hostile.tree import assert_clean_failure, tree_state
 
 BOOLEAN_WORDS = ("yes", "no", "on", "off", "true", "false")
@@ -32,17 +33,17 @@ def _fields(model):
     return [(name, info.annotation) for name, info in model.model_fields.items()]
 
 
+def _words(annotation) -> tuple[str, ...]:
+    if accepts_bool(annotation):
+        return ()
+    return BOOLEAN_WORDS + (NON_FINITE if _is_float(annotation) else ())
+
+
 def _config_cases():
-    cases = []
+    """Every non-boolean field of the config's models, every word on the first field of each type (cases.py)."""
     where = {"ssh": (SSHSettings, ("ssh",)), "host": (Host, ("hosts", 0)), "run": (Run, ("runs", 0))}
-    for label, (model, path) in where.items():
-        for name, annotation in _fields(model):
-            if accepts_bool(annotation):
-                continue
-            words = BOOLEAN_WORDS + (NON_FINITE if _is_float(annotation) else ())
-            for word in words:
-                cases.append((f"{label}.{name}={word}", path, name, word))
-    return cases
+    return [(f"{label}.{name}={word}", path, name, word) for label, (model, path) in where.items()
+            for name, word in words_per_field(_fields(model), _words)]
 
 
 CONFIG_CASES = _config_cases()
@@ -73,16 +74,19 @@ def test_config_scalar_of_the_wrong_kind(tmp_path, capsys, name, path, field, wo
     assert_clean_failure(code, 3, captured.out, captured.err, ("deployctl.yaml", field), before, tree_state(tmp_path))
 
 
+def _step_words(annotation) -> tuple[str, ...]:
+    if accepts_bool(annotation):
+        return ()
+    return BOOLEAN_WORDS[:2] + (NON_FINITE if _is_float(annotation) else ())
+
+
 def _step_cases():
-    cases = []
-    for step_name, module in REGISTRY.items():
-        for name, annotation in _fields(module.Settings):
-            if name == "step" or accepts_bool(annotation):
-                continue
-            words = BOOLEAN_WORDS[:2] + (NON_FINITE if _is_float(annotation) else ())
-            for word in words:
-                cases.append((f"{step_name}.{name}={word}", step_name, name, word))
-    return cases
+    """Every non-boolean setting of every step; two boolean words (and the non-finite ones for a
+    float) on the first setting of each type (cases.py)."""
+    fields = [((step, name), annotation) for step, module in REGISTRY.items()
+              for name, annotation in _fields(module.Settings) if name != "step"]
+    return [(f"{step}.{name}={word}", step, name, word)
+            for (step, name), word in words_per_field(fields, _step_words)]
 
 
 STEP_CASES = _step_cases()
@@ -101,7 +105,13 @@ def test_playbook_setting_of_the_wrong_kind(tmp_path, capsys, name, step, field,
 
 
 def test_cases_cover_numbers_of_every_model():
-    assert len(CONFIG_CASES) >= 60 and len(STEP_CASES) >= 40
+    where = {"ssh": SSHSettings, "host": Host, "run": Run}
+    fields = {f"{label}.{name}" for label, model in where.items() for name, a in _fields(model) if _words(a)}
+    assert len(fields) >= 20 and {c[0].split("=")[0] for c in CONFIG_CASES} == fields
+    assert {c[3] for c in CONFIG_CASES} == set(BOOLEAN_WORDS + NON_FINITE)
+    settings = {f"{step}.{name}" for step, module in REGISTRY.items() for name, a in _fields(module.Settings)
+                if name != "step" and _step_words(a)}
+    assert len(settings) >= 20 and {c[0].split("=")[0] for c in STEP_CASES} == settings
     assert any(c[0].startswith("host.gpus=") for c in CONFIG_CASES)
     assert any(c[0].startswith("host.port=") for c in CONFIG_CASES)
 

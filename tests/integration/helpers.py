@@ -16,7 +16,11 @@ from deploy.cli.main import main
 #: they already load in 0.5-1 s instead of minutes. Only the launch sources the run's env, so a
 #: deployctl code path that regressed to `import sglang` on the host (doctor, fix-keys) still pays
 #: the full 2.5 s. A test that sets its own value keeps it.
-TEST_LAUNCH_ENV = {"SGLANG_SIM_IMPORT_SECONDS": "0.2"}
+#: The load (1.0 s) and warm-up (0.3 s) the stand-in defaults to, faithful for the demo, are halved
+#: and more for the tests' servers too, as the fleet and safe-redeploy tests always did (FAST): no
+#: test reads the server while it loads unless it sets its own, longer, load time.
+FAST = {"SGLANG_SIM_LOAD_SECONDS": "0.5", "SGLANG_SIM_WARMUP_SECONDS": "0.1"}
+TEST_LAUNCH_ENV = {"SGLANG_SIM_IMPORT_SECONDS": "0.2", **FAST}
 
 
 def write_config(sandbox, tmp_path: Path, *, ssh: dict | None = None, hosts: list[dict] | None = None,

@@ -16,7 +16,7 @@ import yaml
 from deploy.errors import ExitCode
 from tests.integration.fleet_client import StreamingClient, stream_once
 from deploy.cli.main import main
-from tests.integration.helpers import cli_json, wait_until, write_config
+from tests.integration.helpers import FAST, cli_json, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +25,6 @@ ROUTER_PYTHONS = {"smg": REPO / ".smg-venv" / "bin" / "python",
                   "sglang-router": REPO / ".router-venv" / "bin" / "python"}
 ROUTER_VERSIONS = {"smg": "1.13.0", "sglang-router": "0.3.2"}
 ROUTER_PYTHON = ROUTER_PYTHONS["smg"]
-FAST = {"SGLANG_SIM_LOAD_SECONDS": "0.5", "SGLANG_SIM_WARMUP_SECONDS": "0.1"}
 ROUTER_PORT = 30080
 HOSTS = ("sb1", "sb2", "sb3")
 
@@ -120,23 +119,9 @@ def test_up_with_router_reaches_every_replica_and_down_stops_all(clean_sandbox, 
     assert checks["router-port"]["status"] == "pass" and "deployctl started" in checks["router-port"]["reason"]
 
     pid = int(sb.run("sb1", "cat ~/.deployctl/router/router.pid").stdout)
-    code, doc = cli_json(capsys, "-c", str(path), "down", "--json")
-    assert code == 0, summary(doc)
-    assert doc["router"]["stopped"] is True and doc["router"]["pid"] == pid, doc["router"]
-    state = sb.run("sb1", f"ps -o stat= -p {pid} || true").stdout.strip()
-    assert state == "" or state.startswith("Z"), f"router still running after down: {state}"
-    for host in HOSTS:
-        left = sb.run(host, "ps -u $(id -u) -o stat=,args= | grep -v '^Z' | grep -E 'sglang.launch_server|sglang_router|sglang::router|smg' | grep -v grep || true").stdout.strip()
-        assert left == "", (host, left)
-
-
-def test_down_of_some_replicas_takes_them_out_of_the_router_which_keeps_serving(clean_sandbox, tmp_path, capsys):
-    sb = clean_sandbox
-    path = fleet_config(sb, tmp_path)
-    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
-    assert code == 0, summary(doc)
-    pid = int(sb.run("sb1", "cat ~/.deployctl/router/router.pid").stdout)
-    # sb1 is the router host AND a replica: its replica goes, the router stays for sb2 and sb3
+    # Some replicas down (merged from test_down_of_some_replicas_takes_them_out_of_the_router_which_
+    # keeps_serving, which deployed the same fleet from scratch for it): sb1 is the router host AND
+    # a replica: its replica goes, the router stays for sb2
     code, doc = cli_json(capsys, "-c", str(path), "down", "--host", "sb1", "--host", "sb3", "--json")
     assert code == 0, summary(doc)
     assert doc["router"]["stopped"] is False and sorted(doc["router"]["removed"]) == sorted(
@@ -152,7 +137,12 @@ def test_down_of_some_replicas_takes_them_out_of_the_router_which_keeps_serving(
     # the whole run brought down: the router stops too
     code, doc = cli_json(capsys, "-c", str(path), "down", "--json")
     assert code == 0, summary(doc)
-    assert doc["router"]["stopped"] is True and doc["router"]["pid"] == pid
+    assert doc["router"]["stopped"] is True and doc["router"]["pid"] == pid, doc["router"]
+    state = sb.run("sb1", f"ps -o stat= -p {pid} || true").stdout.strip()
+    assert state == "" or state.startswith("Z"), f"router still running after down: {state}"
+    for host in HOSTS:
+        left = sb.run(host, "ps -u $(id -u) -o stat=,args= | grep -v '^Z' | grep -E 'sglang.launch_server|sglang_router|sglang::router|smg' | grep -v grep || true").stdout.strip()
+        assert left == "", (host, left)
 
 
 def new_checkpoint(sandbox, host: str, marker: str | None = None) -> None:

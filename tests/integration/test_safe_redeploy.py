@@ -14,11 +14,10 @@ import pytest
 
 from deploy import history
 from deploy.errors import ExitCode
-from tests.integration.helpers import cli_json, cli_json_err, wait_until, write_config
+from tests.integration.helpers import FAST, cli_json, cli_json_err, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
-FAST = {"SGLANG_SIM_LOAD_SECONDS": "0.5", "SGLANG_SIM_WARMUP_SECONDS": "0.1"}
 
 
 def config(sandbox, tmp_path: Path, name: str = "deployctl.yaml", **env) -> Path:
@@ -271,7 +270,29 @@ def test_ctrl_c_says_what_it_left_running_and_releases_the_lock(clean_sandbox, t
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == ExitCode.INTERRUPTED, err
-    assert "[sb1] interrupted: left running: SGLang pid" in err, err
+    # what the run did: it launched that server and did not verify it (issue 31)
+    assert "[sb1] interrupted: left running: pid " in err and "launched by this run, not verified" in err, err
     assert [r["outcome"] for r in history.read(host="sb1")] == ["interrupted"]
     code, doc = cli_json(capsys, "-c", str(path), "up", "--json")  # not locked out
     assert code == 0, json.dumps(doc, indent=1)
+
+
+def test_a_signal_right_after_stop_stale_says_stopped_and_nothing_launched(clean_sandbox, tmp_path, capsys):
+    """SIGTERM right after stop-stale: the report said "left running: unknown" though the run knew it
+    had stopped the server and launched nothing (issue 31)."""
+    path = config(clean_sandbox, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, json.dumps(doc, indent=1)
+    old = steps_of(doc)["launch"]["data"]["pid"]
+    proc = deployctl("-c", str(path), "up", "--force")
+    try:
+        read_until(proc, "[sb1] stop-stale: ok")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == ExitCode.TERMINATED, err
+    left = next(line for line in err.splitlines() if "left running:" in line)
+    assert "left running: nothing: this run stopped the server (pid " in left and "launched nothing" in left, err
+    assert str(old) in left and "unknown" not in left

@@ -137,7 +137,10 @@ def test_watch_redraws_in_place_on_a_tmux_terminal(clean_sandbox, tmp_path, caps
     pid = deployed_pid(capsys, path)
     session = f"dctl-status-{os.getpid()}"
     socket = str(tmp_path / "tmux.sock")
-    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    # pytest-xdist's workers have COLUMNS=80 and LINES=24 in their environment: the terminal's own
+    # size must decide the table's width, as on a user's terminal
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
     command = f"{sys.executable} -m deploy -c {path} status --watch 0.5; echo EXIT=$?; sleep 30"
     tmux = ["tmux", "-S", socket]
     subprocess.run(tmux + ["new-session", "-d", "-s", session, "-x", "200", "-y", "20", command],

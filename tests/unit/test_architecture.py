@@ -165,10 +165,14 @@ def test_no_cross_folder_private_name():
     assert bad == []
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_no_product_file_over_700_lines(module):
-    lines = len(MODULES[module].read_text().splitlines())
-    assert lines <= MAX_LINES, f"{MODULES[module].relative_to(ROOT)}: {lines} lines (at most {MAX_LINES})"
+def test_no_product_file_over_700_lines():
+    """Every product module, one test: the offenders are listed together (a case per module was
+    120 tests of one len())."""
+    lengths = {module: len(path.read_text().splitlines()) for module, path in MODULES.items()}
+    assert len(lengths) >= 50  # the walk found the product's modules
+    over = [f"{MODULES[m].relative_to(ROOT)}: {n} lines (at most {MAX_LINES})" for m, n in sorted(lengths.items())
+            if n > MAX_LINES]
+    assert over == []
 
 
 #: floors, lowest first: a module may import its own floor and those below it, never one above

@@ -126,10 +126,28 @@ class World:
         out = json.dumps(doctor_facts.host_facts(host_spec(host, run)))
         facts = parse_host_facts(CommandResult("host", 0, out + "\n", "", 0.0), host.name)
         archs = base_architectures(facts)
-        proc = subprocess.run([sys.executable, "-c", doctor_program(), "sglang", json.dumps({"architectures": archs})],
-                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(self.site)},
-                              timeout=60)
-        return facts, parse_sglang_facts(CommandResult("sglang", proc.returncode, proc.stdout, proc.stderr, 0.0), host.name)
+        code, stdout, stderr = self.sglang_program(archs)
+        return facts, parse_sglang_facts(CommandResult("sglang", code, stdout, stderr, 0.0), host.name)
+
+    def sglang_program(self, archs: list[str]) -> tuple[int, str, str]:
+        """The doctor's SGLang part, run by a real interpreter once per distinct install.
+
+        Its answer depends only on the files under site/ (read, never imported) and the
+        architectures asked for, so it is cached on their content: most tests of a module ask the
+        same install again (a 0.5 s interpreter start each time made these files most of the unit
+        tier's time). The paths under tmp_path differ per test: they are stored as a placeholder.
+        """
+        files = tuple(sorted((str(p.relative_to(self.site)), p.read_bytes())
+                             for p in self.site.rglob("*") if p.is_file()))
+        key = (json.dumps(archs), os.getcwd(), files)
+        if key not in _SGLANG_RUNS:
+            argv = [sys.executable, "-c", doctor_program(), "sglang", json.dumps({"architectures": archs})]
+            proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(self.site)},
+                                  timeout=60)
+            site = str(self.site)
+            _SGLANG_RUNS[key] = (proc.returncode, proc.stdout.replace(site, _SITE), proc.stderr.replace(site, _SITE))
+        code, stdout, stderr = _SGLANG_RUNS[key]
+        return code, stdout.replace(_SITE, str(self.site)), stderr.replace(_SITE, str(self.site))
 
     def checks(self, host: Host | None = None, run: Run | None = None, **kw) -> dict:
         host, run = host or self.host(), run or self.run()
@@ -138,6 +156,11 @@ class World:
         names = [c.name for c in results]
         assert len(names) == len(set(names)), names
         return {c.name: c for c in results}
+
+
+#: World.sglang_program's answers, per (architectures, cwd, the install's files)
+_SGLANG_RUNS: dict[tuple, tuple[int, str, str]] = {}
+_SITE = "\x00SITE\x00"
 
 
 def _free_port() -> int:

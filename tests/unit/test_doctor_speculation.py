@@ -127,19 +127,24 @@ def quantize_target(world: World, method: str, where: str) -> list[str]:
     return ["--quantization", method] if where == "extra_args" else []
 
 
-@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("where", ["config", "text_config", "extra_args"])
-def test_every_quantized_target_gets_an_unquantized_draft(world, method, where):
-    extra = quantize_target(world, method, where)
-    run = world.run(extra_args=extra + MRR)
-    d = doctor_input(world, run)
-    assert draft_quantization_flag(d) == "unquant"
-    check = {c.name: c for c in run_checks(d)}["draft-quantization"]
-    assert check.status == "pass" and f"{DRAFT_QUANT_FLAG} unquant" in check.reason, check
-    assert method in check.reason and "#28196" in check.reason
-    argv = sglang_argv(run, world.host(), run.draft_tokens, draft_quantization=draft_quantization_flag(d))
-    assert argv.count(DRAFT_QUANT_FLAG) == 1 and argv[argv.index(DRAFT_QUANT_FLAG) + 1] == "unquant"
-    assert argv[-len(run.extra_args):] == run.extra_args  # the user's arguments still come last
+def test_every_quantized_target_gets_an_unquantized_draft(world, where):
+    """Every method of SGLang 0.5.23's list, declared in each place the doctor reads it: one host
+    (World) per place, the target's config.json rewritten per method (a case per method and place
+    was 96 hosts built for one decision)."""
+    original = (world.base / "config.json").read_text()
+    for method in METHODS:
+        (world.base / "config.json").write_text(original)
+        extra = quantize_target(world, method, where)
+        run = world.run(extra_args=extra + MRR)
+        d = doctor_input(world, run)
+        assert draft_quantization_flag(d) == "unquant", method
+        check = {c.name: c for c in run_checks(d)}["draft-quantization"]
+        assert check.status == "pass" and f"{DRAFT_QUANT_FLAG} unquant" in check.reason, (method, check)
+        assert method in check.reason and "#28196" in check.reason, (method, check)
+        argv = sglang_argv(run, world.host(), run.draft_tokens, draft_quantization=draft_quantization_flag(d))
+        assert argv.count(DRAFT_QUANT_FLAG) == 1 and argv[argv.index(DRAFT_QUANT_FLAG) + 1] == "unquant", method
+        assert argv[-len(run.extra_args):] == run.extra_args, method  # the user's arguments still come last
 
 
 @pytest.mark.parametrize("method", ["awq", "fp8", "modelopt_fp4"])

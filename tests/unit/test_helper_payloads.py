@@ -17,8 +17,12 @@ from deploy.facts import helpers
 def test_payloads_are_host_ops_the_fixer_zipapp_and_the_drafter_sender():
     payloads = helpers.helper_payloads()
     assert sorted(payloads) == sorted(helpers.HELPER_FILES) == ["drafter_swap.py", "fixer.pyz", "host_ops.py"]
-    assert payloads["host_ops.py"] == (helpers.REMOTE_DIR / "host_ops.py").read_bytes()
     assert payloads["drafter_swap.py"] == (helpers.REMOTE_DIR / "drafter_swap.py").read_bytes()
+    # host_ops with the state_files it imports, one file run as `python3 -I -S host_ops.py`
+    from deploy.facts.inline import inline_program
+
+    assert payloads["host_ops.py"] == ("#!/usr/bin/env python3\n" + inline_program(helpers.host_ops_modules(),
+                                                                                  "host_ops")).encode()
     archive = zipfile.ZipFile(BytesIO(payloads["fixer.pyz"]))
     names = archive.namelist()
     package = sorted(p.name for p in helpers.FIXER_PACKAGE.glob("*.py"))

@@ -35,6 +35,13 @@ def spawn_session(program, *extra):
     raise AssertionError("session did not start")
 
 
+def record_of(tmp_path, pid) -> str:
+    """The deployment.json launch writes after starting ``pid``: only a recorded server is signalled."""
+    record = tmp_path / "deployment.json"
+    record.write_text(json.dumps({"argv": host_ops.cmdline_argv(pid), "pid": pid}))
+    return str(record)
+
+
 def run_helper(*args):
     out = subprocess.run([sys.executable, host_ops.__file__, *args], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -46,7 +53,8 @@ def test_pidfile_scope_stops_the_whole_session_with_sigkill_after_grace(tmp_path
     pidfile = tmp_path / "server.pid"
     pidfile.write_text(f"{leader.pid}\n")
     try:
-        doc = run_helper("stop-processes", "--scope", "pidfile", "--pidfile", str(pidfile), "--grace", "0.3")
+        doc = run_helper("stop-processes", "--scope", "pidfile", "--pidfile", str(pidfile), "--grace", "0.3",
+                         "--record", record_of(tmp_path, leader.pid))
         stopped = {p["pid"]: p for p in doc["processes"]}
         assert set(stopped) == set(members)
         assert all(p["signal"] == "KILL" and p["exited"] for p in stopped.values())
@@ -60,7 +68,8 @@ def test_sigterm_is_enough_for_a_process_that_obeys(tmp_path):
     leader, members = spawn_session(OBEYS_TERM)
     pidfile = tmp_path / "server.pid"
     pidfile.write_text(str(leader.pid))
-    doc = run_helper("stop-processes", "--scope", "pidfile", "--pidfile", str(pidfile), "--grace", "20")
+    doc = run_helper("stop-processes", "--scope", "pidfile", "--pidfile", str(pidfile), "--grace", "20",
+                     "--record", record_of(tmp_path, leader.pid))
     assert {p["signal"] for p in doc["processes"]} == {"TERM"}
     assert all(p["exited"] for p in doc["processes"])
     leader.wait(timeout=10)

@@ -317,7 +317,7 @@ def test_doctor_plan_is_one_command_and_sends_the_helper_inline():
     words = shlex.split(planned[0].command)
     spec = json.loads(words[-1])
     assert spec["base_model"] == "/data/models/Kimi K2.5" and spec["drafter"] == "~/drafters/it's"
-    assert spec["sglang"] == {"python": "python3", "timeout_s": 60, "spec": {"base_model": "/data/models/Kimi K2.5"}}
+    assert spec["sglang"] == {"python": "python3", "timeout_s": 60, "env": {}, "spec": {"base_model": "/data/models/Kimi K2.5"}}
     assert set(spec["run_state"]) == {"helpers", "server", "last_good", "quarantine"}
 
 

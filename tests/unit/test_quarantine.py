@@ -103,7 +103,7 @@ def test_which_failures_quarantine_the_fingerprint(step, error, converged, good_
 
 
 def _helper(tmp_path, *args):
-    return subprocess.run([sys.executable, "-c", facts.SOURCE.read_text(), facts.MARK, str(tmp_path / "q.json"), *args],
+    return subprocess.run([sys.executable, "-c", facts.update_program(), facts.MARK, str(tmp_path / "q.json"), *args],
                           capture_output=True, text=True, timeout=30)
 
 

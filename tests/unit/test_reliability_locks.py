@@ -27,6 +27,20 @@ def _holder(config: Path, run: str, scopes: list[str], tmp: Path) -> subprocess.
     return proc
 
 
+def _attempt(config: Path, run: str, scopes: list[str], tmp: Path) -> str:
+    """What a third deployctl process gets when it asks for these locks: "taken" or the refusal."""
+    code = ("from pathlib import Path; from deploy.errors import LockHeld; from deploy.locks import local_lock\n"
+            "try:\n"
+            f"    with local_lock(Path({str(config)!r}), {run!r}, {{'command': 'up', 'pid': 77}}, {scopes!r}):\n"
+            "        print('taken')\n"
+            "except LockHeld as exc:\n"
+            "    print('refused', exc.exit_code, exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=os.environ | {"XDG_STATE_HOME": str(tmp)})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
 HOSTS = ["host1", "host2", "host3", "host4"]
 
 
@@ -39,7 +53,10 @@ def test_disjoint_host_sets_of_one_run_proceed_in_parallel(tmp_path, monkeypatch
     other = _holder(config, "r", local_scopes(theirs), tmp_path)
     try:
         with local_lock(config, "r", {"pid": 1}, local_scopes(mine)):
-            pass
+            # taken, not merely not refused: a third process is refused every host of mine
+            for host in mine:
+                refused = _attempt(config, "r", local_scopes([host]), tmp_path)
+                assert refused.startswith("refused 9") and f"host {host}" in refused, refused
     finally:
         other.stdin.close()
         other.wait(10)

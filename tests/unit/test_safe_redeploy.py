@@ -16,7 +16,7 @@ import pytest
 from deploy import history
 from deploy.errors import ExitCode, LockHeld
 from deploy.facts.server import env_hash, parse_record, parse_server_state, same_deployment
-from deploy.locks import HOST_LOCK_SOURCE, describe_owner, local_lock, owner_info, parse_host_lock
+from deploy.locks import HOST_LOCK_SOURCE, describe_owner, host_lock_program, local_lock, owner_info, parse_host_lock
 from deploy.remote import host_ops
 from deploy.sglang.deployment import DesiredDeployment
 from deploy.steps.regression_gate import compare
@@ -86,7 +86,7 @@ def test_http_status_carries_a_body_excerpt(status):
 
 
 def _hold(lock: Path, owner: dict):
-    proc = subprocess.Popen([sys.executable, "-c", HOST_LOCK_SOURCE.read_text(), "deployctl-host-lock", str(lock),
+    proc = subprocess.Popen([sys.executable, "-c", host_lock_program(), "deployctl-host-lock", str(lock),
                              json.dumps(owner)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     return proc, json.loads(proc.stdout.readline())
 
@@ -387,6 +387,33 @@ def test_rollback_happens_only_after_stop_stale(failing, statuses, error, option
     names = [s.name for s in playbook.steps]
     records = [StepRecord(n, (statuses or {}).get(n, "ok")) for n in names]
     assert should_roll_back(playbook, records, names.index(failing), error, options, threading.Event()) is expected
+
+
+@pytest.mark.parametrize("failing", ["benchmark", "regression-gate", "record-good", "verify-acceptance"])
+@pytest.mark.parametrize("touched", [None, "stop-stale", "free-gpus", "launch"])
+def test_rollback_only_after_this_run_stopped_freed_or_launched(failing, touched):
+    # converge found the server running as desired: stop-stale, free-gpus, launch skipped (issue 31)
+    playbook = load_playbook("nightly")
+    names = [s.name for s in playbook.steps]
+    records = [StepRecord(n, "skipped" if n in ("stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready")
+                          else "ok") for n in names]
+    data = {"stop-stale": {"processes": [{"pid": 7}]}, "free-gpus": {"killed": [8]}, "launch": {"pid": 9}}
+    if touched is not None:
+        records[names.index(touched)] = StepRecord(touched, "ok", data=data[touched])
+    expected = touched is not None
+    assert should_roll_back(playbook, records, names.index(failing), DeployError("x"), RunOptions(),
+                            threading.Event()) is expected
+
+
+def test_stop_stale_that_stopped_nothing_is_no_reason_to_roll_back():
+    playbook = load_playbook("up")
+    names = [s.name for s in playbook.steps]
+    records = [StepRecord(n, "ok") for n in names]
+    records[names.index("stop-stale")] = StepRecord("stop-stale", "ok", data={"processes": []})
+    records[names.index("free-gpus")] = StepRecord("free-gpus", "ok", data={"killed": []})
+    records[names.index("launch")] = StepRecord("launch", "not-run")
+    assert not should_roll_back(playbook, records, names.index("wait-gpus-free"), DeployError("x"), RunOptions(),
+                                threading.Event())
 
 
 def test_no_rollback_after_ctrl_c():

@@ -407,3 +407,25 @@ def test_a_list_extended_where_it_is_defined_or_imported_is_open(tmp_path, where
     x, y = sglang_cli.read_options(str(tmp_path / "sglang"))["options"]
     assert (x["choices"], x["open_choices"]) == (["a", "b"], True)
     assert (y["choices"], y["open_choices"]) == (["a", "b"], False)
+
+
+@pytest.mark.parametrize("body,error", [
+    ("".join(f"        parser.add_argument('--o{i}')\n" for i in range(4097)), "more than 4096 options"),
+    ("        parser.add_argument('--" + "x" * 300 + "')\n", "an option string of 302 characters"),
+])
+def test_the_facts_stay_bounded_whatever_the_source(tmp_path, body, error):
+    srt = tmp_path / "sglang" / "srt"
+    srt.mkdir(parents=True)
+    (srt / "server_args.py").write_text("class ServerArgs:\n    def add_cli_args(parser):\n" + body)
+    found = sglang_cli.read_options(str(tmp_path / "sglang"))
+    assert found["options"] is None and error in found["error"]
+
+
+def test_a_choice_list_no_one_types_is_not_checked(tmp_path):
+    srt = tmp_path / "sglang" / "srt"
+    srt.mkdir(parents=True)
+    (srt / "server_args.py").write_text(
+        f"BIG = {[f'c{i}' for i in range(2000)]!r}\nclass ServerArgs:\n    def add_cli_args(parser):\n"
+        "        parser.add_argument('--big', choices=BIG)\n")
+    [big] = sglang_cli.read_options(str(tmp_path / "sglang"))["options"]
+    assert big["choices"] is None

@@ -37,7 +37,10 @@ def test_watch_redraws_one_table_in_place_on_a_terminal_and_ctrl_c_exits_0(tmp_p
     path = config(tmp_path)
     socket = str(tmp_path / "tmux.sock")
     tmux = ["tmux", "-S", socket]
-    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), TERM="xterm-256color")
+    # pytest-xdist's workers have COLUMNS=80 and LINES=24 in their environment: the terminal's own
+    # size must decide the table's width, as on a user's terminal
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env.update(XDG_STATE_HOME=str(tmp_path / "state"), TERM="xterm-256color")
     command = f"{sys.executable} -m deploy -c {path} status --watch 1; echo EXIT=$?; sleep 60"
     subprocess.run(tmux + ["new-session", "-d", "-s", "w", "-x", "220", "-y", "30", command],
                    check=True, env=env, cwd=REPO)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-import deploy.remote
 from deploy.config.models import Host, Run
 from deploy.errors import ConnectionFailed, RemoteCommandFailed, RemoteOutputError, StepTimeout, VerificationFailed
 from deploy.facts.fuser import NO_DEVICE_FILES
@@ -241,7 +240,10 @@ def test_ensure_helper_uploads_only_a_missing_helper_in_one_sftp_session():
     assert conn.upload_dirs == [helpers_dir]  # created 0700 when missing, in the same SFTP session
     [(remote, payload)] = conn.uploads
     assert remote == f"{helpers_dir}/host_ops.py" and conn.upload_modes[remote] == 0o600
-    assert payload == (Path(deploy.remote.__file__).parent / "host_ops.py").read_bytes()
+    from deploy.facts.helpers import helper_payloads
+
+    # host_ops with the state_files it imports, bundled into the one installed file (issue 31)
+    assert payload == helper_payloads()["host_ops.py"]
     assert len(conn.commands) == 1  # one command, one SFTP session: no mkdir, no mv, no $HOME lookup
 
 

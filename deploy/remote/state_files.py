@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""The host side's file primitives: bounded reads, bounded JSON, the one safe write.
+
+Standalone, Python 3.8+ standard library only; host_ops.py imports it, and every program deployctl
+sends or installs carries it beside host_ops (deploy/facts/helpers.py host_ops_modules): the
+installed ``helpers/host_ops.py`` is both, bundled by deploy/facts/inline.py. Every file a host-side
+helper reads is a regular file opened non-blocking and read with a size limit; every JSON document
+is bounded in depth; every file written goes through replace_file (issue 31).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat as stat_module
+import sys
+
+#: deployment.json / last-good.json are a few KB (argv, fingerprints, numbers)
+MAX_RECORD_BYTES = 1 << 20
+
+
+def read_regular(path: str, limit: int):
+    """(text, problem): a regular file's text, at most ``limit`` bytes; (None, None) when absent.
+
+    stat first and open O_NONBLOCK: a FIFO planted as a state file must not block the helper (a
+    drafter FIFO held doctor/up for 75 s), /dev/zero must not fill memory.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, "%s: cannot read: %s" % (path, exc.strerror or exc)
+    try:
+        st = os.fstat(fd)
+        if not stat_module.S_ISREG(st.st_mode):
+            return None, "%s is not a regular file (a FIFO, device, socket or directory); ignored" % path
+        if st.st_size > limit:
+            return None, "%s is %d bytes, over the limit of %d; ignored" % (path, st.st_size, limit)
+        data = os.read(fd, limit + 1)
+        if len(data) > limit:
+            return None, "%s is over the limit of %d bytes; ignored" % (path, limit)
+        return data.decode("utf-8", "replace"), None
+    except OSError as exc:
+        return None, "%s: cannot read: %s" % (path, exc.strerror or exc)
+    finally:
+        os.close(fd)
+
+
+def process_start_time(pid: int):
+    """When ``pid`` started (seconds since the epoch): /proc/PID/stat starttime (clock ticks since
+    boot) plus /proc/stat btime; None when unreadable."""
+    raw, _ = read_regular("/proc/%d/stat" % pid, 4096)
+    boot, _ = read_regular("/proc/stat", 1 << 20)
+    try:
+        ticks = int(raw[raw.rfind(")") + 2:].split()[19][:20])
+        btime = next(int(line.split()[1][:20]) for line in (boot or "").splitlines() if line.startswith("btime "))
+        return btime + ticks / float(os.sysconf("SC_CLK_TCK"))
+    except (ValueError, IndexError, TypeError, AttributeError, StopIteration, OSError):
+        return None
+
+
+def record_time(path: str):
+    """deployment.json's mtime: launch writes it after the server started, so the recorded server
+    started before it. None when there is no regular record file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime if stat_module.S_ISREG(st.st_mode) else None
+
+
+
+
+#: deploy/limits.py MAX_JSON_DEPTH: the deepest JSON document any reader accepts
+MAX_JSON_DEPTH = 64
+
+
+def loads_json(text, max_depth: int = MAX_JSON_DEPTH):
+    """``json.loads`` bounded in depth (deploy/limits.py parse_json's host-side twin): ValueError for
+    a document nested deeper than ``max_depth``, never a RecursionError; walked without recursion."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested more than %d levels deep" % max_depth)
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > max_depth:
+            raise ValueError("nested more than %d levels deep" % max_depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return value
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat_module.S_ISLNK, "a symbolic link"), (stat_module.S_ISDIR, "a directory"),
+                       (stat_module.S_ISFIFO, "a FIFO"), (stat_module.S_ISSOCK, "a socket"),
+                       (stat_module.S_ISCHR, "a character device"), (stat_module.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def replace_file(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` the one safe way every host-side file deployctl writes is written.
+
+    A temporary name beside it, created O_CREAT|O_EXCL|O_NOFOLLOW (a link planted at the temporary
+    name is never written through), fsynced, then renamed over ``path`` only when ``path`` is a
+    regular file or absent: a FIFO, device, directory, socket or link there is refused (OSError
+    naming it), never replaced (issue 31). A reader sees the old file or the new one.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat_module.S_ISREG(st.st_mode):
+        raise OSError(errno.EEXIST, "%s is %s, not a regular file; not replaced" % (path, _kind(st.st_mode)))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for attempt in range(100):
+        tmp = "%s.%d.%d.tmp" % (path, os.getpid(), attempt)
+        try:
+            fd = os.open(tmp, flags, mode)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise OSError(errno.EEXIST, "%s: no free temporary name beside it" % path)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def cmd_write_file(args) -> int:
+    """stdin (at most MAX_RECORD_BYTES) -> ``args.path`` via replace_file; silent on success (the
+    launch script's only output is the server PID)."""
+    data = sys.stdin.buffer.read(MAX_RECORD_BYTES + 1)
+    if len(data) > MAX_RECORD_BYTES:
+        sys.stderr.write("host_ops.py write-file: more than %d bytes on stdin; %s not written\n"
+                         % (MAX_RECORD_BYTES, args.path))
+        return 1
+    try:
+        replace_file(os.path.expanduser(args.path), data, int(args.mode, 8))
+    except OSError as exc:
+        sys.stderr.write("host_ops.py write-file: %s\n" % (exc.strerror if exc.filename is None else exc))
+        return 1
+    return 0
+
+
+def last_line(path: str, max_bytes: int = 8192) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO as the log must not block the probe
+    except OSError:
+        return ""
+    try:
+        st = os.fstat(fd)
+        if not stat_module.S_ISREG(st.st_mode):
+            return "(%s is not a regular file)" % path
+        os.lseek(fd, max(0, st.st_size - max_bytes), os.SEEK_SET)
+        tail = os.read(fd, max_bytes).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    # progress bars rewrite the line with '\r'
+    lines = [ln for ln in re.split(r"[\r\n]+", tail) if ln.strip()]
+    return lines[-1].strip()[:300] if lines else ""

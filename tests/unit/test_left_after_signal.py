@@ -1,0 +1,68 @@
+"""After a signal the report says exactly what the run left (issue 31): stopped and nothing launched,
+or the PID it launched and whether it was verified; no host command needed for that."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from deploy.config.models import Host, Run
+from deploy.engine.records import StepRecord
+from deploy.engine.session import run_steps, what_the_run_left
+from deploy.errors import ExitCode, Interrupted
+from deploy.steps.base import StepOutcome, StepSettings
+from deploy.steps.memory import StepMemory
+
+HOST = Host(name="h", address="10.0.0.1", user="u", state_dir="/var/lib/deployctl")
+RUN = Run(name="r", hosts=["h"], base_model="/m", drafter="/d")
+UP = ("doctor", "ensure-helper", "fix-keys", "converge", "stop-stale", "free-gpus", "wait-gpus-free", "launch",
+      "wait-ready", "verify-acceptance", "record-good")
+DATA = {"stop-stale": {"processes": [{"pid": 4242, "signal": "TERM", "exited": True}]}, "free-gpus": {"killed": []},
+        "launch": {"pid": 5151}}
+
+
+def steps_until(signal_after: str, cancelled: threading.Event, memory: StepMemory):
+    def make(name):
+        def run(ctx):
+            if name == "launch":
+                ctx.memory.pid, ctx.memory.launched = 5151, True
+            if name == signal_after:
+                cancelled.set()  # SIGINT/SIGTERM arrives while this step finishes
+            return StepOutcome("ok", name, dict(DATA.get(name, {})))
+        return SimpleNamespace(name=name, module=SimpleNamespace(NAME=name, run=run, CONVERGE_SKIPS=False),
+                               settings=StepSettings(step=name))
+    return [make(n) for n in UP]
+
+
+@pytest.mark.parametrize("signal_after, expected", [
+    ("converge", "stopped nothing and launched nothing"),
+    ("stop-stale", "nothing: this run stopped the server (pid 4242) and launched nothing"),
+    ("wait-gpus-free", "nothing: this run stopped the server (pid 4242) and launched nothing"),
+    ("launch", "pid 5151, launched by this run, not verified (not ready yet)"),
+    ("wait-ready", "pid 5151, launched by this run, ready, not verified"),
+    ("verify-acceptance", "pid 5151, launched by this run and verified"),
+])
+def test_a_signal_after_each_step_says_what_the_run_left(signal_after, expected):
+    cancelled = threading.Event()
+    memory = StepMemory()
+    records, error, _ = run_steps(steps_until(signal_after, cancelled, memory), HOST, RUN, None, "s",
+                                  lambda *a: None, memory, cancelled)
+    assert error is None and records[UP.index(signal_after) + 1].status == "not-run"
+    left = what_the_run_left(records, memory)
+    assert expected in left and "unknown" not in left
+
+
+def test_converged_and_untouched():
+    records = [StepRecord(n, "skipped" if n in ("stop-stale", "free-gpus", "launch") else "ok") for n in UP[:8]]
+    assert "found running as desired, untouched" in what_the_run_left(records, StepMemory(converged=True, pid=77))
+
+
+@pytest.mark.parametrize("step", ["stop-stale", "launch"])
+def test_cut_inside_a_step_that_changes_the_host_is_unknown_naming_it(step):
+    records = [StepRecord(n, "ok") for n in UP[:UP.index(step)]]
+    records.append(StepRecord(step, "failed", detail=str(Interrupted("h: interrupted")),
+                              exit_code=int(ExitCode.TERMINATED)))
+    left = what_the_run_left(records, StepMemory())
+    assert left.startswith("unknown") and step in left
