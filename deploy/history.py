@@ -42,6 +42,8 @@ def records_for(verb: str, run: str, reports: Sequence, started_at: datetime | N
             "duration_s": round(report.duration_s, 3),
             # what the host serves after the run (deploy/serving.py): the same decision as the report's
             "serving": report.serving.state if getattr(report, "serving", None) is not None else None,
+            # "swapped" (into the running server, with what was verified) or "reloaded" and why (issue 29)
+            "drafter_update": facts.get("drafter_update"),
         })
     return rows
 

@@ -33,6 +33,11 @@ ignore_doctor = click.option("--ignore-doctor", is_flag=True,
 replace = click.option("--replace", is_flag=True,
                        help="Stop a server of another run, or one deployctl did not start, on the run's GPUs "
                             "(without it the doctor refuses before anything is stopped).")
+swap_drafter = click.option("--swap-drafter", "drafter_update", flag_value="swap", default=None,
+                            help="Swap a new drafter into the running server when only its tensors changed "
+                                 "(SGLang 0.5.21+; not yet seen on real GPUs): no target reload. Else reload.")
+reload_drafter = click.option("--reload", "drafter_update", flag_value="reload",
+                              help="Reload (stop, launch) even when the run says drafter_update: swap.")
 retry_failed = click.option("--retry-failed", is_flag=True,
                             help="Redeploy a drafter fingerprint that failed on the host before (quarantined: "
                                  "exit 13 otherwise).")

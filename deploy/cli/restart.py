@@ -14,9 +14,16 @@ from deploy.cli.common import doctor_override, execute
 @options.replace
 @options.retry_failed
 @options.force
+@options.swap_drafter
+@options.reload_drafter
 @options.no_rollback()
 @options.fleet
 @click.pass_obj
-def command(globals_, ignore_doctor: bool, replace: bool, retry_failed: bool, **kw) -> int:
-    """After a checkpoint change: doctor, re-fix if the drafter changed, then stop, free, launch, wait."""
-    return execute(globals_, "restart", "restart", overrides=doctor_override(ignore_doctor, replace, retry_failed), **kw)
+def command(globals_, ignore_doctor: bool, replace: bool, retry_failed: bool, drafter_update: str | None,
+            **kw) -> int:
+    """After a checkpoint change: doctor, re-fix if the drafter changed, then swap it into the running
+    server (opted in, only its tensors changed) or stop, free, launch, wait."""
+    overrides = doctor_override(ignore_doctor, replace, retry_failed)
+    if drafter_update is not None:
+        overrides["swap-drafter"] = {"mode": drafter_update}
+    return execute(globals_, "restart", "restart", overrides=overrides, **kw)

@@ -371,6 +371,10 @@ class Run(Strict):
     #: rank 0's port for torch.distributed's rendezvous (fixed, so converge sees the same argv);
     #: null = port + 1
     dist_init_port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    #: a new drafter on a host serving this run: reload (stop, launch: the target loads again) or swap
+    #: it into the running server (SGLang 0.5.21+ weight-update session; not yet seen on real GPUs,
+    #: docs/drafter-swap.md); restart --swap-drafter / --reload override it per command
+    drafter_update: Literal["reload", "swap"] = "reload"
 
     @field_validator("env")
     @classmethod

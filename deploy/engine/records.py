@@ -50,6 +50,9 @@ class RunOptions:
     #: hosts a fleet kept in its router (a probe found them unchanged): converge must find them so,
     #: or fail before anything is stopped
     keep_serving: frozenset[str] = frozenset()
+    #: hosts a fleet kept in its router for a drafter swap (fleet/rolling.py): the call that takes each
+    #: out and drains it, made before anything stops its server (the swap refused or failed: a reload)
+    leave_router: dict[str, Callable[[], str]] = field(default_factory=dict)
 
 
 class RolledBack(DeployError):

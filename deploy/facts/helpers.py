@@ -181,10 +181,12 @@ def helper_payloads() -> dict[str, bytes]:
     from deploy.facts.inline import inline_program
 
     bundled = "#!/usr/bin/env python3\n" + inline_program(host_ops_modules(), "host_ops")
-    return {"host_ops.py": bundled.encode("utf-8"), "fixer.pyz": fixer_zipapp()}
+    return {"host_ops.py": bundled.encode("utf-8"), "fixer.pyz": fixer_zipapp(),
+            # the drafter swap's inspector and sender (issue 29); run under the run's sglang_python
+            "drafter_swap.py": (REMOTE_DIR / "drafter_swap.py").read_bytes()}
 
 
-HELPER_FILES = ("host_ops.py", "fixer.pyz")
+HELPER_FILES = ("host_ops.py", "fixer.pyz", "drafter_swap.py")
 
 
 def write_file_command(python: str, host_ops: str, path: str, mode: int = 0o600) -> str:

@@ -191,7 +191,9 @@ def cmdline_argv(pid: int) -> list:
 
 
 def _recorded_argv(record) -> list | None:
-    argv = record.get("argv") if isinstance(record, dict) else None
+    # a drafter swapped into the running server (deploy/steps/swap_drafter.py) records the argv it
+    # now serves as (the new drafter's path) and keeps the process's own as launched_argv
+    argv = (record.get("launched_argv") or record.get("argv")) if isinstance(record, dict) else None
     if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
         return argv
     return None

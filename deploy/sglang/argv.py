@@ -10,6 +10,7 @@ from deploy.config.models import Host, Run
 
 #: SGLang 0.5.7+: the draft model's own quantization (unset: it inherits the target's, sglang#28196)
 DRAFT_QUANT_FLAG = "--speculative-draft-model-quantization"
+DRAFTER_FLAG = "--speculative-draft-model-path"
 
 
 def speculative_plan(run: Run, draft_tokens: int) -> tuple[int, int, int]:
@@ -46,7 +47,7 @@ def sglang_argv(run: Run, host: Host, draft_tokens: int, drafter: str | None = N
         run.sglang_python, "-m", "sglang.launch_server",
         "--model-path", run.base_model,
         "--speculative-algorithm", run.speculative_algorithm,
-        "--speculative-draft-model-path", drafter or run.drafter,
+        DRAFTER_FLAG, drafter or run.drafter,
         "--speculative-num-steps", str(steps),
         "--speculative-eagle-topk", str(topk),
         "--speculative-num-draft-tokens", str(tokens),

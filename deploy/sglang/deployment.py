@@ -12,15 +12,18 @@ Pure, below the steps (facts, doctor, steps, fleet and verbs all read it).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from deploy.config.models import Host, Run
-from deploy.sglang.argv import DRAFT_QUANT_FLAG, sglang_argv
+from deploy.sglang.argv import DRAFT_QUANT_FLAG, DRAFTER_FLAG, sglang_argv
 from deploy.state_layout import StatePaths
 
 #: the fields that make two deployments the same server (the rest is bookkeeping)
 IDENTITY = ("argv", "drafter_fingerprint", "env_hash", "sglang_version")
+#: what must be the same for a drafter swap (issue 29) once the drafter is put back: a tensor update
+#: changes nothing else of the running server (SGLang 0.5.21+'s weight-update session)
+SWAP_SAME = ("argv", "env_hash", "env_file", "sglang_version", "draft_tokens")
 
 
 def env_hash(env: dict[str, str]) -> str:
@@ -64,6 +67,15 @@ class DesiredDeployment:
             return ["no deployment recorded"]
         want = self.record()
         return [key.replace("_", " ") for key in fields if want.get(key) != recorded.get(key)]
+
+    def with_drafter(self, path: str | None, fingerprint: str | None) -> DesiredDeployment:
+        """This deployment with another drafter in its argv's drafter slot (the one ``sglang_argv``
+        writes): what this run would launch with ``path``. ``differences`` of it with a running
+        record says what changed besides the drafter (the drafter swap's rule)."""
+        argv = list(self.argv)
+        if DRAFTER_FLAG in argv and argv.index(DRAFTER_FLAG) + 1 < len(argv) and path is not None:
+            argv[argv.index(DRAFTER_FLAG) + 1] = path
+        return replace(self, argv=tuple(argv), drafter_path=path, drafter_fingerprint=fingerprint)
 
     def runs_in(self, recorded: dict | None) -> bool:
         return not self.differences(recorded)

@@ -12,6 +12,7 @@ from deploy.steps import (
     record_good,
     regression_gate,
     stop_stale,
+    swap_drafter,
     verify_acceptance,
     wait_gpus_free,
     wait_ready,
@@ -19,6 +20,6 @@ from deploy.steps import (
 
 REGISTRY = {
     module.NAME: module
-    for module in (doctor, ensure_helper, fix_keys, converge, quarantine, stop_stale, free_gpus, wait_gpus_free, launch,
+    for module in (doctor, ensure_helper, fix_keys, converge, quarantine, swap_drafter, stop_stale, free_gpus, wait_gpus_free, launch,
                    wait_ready, verify_acceptance, benchmark, regression_gate, record_good)
 }

@@ -9,6 +9,7 @@ string keys in 16 files it replaced, issue 25).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -58,6 +59,15 @@ class StepMemory:
     deployment: dict[str, Any] | None = None
     launched: bool = False
 
+    # -- swap-drafter (issue 29) ------------------------------------------------------------------
+    #: the new drafter was swapped into the running server and verified: stop/free/launch/wait are skipped
+    swapped: bool = False
+    #: how the drafter was updated on this host ("swapped" and what was verified, or "reloaded" and why)
+    drafter_update: dict[str, Any] | None = None
+    #: the fleet kept this replica in the router for a swap: takes it out and drains it (returns what it
+    #: did); the session calls it once, before the first step that would stop the server (a reload, a rollback)
+    leave_router: Callable[[], str] | None = None
+
     # -- verification, benchmark, record-good ---------------------------------------------------------
     verify: dict[str, Any] | None = None
     bench: dict[str, Any] | None = None
@@ -76,6 +86,7 @@ class StepMemory:
 
     def rollback_of(self, good: dict[str, Any]) -> StepMemory:
         """A rollback's own memory: the last good record, the host lock, and the GPU memory held
-        before the stop (the doctor's read), so the rollback's wait-gpus-free never waits for it."""
+        before the stop (the doctor's read), so the rollback's wait-gpus-free never waits for it; a replica
+        still in the router (kept for a swap) leaves it before the rollback stops its server."""
         return StepMemory(rollback_record=good, host_lock=self.host_lock,
-                          gpu_baseline_mib=self.gpu_baseline_mib, journal=self.journal)
+                          gpu_baseline_mib=self.gpu_baseline_mib, journal=self.journal, leave_router=self.leave_router)

@@ -14,9 +14,10 @@ from pathlib import Path
 from deploy.facts import helpers
 
 
-def test_payloads_are_host_ops_and_the_fixer_zipapp():
+def test_payloads_are_host_ops_the_fixer_zipapp_and_the_drafter_sender():
     payloads = helpers.helper_payloads()
-    assert sorted(payloads) == sorted(helpers.HELPER_FILES) == ["fixer.pyz", "host_ops.py"]
+    assert sorted(payloads) == sorted(helpers.HELPER_FILES) == ["drafter_swap.py", "fixer.pyz", "host_ops.py"]
+    assert payloads["drafter_swap.py"] == (helpers.REMOTE_DIR / "drafter_swap.py").read_bytes()
     # host_ops with the state_files it imports, one file run as `python3 -I -S host_ops.py`
     from deploy.facts.inline import inline_program
 

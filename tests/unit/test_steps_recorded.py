@@ -419,7 +419,7 @@ def test_doctor_sends_one_command_and_stops_the_run_on_a_failing_check(tmp_path)
     assert "IGNORED" in doctor.run(ignored).detail
     snapshot = ignored.memory.snapshot  # the run's state, read in the same command
     assert snapshot.server.alive is False and snapshot.last_good is None and set(snapshot.helpers) == {
-        "host_ops.py", "fixer.pyz"} and not any(snapshot.helpers.values())
+        "host_ops.py", "fixer.pyz", "drafter_swap.py"} and not any(snapshot.helpers.values())
     for garbage in ("", "Traceback (most recent call last):\n  boom", '{"schema": 1}', real.stdout * 2):
         bad = RecordingTransport(host, [Reply(r"exec\(sys\.deployctl_program\)", stdout=garbage)])
         with pytest.raises(Bad):

@@ -28,6 +28,10 @@ Faithful (on purpose, because deployctl must cope with it):
   decode log line was printed, /generate, /v1/completions, /v1/chat/completions, /flush_cache
   (resets the average), /metrics with --enable-metrics (404 without it, like SGLang: the route is
   only added then; SGLang's metric names and labels, see MetricsState).
+- Weight updates (0.5.21+): /begin_weight_update, /update_weights_from_tensor (selector draft),
+  /end_weight_update, ``--admin-api-key``, ``weight_version`` in /model_info; a swapped drafter goes
+  through draft_weights_effect, the loader rules of a launch (srt/managers/weight_update.py says what
+  is and is not faithful: the payload is the stand-in's own format, no CUDA IPC).
 
 Also modelled (srt/speculative/pitfalls.py, issue 19): a reduced draft vocabulary without d2t
 (accept len 1.00), the draft inheriting the target's quantization (``Cannot find the config file
@@ -76,6 +80,7 @@ badness and a rollback to the previous drafter's bytes really cures it):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -94,6 +99,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from sglang.srt.layers.quantization import QUANTIZATION_CHOICES
+from sglang.srt.managers.weight_update import WEIGHT_UPDATE_PATHS, WeightUpdater
 from sglang.srt.speculative import pitfalls
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
@@ -433,20 +439,34 @@ class Speculation:
     simulated_accept: float | None = None
     #: positions the drafter drafts well at (its window); later steps accept only the bonus token
     draft_window: int | None = None
+    #: the draft and target config.json the server launched with (a weight update keeps them)
+    draft_config: dict = field(default_factory=dict)
+    target_config: dict = field(default_factory=dict)
 
     @property
     def enabled(self) -> bool:
         return self.algorithm is not None
 
 
-def read_drafter_markers(draft_dir: str, spec: "Speculation") -> None:
-    """SIMULATION markers in the drafter directory (see the module docstring)."""
-    def marker(name: str) -> str | None:
+def drafter_markers(draft_dir: str) -> dict[str, str]:
+    """SIMULATION-* files in the drafter directory: name -> stripped content."""
+    found = {}
+    for name in MARKERS:
         path = os.path.join(draft_dir, f"SIMULATION-{name}")
-        if not os.path.isfile(path):
-            return None
-        with open(path) as f:
-            return f.read().strip()
+        if os.path.isfile(path):
+            with open(path) as f:
+                found[name] = f.read().strip()
+    return found
+
+
+MARKERS = ("crash-during-load", "crash-on-generate", "accept-nothing", "decode-speed")
+
+
+def read_drafter_markers(markers: dict[str, str], spec: "Speculation") -> None:
+    """SIMULATION markers of the drafter (see the module docstring): read from its directory at
+    launch, carried in the stand-in's weight-update payload on a swap."""
+    def marker(name: str) -> str | None:
+        return markers.get(name)
 
     if marker("crash-during-load") is not None:
         spec.crash_during_load = True
@@ -476,9 +496,6 @@ def analyse_speculation(args: argparse.Namespace, version: str) -> Speculation:
     config = read_json(os.path.join(draft_dir, "config.json"))
     spec.draft_arch = ",".join(config.get("architectures") or ["?"])
     names, digest = checkpoint_tensor_names(draft_dir)
-    jitter = int(digest[:8], 16) / 0xFFFFFFFF
-    spec.accept_p = 0.64 + 0.04 * min(jitter, 0.999)
-    read_drafter_markers(draft_dir, spec)
     target = read_json(os.path.join(args.model_path, "config.json"))
     if args.quantization == "unquant":
         target_quant = None
@@ -488,6 +505,23 @@ def analyse_speculation(args: argparse.Namespace, version: str) -> Speculation:
         target_quant, getattr(args, "speculative_draft_model_quantization", None), config, draft_dir)
     spec.simulated_accept = pitfalls.simulated_accept_length()
     spec.draft_window = pitfalls.draft_window(config, target)
+    spec.draft_config, spec.target_config = config, target
+    return draft_weights_effect(spec, args, version, names, digest, drafter_markers(draft_dir))
+
+
+def draft_weights_effect(spec: Speculation, args: argparse.Namespace, version: str, names: list[str],
+                         digest: str, markers: dict[str, str]) -> Speculation:
+    """What the drafter's tensors do to acceptance, given the draft config the server launched with.
+
+    Run at launch, and again by a weight-update session (srt/managers/weight_update.py) with the
+    names, header digest and markers the payload carries: a swapped drafter is judged by exactly
+    the loader rules a launch with it would be (a tensor the loader drops is dropped on a swap too).
+    """
+    config, target = spec.draft_config, spec.target_config
+    jitter = int(digest[:8], 16) / 0xFFFFFFFF
+    spec.accept_p = 0.64 + 0.04 * min(jitter, 0.999)
+    read_drafter_markers(markers, spec)
+    algo = spec.algorithm
     if spec.collapse_reason or not is_eagle3_drafter(config):
         return spec
     if algo == "EAGLE":
@@ -830,6 +864,20 @@ class Engine:
         self.last_gen_throughput = 0.0
         self._u = seed % 1.0
         self.metrics_state = MetricsState()
+        self.weight_version = args.weight_version
+        self.weight_updates = WeightUpdater(self, version)
+
+    def swap_draft(self, names: list[str], digest: str, markers: dict[str, str]) -> None:
+        """Load a new drafter's tensors into the running draft model (SGLang's draft runners call
+        the draft model's own load_weights): acceptance follows from the same rules as a launch."""
+        fresh = dataclasses.replace(self.spec, accept_p=0.0, collapse_reason=None, debug=[],
+                                    crash_during_load=False, crash_on_generate=False, step_s=SIM_STEP_S)
+        fresh = draft_weights_effect(fresh, self.args, self.version, names, digest, markers)
+        if self.args.log_level.lower() == "debug":
+            for line in fresh.debug:
+                log(f"DEBUG: {line}")
+        with self.lock:
+            self.spec = fresh
 
     # Low-discrepancy draws keep the average close to its expectation after a few steps.
     def _accepted_this_step(self, position: int = 0) -> int:
@@ -967,7 +1015,7 @@ class Engine:
 
     def model_info(self) -> dict:
         return {"model_path": self.args.model_path, "tokenizer_path": self.args.tokenizer_path,
-                "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
+                "is_generation": True, "preferred_sampling_params": None, "weight_version": self.weight_version,
                 "has_image_understanding": False, "has_audio_understanding": False,
                 "model_type": self.base_config.get("model_type"),
                 "architectures": self.base_config.get("architectures")}
@@ -1083,6 +1131,12 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(400, b"Cache not flushed. Please check backend logs for more details. "
                                 b"(When there are running or waiting requests, the operation will "
                                 b"not be performed.)\n", "text/plain")
+        elif path in WEIGHT_UPDATE_PATHS and engine.weight_updates.serves(path):
+            if method != "POST":
+                self._json(405, {"detail": "Method Not Allowed"})
+            else:
+                code, answer = engine.weight_updates.handle(path, body, self.headers.get("Authorization"))
+                self._json(code, answer)
         elif path == "/metrics" and method == "GET" and engine.args.enable_metrics:
             self._send(200, engine.metrics().encode(), "text/plain; version=0.0.4")
         elif path in ("/generate", "/v1/completions", "/v1/chat/completions") and method == "POST":

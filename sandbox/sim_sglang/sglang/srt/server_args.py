@@ -43,6 +43,9 @@ class ServerArgs:
     kv_cache_dtype: A[str, Arg(help="Data type for kv cache storage.", choices=KV_CACHE_DTYPE_CHOICES)] = "auto"
     context_length: A[Optional[int], "The model's maximum context length."] = None
     served_model_name: A[Optional[str], "Override the model name returned by the v1/models endpoint."] = None
+    # the weight-update session's admin level and the version /model_info reports (drafter swap, issue 29)
+    admin_api_key: A[Optional[str], "Set admin API key for administrative/control endpoints."] = None
+    weight_version: A[str, "Version identifier for the model weights."] = "default"
     host: A[str, "The host of the HTTP server."] = "127.0.0.1"
     port: A[int, "The port of the HTTP server."] = 30000
     mem_fraction_static: A[Optional[float], "The fraction of the memory used for static allocation."] = None

@@ -1,0 +1,350 @@
+"""Host-side drafter swap: inspect two drafters, or send one into the running SGLang server.
+
+Runs ON the GPU host (shipped as a helper). Standard library only at import; the real sender
+imports torch, safetensors and sglang lazily, under the run's ``sglang_python``.
+
+``inspect --running DIR --new DIR``: what the swap decision compares (deploy/steps/drafter_swap.py):
+each drafter's config.json, tensor names with dtype and shape, data bytes, and the sha256 of its
+draft vocabulary map (``d2t``, ``t2d``); and the GPUs' used/total memory (nvidia-smi). One JSON line.
+
+``send --url URL --drafter DIR --weight-version V --tp N --state-dir DIR``: SGLang's weight-update
+session, read from the 0.5.21 - 0.5.23 wheels (srt/entrypoints/http_server.py,
+srt/managers/scheduler_components/weight_updater.py, srt/managers/tp_worker.py):
+``POST /begin_weight_update {"selector": "draft"}``, ``POST /update_weights_from_tensor`` with one
+payload per TP rank (rank r deserializes entry r only), the drafter fingerprint as ``weight_version``
+and ``flush_cache: true``, then ``POST /end_weight_update`` (always, once begin succeeded), then
+``GET /model_info``'s ``weight_version``. The admin key, when the server was launched with
+``--admin-api-key``, is read from the host's deployment record (it is in the launch argv), so it
+never appears on a command line. One JSON line: the summary the step parses strictly.
+
+Payload format: against real SGLang each entry is ``MultiprocessingSerializer.serialize([(name,
+tensor), ...], output_str=True)`` with the tensors on GPU ``base_gpu_id + r`` (CUDA IPC handles:
+this process keeps them alive until the call returns). That path has NOT been run on real GPUs.
+Against deployctl's sandbox stand-in (``/server_info`` says ``simulated: true``) each entry is the
+stand-in's own format (sandbox/sim_sglang/sglang/srt/managers/weight_update.py): the safetensors
+headers and SIMULATION markers, base64 JSON; no tensor bytes travel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+SIM_FORMAT = "deployctl-sim-drafter/1"
+MAX_CONFIG = 1 << 20
+MAX_HEADER = 100_000_000
+MAX_MAP_BYTES = 64 << 20
+MAX_TENSORS = 20_000
+MAX_ANSWER = 1 << 20
+FLUSH_WAIT_S = 1.0
+NOT_FLUSHED = "Weights were updated, but the cache was not flushed"
+MARKERS = ("crash-during-load", "crash-on-generate", "accept-nothing", "decode-speed")
+IGNORED_CONFIG_KEYS = ("_name_or_path", "transformers_version")
+
+
+class Failure(Exception):
+    pass
+
+
+def _files(model_dir: str) -> list:
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, "rb") as f:
+            weight_map = json.loads(f.read(MAX_CONFIG * 16)).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise Failure(f"{index}: no weight_map")
+        names = sorted(set(weight_map.values()))
+    else:
+        names = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
+    if not names:
+        raise Failure(f"{model_dir}: no *.safetensors")
+    return [os.path.join(model_dir, n) for n in names]
+
+
+def _header(path: str) -> tuple:
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise Failure(f"{path}: too small for a safetensors file")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER:
+            raise Failure(f"{path}: header of {n} bytes")
+        blob = f.read(n)
+    if len(blob) != n:
+        raise Failure(f"{path}: truncated header")
+    header = json.loads(blob.decode("utf-8"))
+    if not isinstance(header, dict):
+        raise Failure(f"{path}: header is not a JSON object")
+    return header, 8 + n
+
+
+def _tensor_sha256(path: str, start: int, entry: dict) -> str:
+    lo, hi = entry["data_offsets"]
+    if not 0 <= hi - lo <= MAX_MAP_BYTES:
+        raise Failure(f"{path}: vocabulary map of {hi - lo} bytes")
+    with open(path, "rb") as f:
+        f.seek(start + lo)
+        data = f.read(hi - lo)
+    if len(data) != hi - lo:
+        raise Failure(f"{path}: truncated tensor data")
+    return hashlib.sha256(data).hexdigest()
+
+
+def drafter_facts(model_dir: str) -> dict:
+    """config.json (less the keys that name the producer), tensors, bytes, vocabulary map digests."""
+    with open(os.path.join(model_dir, "config.json"), "rb") as f:
+        config = json.loads(f.read(MAX_CONFIG))
+    if not isinstance(config, dict):
+        raise Failure(f"{model_dir}/config.json is not a JSON object")
+    for key in IGNORED_CONFIG_KEYS:
+        config.pop(key, None)
+    tensors: dict = {}
+    maps: dict = {"d2t": None, "t2d": None}
+    total = 0
+    for path in _files(model_dir):
+        header, start = _header(path)
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            if len(tensors) >= MAX_TENSORS:
+                raise Failure(f"{model_dir}: more than {MAX_TENSORS} tensors")
+            tensors[name] = [entry.get("dtype"), entry.get("shape")]
+            lo, hi = entry["data_offsets"]
+            total += hi - lo
+            if name.rsplit(".", 1)[-1] in maps:
+                maps[name.rsplit(".", 1)[-1]] = _tensor_sha256(path, start, entry)
+    return {"config": config, "tensors": tensors, "bytes": total,
+            "d2t_sha256": maps["d2t"], "t2d_sha256": maps["t2d"]}
+
+
+def gpu_memory() -> tuple:
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used,memory.total",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"nvidia-smi: {exc}"
+    if done.returncode != 0:
+        return None, f"nvidia-smi exited {done.returncode}: {done.stderr.strip()[:300]}"
+    gpus = []
+    for line in done.stdout.splitlines():
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            return None, f"nvidia-smi printed {line[:200]!r}"
+        gpus.append({"index": int(parts[0]), "used_mib": int(parts[1]), "total_mib": int(parts[2])})
+    return gpus, None
+
+
+def inspect(running: str, new: str) -> dict:
+    out: dict = {}
+    for key, path in (("running", running), ("new", new)):
+        try:
+            out[key] = drafter_facts(path)
+        except (OSError, ValueError, KeyError, TypeError, Failure) as exc:
+            out[key] = {"error": f"{path}: {exc}"}
+    out["gpus"], out["gpu_error"] = gpu_memory()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# sending
+
+
+def admin_key(state_dir: str) -> str | None:
+    """--admin-api-key from the running server's launch argv (deployment.json), if it has one."""
+    try:
+        with open(os.path.join(state_dir, "deployment.json"), "rb") as f:
+            argv = json.loads(f.read(MAX_CONFIG)).get("argv") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    for i, arg in enumerate(argv):
+        if arg == "--admin-api-key" and i + 1 < len(argv):
+            return str(argv[i + 1])
+        if isinstance(arg, str) and arg.startswith("--admin-api-key="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def http(url: str, body, key: str | None, timeout: float) -> tuple:
+    """(status, JSON answer or text); status 0 when nothing came back."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")
+    request.add_header("Content-Type", "application/json")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            status, raw = answer.status, answer.read(MAX_ANSWER)
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read(MAX_ANSWER)
+    except (OSError, ValueError) as exc:
+        return 0, f"{type(exc).__name__}: {exc}"
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode("utf-8", "replace")[:500]
+
+
+def _message(answer) -> str:
+    if isinstance(answer, dict):
+        return str(answer.get("message") or answer.get("error") or answer.get("detail") or answer)[:500]
+    return str(answer)[:500]
+
+
+def _flush_when_idle(url: str, key: str | None, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        status, _ = http(f"{url}/flush_cache", {}, key, 10.0)
+        if status == 200 or time.monotonic() >= deadline:
+            return status == 200
+        time.sleep(0.2)
+
+
+def sim_payloads(model_dir: str, tp: int) -> tuple:
+    headers = {}
+    for path in _files(model_dir):
+        headers[os.path.basename(path)] = _header(path)[0]
+    markers = {}
+    for name in MARKERS:
+        path = os.path.join(model_dir, f"SIMULATION-{name}")
+        if os.path.isfile(path):
+            with open(path) as f:
+                markers[name] = f.read(4096).strip()
+    entries = [base64.b64encode(json.dumps({"format": SIM_FORMAT, "rank": r, "headers": headers,
+                                            "markers": markers}).encode()).decode() for r in range(tp)]
+    count = sum(len([k for k in h if k != "__metadata__"]) for h in headers.values())
+    return entries, count, None
+
+
+def sglang_payloads(model_dir: str, tp: int, base_gpu_id: int) -> tuple:
+    """SGLang's own serializer, one payload per TP rank with that rank's copy on its GPU.
+
+    NOT RUN ON REAL GPUS YET. As read from 0.5.23: ``MultiprocessingSerializer.serialize`` is a
+    ForkingPickler dump with SGLang's torch reductions (``monkey_patch_torch_reductions``), base64
+    with ``output_str=True``; CUDA tensors travel as IPC handles, so the returned ``keep`` must stay
+    referenced until the HTTP call has returned."""
+    import torch  # noqa: PLC0415 - only on a GPU host, under sglang_python
+    from safetensors.torch import load_file  # noqa: PLC0415
+    from sglang.srt.utils import MultiprocessingSerializer  # noqa: PLC0415
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions  # noqa: PLC0415
+
+    monkey_patch_torch_reductions()
+    cpu: dict = {}
+    for path in _files(model_dir):
+        cpu.update(load_file(path))
+    keep, entries = [], []
+    for rank in range(tp):
+        device = torch.device("cuda", base_gpu_id + rank)
+        named = [(name, tensor.to(device)) for name, tensor in cpu.items()]
+        torch.cuda.synchronize(device)  # the copy is complete before another process opens the IPC handle
+        keep.append(named)
+        entries.append(MultiprocessingSerializer.serialize(named, output_str=True))
+    return entries, len(cpu), keep
+
+
+def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: int, state_dir: str,
+         timeout: float) -> dict:
+    started = time.monotonic()
+    deadline = started + timeout
+    summary: dict = {"ok": False, "stage": "prepare", "sent": False, "ended": False, "format": None,
+                     "http_status": None, "message": "", "weight_version": None, "tensors": 0, "seconds": 0.0,
+                     "flushed": False}
+
+    def left() -> float:
+        return max(1.0, deadline - time.monotonic())
+
+    key = admin_key(state_dir)
+    status, info = http(f"{url}/server_info", None, None, min(30.0, left()))
+    if status != 200 or not isinstance(info, dict):
+        summary.update(stage="server_info", http_status=status, message=_message(info))
+        return summary
+    simulated = info.get("simulated") is True
+    summary["format"] = "stand-in" if simulated else "sglang"
+    keep = None
+    try:
+        if simulated:
+            entries, count, keep = sim_payloads(model_dir, tp)
+        else:
+            entries, count, keep = sglang_payloads(model_dir, tp, base_gpu_id)
+    except Exception as exc:  # noqa: BLE001 - any failure to build the payload: nothing was sent
+        summary.update(message=f"{type(exc).__name__}: {exc}"[:500])
+        return summary
+    summary["tensors"] = count
+    summary["stage"] = "begin"
+    status, answer = http(f"{url}/begin_weight_update", {"selector": "draft"}, key, min(60.0, left()))
+    if status != 200 or not (isinstance(answer, dict) and answer.get("success") is True):
+        summary.update(http_status=status, message=_message(answer))
+        return summary
+    updated = False
+    try:
+        summary["stage"] = "update"
+        summary["sent"] = True
+        status, answer = http(f"{url}/update_weights_from_tensor",
+                              {"serialized_named_tensors": entries, "selector": "draft",
+                               "weight_version": weight_version, "flush_cache": True}, key, left())
+        summary.update(http_status=status, message=_message(answer))
+        updated = status == 200 and isinstance(answer, dict) and answer.get("success") is True
+        summary["flushed"] = updated
+        if not updated and summary["message"].startswith(NOT_FLUSHED):
+            # 0.5.23 weight_updater.flush_cache_after_weight_update: the weights WERE loaded (and the
+            # weight_version recorded) but requests were running, so the cache flush was refused and
+            # the call answers success false. The target is unchanged (its cached KV stays valid);
+            # only the draft KV of cached prefixes is the old drafter's. Flush when the server idles.
+            updated, summary["flushed"] = True, _flush_when_idle(url, key, min(FLUSH_WAIT_S, left()))
+    finally:
+        keep = None  # noqa: F841 - the server has copied the tensors (or failed): release them
+        end_status, end_answer = http(f"{url}/end_weight_update", {}, key, min(60.0, left()))
+        summary["ended"] = end_status == 200 and isinstance(end_answer, dict) and end_answer.get("success") is True
+    if not updated:
+        return summary
+    if not summary["ended"]:
+        summary.update(stage="end", http_status=end_status, message=_message(end_answer))
+        return summary
+    summary["stage"] = "model_info"
+    status, model = http(f"{url}/model_info", None, key, min(30.0, left()))
+    if status != 200 or not isinstance(model, dict):
+        summary.update(http_status=status, message=_message(model))
+        return summary
+    summary["weight_version"] = model.get("weight_version")
+    summary.update(ok=True, stage="done", http_status=200, message="Success")
+    return summary
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="drafter_swap.py")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    p = sub.add_parser("inspect")
+    p.add_argument("--running", required=True)
+    p.add_argument("--new", required=True)
+    p = sub.add_parser("send")
+    p.add_argument("--url", required=True)
+    p.add_argument("--drafter", required=True)
+    p.add_argument("--weight-version", required=True)
+    p.add_argument("--tp", type=int, required=True)
+    p.add_argument("--base-gpu-id", type=int, default=0)
+    p.add_argument("--state-dir", required=True)
+    p.add_argument("--timeout", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    if args.verb == "inspect":
+        out = inspect(args.running, args.new)
+    else:
+        out = send(args.url.rstrip("/"), args.drafter, args.weight_version, args.tp, args.base_gpu_id,
+                   args.state_dir, args.timeout)
+        out["seconds"] = round(time.monotonic() - started, 3)
+    sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""swap-drafter: put a new drafter into the running server instead of reloading the target.
+
+Opt in (``drafter_update: swap`` on the run, ``restart --swap-drafter``; ``--reload`` refuses it):
+not yet seen on real GPUs. ``drafter_swap.swap_decision`` says swap or reload, and why; on reload
+this step does nothing and the playbook's stop/free/launch steps run as always.
+
+A swap, through SGLang's weight-update session (0.5.21+, deploy/remote/drafter_swap.py under the
+run's sglang_python, the drafter fingerprint as ``weight_version``), is verified before anything is
+recorded: ``/model_info`` reports the fingerprint, the server's PID is unchanged, and acceptance
+passes as after a launch (verify-acceptance's own check and threshold). Verified: deployment.json
+says "swapped" and what was verified (its ``argv`` is what the server now serves as, the process's
+own command line stays as ``launched_argv``), and the steps that stop, free, launch and wait are
+skipped as for converge. Any failure after the tensors were sent (an HTTP error, another
+``weight_version``, a changed PID, acceptance under the threshold) marks the record as not what
+anyone asked for and lets the playbook reload the new drafter; that reload failing is today's
+rollback. The server is never recorded as serving a drafter that was not verified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import Field
+
+from deploy.errors import DeployError
+from deploy.facts.drafter_swap import SENDER, SwapInspection, inspect_command, parse_inspection, parse_send, send_command
+from deploy.facts.server import ServerState, deployment_path, parse_server_state
+from deploy.shell import quote, quote_path
+from deploy.steps import converge, verify_acceptance
+from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings
+from deploy.steps.drafter_swap import RunningServer, SwapDecision, base_gpu_id, swap_decision
+from deploy.steps.launch import _written, desired, env_path
+
+NAME = "swap-drafter"
+
+#: converge found the server as desired: there is nothing to swap either
+CONVERGE_SKIPS = True
+
+
+class Settings(StepSettings):
+    #: run: the run's drafter_update; swap / reload: the command's --swap-drafter / --reload
+    mode: Literal["run", "swap", "reload"] = "run"
+    send_timeout_s: float = Field(default=600, gt=0, le=3600)
+    #: the acceptance check after a swap: the same as verify-acceptance's after a launch
+    min_accept_length: float = Field(default=1.5, ge=1.0)
+    requests: int = Field(default=4, ge=1, le=64)
+    max_new_tokens: int = Field(default=256, ge=8, le=8192)
+    concurrency: int = Field(default=4, ge=1, le=64)
+
+
+def _override(ctx: StepContext) -> str | None:
+    return None if ctx.settings.mode == "run" else ctx.settings.mode
+
+
+def decide(ctx: StepContext, running: RunningServer | None = None,
+           inspection: SwapInspection | None = None) -> SwapDecision:
+    return swap_decision(ctx.run, desired(ctx), running, inspection, _override(ctx))
+
+
+def _verify_ctx(ctx: StepContext) -> StepContext:
+    s = ctx.settings
+    settings = verify_acceptance.Settings(step=verify_acceptance.NAME, min_accept_length=s.min_accept_length,
+                                          requests=s.requests, max_new_tokens=s.max_new_tokens,
+                                          concurrency=s.concurrency)
+    return dataclasses.replace(ctx, settings=settings)
+
+
+def base_url(ctx: StepContext) -> str:
+    return verify_acceptance.base_url(ctx)
+
+
+def inspect_action(ctx: StepContext, running_drafter: str = "<the running drafter's store path>") -> Command:
+    return Command(description="swap check (read-only): both drafters' config, tensor shapes and vocabulary map, "
+                               "and each GPU's free memory",
+                   when="the swap decision so far is swap",
+                   command=inspect_command(ctx.run.sglang_python, ctx.paths.helper(SENDER), running_drafter,
+                                           ctx.memory.drafter_path or "<the new drafter's store path>"),
+                   timeout_s=120, what="drafter inspection")
+
+
+def send_action(ctx: StepContext) -> Command:
+    wanted = desired(ctx)
+    return Command(description="swap the drafter into the running server: SGLang's weight-update session "
+                               "(begin selector draft, update_weights_from_tensor with one payload per TP rank and "
+                               "the fingerprint as weight_version, end), then /model_info's weight_version",
+                   when="the swap decision is swap",
+                   command=send_command(ctx.run.sglang_python, ctx.paths.helper(SENDER), base_url(ctx),
+                                        wanted.drafter_path or "<drafter>",
+                                        wanted.drafter_fingerprint or "<drafter fingerprint>", ctx.run.tp_size,
+                                        base_gpu_id(list(wanted.argv)), ctx.paths.root, ctx.settings.send_timeout_s,
+                                        env_path(ctx) if ctx.run.env else None),
+                   timeout_s=ctx.settings.send_timeout_s + 30, what="drafter swap")
+
+
+def after_action(ctx: StepContext) -> Command:
+    return dataclasses.replace(converge.state_action(ctx), when="tensors were sent",
+                               description="read the running server again: the same PID, alive, /health 200")
+
+
+def record_action(ctx: StepContext, record: dict | None = None, pid: int | None = None) -> Command:
+    text = quote(json.dumps(record, sort_keys=True)) if record is not None else "'<the deployment record>'"
+    path = quote_path(deployment_path(ctx.paths.root))
+    payload = "printf '%s\\n' " + text
+    return Command(description="deployment record: swapped (the served drafter and what was verified) or swap-failed "
+                               "(no fingerprint: nothing converges on a server whose drafter is unknown)",
+                   when="tensors were sent",
+                   command=f"pid={pid if pid is not None else '<pid>'}; {_written(ctx, path, payload, 'the deployment record')}",
+                   timeout_s=30, what="deployment record")
+
+
+def state_action(ctx: StepContext) -> Command:
+    """converge's server-state read, described with the decision as far as it is known without the host."""
+    decision = decide(ctx)
+    return dataclasses.replace(converge.state_action(ctx), description=f"drafter update: {decision.path} "
+                               f"({decision.reason}); read the running server (PID, record, /health)")
+
+
+def plan(ctx: StepContext) -> list[Action]:
+    decision = decide(ctx)
+    if decision.path == "reload":
+        return [dataclasses.replace(state_action(ctx), when="never in this run: the steps below reload")]
+    return [state_action(ctx), inspect_action(ctx), send_action(ctx), after_action(ctx),
+            *verify_acceptance.plan(_verify_ctx(ctx)), record_action(ctx)]
+
+
+def _state(ctx: StepContext) -> ServerState:
+    snapshot = ctx.memory.snapshot
+    if snapshot is not None and snapshot.fresh:
+        return snapshot.server
+    return parse_server_state(ctx.execute(state_action(ctx)).stdout, ctx.host.name)
+
+
+def _reload(ctx: StepContext, reason: str, extra: dict | None = None) -> StepOutcome:
+    ctx.memory.drafter_update = {"how": "reloaded", "why": reason} | (extra or {})
+    return StepOutcome("skipped", f"reload: {reason}", {"path": "reload", "reason": reason} | (extra or {}))
+
+
+def run(ctx: StepContext) -> StepOutcome:
+    decision = decide(ctx)
+    if decision.path == "reload":
+        return _reload(ctx, decision.reason)
+    state = _state(ctx)
+    running = RunningServer(state.record, state.alive, state.status, state.pid)
+    decision = decide(ctx, running)
+    if decision.path == "reload":
+        return _reload(ctx, decision.reason)
+    assert state.record is not None and state.pid is not None
+    seen = parse_inspection(ctx.execute(inspect_action(ctx, state.record.get("drafter_path") or "")).stdout,
+                            ctx.host.name)
+    decision = decide(ctx, running, seen)
+    if decision.path == "reload":
+        return _reload(ctx, decision.reason)
+    return _swap(ctx, state, decision)
+
+
+def _swap(ctx: StepContext, state: ServerState, decision: SwapDecision) -> StepOutcome:
+    assert state.record is not None
+    wanted = desired(ctx)
+    fingerprint = wanted.drafter_fingerprint
+    ctx.progress(f"swapping the drafter into pid {state.pid}: {decision.reason}")
+    summary = parse_send(ctx.execute(send_action(ctx)).stdout, ctx.host.name)
+    if not summary.sent:
+        # refused before any tensor was sent (version, key, session): the server is as it was
+        why = f"the server refused the swap at {summary.stage} (HTTP {summary.http_status}: {summary.message})"
+        return _reload(ctx, why, {"sent": False})
+    failures = []
+    if not summary.ok:
+        failures.append(f"{summary.stage} failed (HTTP {summary.http_status}: {summary.message})")
+    elif summary.weight_version != fingerprint:
+        failures.append(f"/model_info reports weight_version {summary.weight_version!r}, not {fingerprint!r}")
+    verified: dict[str, Any] = {"weight_version": summary.weight_version, "format": summary.format,
+                                "tensors": summary.tensors, "send_s": summary.seconds, "cache_flushed": summary.flushed}
+    if not failures:
+        after = parse_server_state(ctx.execute(after_action(ctx)).stdout, ctx.host.name)
+        if after.pid != state.pid or not after.healthy:
+            failures.append(f"the server is not the one swapped into (pid {state.pid} -> {after.pid}, "
+                            f"alive {after.alive}, /health {after.status})")
+        verified["pid"] = after.pid
+    if not failures:
+        try:
+            outcome = verify_acceptance.run(_verify_ctx(ctx))
+            verified["accept_length"] = outcome.data.get("accept_length")
+        except DeployError as exc:
+            failures.append(str(exc).splitlines()[0])
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    previous = state.record.get("drafter_fingerprint")
+    if failures:
+        why = "; ".join(failures)
+        # The server may hold the new drafter, the old one or a mix: nothing may converge on it.
+        marked = state.record | {"drafter_fingerprint": None,
+                                 "drafter_update": {"how": "swap-failed", "at": now, "from": previous,
+                                                    "to": fingerprint, "why": why}}
+        ctx.execute(record_action(ctx, marked, state.pid))
+        ctx.memory.verify = None
+        ctx.progress(f"swap failed verification: {why}; reloading the new drafter")
+        return _reload(ctx, f"the swap failed verification: {why}", {"sent": True, "verified": verified})
+    update = {"how": "swapped", "at": now, "from": previous, "to": fingerprint,
+              "verified": verified}
+    record = wanted.record() | {"pid": state.pid, "log": state.record.get("log"), "launched_at": state.record.get("launched_at"),
+                        "launched_argv": state.record.get("launched_argv") or state.record.get("argv"),
+                        "drafter_update": update}
+    ctx.execute(record_action(ctx, record, state.pid))
+    memory = ctx.memory
+    memory.swapped, memory.pid, memory.log, memory.deployment = True, state.pid, state.record.get("log"), record
+    memory.drafter_update = {"how": "swapped", "verified": verified}
+    return StepOutcome("ok", f"swapped into pid {state.pid} in {summary.seconds:.1f} s: weight_version "
+                             f"{str(fingerprint)[:12]}, accept length {verified.get('accept_length')}, no restart",
+                       {"path": "swap", "reason": decision.reason, "pid": state.pid, "verified": verified})

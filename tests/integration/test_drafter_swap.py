@@ -1,0 +1,245 @@
+"""Issue 29 over the real-sshd sandbox: restart --swap-drafter into the running stand-in server.
+
+The stand-in models SGLang 0.5.21+'s weight-update session (sandbox/sim_sglang/sglang/srt/managers/
+weight_update.py); the sender is deploy/remote/drafter_swap.py under the host's python, in the
+stand-in's payload format (the real one, CUDA IPC, needs GPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+import pytest
+
+from deploy import history
+from deploy.config.loader import load_config
+from deploy.engine.plan import plan_with_endpoints
+from deploy.errors import ExitCode
+from deploy.playbook import load_playbook
+from tests.integration.helpers import cli_json, write_config
+from tests.integration.test_plan_is_run import check_run_follows_plan, recorder  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.sandbox
+FAST = {"SGLANG_SIM_LOAD_SECONDS": "0.5", "SGLANG_SIM_WARMUP_SECONDS": "0.1", "SGLANG_SIM_SWAP_SECONDS": "0.2"}
+
+#: rewrites the host's drafter: a new __metadata__ "step" (a new header, so the stand-in's acceptance
+#: model draws another accept rate, as another training step would give) and, with SHRINK, one
+#: tensor with half its rows (a changed shape); the bytes after the header are rewritten to match
+REWRITE = r'''
+import json, struct, sys
+path, step, shrink = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+data = open(path, "rb").read()
+(n,) = struct.unpack("<Q", data[:8])
+header = json.loads(data[8:8 + n]); body = data[8 + n:]
+meta = header.pop("__metadata__", {}) or {}
+meta["step"] = step
+out, chunks, offset = {"__metadata__": meta}, [], 0
+for name, entry in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+    lo, hi = entry["data_offsets"]; raw = body[lo:hi]; shape = list(entry["shape"])
+    if shrink and name.endswith("lm_head.weight"):
+        shape[0] //= 2; raw = raw[:len(raw) // 2]
+    out[name] = {"dtype": entry["dtype"], "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+    chunks.append(raw); offset += len(raw)
+blob = json.dumps(out).encode(); blob += b" " * (-len(blob) % 8)
+open(path, "wb").write(struct.pack("<Q", len(blob)) + blob + b"".join(chunks))
+'''
+
+
+def config(sandbox, tmp_path, version: str = "0.5.23", **run):
+    sandbox.set_sglang_version("sb1", version)
+    return write_config(sandbox, tmp_path, run={"group": None, "hosts": ["sb1"], "env": dict(FAST)} | run)
+
+
+def steps_of(doc: dict) -> dict:
+    [entry] = doc["hosts"]
+    return {s["step"]: s for s in entry["steps"]}
+
+
+def new_checkpoint(sandbox, step: str, *, shrink: bool = False, marker: str | None = None, host: str = "sb1") -> None:
+    weights = f"{sandbox.host(host).drafter_dir}/model.safetensors"
+    command = f"python3 -c {shlex.quote(REWRITE)} {weights} {step} {int(shrink)}"
+    if marker:
+        command += f" && printf x > {sandbox.host(host).drafter_dir}/SIMULATION-{marker}"
+    result = sandbox.run(host, command)
+    assert result.returncode == 0, result.stderr
+
+
+def record(sandbox, name: str = "deployment.json") -> dict:
+    return json.loads(sandbox.run("sb1", f"cat ~/.deployctl/{name}").stdout)
+
+
+def model_info(sandbox) -> dict:
+    host = sandbox.host("sb1")
+    out = sandbox.run("sb1", f"curl -s --max-time 10 http://{host.address}:30000/model_info").stdout
+    return json.loads(out)
+
+
+def test_swap_keeps_the_pid_reports_the_fingerprint_and_serves_the_new_drafter(clean_sandbox, tmp_path, capsys,
+                                                                              recorder):
+    """The issue's done-when: PID unchanged, /model_info's weight_version, acceptance as a launch gives,
+    the records say "swapped"; a server with --admin-api-key takes the key from its own record."""
+    path = config(clean_sandbox, tmp_path, drafter_update="swap", extra_args=["--admin-api-key", "sandbox-admin"])
+    code, doc = cli_json(capsys, "--config", str(path), "up", "--json")
+    assert code == 0, doc
+    pid = steps_of(doc)["launch"]["data"]["pid"]
+    new_checkpoint(clean_sandbox, "2")
+    loaded = load_config(path)
+    plans, _ = plan_with_endpoints(load_playbook("restart"), loaded.runs[0],
+                                   [h for h in loaded.hosts if h.name == "sb1"], loaded)
+
+    recorder.clear()
+    started = time.monotonic()
+    code, doc = cli_json(capsys, "--config", str(path), "restart", "--json")
+    swap_wall = time.monotonic() - started
+    assert code == 0, doc
+    steps = steps_of(doc)
+    # what the swap sent is what `plan` lists for it
+    check_run_follows_plan(plans["sb1"], list(recorder), {name: s["status"] for name, s in steps.items()})
+    sent = [a.description for step, a in recorder if step == "swap-drafter"]
+    assert any(d.startswith("swap check (read-only)") for d in sent)
+    assert any(d.startswith("swap the drafter into the running server") for d in sent)
+    swap = steps["swap-drafter"]
+    assert swap["status"] == "ok" and swap["data"]["path"] == "swap", swap
+    assert swap["data"]["pid"] == pid
+    for name in ("stop-stale", "free-gpus", "wait-gpus-free", "launch", "wait-ready"):
+        assert steps[name]["status"] == "skipped", (name, steps[name])
+    deployment = record(clean_sandbox)
+    fingerprint = deployment["drafter_fingerprint"]
+    assert fingerprint == steps["fix-keys"]["data"]["fingerprint"]
+    assert model_info(clean_sandbox)["weight_version"] == fingerprint
+    assert deployment["pid"] == pid and deployment["drafter_update"]["how"] == "swapped"
+    verified = deployment["drafter_update"]["verified"]
+    assert verified["weight_version"] == fingerprint and verified["pid"] == pid and verified["format"] == "stand-in"
+    assert verified["accept_length"] >= 1.5
+    assert record(clean_sandbox, "last-good.json")["drafter_update"]["how"] == "swapped"
+    assert history.read()[-1]["drafter_update"]["how"] == "swapped"
+    assert "sandbox-admin" not in json.dumps(swap)  # the key never reaches a report
+
+    # the swapped server is what this run wants: a plain restart converges on it (same PID)
+    code, doc = cli_json(capsys, "--config", str(path), "restart", "--json")
+    assert code == 0 and steps_of(doc)["converge"]["data"]["converged"] is True, doc
+
+    # a full launch of the same drafter measures the same acceptance the swap verified
+    started = time.monotonic()
+    code, doc = cli_json(capsys, "--config", str(path), "restart", "--reload", "--force", "--json")
+    reload_wall = time.monotonic() - started
+    assert code == 0, doc
+    steps = steps_of(doc)
+    assert steps["swap-drafter"]["status"] == "skipped" and "--reload" in steps["swap-drafter"]["detail"]
+    assert steps["launch"]["data"]["pid"] != pid
+    assert abs(steps["verify-acceptance"]["data"]["accept_length"] - verified["accept_length"]) < 0.15
+    assert swap_wall < reload_wall + 5  # timings: tests/benchmarks/bench_drafter_swap.py
+
+
+def test_changed_shapes_end_on_a_verified_full_reload(clean_sandbox, tmp_path, capsys):
+    path = config(clean_sandbox, tmp_path)
+    assert cli_json(capsys, "--config", str(path), "up", "--json")[0] == 0
+    new_checkpoint(clean_sandbox, "2", shrink=True)
+    code, doc = cli_json(capsys, "--config", str(path), "restart", "--swap-drafter", "--json")
+    assert code == 0, doc
+    steps = steps_of(doc)
+    assert steps["swap-drafter"]["data"]["path"] == "reload"
+    assert "shapes changed" in steps["swap-drafter"]["data"]["reason"] and "lm_head" in steps["swap-drafter"]["detail"]
+    assert steps["launch"]["status"] == "ok" and steps["verify-acceptance"]["status"] == "ok"
+    assert "drafter_update" not in record(clean_sandbox)
+
+
+def test_sglang_0_5_20_has_no_session_and_reloads(clean_sandbox, tmp_path, capsys):
+    path = config(clean_sandbox, tmp_path, version="0.5.20", drafter_update="swap")
+    assert cli_json(capsys, "--config", str(path), "up", "--json")[0] == 0
+    new_checkpoint(clean_sandbox, "2")
+    code, doc = cli_json(capsys, "--config", str(path), "restart", "--json")
+    assert code == 0, doc
+    steps = steps_of(doc)
+    assert steps["swap-drafter"]["status"] == "skipped"
+    assert "0.5.20 has no weight-update session" in steps["swap-drafter"]["detail"]
+    assert steps["launch"]["status"] == "ok" and steps["verify-acceptance"]["status"] == "ok"
+    # and the stand-in 0.5.20 really has no session route (404), as the wheel
+    host = clean_sandbox.host("sb1")
+    out = clean_sandbox.run("sb1", f"curl -s -o /dev/null -w '%{{http_code}}' -X POST -d '{{}}' "
+                                   f"http://{host.address}:30000/begin_weight_update").stdout
+    assert out == "404"
+
+
+def test_a_swap_that_fails_verification_reloads_then_rolls_back(clean_sandbox, tmp_path, capsys):
+    """A drafter that accepts nothing: swapped, verified at 1.00 (as a launch with it gives), reloaded
+    in full, verified at 1.00 again, rolled back to the last good deployment: never left on it."""
+    path = config(clean_sandbox, tmp_path, drafter_update="swap")
+    code, doc = cli_json(capsys, "--config", str(path), "up", "--json")
+    assert code == 0, doc
+    good = record(clean_sandbox)
+    new_checkpoint(clean_sandbox, "2", marker="accept-nothing")
+    code, doc = cli_json(capsys, "--config", str(path), "restart", "--json")
+    assert code == ExitCode.ROLLED_BACK, doc
+    steps = steps_of(doc)
+    swap = steps["swap-drafter"]
+    assert swap["data"]["path"] == "reload" and swap["data"]["sent"] is True, swap
+    assert "the swap failed verification" in swap["detail"] and "accept length 1.00" in swap["detail"]
+    assert steps["launch"]["status"] == "ok" and steps["verify-acceptance"]["status"] == "failed"
+    now = record(clean_sandbox)
+    assert now["drafter_fingerprint"] == good["drafter_fingerprint"] and "drafter_update" not in now
+    assert model_info(clean_sandbox)["weight_version"] == "default"  # a fresh launch of the last good one
+
+
+def test_nightly_swaps_a_new_checkpoint_and_gates_it_like_a_launch(clean_sandbox, tmp_path, capsys):
+    path = config(clean_sandbox, tmp_path, drafter_update="swap")
+    code, doc = cli_json(capsys, "--config", str(path), "up", "--json")
+    assert code == 0, doc
+    pid = steps_of(doc)["launch"]["data"]["pid"]
+    new_checkpoint(clean_sandbox, "3")
+    code, doc = cli_json(capsys, "--config", str(path), "nightly", "--json")
+    assert code == 0, doc
+    steps = steps_of(doc)
+    assert steps["swap-drafter"]["data"]["path"] == "swap" and steps["swap-drafter"]["data"]["pid"] == pid
+    assert steps["launch"]["status"] == "skipped"
+    assert steps["benchmark"]["status"] == "ok" and steps["regression-gate"]["status"] == "ok"
+    assert record(clean_sandbox, "last-good.json")["drafter_update"]["how"] == "swapped"
+
+
+def test_behind_a_router_a_swap_stays_in_rotation_and_a_refused_one_is_drained_first(clean_sandbox, tmp_path, capsys):
+    """sb1 unchanged, sb2 a new checkpoint of the same shapes, sb3 one with a changed shape: the probe
+    keeps sb2 and sb3 in the router (only the drafter changed, as far as it can tell without the
+    drafters' headers); sb2 swaps without ever leaving it, sb3's swap-drafter refuses (shapes) and
+    sb3 is taken out and drained before its reload. No request through the router fails."""
+    from tests.integration.fleet_client import StreamingClient
+    from tests.integration.test_fleet import FAST as FLEET_FAST, ROUTER_PORT, ROUTER_PYTHON, router_workers, \
+        server_pid, summary, worker_url
+
+    if not ROUTER_PYTHON.is_file():
+        pytest.skip(f"{ROUTER_PYTHON} missing: run tests/bootstrap.sh")
+    sb = clean_sandbox
+    hosts = ("sb1", "sb2", "sb3")
+    for host in hosts:
+        sb.set_sglang_version(host, "0.5.23")
+    router = {"host": "sb1", "port": ROUTER_PORT, "policy": "round_robin", "python": str(ROUTER_PYTHON),
+              "startup_timeout_s": 60, "drain_timeout_s": 30}
+    path = write_config(sb, tmp_path, run={"env": FLEET_FAST | FAST, "router": router, "drafter_update": "swap"})
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, summary(doc)
+    pids = {h: server_pid(sb, h) for h in hosts}
+    new_checkpoint(sb, "2", host="sb2")
+    new_checkpoint(sb, "2", shrink=True, host="sb3")
+    with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=2) as client:
+        code, doc = cli_json(capsys, "-c", str(path), "restart", "--json")
+    assert code == 0, summary(doc)
+    by_host = {h["host"]: {s["step"]: s for s in h["steps"]} for h in doc["hosts"]}
+    assert by_host["sb2"]["swap-drafter"]["data"]["path"] == "swap", by_host["sb2"]["swap-drafter"]
+    phases = {p["phase"]: p["detail"] for p in doc["fleet"]["phases"]}
+    assert "kept in the router: sb1" in phases["batch 1/3 check unchanged sb1"]
+    assert "drafter swap, kept in the router (no drain): sb2" in phases["batch 2/3 check unchanged sb2"]
+    assert "removed 0 worker(s)" in phases["batch 2/3 router-remove sb2"]
+    assert "sb2: swapped in place, no drain" in phases["batch 2/3 router-add sb2"]
+    assert "drafter swap, kept in the router (no drain): sb3" in phases["batch 3/3 check unchanged sb3"]
+    assert "removed 0 worker(s)" in phases["batch 3/3 router-remove sb3"]
+    assert "sb3: the swap fell back to a reload, drained first" in phases["batch 3/3 router-add sb3"]
+    assert "shapes changed" in by_host["sb3"]["swap-drafter"]["data"]["reason"]
+    assert by_host["sb3"]["launch"]["status"] == "ok"
+    rotation = doc["fleet"]["rotation"]
+    assert rotation["sb2"] == {"out_of_rotation_s": 0.0, "note": "stayed in the router: drafter swapped in place, no drain"}
+    assert rotation["sb3"]["out_of_rotation_s"] > 0
+    assert server_pid(sb, "sb1") == pids["sb1"] and server_pid(sb, "sb2") == pids["sb2"]
+    assert server_pid(sb, "sb3") != pids["sb3"]
+    assert client.stats.failed == 0, client.stats.errors[:5]
+    assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in hosts)

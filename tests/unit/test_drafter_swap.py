@@ -1,0 +1,304 @@
+"""Issue 29 without a sandbox: swap_decision, the sender's facts and parsers, the stand-in's session."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import shutil
+from types import SimpleNamespace
+
+import pytest
+
+from deploy.config.models import Host, Run
+from deploy.errors import RemoteOutputError
+from deploy.facts.drafter_swap import DrafterFacts, GpuMemory, SwapInspection, parse_inspection, parse_send
+from deploy.remote import drafter_swap as sender
+from deploy.sglang.deployment import DesiredDeployment, desired_deployment
+from deploy.steps.drafter_swap import RunningServer, has_admin_key, swap_decision
+from sandbox import drafter as drafter_mod
+from tests.fixtures_ckpt import make_sglang_drafter
+
+TENSORS = {"fc.weight": ["BF16", [64, 192]], "midlayer.mlp.up_proj.weight": ["BF16", [128, 64]], "d2t": ["I64", [128]]}
+HOST = Host(name="h", address="127.0.0.1", state_dir="/s")
+
+
+def a_run(**fields) -> Run:
+    return Run.model_validate({"name": "r", "hosts": ["h"], "base_model": "/m", "drafter": "/d", "tp_size": 2,
+                               "drafter_update": "swap"} | fields)
+
+
+def deployment(drafter: str, fingerprint: str, run: Run | None = None, **changes) -> DesiredDeployment:
+    """What the run launches with ``drafter`` (the one builder: deploy/sglang/deployment.py)."""
+    built = desired_deployment(run or a_run(), HOST, drafter_path=drafter, drafter_fingerprint=fingerprint,
+                               sglang_version="0.5.23")
+    if "argv" in changes:
+        changes["argv"] = tuple(changes["argv"])
+    return dataclasses.replace(built, **changes)
+
+
+#: what the running server was launched with (the old drafter)
+ARGV = list(deployment("/s/drafters/OLD", "old" * 8).argv)
+
+
+def desired(**changes) -> DesiredDeployment:
+    return deployment("/s/drafters/NEW", "new" * 8, **changes)
+
+
+def argv_of(want: DesiredDeployment) -> list[str]:
+    return list(want.argv)
+
+
+def running(**changes) -> RunningServer:
+    record = deployment("/s/drafters/OLD", "old" * 8).record() | {"pid": 42}
+    alive, health = changes.pop("alive", True), changes.pop("health", 200)
+    return RunningServer(None if changes.pop("no_record", False) else record | changes, alive, health, 42)
+
+
+def facts(**changes) -> DrafterFacts:
+    return DrafterFacts.model_validate({"config": {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64},
+                                        "tensors": TENSORS, "bytes": 3 << 20, "d2t_sha256": "a", "t2d_sha256": "b"}
+                                       | changes)
+
+
+def seen(new: DrafterFacts | None = None, gpus=((0, 1000, 8000), (1, 1000, 8000)), gpu_error=None) -> SwapInspection:
+    return SwapInspection(running=facts(), new=new or facts(), gpus=None if gpus is None else [
+        GpuMemory(index=i, used_mib=u, total_mib=t) for i, u, t in gpus], gpu_error=gpu_error)
+
+
+@pytest.mark.parametrize("run, want, have, why", [
+    (a_run(drafter_update="reload"), desired(), running(), "drafter_update: reload"),
+    (a_run(hosts=[], nodes=["a", "b"]), desired(), running(), "multi-node"),
+    (a_run(), desired(), running(no_record=True), "no deployment is recorded"),
+    (a_run(), desired(), running(run="other"), "run 'other'"),
+    (a_run(), desired(), running(alive=False), "not running"),
+    (a_run(), desired(), running(health=503), "/health 503"),
+    (a_run(), desired(sglang_version="0.5.20"), running(sglang_version="0.5.20"), "0.5.20 has no weight-update session"),
+    (a_run(), desired(sglang_version=None), running(), "version is unknown"),
+    (a_run(), desired(), running(sglang_version="0.5.22"), "besides the drafter: sglang version (SGLang 0.5.22 -> 0.5.23)"),
+    (a_run(), desired(drafter_fingerprint="old" * 8), running(), "the drafter did not change"),
+    (a_run(), desired(argv=argv_of(desired()) + ["--mem-fraction-static", "0.8"]), running(),
+     "besides the drafter: argv (adds --mem-fraction-static 0.8)"),
+    # the run's own extra_args through the one argv builder: a launch option is not a drafter change
+    (a_run(), deployment("/s/drafters/NEW", "new" * 8, a_run(extra_args=["--mem-fraction-static", "0.8"])), running(),
+     "besides the drafter: argv (adds --mem-fraction-static 0.8)"),
+    (a_run(), desired(argv=[a if a != "/m" else "/m2" for a in argv_of(desired())]), running(),
+     "besides the drafter: argv (adds /m2; drops /m)"),
+    (a_run(), desired(env_hash="f"), running(), "besides the drafter: env hash"),
+    (a_run(), desired(env_file="/s/env"), running(), "besides the drafter: env file"),
+    (a_run(), desired(draft_tokens=8), running(), "besides the drafter: draft tokens"),
+    (a_run(), desired(), running(drafter_update={"how": "swap-failed"}), "a swap failed on this server before"),
+    (a_run(), desired(argv=argv_of(desired()) + ["--admin-api-key"]), running(argv=ARGV + ["--admin-api-key"]),
+     "no key for it"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_refusals_before_the_host_is_inspected_reload_and_say_why(run, want, have, why):
+    decision = swap_decision(run, want, have)
+    assert decision.path == "reload" and why in decision.reason and not decision.pending
+
+
+def test_the_command_overrides_the_run_and_plan_says_what_it_still_checks():
+    assert swap_decision(a_run(), desired(), running(), override="reload").reason.startswith("--reload")
+    plan = swap_decision(a_run(drafter_update="reload"), desired(), None, override="swap")
+    assert plan.path == "swap" and plan.pending and plan.reason.startswith("--swap-drafter")
+    assert swap_decision(a_run(), desired(), running()).pending  # not inspected yet
+
+
+@pytest.mark.parametrize("inspection, why", [
+    (seen(facts(config={"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 128})), "config changed (hidden_size)"),
+    (seen(facts(tensors=TENSORS | {"norm.weight": ["BF16", [64]]})), "tensors changed (new norm.weight)"),
+    (seen(facts(tensors=TENSORS | {"fc.weight": ["BF16", [64, 256]]})), "shapes changed (fc.weight"),
+    (seen(facts(tensors=TENSORS | {"fc.weight": ["F16", [64, 192]]})), "shapes changed (fc.weight"),
+    (seen(facts(d2t_sha256="z")), "vocabulary map"),
+    (seen(facts(error="/s/drafters/NEW: no *.safetensors")), "cannot read the new drafter"),
+    (seen(gpus=None, gpu_error="nvidia-smi: not found"), "free memory is unknown (nvidia-smi: not found)"),
+    (seen(facts(bytes=2000 << 20), gpus=((0, 1000, 8000), (1, 7000, 8000))), "GPU 1: 1000 MiB free, 2000 MiB needed"),
+    (seen(gpus=((0, 1000, 8000),)), "GPU 1 of the server is not listed"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_refusals_after_the_inspection_reload_and_say_why(inspection, why):
+    decision = swap_decision(a_run(), desired(), running(), inspection)
+    assert decision.path == "reload" and why in decision.reason
+
+
+def test_only_the_tensors_changed_is_a_swap_on_the_servers_own_gpus():
+    decision = swap_decision(a_run(), desired(), running(), seen())
+    assert decision.path == "swap" and not decision.pending and "only the drafter's tensors changed" in decision.reason
+    # --base-gpu-id 2: GPUs 2 and 3 are the server's, 0 and 1 do not count
+    argv = argv_of(desired()) + ["--base-gpu-id", "2"]
+    full = seen(gpus=((0, 8000, 8000), (1, 8000, 8000), (2, 0, 8000), (3, 0, 8000)))
+    assert swap_decision(a_run(), desired(argv=argv), running(argv=ARGV + ["--base-gpu-id", "2"]), full).path == "swap"
+
+
+def test_the_running_drafter_is_put_back_in_its_own_slot_only():
+    # the same path elsewhere in the argv (a token map under the drafter's dir, say) is not the drafter
+    want = desired(argv=argv_of(desired()) + ["--speculative-token-map", "/s/drafters/NEW"])
+    back = want.with_drafter("/s/drafters/OLD", "old" * 8)
+    assert back.argv[-1] == "/s/drafters/NEW" and back.argv.count("/s/drafters/OLD") == 1
+    assert back.drafter_fingerprint == "old" * 8 and back.drafter_path == "/s/drafters/OLD"
+    assert swap_decision(a_run(), desired(), running(), seen()).path == "swap"
+    assert "argv (adds --speculative-token-map /s/drafters/NEW)" in swap_decision(a_run(), want, running()).reason
+    assert has_admin_key(["--admin-api-key", "k"]) is True and has_admin_key(["--admin-api-key=k"]) is True
+    assert has_admin_key(["--admin-api-key", "--port"]) is False and has_admin_key([]) is None
+
+
+# ------------------------------------------------------------------------------ host-side facts
+
+
+def test_drafter_facts_read_shapes_bytes_and_the_vocabulary_map(tmp_path):
+    make_sglang_drafter(tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    config = json.loads((tmp_path / "b" / "config.json").read_text()) | {"_name_or_path": "elsewhere"}
+    (tmp_path / "b" / "config.json").write_text(json.dumps(config))  # the producer's name is not a change
+    a, b = sender.drafter_facts(str(tmp_path / "a")), sender.drafter_facts(str(tmp_path / "b"))
+    assert a == b and a["d2t_sha256"] and a["tensors"]["fc.weight"] == ["F16", [64, 192]] and a["bytes"] > 0
+    make_sglang_drafter(tmp_path / "c", draft_vocab=64)
+    assert sender.drafter_facts(str(tmp_path / "c"))["d2t_sha256"] != a["d2t_sha256"]
+    out = sender.inspect(str(tmp_path / "a"), str(tmp_path / "missing"))
+    assert "error" in out["new"] and out["running"] == a
+
+
+def test_the_admin_key_comes_from_the_record_never_the_command_line(tmp_path):
+    (tmp_path / "deployment.json").write_text(json.dumps({"argv": ARGV + ["--admin-api-key", "s3"]}))
+    assert sender.admin_key(str(tmp_path)) == "s3"
+    (tmp_path / "deployment.json").write_text("not json")
+    assert sender.admin_key(str(tmp_path)) is None
+
+
+SUMMARY = {"ok": True, "stage": "done", "sent": True, "ended": True, "format": "stand-in", "http_status": 200,
+           "message": "Success", "weight_version": "abc", "tensors": 12, "seconds": 0.4, "flushed": True}
+
+
+@pytest.mark.parametrize("output", [
+    "", "\n\n", "Traceback (most recent call last):", json.dumps(SUMMARY) + "\n" + json.dumps(SUMMARY),
+    json.dumps(SUMMARY | {"stage": "somewhere"}), json.dumps(SUMMARY | {"sent": "yes"}),
+    json.dumps(SUMMARY | {"extra": 1}), json.dumps({k: v for k, v in SUMMARY.items() if k != "ok"}),
+    json.dumps(SUMMARY | {"seconds": -1}), json.dumps([SUMMARY]),
+])
+def test_a_send_summary_not_exactly_as_documented_is_refused(output):
+    with pytest.raises(RemoteOutputError, match="h1"):
+        parse_send(output, "h1")
+
+
+def test_inspection_parses_the_helpers_own_output_and_refuses_others(tmp_path):
+    make_sglang_drafter(tmp_path / "a")
+    out = sender.inspect(str(tmp_path / "a"), str(tmp_path / "a"))
+    parsed = parse_inspection(json.dumps(out) + "\n", "h1")
+    assert parsed.running == parsed.new
+    for bad in (json.dumps(out | {"gpus": [{"index": -1, "used_mib": 0, "total_mib": 1}]}),
+                json.dumps(out | {"new": {"tensors": "all"}}), json.dumps({"running": out["running"]})):
+        with pytest.raises(RemoteOutputError, match="h1"):
+            parse_inspection(bad, "h1")
+    assert parse_send(json.dumps(SUMMARY), "h1").weight_version == "abc"
+
+
+# ------------------------------------------------------------------------ the stand-in's session
+
+
+@pytest.fixture(scope="module")
+def ls():
+    from tests.integration.test_sandbox import load_launch_module
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SGLANG_SIM_IMPORT_SECONDS", "0")  # the stand-in's `import sglang` pays 2.5 s otherwise
+        return load_launch_module()
+
+
+def engine(ls, version="0.5.23", tp=2, key=None):
+    args = SimpleNamespace(tp_size=tp, admin_api_key=key, model_path="/m", tokenizer_path="/m", weight_version="default", speculative_token_map=None,
+                           disable_cuda_graph=False, log_level="info", speculative_draft_model_quantization=None)
+    spec = ls.Speculation("EAGLE3", draft_tokens=16, accept_p=0.66)
+    spec.draft_config = {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
+                         "hidden_size": 64, "vocab_size": 256, "draft_vocab_size": 128}
+    spec.target_config = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "vocab_size": 256}
+    return ls.Engine(args, version, spec, {}, 0.5)
+
+
+def payload(names, rank, fmt=sender.SIM_FORMAT, markers=None):
+    header = {n: {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]} for n in names}
+    doc = {"format": fmt, "rank": rank, "headers": {"model.safetensors": header}, "markers": markers or {}}
+    return base64.b64encode(json.dumps(doc).encode()).decode()
+
+
+def update(e, names, **body):
+    entries = body.pop("entries", None) or [payload(names, r) for r in range(e.args.tp_size)]
+    return e.weight_updates.handle("/update_weights_from_tensor",
+                                   {"serialized_named_tensors": entries, "selector": "draft"} | body, None)
+
+
+def test_the_session_is_sglangs_and_a_swapped_drafter_follows_the_loader_rules(ls, monkeypatch):
+    monkeypatch.setenv("SGLANG_SIM_SWAP_SECONDS", "0")
+    e = engine(ls)
+    good = list(drafter_mod.drafter_tensor_specs(layout="sglang"))
+    w = e.weight_updates
+    assert update(e, good) == (400, {"success": False, "message": "update_weights_from_tensor must run between "
+                                     "begin_weight_update() and end_weight_update()"})
+    assert w.handle("/begin_weight_update", {"selector": "draft"}, None)[0] == 200
+    assert w.handle("/begin_weight_update", {"selector": "draft"}, None)[1]["message"].startswith(
+        "a weight-update session is already open")
+    assert update(e, good, weight_version="v2")[0] == 200 and e.model_info()["weight_version"] == "v2"
+    assert e.spec.accept_p > 0.6
+    # a drafter whose decoder layer the loader drops serves at 1.00 after a swap, as at launch
+    dropped = [n.replace("midlayer.", "decoder.") for n in good]
+    assert update(e, dropped)[0] == 200 and e.spec.accept_p == 0.0 and "random init" in e.spec.collapse_reason
+    marked = [payload(good, r, markers={"accept-nothing": ""}) for r in range(2)]
+    assert update(e, good, entries=marked)[0] == 200 and e.spec.accept_p == 0.0
+    # one payload per rank: rank 1 reading rank 0's, too few entries, another format
+    assert "TP1: payload for rank 0" in update(e, good, entries=[payload(good, 0)] * 2)[1]["message"]
+    assert "list index out of range" in update(e, good, entries=[payload(good, 0)])[1]["message"]
+    assert "stand-in format" in update(e, good, entries=[payload(good, r, fmt="pickle") for r in range(2)])[1]["message"]
+    assert w.handle("/end_weight_update", {}, None)[0] == 200
+    assert w.handle("/end_weight_update", {}, None)[1]["message"].startswith("no weight-update session is open")
+
+
+def test_the_admin_key_is_required_when_set_and_0_5_20_has_no_session(ls):
+    e = engine(ls, key="k")
+    assert e.weight_updates.handle("/begin_weight_update", {"selector": "draft"}, None) == (401, {"error": "Unauthorized"})
+    assert e.weight_updates.handle("/begin_weight_update", {"selector": "draft"}, "Bearer k")[0] == 200
+    assert not engine(ls, version="0.5.20").weight_updates.serves("/begin_weight_update")
+    assert engine(ls, version="0.5.21").weight_updates.serves("/begin_weight_update")
+
+
+# ------------------------------------------------------------------------------ behind a router
+
+
+def planned(name: str):
+    from deploy.playbook import PlannedStep
+    from deploy.steps import REGISTRY
+
+    return PlannedStep(name, REGISTRY[name].Settings(step=name))
+
+
+def test_a_replica_kept_for_a_swap_leaves_the_router_once_before_anything_stops_it():
+    from deploy.engine.session import leave_router_before_stop
+    from deploy.steps.memory import StepMemory
+
+    calls, said = [], []
+    memory = StepMemory(leave_router=lambda: calls.append(1) or "drained in 0.10 s")
+    progress = lambda host, step, message: said.append((step, message))  # noqa: E731
+    for name in ("doctor", "converge", "quarantine", "swap-drafter"):  # before the swap decided: still serving
+        assert leave_router_before_stop(planned(name), HOST, memory, progress) is None
+    assert calls == []
+    memory.drafter_update = {"how": "reloaded", "why": "the drafter's shapes changed"}
+    assert leave_router_before_stop(planned("stop-stale"), HOST, memory, progress) is None
+    assert calls == [1] and said == [("router", "drained in 0.10 s")]
+    assert leave_router_before_stop(planned("launch"), HOST, memory, progress) is None and calls == [1]
+    # a rollback after a swap still in the router: its own memory carries the call
+    rollback = StepMemory(leave_router=lambda: calls.append(2) or "drained").rollback_of({"argv": []})
+    assert leave_router_before_stop(planned("stop-stale"), HOST, rollback, progress) is None and calls == [1, 2]
+
+
+def test_a_swapped_replica_never_leaves_and_a_refused_leave_stops_with_the_server_as_it_was():
+    from deploy.engine.session import leave_router_before_stop
+    from deploy.errors import ExitCode
+    from deploy.fleet.rolling import LastHealthyWorker
+    from deploy.steps.memory import StepMemory
+
+    swapped = StepMemory(leave_router=lambda: pytest.fail("a swapped replica left the router"), swapped=True,
+                         drafter_update={"how": "swapped"})
+    assert leave_router_before_stop(planned("stop-stale"), HOST, swapped, lambda *a: None) is None
+
+    def last() -> str:
+        raise LastHealthyWorker("h: would leave the router no healthy worker; nothing was stopped")
+
+    error = leave_router_before_stop(planned("stop-stale"), HOST, StepMemory(leave_router=last, drafter_update={}),
+                                     lambda *a: None)
+    assert error is not None and error.exit_code == ExitCode.USAGE and "nothing was stopped" in str(error)
