@@ -9,7 +9,7 @@ import json
 import pytest
 
 from deploy.errors import ExitCode
-from deploy.facts.helpers import helper_payloads
+from deploy.facts.helpers import HELPER_FILES, helper_payloads
 from deploy.cli.main import main
 from tests.integration.helpers import cli_json, write_config
 
@@ -33,7 +33,8 @@ def test_upload_hash_check_reupload_after_wipe_and_convert(clean_sandbox, tmp_pa
     state = clean_sandbox.host("sb1").state_dir
     code, steps = run_fix(clean_sandbox, tmp_path, capsys)
     assert code == 0, json.dumps(steps, indent=1)
-    assert sorted(steps["ensure-helper"]["data"]["uploaded"]) == ["fixer.pyz", "host_ops.py"]
+    assert sorted(steps["ensure-helper"]["data"]["uploaded"]) == sorted(HELPER_FILES)
+    assert {"fixer.pyz", "host_ops.py"} <= set(HELPER_FILES)
     local = hashlib.sha256(helper_payloads()["fixer.pyz"]).hexdigest()
     assert remote_sha(clean_sandbox, f"{state}/helpers/fixer.pyz") == local
     assert not str(state).startswith("/tmp")
@@ -61,7 +62,7 @@ def test_upload_hash_check_reupload_after_wipe_and_convert(clean_sandbox, tmp_pa
     # The VM crashed and the state directory is gone: one upload, nothing more.
     clean_sandbox.run("sb1", f"rm -rf {state}")
     code, steps = run_fix(clean_sandbox, tmp_path, capsys)
-    assert code == 0 and sorted(steps["ensure-helper"]["data"]["uploaded"]) == ["fixer.pyz", "host_ops.py"]
+    assert code == 0 and sorted(steps["ensure-helper"]["data"]["uploaded"]) == sorted(HELPER_FILES)
 
     # A changed helper on the host (an old version, or tampering) is replaced.
     clean_sandbox.run("sb1", f"echo '# edited' >> {state}/helpers/host_ops.py")
