@@ -4,7 +4,7 @@ The built-in playbooks live at the top of the repository (`playbooks/`, the desi
 and are shipped as the package data of `deploy.playbooks`: setuptools maps that package to the
 `playbooks/` directory. pyproject.toml alone cannot say it: `packages.find` discovers only
 directories under `deploy/`, and an explicit `packages` list would have to name every subpackage.
-`deploy.playbook.builtin_playbook` reads them from the package in a wheel install and from
+`deploy.engine.playbook.builtin_playbook` reads them from the package in a wheel install and from
 `playbooks/` in a source checkout (an editable install maps only packages that have an
 `__init__.py`). tests/unit/test_wheel_install.py proves `plan` with every one from a wheel, and that
 the build warns of no package it would ignore.

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from deploy.errors import DeployError, ExitCode
+from deploy.base.errors import DeployError, ExitCode
 from sandbox.hosts import sandbox_status, start_sandbox, stop_sandbox
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[1] / ".sandbox"

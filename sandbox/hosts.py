@@ -38,7 +38,7 @@ from typing import Sequence
 
 import yaml
 
-from deploy.errors import DeployError, ExitCode
+from deploy.base.errors import DeployError, ExitCode
 from deploy.remote import host_ops as proc  # the product's /proc reader (not the oracle of any test)
 from sandbox import drafter as drafter_mod
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploy.config.models import Host
-from deploy.transport import ExecTimedOut, Transport
+from deploy.ssh.transport import ExecTimedOut, Transport
 
 
 @dataclass

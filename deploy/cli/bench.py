@@ -30,10 +30,12 @@ def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concu
 
     Ends serving the run's configured draft tokens (a sweep value is never recorded as the last good
     deployment) and writes bench/report-<time>.html and .json under the local state directory."""
-    from deploy import bench_report, bench_sweep, render
+    from deploy.render import bench_report
+    from deploy.verbs import bench_sweep
+    from deploy.render import report as render
     from deploy.engine.plan import plan_playbook
     from deploy.engine.run import exit_code, run_locked
-    from deploy.playbook import load_playbook
+    from deploy.engine.playbook import load_playbook
 
     config = globals_.load()
     run, hosts = run_and_hosts(config, run_name, host_names)

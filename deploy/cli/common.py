@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from deploy.errors import ConfigError, UsageError
+from deploy.base.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:  # pydantic stays unimported until a verb runs (a fast --help)
     from deploy.config.models import Config, Host, Run
@@ -89,11 +89,12 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
             dry_run: bool, as_json: bool, overrides: dict | None = None, force: bool = False,
             no_rollback: bool = False, serial: int | None = None, allow_downtime: bool = False) -> int:
     """up, restart, down and plan: load, resolve the rollout, plan or run the playbook, render."""
-    from deploy import fleet, render
-    from deploy.errors import DeployError
+    from deploy import fleet
+    from deploy.render import report as render
+    from deploy.base.errors import DeployError
     from deploy.engine.plan import plan_with_endpoints
     from deploy.engine.run import exit_code, run_locked
-    from deploy.playbook import load_playbook
+    from deploy.engine.playbook import load_playbook
 
     config = globals_.load()
     run, hosts = run_and_hosts(config, run_name, host_names, draft_tokens)
@@ -161,7 +162,7 @@ def with_dataset(playbook, dataset: str | None, config_path) -> Any:
     directory; the playbook's ``dataset`` setting to the config file's folder."""
     from pathlib import Path
 
-    from deploy import datasets
+    from deploy.local import datasets
 
     step = next((s for s in playbook.steps if s.name == "benchmark"), None)
     if step is None:

@@ -14,9 +14,10 @@ from deploy.cli import options
 @click.pass_obj
 def command(globals_, run_name, host_names, as_json: bool) -> int:
     """Check every known silent EAGLE-3 failure on each host; reads, never changes (exit 0 / 8 / 4)."""
-    from deploy import inspect, render
+    from deploy.verbs import inspect
+    from deploy.render import report as render
     from deploy.cli.common import run_and_hosts
-    from deploy.errors import ExitCode
+    from deploy.base.errors import ExitCode
 
     config = globals_.load()
     run, hosts = run_and_hosts(config, run_name, host_names)

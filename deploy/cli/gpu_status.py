@@ -14,7 +14,8 @@ from deploy.cli import options
 @click.pass_obj
 def command(globals_, host_names: tuple[str, ...], group: str | None, as_json: bool) -> int:
     """Show GPU memory, utilisation and holder processes on each host (in parallel)."""
-    from deploy import inspect, render
+    from deploy.verbs import inspect
+    from deploy.render import report as render
     from deploy.cli.common import select_hosts
 
     config = globals_.load()

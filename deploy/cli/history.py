@@ -14,12 +14,12 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="The records as a JSON document.")
 def command(run_name, host_name, last, as_json) -> int:
     """Show the local history: time, verb, run, host, SGLang version, drafter, numbers, outcome, exit code."""
-    from deploy import history as store
-    from deploy import render
+    from deploy.local import history as store
+    from deploy.render import report as render
 
     warnings: list[str] = []
     rows = store.read(run_name, host_name, warnings=warnings)
-    from deploy.terminal import safe_line
+    from deploy.base.terminal import safe_line
 
     for warning in warnings:
         click.echo(f"warning: {safe_line(warning)}", err=True)

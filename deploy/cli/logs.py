@@ -16,20 +16,20 @@ from deploy.cli.common import run_and_hosts
 @click.pass_obj
 def command(globals_, run_name, host_names, lines: int, follow: bool) -> int:
     """Show the latest SGLang server log of the run's hosts."""
-    from deploy import inspect
+    from deploy.verbs import inspect
 
     config = globals_.load()
     _, hosts = run_and_hosts(config, run_name, host_names)
 
     if follow:
         if len(hosts) != 1:
-            from deploy.errors import UsageError
+            from deploy.base.errors import UsageError
 
             raise UsageError("--follow needs exactly one host (use --host NAME)")
         inspect.follow_log(config, hosts[0], lines)
         return 0
 
-    from deploy.terminal import safe_text
+    from deploy.base.terminal import safe_text
 
     outcomes = inspect.read_logs(config, hosts, lines)
     for outcome in outcomes:

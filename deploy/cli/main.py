@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from deploy import __version__
-from deploy.errors import DeployError, ExitCode
+from deploy.base.errors import DeployError, ExitCode
 
 DEFAULT_CONFIG = "deployctl.yaml"
 
@@ -60,7 +60,7 @@ class Globals:
 @click.pass_context
 def cli(ctx: click.Context, config_path: Path | None, accept_new_host_keys: bool, show_traceback: bool) -> None:
     """Deploy an EAGLE-3 drafter with SGLang on GPU hosts: key fix, GPU cleanup, launch, verify."""
-    from deploy import errors
+    from deploy.base import errors
 
     errors.show_tracebacks = show_traceback
     if config_path is None:
@@ -106,7 +106,7 @@ def _fix_keys_args(args: list[str]) -> list[str] | None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; user errors never produce a traceback."""
     raw = list(sys.argv[1:] if argv is None else argv)
-    from deploy import errors
+    from deploy.base import errors
 
     errors.show_tracebacks = False
     fix_args = _fix_keys_args(raw)
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         from deploy.remote import fixer
 
         return fixer.main(fix_args, prog="deployctl fix-keys")
-    from deploy.signals import Terminated, terminate_like_interrupt
+    from deploy.base.signals import Terminated, terminate_like_interrupt
 
     try:
         with terminate_like_interrupt():
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("aborted", err=True)
         return ExitCode.INTERRUPTED
     except DeployError as exc:
-        from deploy.terminal import safe_text
+        from deploy.base.terminal import safe_text
 
         click.echo(f"error: {safe_text(exc)}", err=True)
         return int(exc.exit_code)

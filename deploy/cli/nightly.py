@@ -19,7 +19,7 @@ from deploy.cli import options
 
 
 def _log_file():
-    from deploy.local_state import LocalStateError, ensure_directory, state_home
+    from deploy.local.state import LocalStateError, ensure_directory, state_home
 
     directory = ensure_directory(state_home() / "nightly", "deployctl's nightly log folder")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
@@ -39,7 +39,7 @@ def _progress(log):
 
     def show(host: str, step: str, message: str) -> None:
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        from deploy.terminal import safe_line, safe_text
+        from deploy.base.terminal import safe_line, safe_text
 
         line = f"{stamp} [{safe_line(host)}] {safe_line(step)}: {safe_text(message)}\n"
         with lock:
@@ -72,10 +72,11 @@ def _progress(log):
 def command(globals_, run_name, host_names, playbook_name, force, no_rollback, min_accept_fraction,
             min_throughput_fraction, dataset, as_json, replace, retry_failed, serial, allow_downtime) -> int:
     """Lock, converge to the drafter now at the configured path, verify, benchmark, gate, roll back on failure."""
-    from deploy import fleet, render
+    from deploy import fleet
+    from deploy.render import report as render
     from deploy.cli.common import rollout_of, run_and_hosts, with_dataset
     from deploy.engine.run import exit_code, run_locked
-    from deploy.playbook import load_playbook
+    from deploy.engine.playbook import load_playbook
 
     config = globals_.load()
     run, hosts = run_and_hosts(config, run_name, host_names)

@@ -56,9 +56,9 @@ def command(globals_, run_name, host_names, as_json: bool, check: bool, watch_s:
             prom_file: Path | None, probe: bool, window_s: float, playbook_name: str,
             min_accept_fraction: float | None, min_throughput_fraction: float | None) -> int:
     """Live accept length, tok/s, requests, PID and drafter of each host's server, vs its last good one."""
-    from deploy import status
+    from deploy.verbs import status
     from deploy.cli.common import run_and_hosts
-    from deploy.errors import UsageError
+    from deploy.base.errors import UsageError
 
     if check and watch_s is not None:
         raise UsageError("--check reads once and exits with its verdict; it cannot be combined with --watch")
@@ -75,7 +75,7 @@ def command(globals_, run_name, host_names, as_json: bool, check: bool, watch_s:
             try:
                 status.write_prom_file(prom_file, status.prom_text(run, readings))
             except OSError as exc:
-                from deploy.errors import DeployError, ExitCode
+                from deploy.base.errors import DeployError, ExitCode
 
                 raise DeployError(f"--prom-file {prom_file}: cannot write: {exc.strerror or exc}",
                                   exit_code=ExitCode.IO) from None
@@ -89,7 +89,9 @@ def command(globals_, run_name, host_names, as_json: bool, check: bool, watch_s:
 
 
 def _show_once(run, readings, gate, as_json: bool, check: bool) -> None:
-    from deploy import render, status, status_render
+    from deploy.render import report as render
+    from deploy.verbs import status
+    from deploy.render import status as status_render
 
     if as_json:
         render.print_json(status.document(run, readings, gate))
@@ -108,7 +110,9 @@ def _watch(run, gate, read, interval_s: float, rounds: int | None, as_json: bool
     """Ctrl-C is how a watch ends: exit 0 (the figures were shown; nothing was changed)."""
     import json
 
-    from deploy import render, status, status_render
+    from deploy.render import report as render
+    from deploy.verbs import status
+    from deploy.render import status as status_render
 
     try:
         if as_json or not sys.stdout.isatty():

@@ -11,8 +11,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from deploy.config.models import Config, NonDecimalNumber
-from deploy.errors import ConfigError
-from deploy.limits import MAX_YAML_BYTES, MAX_YAML_DEPTH, InputTooLarge, check_yaml_graph, read_bounded
+from deploy.base.errors import ConfigError
+from deploy.base.limits import MAX_YAML_BYTES, MAX_YAML_DEPTH, InputTooLarge, check_yaml_graph, read_bounded
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -221,7 +221,7 @@ def resolve_local_paths(config: Config, path: Path) -> Config:
         return str(base / value)
 
     # Only a value the YAML wrote: model_copy(update=) marks the field as set, and a set
-    # known_hosts wins over ssh_config's UserKnownHostsFile (deploy/ssh_config.py).
+    # known_hosts wins over ssh_config's UserKnownHostsFile (deploy/ssh/config.py).
     ssh = config.ssh
     if "known_hosts" in ssh.model_fields_set:
         ssh = ssh.model_copy(update={"known_hosts": anchored(ssh.known_hosts)})

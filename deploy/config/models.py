@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from deploy.limits import has_control_chars
+from deploy.base.limits import has_control_chars
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
@@ -203,7 +203,7 @@ class Strict(BaseModel):
 class SSHSettings(Strict):
     #: OpenSSH client config to honour (Host aliases, HostName, User, Port, IdentityFile,
     #: ProxyJump...). Unset: ~/.ssh/config when it exists; ``none``: ignore ssh_config.
-    #: Values set in this YAML win over ssh_config (see deploy/ssh_config.py).
+    #: Values set in this YAML win over ssh_config (see deploy/ssh/config.py).
     config_file: Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_plain_text)] | None = None
     #: a relative path is relative to the config file's directory
     known_hosts: Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_plain_text)] = "~/.ssh/known_hosts"

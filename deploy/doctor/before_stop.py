@@ -23,7 +23,7 @@ from typing import Optional
 
 from deploy.doctor.checks import Check, DoctorInput, run_checks
 from deploy.doctor.sglang_options import Parsed, installed_options, option, parse_extra_args  # noqa: F401  (Parsed: re-exported)
-from deploy.errors import RemoteOutputError
+from deploy.base.errors import RemoteOutputError
 from deploy.facts.gpus import attach_holders, parse_compute_apps, parse_gpu_rows
 
 

@@ -16,13 +16,13 @@ from deploy.config.models import reserved_option_for
 from deploy.doctor import speculation
 from deploy.doctor.sglang_options import extra_arg
 from deploy.doctor.verdict import Check, DoctorInput, Status, version_tuple  # noqa: F401  (Status: re-exported)
-from deploy.errors import RemoteOutputError
+from deploy.base.errors import RemoteOutputError
 from deploy.facts.doctor import base_architectures
 from deploy.facts.gpus import parse_gpu_rows
 from deploy.remote import fixer
 from deploy.remote.fixer import config as fixer_config
 from deploy.remote.fixer import loader as fixer_loader
-from deploy.sglang.argv import serve_address, speculative_plan
+from deploy.host.sglang_argv import serve_address, speculative_plan
 
 #: SGLang 0.5.6-0.5.11 build only model.midlayer and raise this for num_hidden_layers != 1.
 ONE_LAYER_LIMIT = "EAGLE3 currently only supports 1 layer"

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from deploy.doctor.sglang_options import extra_arg
 from deploy.doctor.sglang_options import literal_option_value as option_value  # noqa: F401  (re-exported)
 from deploy.doctor.verdict import Check, DoctorInput, version_tuple
-from deploy.sglang.argv import DRAFT_QUANT_FLAG, speculative_plan
+from deploy.host.sglang_argv import DRAFT_QUANT_FLAG, speculative_plan
 
 #: the value for an unquantized (bf16/fp16) drafter (sglang#22588); a choice since 0.5.7 (absent in
 #: 0.5.6's server_args.py, present in 0.5.7 - 0.5.23)

@@ -1,4 +1,4 @@
-"""After a host's steps: what it serves (deploy/serving.py) and its quarantine record.
+"""After a host's steps: what it serves (deploy/engine/serving.py) and its quarantine record.
 
 ``serving_of`` turns a finished session (its report, step memory and the server-state read) into
 the one answer every headline, JSON report and history row shows. ``update_quarantine`` puts the
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from deploy.config.models import Run
 from deploy.engine.records import HostReport, Progress, RunOptions
-from deploy.errors import DeployError, ExitCode
-from deploy.serving import Serving, decide
+from deploy.base.errors import DeployError, ExitCode
+from deploy.engine.serving import Serving, decide
 
 if TYPE_CHECKING:
     from deploy.steps.memory import StepMemory

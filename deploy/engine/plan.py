@@ -14,7 +14,7 @@ from deploy.engine.records import launch_stamp
 from deploy.engine.session import network_host, step_context
 
 if TYPE_CHECKING:
-    from deploy.playbook import Playbook
+    from deploy.engine.playbook import Playbook
     from deploy.steps.base import Action
 
 
@@ -25,7 +25,7 @@ def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host],
 
     ``addresses``: host name -> network address (the ssh_config HostName), where known.
     """
-    from deploy.locks import host_lock_command
+    from deploy.engine.locks import host_lock_command
 
     stamp = launch_stamp()
     from deploy.steps.base import Command
@@ -51,7 +51,7 @@ def plan_playbook(playbook: Playbook, run: Run, hosts: Sequence[Host],
 
 def describe_endpoints(hosts: Sequence[Host], config: Config) -> dict[str, dict]:
     """Per host name: the effective SSH settings and their sources (for plan and gpu-status output)."""
-    from deploy.transport import describe_endpoints as describe
+    from deploy.ssh.transport import describe_endpoints as describe
 
     return describe(hosts, config.ssh)
 

@@ -15,10 +15,10 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from deploy.config.models import Host
-from deploy.errors import DeployError, ExitCode
+from deploy.base.errors import DeployError, ExitCode
 
 if TYPE_CHECKING:
-    from deploy.serving import Serving
+    from deploy.engine.serving import Serving
 
 Progress = Callable[[str, str, str], None]  # (host, step, message)
 
@@ -72,7 +72,7 @@ class HostReport:
     #: for history: sglang_version, drafter_fingerprint, draft_tokens, accept_length, output_tok_s, converged
     facts: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
-    #: what the host serves after the run (deploy/serving.py): the one decision for text, JSON, history
+    #: what the host serves after the run (deploy/engine/serving.py): the one decision for text, JSON, history
     serving: Serving | None = None
     #: whose failure it was (deploy/steps/failure_cause.py: crashed, not-ready, ..., benchmark-harness, host)
     failure_cause: str | None = None

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 from deploy.config.models import Config, Host, Run
 from deploy.engine.records import HostReport, Progress, RunOptions, launch_stamp
 from deploy.engine.session import run_on_host
-from deploy.errors import DeployError, ExitCode, LockHeld
-from deploy.fanout import exit_code, for_each_host
-from deploy.transport import JumpConnections
+from deploy.base.errors import DeployError, ExitCode, LockHeld
+from deploy.engine.fanout import exit_code, for_each_host
+from deploy.ssh.transport import JumpConnections
 
 if TYPE_CHECKING:
-    from deploy.playbook import Playbook
+    from deploy.engine.playbook import Playbook
 
 __all__ = ["exit_code", "mark_interrupted", "run_locked", "run_playbook"]
 
@@ -44,7 +44,7 @@ def run_playbook(config: Config, playbook: Playbook, run: Run, hosts: Sequence[H
 def mark_interrupted(reports: Sequence[HostReport], code: int, signal_name: str = "") -> None:
     """A host the interruption (Ctrl-C 130, SIGTERM 143, SIGHUP 129) cut short is reported, and recorded
     in history, as interrupted with the signal's exit code; a host that had finished keeps its outcome."""
-    from deploy.errors import Interrupted
+    from deploy.base.errors import Interrupted
 
     cause = f"terminated by {signal_name}" if signal_name else "interrupted"
     for report in reports:
@@ -64,8 +64,8 @@ def run_locked(config_path, config: Config, command: str, playbook: Playbook, ru
     """
     from contextlib import ExitStack
 
-    from deploy import history
-    from deploy.locks import local_lock, local_scopes, owner_info
+    from deploy.local import history
+    from deploy.engine.locks import local_lock, local_scopes, owner_info
 
     owner = owner_info(command, run.name)
     started = datetime.now(timezone.utc)

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from deploy.config.models import Config, Host, Run
 from deploy.engine.records import HostReport, Progress, RolledBack, RunOptions, StepRecord
-from deploy.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied
+from deploy.base.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied
 from deploy.facts.server import (ServerState, last_good_path, parse_record, parse_server_state, read_record_command,
                                  same_deployment, server_state_command)
-from deploy.state_layout import StatePaths
-from deploy.transport import HostConnection, JumpConnections
+from deploy.host.state_layout import StatePaths
+from deploy.ssh.transport import HostConnection, JumpConnections
 
 if TYPE_CHECKING:  # the playbook and its steps load when a playbook runs: gpu-status, logs and doctor never need them
-    from deploy.playbook import Playbook, PlannedStep
+    from deploy.engine.playbook import Playbook, PlannedStep
     from deploy.steps.base import Command, StepContext
     from deploy.steps.memory import StepMemory
     from deploy.steps.failure_cause import Cause
@@ -189,7 +189,7 @@ def died(conn, host: Host, run: Run, memory: StepMemory, error: DeployError, ste
 
 
 def rollback_steps(playbook: Playbook) -> list[PlannedStep]:
-    from deploy.playbook import PlannedStep
+    from deploy.engine.playbook import PlannedStep
     from deploy.steps import REGISTRY
 
     steps = []
@@ -311,7 +311,7 @@ def collect_facts(report: HostReport, memory: StepMemory, run: Run) -> None:
         "dataset": bench.get("dataset"),
         "dataset_sha256": bench.get("dataset_sha256"),
         "converged": memory.converged,
-        # the throughput gate's verdict with its figures and rule (deploy/throughput_gate.py), when it judged
+        # the throughput gate's verdict with its figures and rule (deploy/local/throughput_gate.py), when it judged
         "throughput_gate": gate_summary(memory.gate),
         # swapped into the running server or reloaded, and why / what was verified (swap-drafter)
         "drafter_update": memory.drafter_update,
@@ -358,7 +358,7 @@ class HostSession:
         self.report.host = self.host
 
     def lock(self) -> None:
-        from deploy.locks import acquire_host_lock
+        from deploy.engine.locks import acquire_host_lock
 
         if not self.options.lock:
             return
@@ -410,7 +410,7 @@ class HostSession:
 
     def close(self, describe: bool = True) -> None:
         """A failed host's report says what it left running (``describe``) and every report what the
-        host serves (deploy/serving.py); the lock is released, the connection closed."""
+        host serves (deploy/engine/serving.py); the lock is released, the connection closed."""
         from deploy.engine.outcome import after_interruption, serving_of
 
         if self.cancelled.is_set() and self.report.serving is None:

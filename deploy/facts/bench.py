@@ -16,7 +16,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deploy.errors import RemoteOutputError
+from deploy.base.errors import RemoteOutputError
 
 _ROW = re.compile(r"^(?P<label>[A-Za-z][^:]*?):\s+(?P<value>\S.*?)\s*$")
 _START = re.compile(r"^=+\s*Serving Benchmark Result\s*=+$")

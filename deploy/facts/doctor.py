@@ -19,14 +19,14 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
 
-from deploy.limits import parse_json
+from deploy.base.limits import parse_json
 from deploy.config.models import Host, Run
-from deploy.errors import RemoteOutputError
+from deploy.base.errors import RemoteOutputError
 from deploy.facts.helpers import host_ops_modules
 from deploy.facts.inline import inline_program
-from deploy.shell import quote
-from deploy.state_layout import StatePaths
-from deploy.sglang.argv import serve_address
+from deploy.base.shell import quote
+from deploy.host.state_layout import StatePaths
+from deploy.host.sglang_argv import serve_address
 
 HELPER = Path(__file__).resolve().parents[1] / "remote" / "doctor_facts.py"
 #: the key fixer's modules the doctor's program embeds (its safetensors header reader)
@@ -302,7 +302,7 @@ from deploy.facts.helpers import helper_python
 
 
 def run_state_spec(host: Host, helpers: list[str], health_url: str) -> dict[str, Any]:
-    from deploy.state_layout import deployment_path, last_good_path
+    from deploy.host.state_layout import deployment_path, last_good_path
 
     paths = StatePaths(host.state_dir)
     from deploy.facts.quarantine import quarantine_path

@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from deploy.errors import RemoteOutputError
-from deploy.shell import quote, quote_path
+from deploy.base.errors import RemoteOutputError
+from deploy.base.shell import quote, quote_path
 
 SENDER = "drafter_swap.py"
 

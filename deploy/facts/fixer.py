@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from deploy.errors import ExitCode, RemoteCommandFailed, RemoteOutputError
+from deploy.base.errors import ExitCode, RemoteCommandFailed, RemoteOutputError
 
 VERSION_RE = re.compile(r"^\d+\.\d+\.\d+([.+\w-]*)$")
 

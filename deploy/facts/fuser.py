@@ -11,8 +11,8 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
-from deploy.errors import RemoteCommandFailed, RemoteOutputError
-from deploy.shell import quote_glob
+from deploy.base.errors import RemoteCommandFailed, RemoteOutputError
+from deploy.base.shell import quote_glob
 
 #: the command's own exit code when the device glob matches no file
 NO_DEVICE_FILES = 3

@@ -25,7 +25,7 @@ import secrets
 
 from pydantic import BaseModel, ConfigDict
 
-from deploy.errors import RemoteOutputError
+from deploy.base.errors import RemoteOutputError
 
 GPU_FIELDS = ("index", "uuid", "memory.used", "memory.total", "utilization.gpu")
 GPU_QUERY_COMMAND = f"nvidia-smi --query-gpu={','.join(GPU_FIELDS)} --format=csv,noheader,nounits"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from deploy.errors import ExitCode, RemoteCommandFailed, RemoteOutputError
-from deploy.shell import quote, quote_path
+from deploy.base.errors import ExitCode, RemoteCommandFailed, RemoteOutputError
+from deploy.base.shell import quote, quote_path
 
 #: the host-side helpers are Python 3.8+ stdlib only
 MIN_PYTHON = (3, 8)
@@ -45,7 +45,7 @@ class HelperState(BaseModel):
     problems: dict[str, str] = {}
 
 
-#: the largest file the state program hashes: a dataset is at most 128 MiB (deploy/datasets.py), a
+#: the largest file the state program hashes: a dataset is at most 128 MiB (deploy/local/datasets.py), a
 #: helper a few hundred KB; a link to /dev/zero there grew the host's python to 24 GB (issue 31)
 MAX_HASHED_BYTES = 128 << 20
 

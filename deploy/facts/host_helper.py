@@ -14,8 +14,8 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from deploy.errors import RemoteCommandFailed, RemoteOutputError
-from deploy.shell import quote, quote_path
+from deploy.base.errors import RemoteCommandFailed, RemoteOutputError
+from deploy.base.shell import quote, quote_path
 from deploy.facts.helpers import helper_python
 
 

@@ -12,11 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from deploy.limits import parse_json
-from deploy.errors import RemoteOutputError
+from deploy.base.limits import parse_json
+from deploy.base.errors import RemoteOutputError
 from deploy.facts.helpers import helper_python, host_ops_modules
 from deploy.facts.inline import inline_program
-from deploy.shell import path_join, quote, quote_path
+from deploy.base.shell import path_join, quote, quote_path
 
 SOURCE = Path(__file__).resolve().parents[1] / "remote" / "quarantine.py"
 MARK = "deployctl-quarantine"

@@ -12,13 +12,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from deploy.limits import parse_json
-from deploy.errors import RemoteOutputError
-from deploy.shell import quote, quote_path
+from deploy.base.limits import parse_json
+from deploy.base.errors import RemoteOutputError
+from deploy.base.shell import quote, quote_path
 from deploy.facts.helpers import helper_python
 # the deployment's identity is spelled once, next to the desired deployment it is compared with
-from deploy.sglang.deployment import IDENTITY, env_hash, identity  # noqa: F401  (re-exported)
-from deploy.state_layout import (StatePaths, deployment_path, last_good_env_path,  # noqa: F401  (re-exported)
+from deploy.host.deployment import IDENTITY, env_hash, identity  # noqa: F401  (re-exported)
+from deploy.host.state_layout import (StatePaths, deployment_path, last_good_env_path,  # noqa: F401  (re-exported)
                                  last_good_path)
 
 def same_deployment(a: dict | None, b: dict | None) -> bool:

@@ -34,12 +34,12 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from deploy.limits import parse_json
-from deploy.errors import RemoteOutputError
+from deploy.base.limits import parse_json
+from deploy.base.errors import RemoteOutputError
 from deploy.facts.helpers import helper_python, host_ops_modules
 from deploy.facts.inline import inline_program
-from deploy.state_layout import deployment_path, last_good_path
-from deploy.shell import path_join, quote, quote_path
+from deploy.host.state_layout import deployment_path, last_good_path
+from deploy.base.shell import path_join, quote, quote_path
 
 REMOTE = Path(__file__).resolve().parents[1] / "remote"
 #: the accept length SGLang's gauge holds before its first decode (a real one is >= 1.0)

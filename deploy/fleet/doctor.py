@@ -5,8 +5,8 @@ router host (the router reaches the workers from there)."""
 from __future__ import annotations
 
 from deploy.doctor.checks import Check
-from deploy.errors import DeployError
-from deploy.fanout import for_each_host
+from deploy.base.errors import DeployError
+from deploy.engine.fanout import for_each_host
 from deploy.fleet.router import RouterCalls, parse_json_line, parse_router_packages
 from deploy.fleet.router_package import RouterPackage, choose_package, package_text, policy_problem, running_package
 from deploy.fleet.router_ports import parse_ports, port_problems, router_binds
@@ -66,7 +66,7 @@ def add_router_checks(config, run, hosts, outcomes: list) -> None:
 
     Skipped when ``--host`` narrowed the run to hosts that do not include the router host.
     """
-    from deploy.transport import HostConnection
+    from deploy.ssh.transport import HostConnection
 
     router_host = config.host(run.router.host)
     mine = next((o for o in outcomes if o.host.name == router_host.name), None)

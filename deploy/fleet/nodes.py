@@ -34,16 +34,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from deploy.config.models import Host, Run
-from deploy.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied, VerificationFailed
+from deploy.base.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied, VerificationFailed
 from deploy.engine.records import RolledBack, launch_stamp
 from deploy.engine.session import HostSession, rollback_steps
 from deploy.facts.server import last_good_path, parse_record, read_record_command, same_deployment
 from deploy.fleet.phases import Barrier, PhaseRecord, RunResult
-from deploy.playbook import PlannedStep
-from deploy.sglang.deployment import identity
+from deploy.engine.playbook import PlannedStep
+from deploy.host.deployment import identity
 from deploy.steps import REGISTRY
 from deploy.steps.memory import StepMemory
-from deploy.transport import JumpConnections
+from deploy.ssh.transport import JumpConnections
 
 RANK0_ONLY = ("wait-ready", "verify-acceptance", "benchmark", "regression-gate")
 

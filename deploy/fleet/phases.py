@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deploy.config.models import Config, Host, Run
-from deploy.errors import DeployError, ExitCode, Interrupted
-from deploy.fanout import for_each_host
+from deploy.base.errors import DeployError, ExitCode, Interrupted
+from deploy.engine.fanout import for_each_host
 from deploy.engine.records import HostReport, Progress, RunOptions, StepRecord
 from deploy.engine.session import network_host, run_on_host
-from deploy.playbook import Playbook
-from deploy.transport import HostConnection, JumpConnections
+from deploy.engine.playbook import Playbook
+from deploy.ssh.transport import HostConnection, JumpConnections
 
 #: host outcomes after which the host serves a verified deployment (the new one, the same one,
 #: or the last good one it was rolled back to) and may take requests again

@@ -171,7 +171,7 @@ def fleet_report(result) -> dict[str, Any]:
 
 
 def print_fleet_report(result) -> None:
-    from deploy.terminal import safe_line, safe_text  # router and host text, escaped (issue 22)
+    from deploy.base.terminal import safe_line, safe_text  # router and host text, escaped (issue 22)
 
     for phase in result.phases:
         click.echo(safe_line(f"  {phase.status:8} {phase.name}: {phase.detail}"[:300]))

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deploy.config.models import Host
-from deploy.errors import DeployError, ExitCode
+from deploy.base.errors import DeployError, ExitCode
 from deploy.fleet.phases import (SERVING_OUTCOMES, HostPhase, Phase, RunPhase, RunState, open_router)
 from deploy.fleet.router import loopback_problem, worker_url
 from deploy.fleet.router_watch import RouterLost, lost_or_restarted, started, watch
@@ -87,7 +87,7 @@ def _unchanged(state: RunState, host: Host) -> tuple[str, str]:
     from deploy.facts.server import snapshot_of
     from deploy.steps import converge
     from deploy.steps.fix_keys import store_path
-    from deploy.transport import HostConnection
+    from deploy.ssh.transport import HostConnection
 
     with HostConnection(host, state.config.ssh, state.jumps) as conn:
         host = network_host(host, conn.endpoint.hostname.value)
@@ -101,7 +101,7 @@ def _unchanged(state: RunState, host: Host) -> tuple[str, str]:
         fingerprint = parse_fingerprint(result.exit_code, result.stdout, result.stderr, host.name).fingerprint
         from deploy.doctor.speculation import draft_quantization_flag
         from deploy.doctor.verdict import DoctorInput
-        from deploy.sglang.deployment import desired_deployment
+        from deploy.host.deployment import desired_deployment
 
         # what the playbook's launch would start here, with the doctor step's own decisions
         desired = desired_deployment(state.run, host, state.run.draft_tokens, drafter_path=store_path(ctx, fingerprint),
@@ -157,7 +157,7 @@ def _leave_for_reload(state: RunState, host: Host, allow_downtime: bool):
 
 def _probe(batch: tuple[Host, ...], allow_downtime: bool = False):
     def action(state: RunState) -> str:
-        from deploy.fanout import for_each_host
+        from deploy.engine.fanout import for_each_host
 
         router = open_router(state)
         if watch(state, router, f"before the check of {names(batch)}") is None:
@@ -330,10 +330,10 @@ def _preflight(hosts: Sequence[Host]):
     replica as it was (sglang-router 0.3 runs used to redeploy batch 1, then fail at router-add)."""
     def action(state: RunState) -> str:
         from deploy.doctor.checks import failed
-        from deploy.fanout import for_each_host
+        from deploy.engine.fanout import for_each_host
         from deploy.fleet.doctor import router_checks
         from deploy.steps.doctor import diagnose, failure_text
-        from deploy.transport import HostConnection
+        from deploy.ssh.transport import HostConnection
 
         router = open_router(state)
         problems: list[str] = []
@@ -435,7 +435,7 @@ def run_fleet(config, playbook, rollout, progress, options):
 
     from deploy.fleet.phases import RunState, close_router, run_phases
     from deploy.engine.records import launch_stamp
-    from deploy.transport import JumpConnections
+    from deploy.ssh.transport import JumpConnections
 
     playbook = rollout.playbook(playbook)
     with JumpConnections() as jumps:
@@ -450,7 +450,7 @@ def run_fleet(config, playbook, rollout, progress, options):
 def stop_router(config, run, progress) -> dict:
     """``down``: stop the run's router (by its PID file) before its servers."""
     from deploy.fleet.phases import RunState, close_router, open_router
-    from deploy.transport import JumpConnections
+    from deploy.ssh.transport import JumpConnections
 
     with JumpConnections() as jumps:
         state = RunState(config, run, None, None, progress, jumps, None, "")  # type: ignore[arg-type]
@@ -473,7 +473,7 @@ def remove_from_router(config, run, hosts, progress) -> dict:
     from deploy.fleet.phases import RunState, close_router, open_router
     from deploy.engine.plan import describe_endpoints
     from deploy.engine.session import network_host
-    from deploy.transport import JumpConnections
+    from deploy.ssh.transport import JumpConnections
 
     endpoints = describe_endpoints(hosts, config)
     urls = [worker_url(run, network_host(h, endpoints.get(h.name, {}).get("hostname", {}).get("value", h.address)))
@@ -546,7 +546,7 @@ def _watched(view, when: str) -> list[tuple[str, Any]]:
 
 def _join_plan(hosts: Sequence[Host], end_to_end: bool = False):
     def plan(view) -> list[tuple[str, Any]]:
-        from deploy.state_layout import router_log_name
+        from deploy.host.state_layout import router_log_name
 
         calls, at = view.calls, view.router_host
         urls = [worker_url(view.run, view.network(h)) for h in hosts]

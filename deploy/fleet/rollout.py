@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from deploy.errors import UsageError
+from deploy.base.errors import UsageError
 
 if TYPE_CHECKING:
     from deploy.config.models import Host, Run
-    from deploy.playbook import Playbook
+    from deploy.engine.playbook import Playbook
 
 Shape = Literal["hosts", "fleet", "nodes"]
 

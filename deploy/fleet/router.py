@@ -15,16 +15,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from deploy.limits import parse_json
+from deploy.base.limits import parse_json
 from deploy.config.models import Host, Run, RouterSpec
 from deploy.facts.inline import inline_program
-from deploy.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
+from deploy.base.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
 from deploy.fleet.router_package import (ROUTER_CMDLINE_MARKS, RouterPackage, choose_package, parse_release,
                                          policy_problem)
-from deploy.shell import quote, quote_path, path_join
-from deploy.sglang.argv import WILDCARD_BINDS, serve_address
-from deploy.state_layout import RouterPaths, router_log_name
-from deploy.terminal import strip_escapes
+from deploy.base.shell import quote, quote_path, path_join
+from deploy.host.sglang_argv import WILDCARD_BINDS, serve_address
+from deploy.host.state_layout import RouterPaths, router_log_name
+from deploy.base.terminal import strip_escapes
 from deploy.steps.base import Command
 
 FLEET_OPS = Path(__file__).resolve().parents[1] / "remote" / "fleet_ops.py"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deploy.errors import DeployError, ExitCode, RemoteOutputError
+from deploy.base.errors import DeployError, ExitCode, RemoteOutputError
 
 SMG = "smg"
 SGLANG_ROUTER = "sglang-router"

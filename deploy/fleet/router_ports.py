@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from deploy.config.models import Host, RouterSpec
 from deploy.doctor.checks import binds_overlap
-from deploy.errors import ConfigError, RemoteOutputError
+from deploy.base.errors import ConfigError, RemoteOutputError
 from deploy.fleet.router_package import SGLANG_ROUTER
 
 PROMETHEUS_PORT = 29000

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from deploy.config.models import Host
-from deploy.errors import DeployError, ExitCode
+from deploy.base.errors import DeployError, ExitCode
 
 
 class RouterLost(DeployError):

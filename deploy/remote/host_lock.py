@@ -38,7 +38,7 @@ import sys
 
 if __package__:  # imported locally, as deploy.remote.host_lock
     from . import host_ops
-else:  # sent inline: deploy/locks.py bundles host_ops beside it (deploy/facts/inline.py)
+else:  # sent inline: deploy/engine/locks.py bundles host_ops beside it (deploy/facts/inline.py)
     import host_ops  # type: ignore[no-redef]
 
 #: where the per-GPU locks live: shared by every user of the host (FHS /run/lock first)

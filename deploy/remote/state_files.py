@@ -74,12 +74,12 @@ def record_time(path: str):
 
 
 
-#: deploy/limits.py MAX_JSON_DEPTH: the deepest JSON document any reader accepts
+#: deploy/base/limits.py MAX_JSON_DEPTH: the deepest JSON document any reader accepts
 MAX_JSON_DEPTH = 64
 
 
 def loads_json(text, max_depth: int = MAX_JSON_DEPTH):
-    """``json.loads`` bounded in depth (deploy/limits.py parse_json's host-side twin): ValueError for
+    """``json.loads`` bounded in depth (deploy/base/limits.py parse_json's host-side twin): ValueError for
     a document nested deeper than ``max_depth``, never a RecursionError; walked without recursion."""
     try:
         value = json.loads(text)

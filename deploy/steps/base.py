@@ -26,10 +26,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from deploy.config.models import Host, Run, Strict
-from deploy.errors import Interrupted
-from deploy.state_layout import StatePaths  # noqa: F401  (re-exported: steps use ctx.paths)
+from deploy.base.errors import Interrupted
+from deploy.host.state_layout import StatePaths  # noqa: F401  (re-exported: steps use ctx.paths)
 from deploy.steps.memory import StepMemory
-from deploy.transport import CommandResult, Transport, WatchResult
+from deploy.ssh.transport import CommandResult, Transport, WatchResult
 
 
 class StepSettings(Strict):

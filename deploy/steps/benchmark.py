@@ -1,6 +1,6 @@
 """benchmark: ``python3 -m sglang.bench_serving`` against the server, on the host.
 
-The prompts are a dataset (deploy/datasets.py): by default deployctl's built-in set, else the
+The prompts are a dataset (deploy/local/datasets.py): by default deployctl's built-in set, else the
 ShareGPT JSON or ``custom`` JSONL file of the ``dataset`` setting (``bench/nightly --dataset``),
 sent once per sha256 over SFTP into ``<state_dir>/datasets/<sha256>.json`` and read by SGLang
 0.5.23's ``--dataset-name sharegpt|custom --dataset-path FILE`` (local: no Hugging Face download).
@@ -11,7 +11,7 @@ random ids says little (sglang#25359). The result block is parsed strictly; each
 its JSON line to the state dir; the step's data names the dataset and its sha256.
 
 ``rounds``: bench_serving runs that many times in a row; the figures are the rounds' medians and
-``output_tok_s_rounds`` keeps each round's throughput, so nightly's gate (deploy/throughput_gate.py)
+``output_tok_s_rounds`` keeps each round's throughput, so nightly's gate (deploy/local/throughput_gate.py)
 can tell a slowdown from one noisy run. A failure here (bench_serving exits non-zero, prints no
 result block, loses requests, times out) is the benchmark harness's: ``BenchmarkHarnessFailed``,
 never the checkpoint's (deploy/steps/failure_cause.py), unless the server died meanwhile.
@@ -23,11 +23,11 @@ import statistics
 
 from pydantic import Field
 
-from deploy import datasets
-from deploy.errors import BenchmarkHarnessFailed, DeployError, ExitCode
+from deploy.local import datasets
+from deploy.base.errors import BenchmarkHarnessFailed, DeployError, ExitCode
 from deploy.facts.bench import parse_bench_result
 from deploy.facts.helpers import helper_state_command, parse_helper_state
-from deploy.shell import path_join, quote, quote_path
+from deploy.base.shell import path_join, quote, quote_path
 from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings, Upload, UploadFile
 from deploy.steps.verify_acceptance import base_url
 

@@ -9,11 +9,11 @@ redeploys anyway. Verification and benchmarks still run.
 
 from __future__ import annotations
 
-from deploy.errors import DeployError, ExitCode
+from deploy.base.errors import DeployError, ExitCode
 from deploy.facts.server import SNAPSHOT_FRESH_S, identity, parse_server_state, server_state_command
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 from deploy.steps.fix_keys import parse_version, version_command
-from deploy.sglang.deployment import DesiredDeployment
+from deploy.host.deployment import DesiredDeployment
 from deploy.steps.launch import desired
 from deploy.steps.wait_ready import health_url
 
@@ -47,7 +47,7 @@ def plan(ctx: StepContext) -> list[Command]:
 
 def would_converge(desired: DesiredDeployment, state) -> tuple[bool, str]:
     """(already running as desired?, why not): the one rule, for converge and the fleet's probe
-    before it drains a replica (deploy/sglang/deployment.py builds ``desired`` for both)."""
+    before it drains a replica (deploy/host/deployment.py builds ``desired`` for both)."""
     if state.record is None:
         return False, "no deployment is recorded on this host"
     changed = desired.differences(state.record)

@@ -13,7 +13,7 @@ from typing import Optional
 
 from pydantic import Field
 
-from deploy.errors import DeployError, ExitCode, VerificationFailed
+from deploy.base.errors import DeployError, ExitCode, VerificationFailed
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 
 NAME = "doctor"

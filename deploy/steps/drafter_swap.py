@@ -1,6 +1,6 @@
 """Swap or reload: the one decision whether a new drafter goes into the running server.
 
-``swap_decision`` takes the desired deployment (``deploy/sglang/deployment.py``: the one value of what
+``swap_decision`` takes the desired deployment (``deploy/host/deployment.py``: the one value of what
 this run launches, ``launch.desired``) and the running one (the host's deployment record and its
 server's state) as inputs, and compares them with the desired deployment's own ``differences``
 (with the running drafter put back: ``with_drafter``), so "only the drafter changed" cannot drift
@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from deploy.config.models import Run
 from deploy.facts.drafter_swap import SwapInspection
-from deploy.sglang.deployment import SWAP_SAME, DesiredDeployment
+from deploy.host.deployment import SWAP_SAME, DesiredDeployment
 
 SWAP_SINCE = (0, 5, 21)
 ADMIN_FLAG = "--admin-api-key"

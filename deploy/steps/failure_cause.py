@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
-from deploy.errors import (BenchmarkHarnessFailed, ConnectionFailed, DeployError, Interrupted, LockHeld, Regression,
+from deploy.base.errors import (BenchmarkHarnessFailed, ConnectionFailed, DeployError, Interrupted, LockHeld, Regression,
                            ServerDied, ServerUnhealthy, StepTimeout, VerificationFailed)
 
 

@@ -21,10 +21,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from deploy.errors import DeployError, RemoteOutputError, VerificationFailed
+from deploy.base.errors import DeployError, RemoteOutputError, VerificationFailed
 from deploy.facts.fixer import FixerFailure, FixerSummary, exit_code_of, parse_fixer_summary, parse_sglang_version
 from deploy.facts.server import last_good_path
-from deploy.shell import path_join, quote, quote_path
+from deploy.base.shell import path_join, quote, quote_path
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 from deploy.facts.helpers import helper_python
 

@@ -20,13 +20,13 @@ import re
 from datetime import datetime, timezone
 
 from deploy.config.models import Host, Run
-from deploy.errors import RemoteOutputError
+from deploy.base.errors import RemoteOutputError
 from deploy.facts.helpers import write_file_command
 from deploy.facts.server import deployment_path
-from deploy.sglang.argv import PATH_POSITIONS, speculative_plan
-from deploy.sglang.deployment import DesiredDeployment, desired_deployment
-from deploy.shell import path_join, quote, quote_path
-from deploy.state_layout import SERVER_LOG_PATTERN, SERVER_LOG_PLACEHOLDER, server_log_name
+from deploy.host.sglang_argv import PATH_POSITIONS, speculative_plan
+from deploy.host.deployment import DesiredDeployment, desired_deployment
+from deploy.base.shell import path_join, quote, quote_path
+from deploy.host.state_layout import SERVER_LOG_PATTERN, SERVER_LOG_PLACEHOLDER, server_log_name
 from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings, Upload, UploadFile
 
 NAME = "launch"
@@ -59,7 +59,7 @@ def env_file_text(env: dict[str, str]) -> str:
 def desired(ctx: StepContext) -> DesiredDeployment:
     """What this launch starts: the run's deployment with the drafter from the store (fix-keys put
     its path in memory) and the doctor's decisions, or, during a rollback, the last good deployment
-    exactly (deploy/sglang/deployment.py: the one place it is computed)."""
+    exactly (deploy/host/deployment.py: the one place it is computed)."""
     rollback = ctx.memory.rollback_record
     if rollback is not None:
         return DesiredDeployment.of_record(rollback)

@@ -71,7 +71,7 @@ class StepMemory:
     # -- verification, benchmark, record-good ---------------------------------------------------------
     verify: dict[str, Any] | None = None
     bench: dict[str, Any] | None = None
-    #: the throughput gate's verdict (deploy/throughput_gate.py): record-good keeps the bar when inconclusive
+    #: the throughput gate's verdict (deploy/local/throughput_gate.py): record-good keeps the bar when inconclusive
     gate: dict[str, Any] | None = None
     last_good: dict[str, Any] | None = None
 

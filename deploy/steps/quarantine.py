@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from deploy.errors import DeployError, Quarantined
+from deploy.base.errors import DeployError, Quarantined
 from deploy.facts.quarantine import parse_quarantine, quarantine_path, read_command
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 from deploy.steps.failure_cause import failure_cause

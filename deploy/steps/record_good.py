@@ -10,7 +10,7 @@ Throughput bars are kept per dataset identity and load (``throughput_baselines``
 name and sha256, prompts, lengths, concurrency; each with its benchmark rounds): before issue 28 a
 ``bench --dataset FILE`` replaced nightly's one bar with another dataset's figure and the next
 nightly said "not compared". A bench on another dataset now adds its own baseline; an inconclusive
-gate verdict (deploy/throughput_gate.py) keeps the previous bar for that dataset.
+gate verdict (deploy/local/throughput_gate.py) keeps the previous bar for that dataset.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 
 from deploy.facts.server import last_good_env_path, last_good_path, parse_record, read_record_command, same_deployment
 from deploy.facts.helpers import write_file_command
-from deploy.shell import quote, quote_path
+from deploy.base.shell import quote, quote_path
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 
 NAME = "record-good"
@@ -88,7 +88,7 @@ def merge_baselines(previous: dict | None, now: dict, keep: bool, fingerprint: s
     """``previous``' baselines with now's measurement for its own dataset and load: added, or replacing
     the one there unless ``keep`` (the same deployment re-verified, or an inconclusive gate) and that
     one has enough rounds for the gate. Baselines of other datasets are never touched."""
-    from deploy.throughput_gate import MIN_ROUNDS
+    from deploy.local.throughput_gate import MIN_ROUNDS
 
     entries = throughput_baselines(previous or {})
     if not rounds_of(now):

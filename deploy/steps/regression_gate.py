@@ -2,7 +2,7 @@
 
 Fails (exit 12, then the orchestrator rolls back) on a *conclusive* regression: the accept length
 measured by verify-acceptance below the configured fraction of the last good record's, or the
-output throughput of the benchmark's rounds judged a regression by deploy/throughput_gate.py (the
+output throughput of the benchmark's rounds judged a regression by deploy/local/throughput_gate.py (the
 robust ratio below the fraction and its 95% interval wholly below 100%). A throughput ratio below
 the fraction that the rounds cannot tell from noise is **inconclusive**: the step passes with that
 verdict in its data and detail (no rollback, no quarantine) and record-good keeps the previous bar.
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 from pydantic import Field
 
-from deploy.errors import Regression
+from deploy.base.errors import Regression
 from deploy.facts.server import last_good_path, parse_record, read_record_command, same_deployment
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 from deploy.steps.record_good import measurements, rounds_of, throughput_baseline, throughput_baselines
-from deploy.throughput_gate import Verdict, decide
+from deploy.local.throughput_gate import Verdict, decide
 
 NAME = "regression-gate"
 

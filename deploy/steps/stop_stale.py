@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from deploy.errors import RemoteCommandFailed, RemoteOutputError
+from deploy.base.errors import RemoteCommandFailed, RemoteOutputError
 from deploy.facts.server import deployment_path
 from deploy.facts.host_helper import parse_stop_report, stop_processes_command
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings

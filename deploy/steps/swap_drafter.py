@@ -25,10 +25,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from deploy.errors import DeployError
+from deploy.base.errors import DeployError
 from deploy.facts.drafter_swap import SENDER, SwapInspection, inspect_command, parse_inspection, parse_send, send_command
 from deploy.facts.server import ServerState, deployment_path, parse_server_state
-from deploy.shell import quote, quote_path
+from deploy.base.shell import quote, quote_path
 from deploy.steps import converge, verify_acceptance
 from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings
 from deploy.steps.drafter_swap import RunningServer, SwapDecision, base_gpu_id, swap_decision

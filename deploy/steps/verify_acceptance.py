@@ -5,7 +5,7 @@ speculators checkpoint's decoder weights, and a target that sends one hidden sta
 both give ``accept len: 1.00`` (no draft token ever accepted). This step sends greedy requests and
 fails when the measured accept length is under the threshold.
 
-The prompts are the first ``requests`` of deployctl's built-in prompt set (deploy/datasets.py, the
+The prompts are the first ``requests`` of deployctl's built-in prompt set (deploy/local/datasets.py, the
 set ``benchmark`` uses by default), sent at most ``concurrency`` at a time; the step's data names the
 set's sha256, so the regression gate compares accept lengths measured on the same prompts only.
 """
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from deploy import datasets
+from deploy.local import datasets
 from deploy.doctor.suspects import likely_causes, simulated_acceptance
-from deploy.errors import VerificationFailed
+from deploy.base.errors import VerificationFailed
 from deploy.facts.host_helper import accept_check_command, parse_accept_check
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
-from deploy.sglang.argv import probe_address
+from deploy.host.sglang_argv import probe_address
 
 NAME = "verify-acceptance"
 

@@ -13,7 +13,7 @@ import time
 
 from pydantic import Field
 
-from deploy.errors import StepTimeout
+from deploy.base.errors import StepTimeout
 from deploy.facts import host_helper
 from deploy.facts.gpus import COMPUTE_APPS_COMMAND, GPU_QUERY_COMMAND, GpuRow, busy_gpus, read_answers
 from deploy.steps.base import StepContext, StepOutcome, StepSettings, Watch

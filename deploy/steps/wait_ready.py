@@ -19,11 +19,11 @@ import time
 
 from pydantic import Field
 
-from deploy.errors import RemoteOutputError, ServerDied, ServerUnhealthy, StepTimeout
+from deploy.base.errors import RemoteOutputError, ServerDied, ServerUnhealthy, StepTimeout
 from deploy.facts import host_helper
-from deploy.shell import quote_path
+from deploy.base.shell import quote_path
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings, Watch
-from deploy.sglang.argv import probe_address
+from deploy.host.sglang_argv import probe_address
 
 NAME = "wait-ready"
 TAIL_LINES = 50

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from deploy.cli.main import main  # noqa: E402
 from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
-from deploy.transport import HostConnection  # noqa: E402
+from deploy.ssh.transport import HostConnection  # noqa: E402
 from sandbox.machine_lock import machine_lock  # noqa: E402
 from tests.conftest import LOCK_WAIT_S, SANDBOX_ROOT  # noqa: E402
 

@@ -36,7 +36,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from deploy import transport  # noqa: E402
+from deploy.ssh import transport  # noqa: E402
 from deploy.cli.main import main as deployctl_main  # noqa: E402
 from sandbox.machine_lock import machine_lock
 from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402

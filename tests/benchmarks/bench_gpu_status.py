@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from deploy import inspect  # noqa: E402  (the read-only verbs)
+from deploy.verbs import inspect  # noqa: E402  (the read-only verbs)
 from deploy.config import load_config  # noqa: E402
 from deploy.facts import gpus  # noqa: E402
 from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
@@ -81,8 +81,8 @@ def in_process_round(config) -> float:
 
 def two_commands_round(config) -> float:
     """The queries as two remote commands (two exec channels) per host, as gpu-status sent them before."""
-    from deploy.fanout import for_each_host
-    from deploy.transport import HostConnection
+    from deploy.engine.fanout import for_each_host
+    from deploy.ssh.transport import HostConnection
 
     def work(host):
         with HostConnection(host, config.ssh) as conn:

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from deploy.config import load_config  # noqa: E402
 from deploy.steps import ensure_helper, wait_gpus_free  # noqa: E402
 from deploy.steps.base import StepContext  # noqa: E402
-from deploy.transport import HostConnection  # noqa: E402
+from deploy.ssh.transport import HostConnection  # noqa: E402
 from sandbox.machine_lock import machine_lock
 from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
 from tests.integration.helpers import gpu_used, hold_gpu_program, start_stray  # noqa: E402

@@ -25,11 +25,11 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from deploy.config.models import Host, SSHSettings  # noqa: E402
-from deploy.fanout import for_each_host  # noqa: E402
+from deploy.engine.fanout import for_each_host  # noqa: E402
 from sandbox.machine_lock import machine_lock
 from sandbox.hosts import start_sandbox, stop_sandbox  # noqa: E402
-from deploy.ssh_config import load_ssh_config  # noqa: E402
-from deploy.transport import HostConnection, JumpConnections  # noqa: E402
+from deploy.ssh.config import load_ssh_config  # noqa: E402
+from deploy.ssh.transport import HostConnection, JumpConnections  # noqa: E402
 
 ROOT = Path("/var/tmp/deployctl-test-sandbox-jump")
 

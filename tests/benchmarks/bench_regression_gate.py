@@ -4,7 +4,7 @@
                                                      [--samples FILE]
 
 Not collected by pytest (bench_*.py); needs no sandbox (a pure replay, ~10 s). Replays
-deploy/throughput_gate.decide over stand-in benchmark samples: for each night, the last good
+deploy/local/throughput_gate.decide over stand-in benchmark samples: for each night, the last good
 deployment's rounds (recorded on an earlier night) and the candidate's rounds of the same night.
 
 The samples are stand-in numbers, not a GPU's: output tok/s of 1000 x a night-to-night host drift
@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from deploy.throughput_gate import decide, single_sample_rule  # noqa: E402
+from deploy.local.throughput_gate import decide, single_sample_rule  # noqa: E402
 
 BASE_TOK_S = 1000.0
 DRIFT_SIGMA = 0.005

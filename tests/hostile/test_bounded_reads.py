@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy import bounded_channel
-from deploy.errors import ConnectionFailed, ExitCode, RemoteOutputError
+from deploy.ssh import bounded_channel
+from deploy.base.errors import ConnectionFailed, ExitCode, RemoteOutputError
 from deploy.remote import doctor_facts, host_ops
 
 
@@ -111,7 +111,7 @@ def test_normal_answer_is_whole(size):
 def _connection(channel):
     """A HostConnection whose SSH session hands out ``channel`` (the wire, faked; the logic real)."""
     from deploy.config.models import Host, SSHSettings
-    from deploy.transport import HostConnection
+    from deploy.ssh.transport import HostConnection
 
     conn = HostConnection(Host(name="gpu-a", address="127.0.0.1"), SSHSettings(config_file="none"))
     session = type("T", (), {"open_session": lambda self, timeout=None: channel})()
@@ -336,7 +336,7 @@ class Agent:
 
 @pytest.mark.parametrize("mode", ["silent", "close", "garbage", "half"])
 def test_agent_that_does_not_answer_is_a_clear_exit_4(tmp_path, monkeypatch, mode):
-    from deploy import ssh_agent
+    from deploy.ssh import agent as ssh_agent
 
     path = tmp_path / "agent.sock"
     agent = Agent(path, mode)
@@ -354,7 +354,7 @@ def test_agent_that_does_not_answer_is_a_clear_exit_4(tmp_path, monkeypatch, mod
 
 
 def test_dangling_agent_socket_is_no_agent(tmp_path, monkeypatch):
-    from deploy import ssh_agent
+    from deploy.ssh import agent as ssh_agent
 
     monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "gone.sock"))
     monkeypatch.setattr(ssh_agent, "_agent_checked", {})
@@ -362,7 +362,7 @@ def test_dangling_agent_socket_is_no_agent(tmp_path, monkeypatch):
 
 
 def test_ctrl_c_during_a_silent_agent_within_a_second(tmp_path, monkeypatch):
-    from deploy import ssh_agent
+    from deploy.ssh import agent as ssh_agent
 
     path = tmp_path / "agent.sock"
     agent = Agent(path, "silent")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.errors import ExitCode, RemoteOutputError
+from deploy.base.errors import ExitCode, RemoteOutputError
 from deploy.facts.fixer import exit_code_of
 from deploy.facts.host_helper import parse_accept_check, parse_probe, parse_stop_report
 from deploy.steps import fix_keys
-from deploy.transport import CommandResult
+from deploy.ssh.transport import CommandResult
 
 PARSERS = {"verify-acceptance": parse_accept_check, "wait-ready": parse_probe,
            "stop-stale": parse_stop_report,

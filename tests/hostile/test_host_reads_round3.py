@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from deploy.errors import ExitCode, RemoteCommandFailed
+from deploy.base.errors import ExitCode, RemoteCommandFailed
 from deploy.facts import helpers
 
 
@@ -104,7 +104,7 @@ def test_regular_files_are_hashed_in_chunks_and_absent_ones_are_none(tmp_path):
 
 
 def test_problems_for_files_not_asked_about_are_a_remote_output_error():
-    from deploy.errors import RemoteOutputError
+    from deploy.base.errors import RemoteOutputError
 
     stdout = '{"python": "3.11.0", "files": {"a": null}, "problems": {"b": "x"}}'
     with pytest.raises(RemoteOutputError):

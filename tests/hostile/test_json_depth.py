@@ -11,13 +11,13 @@ import json
 
 import pytest
 
-from deploy import datasets
-from deploy.errors import ConfigError, ExitCode, RemoteOutputError
+from deploy.local import datasets
+from deploy.base.errors import ConfigError, ExitCode, RemoteOutputError
 from deploy.facts import quarantine as quarantine_facts
 from deploy.facts import status as status_facts
 from deploy.facts.server import parse_record, parse_server_state
-from deploy.limits import MAX_JSON_DEPTH, JSONTooDeep, parse_json
-from deploy.locks import parse_host_lock
+from deploy.base.limits import MAX_JSON_DEPTH, JSONTooDeep, parse_json
+from deploy.engine.locks import parse_host_lock
 from deploy.remote import host_ops
 
 #: (how deep the whole document nests, whether it is accepted)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy import history
+from deploy.local import history
 from deploy.cli.main import main
-from deploy.errors import ExitCode
-from deploy.local_state import LocalStateError, state_home
+from deploy.base.errors import ExitCode
+from deploy.local.state import LocalStateError, state_home
 
 
 def bounded(fn, seconds: float = 10.0):
@@ -188,7 +188,7 @@ def test_history_text_escaped_on_terminal_raw_in_json(capsys, field, name):
 def test_history_table_on_a_terminal_escapes(monkeypatch):
     import io
 
-    from deploy import render
+    from deploy.render import report as render
 
     from rich.console import Console
 
@@ -225,7 +225,7 @@ XDG_CASES = {
 
 
 def _lock_args(tmp_path: Path):
-    from deploy.locks import local_lock
+    from deploy.engine.locks import local_lock
 
     config = tmp_path / "deployctl.yaml"
     config.write_text("hosts: []\n")
@@ -262,7 +262,7 @@ def test_locks_folder_not_a_directory(tmp_path, kind):
 @pytest.mark.parametrize("which", ["lock", "owner"])
 @pytest.mark.parametrize("kind", ["directory", "fifo", "dev-zero", "socket"])
 def test_lock_file_not_regular(tmp_path, which, kind):
-    from deploy.locks import local_lock_path
+    from deploy.engine.locks import local_lock_path
 
     config = tmp_path / "deployctl.yaml"
     config.write_text("hosts: []\n")

@@ -240,7 +240,7 @@ class _Ctx:
 
 
 def test_down_fails_while_the_recorded_server_runs_elsewhere():
-    from deploy.errors import DeployError
+    from deploy.base.errors import DeployError
     from deploy.steps import stop_stale
 
     doc = {"scope": "pidfile", "processes": [], "note": "PID file /srv/d/server.pid holds 1 ...",

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy import status
+from deploy.verbs import status
 from deploy.facts import quarantine as quarantine_facts
-from deploy.local_state import LocalStateError
+from deploy.local.state import LocalStateError
 from deploy.remote import host_ops
 from deploy.remote import quarantine as quarantine_helper
 
@@ -158,7 +158,7 @@ def test_a_deep_quarantine_record_is_replaced_on_add_and_named_on_remove(tmp_pat
     else:
         assert code == 1 and "levels deep" in err and "Traceback" not in err
     # the local reader refuses the same depth as exit 5 naming the file
-    from deploy.errors import RemoteOutputError
+    from deploy.base.errors import RemoteOutputError
 
     if depth + 2 > host_ops.MAX_JSON_DEPTH:
         with pytest.raises(RemoteOutputError, match="levels deep"):
@@ -199,7 +199,7 @@ def test_host_ops_write_file_is_what_launch_and_record_good_write_with(tmp_path,
 
 @pytest.mark.parametrize("kind", ["fifo", "directory"])
 def test_the_host_lock_owner_file_that_is_not_a_regular_file_is_exit_10_naming_it(tmp_path, kind):
-    from deploy.locks import WRITE_FAILURE, host_lock_program
+    from deploy.engine.locks import WRITE_FAILURE, host_lock_program
 
     lock = tmp_path / "deployctl.lock"
     owner = tmp_path / "deployctl.lock.owner.json"

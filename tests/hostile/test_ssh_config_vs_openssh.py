@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from deploy.config.models import Host, SSHSettings
-from deploy.errors import ConfigError
-from deploy.ssh_config import load_ssh_config, resolve_endpoint
+from deploy.base.errors import ConfigError
+from deploy.ssh.config import load_ssh_config, resolve_endpoint
 
 SSH = shutil.which("ssh")
 pytestmark = pytest.mark.skipif(SSH is None, reason="the OpenSSH client (ssh) is not installed")

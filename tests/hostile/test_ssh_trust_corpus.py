@@ -2,7 +2,7 @@
 exit 4 naming the file, key files readable by others refused with the chmod that fixes them, and
 no file changed (except accept-new recording a key, which must say so).
 
-No sshd needed: the files are parsed by deploy.ssh_trust, and the CLI cases fail before connecting.
+No sshd needed: the files are parsed by deploy.ssh.trust, and the CLI cases fail before connecting.
 The real-sshd cases are in tests/integration/test_ssh_trust.py.
 """
 
@@ -16,9 +16,9 @@ import paramiko
 import pytest
 import yaml
 
-from deploy import ssh_trust
+from deploy.ssh import trust as ssh_trust
 from deploy.cli.main import main
-from deploy.errors import ConnectionFailed, ExitCode, HostKeyRejected
+from deploy.base.errors import ConnectionFailed, ExitCode, HostKeyRejected
 from tests.hostile.tree import assert_clean_failure, tree_state
 
 HOST = "gpu-a.example"

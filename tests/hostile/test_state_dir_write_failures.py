@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from deploy.config.models import Host
-from deploy.errors import DeployError, ExitCode, RemoteOutputError
-from deploy.locks import HOST_LOCK_SOURCE, acquire_host_lock
+from deploy.base.errors import DeployError, ExitCode, RemoteOutputError
+from deploy.engine.locks import HOST_LOCK_SOURCE, acquire_host_lock
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_host_lock_failure_mapping(line, code):
     (OSError(errno.ECONNRESET, "reset"), ExitCode.FAILED),
 ])
 def test_helper_upload_failure_mapping(exc, code):
-    from deploy.transport import Transport
+    from deploy.ssh.transport import Transport
 
     class Failing(Transport):
         def _upload(self, directory, files):

@@ -13,12 +13,12 @@ import json
 
 import pytest
 
-from deploy import render
+from deploy.render import report as render
 from deploy.config.models import Host
-from deploy.errors import RemoteOutputError
-from deploy.fanout import HostOutcome
+from deploy.base.errors import RemoteOutputError
+from deploy.engine.fanout import HostOutcome
 from deploy.engine.records import HostReport, StepRecord
-from deploy.terminal import SafeStream, safe_line, safe_text
+from deploy.base.terminal import SafeStream, safe_line, safe_text
 
 CONTROLS = [chr(c) for c in list(range(0x00, 0x20)) + list(range(0x7F, 0xA0))] + \
     ["\u2028", "\u2029", "\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069", "\ufeff"]
@@ -115,7 +115,7 @@ def test_json_keeps_the_raw_text(name):
 
 @pytest.mark.parametrize("name", sorted(SEQUENCES))
 def test_logs_verb_escapes_the_server_log(tmp_path, capsys, monkeypatch, name):
-    from deploy import inspect as orchestrator  # read_logs lives in deploy/inspect.py
+    from deploy.verbs import inspect as orchestrator  # read_logs lives in deploy/verbs/inspect.py
     from deploy.cli.main import main
     from tests.hostile.test_config_corpus import BASE, dump
 
@@ -134,7 +134,7 @@ def test_logs_verb_escapes_the_server_log(tmp_path, capsys, monkeypatch, name):
 
 @pytest.mark.parametrize("name", sorted(SEQUENCES))
 def test_error_messages_are_escaped(tmp_path, capsys, monkeypatch, name):
-    from deploy import inspect as orchestrator  # read_logs lives in deploy/inspect.py
+    from deploy.verbs import inspect as orchestrator  # read_logs lives in deploy/verbs/inspect.py
     from deploy.cli.main import main
     from tests.hostile.test_config_corpus import BASE, dump
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from deploy.cli.main import main
-from deploy.errors import ExitCode
+from deploy.base.errors import ExitCode
 from tests.integration.helpers import cli_json, cli_json_err, start_stray, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox

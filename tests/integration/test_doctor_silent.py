@@ -16,7 +16,7 @@ import struct
 
 import pytest
 
-from deploy.errors import ExitCode
+from deploy.base.errors import ExitCode
 from sandbox.drafter import encode_safetensors
 from tests.integration.helpers import cli_json_err, write_config
 from tests.integration.test_doctor import alive, health, server_pid, steps_of

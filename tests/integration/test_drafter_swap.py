@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from deploy import history
+from deploy.local import history
 from deploy.config.loader import load_config
 from deploy.engine.plan import plan_with_endpoints
-from deploy.errors import ExitCode
-from deploy.playbook import load_playbook
+from deploy.base.errors import ExitCode
+from deploy.engine.playbook import load_playbook
 from tests.integration.helpers import cli_json, write_config
 from tests.integration.test_plan_is_run import check_run_follows_plan, recorder  # noqa: F401 (a fixture)
 

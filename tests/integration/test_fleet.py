@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.errors import ExitCode
+from deploy.base.errors import ExitCode
 from tests.integration.fleet_client import StreamingClient, stream_once
 from deploy.cli.main import main
 from tests.integration.helpers import FAST, cli_json, wait_until, write_config

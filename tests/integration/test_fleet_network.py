@@ -74,7 +74,7 @@ def test_a_router_killed_mid_roll_stops_it_exit_14_untouched_replicas_serve_and_
         clean_sandbox, tmp_path, capsys, router_package):
     import threading
 
-    from deploy.errors import ExitCode
+    from deploy.base.errors import ExitCode
     from tests.integration.helpers import wait_until
     from tests.integration.test_fleet import health
 

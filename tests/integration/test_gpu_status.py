@@ -7,9 +7,9 @@ import subprocess
 import pytest
 
 from deploy.config import load_config
-from deploy.errors import ConnectionFailed, ExitCode, HostKeyRejected
-from deploy.shell import quote, quote_path
-from deploy.transport import HostConnection
+from deploy.base.errors import ConnectionFailed, ExitCode, HostKeyRejected
+from deploy.base.shell import quote, quote_path
+from deploy.ssh.transport import HostConnection
 from tests.integration.helpers import cli_json, gpu_used, hold_gpu_program, start_stray, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
@@ -173,7 +173,7 @@ def test_hostile_strings_stay_one_argument(clean_sandbox, tmp_path):
 
 
 def test_remote_command_timeout_kills_the_remote_process(clean_sandbox, tmp_path):
-    from deploy.errors import StepTimeout
+    from deploy.base.errors import StepTimeout
 
     host, ssh = _host(clean_sandbox, tmp_path)
     with HostConnection(host, ssh) as conn:

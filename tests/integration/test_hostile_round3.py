@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from deploy.errors import ExitCode
+from deploy.base.errors import ExitCode
 from tests.integration.helpers import cli_json, write_config
 
 pytestmark = pytest.mark.sandbox

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.errors import ExitCode
+from deploy.base.errors import ExitCode
 from tests.integration.helpers import cli_json, cli_json_err, gpu_used, hold_gpu_program, start_stray, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
@@ -306,7 +306,7 @@ def test_bench_sweep_redeploys_per_draft_token_count(clean_sandbox, tmp_path, ca
     files = clean_sandbox.run("sb1", f"ls {state}/bench").stdout.split()
     assert any(f.endswith("-t16.jsonl") for f in files) and any(f.endswith("-t5.jsonl") for f in files)
     # the built-in prompt set (not random ids), uploaded once and named in every row
-    from deploy import datasets
+    from deploy.local import datasets
 
     assert {r["dataset"] for r in doc["results"]} == {"builtin"}
     assert {r["dataset_sha256"] for r in doc["results"]} == {datasets.builtin().sha256}

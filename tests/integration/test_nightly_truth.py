@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy import history
-from deploy.errors import ExitCode
+from deploy.local import history
+from deploy.base.errors import ExitCode
 from tests.integration.helpers import cli_json
 from tests.integration.test_reliability import health, serving_pid
 from tests.integration.test_safe_redeploy import REPO, config, deployctl, new_checkpoint, read_until, steps_of

@@ -18,9 +18,9 @@ import pytest
 
 from deploy.config.loader import load_config
 from deploy.engine.plan import plan_with_endpoints
-from deploy.playbook import load_playbook
+from deploy.engine.playbook import load_playbook
 from deploy.steps import base
-from deploy import transport
+from deploy.ssh import transport
 from deploy.steps.base import Action, Command, Upload
 from tests.integration.helpers import cli_json, write_config
 

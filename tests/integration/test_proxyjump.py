@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from deploy.config import load_config
-from deploy.errors import ExitCode, HostKeyRejected
-from deploy.transport import HostConnection, JumpConnections
+from deploy.base.errors import ExitCode, HostKeyRejected
+from deploy.ssh.transport import HostConnection, JumpConnections
 from tests.integration.helpers import TEST_LAUNCH_ENV, cli_json, cli_json_err
 
 pytestmark = pytest.mark.sandbox

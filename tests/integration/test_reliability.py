@@ -11,8 +11,8 @@ import sys
 import pytest
 import yaml
 
-from deploy import history
-from deploy.errors import ExitCode
+from deploy.local import history
+from deploy.base.errors import ExitCode
 from tests.integration.helpers import cli_json, cli_json_err, write_config
 from tests.integration.test_safe_redeploy import (FAST, REPO, clear_markers, config, deployctl, new_checkpoint,
                                                   read_until, servers, steps_of)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from deploy.errors import ExitCode
+from deploy.base.errors import ExitCode
 from deploy.facts.helpers import HELPER_FILES, helper_payloads
 from deploy.cli.main import main
 from tests.integration.helpers import cli_json, write_config

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy import history
-from deploy.errors import ExitCode
+from deploy.local import history
+from deploy.base.errors import ExitCode
 from tests.integration.helpers import FAST, cli_json, cli_json_err, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.errors import ExitCode
-from deploy.transport import HostConnection
+from deploy.base.errors import ExitCode
+from deploy.ssh.transport import HostConnection
 from tests.integration.helpers import cli_json, cli_json_err, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox

@@ -3,7 +3,9 @@
 - no import cycle among deploy modules, counting every import (inside functions and under
   ``TYPE_CHECKING`` too: a lazy import still ties the two modules together);
 - no module imports another module's ``_private`` name;
-- no product file over 700 lines.
+- no product file over 700 lines;
+- every module listed on its floor (FLOORS), a folder per floor, nothing loose at deploy/'s top, and
+  no import from a floor above.
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ def test_the_scan_sees_imports_inside_functions_and_type_checking():
     # the scan itself: the engine imports steps lazily and under TYPE_CHECKING
     targets = {t for t, _ in imports_of("deploy.engine.session")}
     assert "deploy.steps.base" in targets
-    assert "deploy.playbook" in targets
+    assert "deploy.engine.playbook" in targets
 
 
 def test_no_import_cycle():
@@ -175,35 +177,106 @@ def test_no_product_file_over_700_lines():
     assert over == []
 
 
-#: floors, lowest first: a module may import its own floor and those below it, never one above
-FLOORS = [
-    ("base", ("deploy.errors", "deploy.limits", "deploy.shell", "deploy.config", "deploy.state_layout",
-              "deploy.sglang", "deploy.ssh_config", "deploy.ssh_trust", "deploy.connect", "deploy.transport",
-              "deploy.fanout", "deploy.remote", "deploy.local_state", "deploy.history",
-              # issue 22 (HOSTILE): pure leaf modules, importing only deploy.errors
-              "deploy.terminal", "deploy.bounded_channel", "deploy.ssh_agent", "deploy.ssh_config_eval",
-              # issue 20 (BENCH): the dataset rules (local file checks, the built-in prompt set)
-              "deploy.datasets",
-              # issue 17 (RELIABILITY): SIGTERM/SIGHUP handled like Ctrl-C
-              "deploy.signals",
-              # issue 28 (NIGHTLY): the throughput gate's statistics, pure
-              "deploy.throughput_gate")),
-    ("facts", ("deploy.facts", "deploy.doctor", "deploy.locks", "deploy.serving")),
-    ("steps", ("deploy.steps", "deploy.playbook")),
-    ("engine", ("deploy.engine",)),
-    ("fleet", ("deploy.fleet",)),
-    ("verbs", ("deploy.inspect", "deploy.render", "deploy.cli", "deploy.__main__", "deploy")),
+#: floors, lowest first, each the folders on it and every module of each folder: a module may import its
+#: own floor and those below it, never one above. A new module is placed here deliberately
+#: (test_every_module_is_on_a_floor), and a folder is on one floor whole (docs/architecture.md).
+FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
+    # pure leaves and the host-side programs: import nothing above
+    ("base", {
+        "deploy.base": ("__init__", "errors", "limits", "shell", "signals", "terminal"),
+        "deploy.remote": ("__init__", "doctor_facts", "drafter_swap", "fleet_ops", "host_lock", "host_ops",
+                          "listeners", "quarantine", "server_status", "sglang_cli", "state_files"),
+        "deploy.remote.fixer": ("__init__", "__main__", "checkpoint", "cli", "config", "conversion", "errors",
+                                "fileio", "header", "loader", "plan", "rename", "restoration", "sidecar", "store"),
+    }),
+    # the YAML"s models and loader
+    ("config", {
+        "deploy.config": ("__init__", "loader", "models"),
+    }),
+    # reaching a host, what it runs, what is kept locally
+    ("reach", {
+        "deploy.ssh": ("__init__", "agent", "bounded_channel", "config", "config_eval", "hop", "transport", "trust"),
+        "deploy.host": ("__init__", "deployment", "sglang_argv", "state_layout"),
+        "deploy.local": ("__init__", "datasets", "history", "state", "throughput_gate"),
+    }),
+    # command builders and strict parsers; the doctor"s judgements over them
+    ("facts", {
+        "deploy.facts": ("__init__", "bench", "doctor", "drafter_swap", "fixer", "fuser", "gpus", "helpers",
+                         "host_helper", "inline", "quarantine", "server", "status"),
+        "deploy.doctor": ("__init__", "before_stop", "checks", "sglang_options", "speculation", "suspects",
+                          "verdict"),
+    }),
+    # one module per playbook step
+    ("steps", {
+        "deploy.steps": ("__init__", "base", "benchmark", "converge", "doctor", "drafter_swap", "ensure_helper",
+                         "failure_cause", "fix_keys", "free_gpus", "launch", "memory", "quarantine", "record_good",
+                         "regression_gate", "stop_stale", "swap_drafter", "verify_acceptance", "wait_gpus_free",
+                         "wait_ready"),
+    }),
+    # the host session, playbooks, locks, fan-out
+    ("engine", {
+        "deploy.engine": ("__init__", "fanout", "locks", "outcome", "plan", "playbook", "records", "run",
+                          "serving", "session"),
+    }),
+    # run-level phases: router, rolling batches, node groups
+    ("fleet", {
+        "deploy.fleet": ("__init__", "doctor", "nodes", "phases", "plan", "rolling", "rollout", "router",
+                         "router_package", "router_ports", "router_watch"),
+    }),
+    # the read-only verbs and sweeps
+    ("verbs", {
+        "deploy.verbs": ("__init__", "bench_sweep", "inspect", "status"),
+    }),
+    # what a person reads
+    ("render", {
+        "deploy.render": ("__init__", "bench_report", "report", "status"),
+    }),
+    # one module per verb, and the package"s entry points
+    ("cli", {
+        "deploy.cli": ("__init__", "bench", "common", "doctor", "down", "fix_keys", "gpu_status", "history",
+                       "logs", "main", "nightly", "options", "plan", "restart", "status", "up"),
+        "deploy": ("__init__", "__main__"),
+    }),
 ]
 
 
+#: module -> (floor index, folder), from FLOORS
+PLACED = {(folder if name == "__init__" else f"{folder}.{name}"): (i, folder)
+          for i, (_, folders) in enumerate(FLOORS) for folder, names in folders.items() for name in names}
+
+
 def floor_of(module: str) -> int:
-    best, level = -1, -1
-    for i, (_, prefixes) in enumerate(FLOORS):
-        for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
-                best, level = len(prefix), i
-    assert level >= 0, f"{module} is on no floor: add it to FLOORS (and docs/architecture.md)"
-    return level
+    assert module in PLACED, f"{module} is on no floor: add it to FLOORS (and docs/architecture.md)"
+    return PLACED[module][0]
+
+
+def test_every_module_is_on_a_floor():
+    """Every module under deploy/ is listed, and every listed module exists: a new module (or a moved
+    one) is placed on a floor by whoever adds it, not by a prefix that happens to match."""
+    assert sorted(set(MODULES) - set(PLACED)) == []
+    assert sorted(set(PLACED) - set(MODULES)) == []
+
+
+def test_a_floor_is_whole_folders():
+    """A module sits in the folder FLOORS says, so a folder's floor is one fact: the folder's path."""
+    misplaced = [f"{m} is listed under {listed}" for m, (_, listed) in PLACED.items() if folder(m) != listed]
+    assert misplaced == []
+
+
+def test_the_top_level_holds_only_the_package_entry_points():
+    """Issue 25: deploy/ itself holds __init__.py and __main__.py; every other module is in its floor's folder."""
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py"]
+
+
+def test_floor_of_refuses_an_unlisted_module():
+    with pytest.raises(AssertionError, match="deploy.nowhere is on no floor"):
+        floor_of("deploy.nowhere")
+    assert floor_of("deploy.cli.main") > floor_of("deploy.render.report") > floor_of("deploy.verbs.status") \
+        > floor_of("deploy.fleet.rolling") > floor_of("deploy.engine.session") > floor_of("deploy.steps.launch") \
+        > floor_of("deploy.facts.server") > floor_of("deploy.ssh.transport") > floor_of("deploy.config.models") \
+        > floor_of("deploy.base.errors")
+    assert floor_of("deploy.remote.fixer.cli") == floor_of("deploy.base.shell") == 0
 
 
 def test_no_upward_import():

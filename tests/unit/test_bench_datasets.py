@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from deploy import bench_report, bench_sweep, datasets
+from deploy.render import bench_report
+from deploy.verbs import bench_sweep
+from deploy.local import datasets
 from deploy.cli.common import with_dataset
-from deploy.errors import ConfigError, DeployError, ExitCode
-from deploy.playbook import load_playbook
+from deploy.base.errors import ConfigError, DeployError, ExitCode
+from deploy.engine.playbook import load_playbook
 from deploy.steps.record_good import keep_bar
 from deploy.steps.regression_gate import compare
 
@@ -31,11 +33,11 @@ def record(prompt: str = "What is EAGLE-3?", answer: str = "A drafter.") -> dict
 
 def test_builtin_set_is_shipped_valid_and_covers_four_kinds():
     ds = datasets.builtin()
-    raw = json.loads((Path(datasets.__file__).parent / "data" / "prompts.json").read_text())
+    raw = json.loads((Path(datasets.__file__).parents[1] / "data" / "prompts.json").read_text())
     assert ds.kind == "sharegpt" and ds.skipped == 0 and 200 <= len(ds.prompts) == len(raw) <= 1000
     assert {r["category"] for r in raw} == {"chat", "code", "math", "summary"}
     assert len(set(ds.prompts)) == len(ds.prompts)  # no duplicates
-    assert ds.sha256 == hashlib.sha256((Path(datasets.__file__).parent / "data" / "prompts.json").read_bytes()).hexdigest()
+    assert ds.sha256 == hashlib.sha256((Path(datasets.__file__).parents[1] / "data" / "prompts.json").read_bytes()).hexdigest()
     # verify-acceptance draws from the same set, and its first prompts cover all four kinds
     assert datasets.verify_prompts(4) == list(ds.prompts[:4])
     assert [r["category"] for r in raw[:4]] == ["chat", "code", "math", "summary"]
@@ -46,7 +48,7 @@ def test_builtin_set_is_what_the_generator_writes():
     import runpy
 
     module = runpy.run_path(str(Path(__file__).parents[2] / "contrib" / "make_builtin_prompts.py"))
-    written = json.loads((Path(datasets.__file__).parent / "data" / "prompts.json").read_text())
+    written = json.loads((Path(datasets.__file__).parents[1] / "data" / "prompts.json").read_text())
     assert module["records"]() == written
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.errors import RemoteOutputError
+from deploy.base.errors import RemoteOutputError
 from deploy.facts.bench import OPTIONAL, REQUIRED, parse_bench_result
 
 CASES = Path(__file__).resolve().parents[1] / "facts" / "bench_serving"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import bench_report
+from deploy.render import bench_report
 from tests.unit.test_bench_datasets import bench_report_rounds
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from deploy.cli.main import main
-from deploy.errors import ExitCode
+from deploy.base.errors import ExitCode
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = str(REPO / "configs" / "kimi-k25-eagle3.yaml")
@@ -92,9 +92,9 @@ def test_traceback_flag_prints_the_traceback(monkeypatch, capsys):
 
 @pytest.mark.parametrize("flag", [False, True])
 def test_a_bug_on_one_host_keeps_the_others_and_its_traceback(flag, capsys):
-    from deploy import errors
+    from deploy.base import errors
     from deploy.config import load_config
-    from deploy.fanout import exit_code, for_each_host
+    from deploy.engine.fanout import exit_code, for_each_host
 
     first = load_config(Path(EXAMPLE)).hosts[0]
     hosts = [first.model_copy(update={"name": f"h{i}"}) for i in range(3)]
@@ -122,7 +122,7 @@ def test_the_cli_never_talks_ssh_itself():
     """deploy/cli parses, resolves, calls the orchestrator and renders: no transport, shell or steps."""
     import ast
 
-    forbidden = ("deploy.transport", "deploy.shell", "deploy.steps", "deploy.fanout", "deploy.facts")
+    forbidden = ("deploy.ssh.transport", "deploy.base.shell", "deploy.steps", "deploy.engine.fanout", "deploy.facts")
     cli_dir = REPO / "deploy" / "cli"
     offenders = []
     for path in sorted(cli_dir.glob("*.py")):

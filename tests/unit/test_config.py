@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from deploy.config import load_config
-from deploy.errors import ConfigError, ExitCode
+from deploy.base.errors import ConfigError, ExitCode
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from deploy.config import load_config
-from deploy.errors import ConfigError, ExitCode
+from deploy.base.errors import ConfigError, ExitCode
 
 
 def config_text(state_dir: str, drafter: str, base_model: str = "/models/kimi", user: str = "ubuntu",

@@ -1,4 +1,4 @@
-"""One desired deployment (deploy/sglang/deployment.py, issue 25): what launch records is what converge,
+"""One desired deployment (deploy/host/deployment.py, issue 25): what launch records is what converge,
 the fleet's probe, a node group and ``deployctl status`` compare with, the doctor's decisions included."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from deploy import status
+from deploy.verbs import status
 from deploy.config.models import Host, Run
 from deploy.facts import status as facts
 from deploy.facts.server import ServerState
-from deploy.sglang.deployment import DesiredDeployment, desired_deployment, recorded_draft_quantization
+from deploy.host.deployment import DesiredDeployment, desired_deployment, recorded_draft_quantization
 from deploy.steps import converge, launch
 from deploy.steps.base import StepContext
 from deploy.steps.memory import StepMemory
@@ -116,4 +116,4 @@ def _callers(name: str) -> set[str]:
 @pytest.mark.parametrize("name", ["sglang_argv", "env_hash"])
 def test_what_a_run_launches_is_computed_in_one_place(name):
     # issue 25: launch, the fleet's probe (rebuilding the steps' memory by hand) and status each built it
-    assert _callers(name) == {"sglang/deployment.py"}
+    assert _callers(name) == {"host/deployment.py"}

@@ -25,12 +25,12 @@ import pytest
 from deploy.config.models import Host, Run
 from deploy.doctor.checks import ONE_LAYER_LIMIT, DoctorInput, run_checks
 from deploy.doctor.suspects import likely_causes
-from deploy.errors import RemoteOutputError
+from deploy.base.errors import RemoteOutputError
 from deploy.facts.doctor import HELPER, base_architectures, doctor_program, HostFacts, SglangFacts, host_spec, parse_host_facts, parse_sglang_facts
 from deploy.remote import doctor_facts
 from deploy.remote.fixer.header import DTYPE_BITS
 from sandbox.drafter import drafter_tensor_specs
-from deploy.transport import CommandResult
+from deploy.ssh.transport import CommandResult
 
 FIXTURES = Path(__file__).resolve().parents[1] / "facts" / "doctor"
 KIMI = dict(hidden_size=7168, intermediate_size=18432, num_heads=64, num_kv_heads=64, head_dim=128,

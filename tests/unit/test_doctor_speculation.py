@@ -21,7 +21,7 @@ from deploy.doctor.checks import run_checks
 from deploy.doctor.speculation import DRAFT_QUANT_FLAG, draft_quantization_flag, option_value
 from deploy.doctor.suspects import likely_causes, simulated_acceptance
 from deploy.doctor.verdict import DoctorInput
-from deploy.sglang.argv import sglang_argv
+from deploy.host.sglang_argv import sglang_argv
 from sandbox.drafter import drafter_tensor_specs
 from tests.unit.test_doctor_checks import KIMI, World, write_header_only
 

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.errors import RemoteOutputError
+from deploy.base.errors import RemoteOutputError
 from deploy.facts.drafter_swap import DrafterFacts, GpuMemory, SwapInspection, parse_inspection, parse_send
 from deploy.remote import drafter_swap as sender
-from deploy.sglang.deployment import DesiredDeployment, desired_deployment
+from deploy.host.deployment import DesiredDeployment, desired_deployment
 from deploy.steps.drafter_swap import RunningServer, has_admin_key, swap_decision
 from sandbox import drafter as drafter_mod
 from tests.fixtures_ckpt import make_sglang_drafter
@@ -29,7 +29,7 @@ def a_run(**fields) -> Run:
 
 
 def deployment(drafter: str, fingerprint: str, run: Run | None = None, **changes) -> DesiredDeployment:
-    """What the run launches with ``drafter`` (the one builder: deploy/sglang/deployment.py)."""
+    """What the run launches with ``drafter`` (the one builder: deploy/host/deployment.py)."""
     built = desired_deployment(run or a_run(), HOST, drafter_path=drafter, drafter_fingerprint=fingerprint,
                                sglang_version="0.5.23")
     if "argv" in changes:
@@ -261,7 +261,7 @@ def test_the_admin_key_is_required_when_set_and_0_5_20_has_no_session(ls):
 
 
 def planned(name: str):
-    from deploy.playbook import PlannedStep
+    from deploy.engine.playbook import PlannedStep
     from deploy.steps import REGISTRY
 
     return PlannedStep(name, REGISTRY[name].Settings(step=name))
@@ -288,7 +288,7 @@ def test_a_replica_kept_for_a_swap_leaves_the_router_once_before_anything_stops_
 
 def test_a_swapped_replica_never_leaves_and_a_refused_leave_stops_with_the_server_as_it_was():
     from deploy.engine.session import leave_router_before_stop
-    from deploy.errors import ExitCode
+    from deploy.base.errors import ExitCode
     from deploy.fleet.rolling import LastHealthyWorker
     from deploy.steps.memory import StepMemory
 

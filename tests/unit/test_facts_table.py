@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.errors import DeployError
+from deploy.base.errors import DeployError
 from deploy.facts import bench, fixer, fuser, gpus, helpers, host_helper, status
 
 CASES = Path(__file__).resolve().parents[1] / "facts"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.errors import DeployError, ExitCode, RemoteCommandFailed, RemoteOutputError, VerificationFailed
+from deploy.base.errors import DeployError, ExitCode, RemoteCommandFailed, RemoteOutputError, VerificationFailed
 from deploy.remote.fixer import convert
 from deploy.steps import fix_keys
 from deploy.steps.base import StepContext

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.errors import RemoteCommandFailed, RemoteOutputError
+from deploy.base.errors import RemoteCommandFailed, RemoteOutputError
 from deploy.facts.fixer import FixerFailure, FixerSummary, parse_fixer_summary
 from deploy.remote.fixer import store
 from tests.fixer_zipapp import fixer_zipapp

@@ -13,14 +13,14 @@ import pytest
 
 from deploy.config import load_config
 from deploy.config.models import Host, Run
-from deploy.errors import ConfigError, ExitCode, RemoteOutputError
+from deploy.base.errors import ConfigError, ExitCode, RemoteOutputError
 from deploy.fleet.nodes import dist_init_addr, group_fields, matching_group, node_run
 from deploy.fleet.rollout import batches, check_serial, default_serial
 from deploy.fleet.router_package import RouterPackage
 from deploy.fleet.router import (FLEET_OPS, modern_api, parse_loads, parse_workers, router_argv, start_command,
                                  worker_url)
 from deploy.fleet.rollout import router_spared as with_router_spared
-from deploy.playbook import load_playbook
+from deploy.engine.playbook import load_playbook
 
 BASE = """\
 hosts:

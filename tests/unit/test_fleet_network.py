@@ -10,7 +10,7 @@ import pytest
 from deploy.cli.main import main
 from deploy.config.models import Host, Run
 from deploy.fleet.router import loopback_problem, worker_url
-from deploy.sglang.argv import probe_address
+from deploy.host.sglang_argv import probe_address
 
 BASE = """\
 hosts:
@@ -130,7 +130,7 @@ def test_option_value_reads_argparse_forms_and_not_an_ambiguous_prefix():
 
 
 def test_a_bad_port_in_extra_args_is_a_config_error():
-    from deploy.errors import ConfigError
+    from deploy.base.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--prometheus-port 'x'"):
         binds_of(("--prometheus-port", "x"), "smg")
@@ -183,7 +183,7 @@ def test_fleet_ops_ports_finds_a_listener_and_its_holder(tmp_path):
 
 from types import SimpleNamespace  # noqa: E402
 
-from deploy.errors import ExitCode  # noqa: E402
+from deploy.base.errors import ExitCode  # noqa: E402
 from deploy.fleet.router_watch import RouterLost, restart_with_healthy, watch  # noqa: E402
 
 
@@ -248,7 +248,7 @@ def test_a_restarted_router_gets_every_healthy_replica_not_only_the_batch():
 
 # -- router log tails without escapes (priority 6) ------------------------------------------------
 
-from deploy.terminal import strip_escapes  # noqa: E402
+from deploy.base.terminal import strip_escapes  # noqa: E402
 
 SMG_LOG = ("\x1b[2m2026-12-01T10:00:00.123Z\x1b[0m \x1b[32m INFO\x1b[0m \x1b[2msmg::server\x1b[0m\x1b[2m:\x1b[0m "
            "Starting router on 127.0.0.10:30080\r\n"
@@ -267,7 +267,7 @@ def test_router_log_tails_lose_every_escape_sequence(raw, words):
 
 
 def test_a_failed_phase_keeps_the_log_tail_on_its_progress_line_and_in_the_record():
-    from deploy.errors import DeployError
+    from deploy.base.errors import DeployError
     from deploy.fleet.phases import Barrier
 
     said: list[str] = []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.errors import RemoteOutputError
+from deploy.base.errors import RemoteOutputError
 from deploy.facts import gpus
 
 FACTS = Path(__file__).resolve().parents[1] / "facts"

@@ -15,7 +15,7 @@ import pytest
 from deploy.config.models import Host, Run
 from deploy.facts import doctor
 from deploy.facts.inline import MAX_ARG_STRLEN, InlineProgramTooLarge, inline_program
-from deploy.transport import CommandResult, remote_timeout_wrap
+from deploy.ssh.transport import CommandResult, remote_timeout_wrap
 
 PACKAGE = [("pkg.errors", "class Oops(Exception):\n    pass\n"),
            ("pkg.sub.reader", "from ..errors import Oops\n\ndef read(x):\n    if x < 0:\n        raise Oops('neg')\n"

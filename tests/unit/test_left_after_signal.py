@@ -12,7 +12,7 @@ from deploy.config.models import Host, Run
 from deploy.engine.outcome import after_interruption
 from deploy.engine.records import HostReport, StepRecord
 from deploy.engine.session import run_steps
-from deploy.errors import ExitCode, Interrupted
+from deploy.base.errors import ExitCode, Interrupted
 from deploy.steps.base import StepOutcome, StepSettings
 from deploy.steps.memory import StepMemory
 

@@ -12,12 +12,12 @@ import subprocess
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.sglang.argv import sglang_argv
-from deploy.errors import ConfigError, RemoteOutputError
+from deploy.host.sglang_argv import sglang_argv
+from deploy.base.errors import ConfigError, RemoteOutputError
 from deploy.facts.fuser import parse_killed
 from deploy.facts.host_helper import parse_probe, parse_stop_report
 from deploy.engine.plan import plan_playbook
-from deploy.playbook import load_playbook
+from deploy.engine.playbook import load_playbook
 from deploy.steps import REGISTRY, ensure_helper, free_gpus, launch, stop_stale, wait_gpus_free, wait_ready
 from deploy.steps.base import StepContext
 
@@ -214,8 +214,8 @@ class BusyHost:
         import json
         import time
 
-        from deploy.errors import Interrupted
-        from deploy.transport import WatchResult
+        from deploy.base.errors import Interrupted
+        from deploy.ssh.transport import WatchResult
 
         self.calls += 1
         gpus = "".join(f"{i}, GPU-{i:04d}, {500 if i == 0 else 0}, 143771, 0\n" for i in range(8))
@@ -234,7 +234,7 @@ def test_cancel_stops_a_polling_step_promptly():
     import threading
     import time
 
-    from deploy.errors import Interrupted
+    from deploy.base.errors import Interrupted
 
     ctx = ctx_for(wait_gpus_free, interval_s=30)
     ctx.conn = BusyHost()
@@ -248,7 +248,7 @@ def test_cancel_stops_a_polling_step_promptly():
 
 
 def test_wait_gpus_free_times_out_naming_holder_without_ssh():
-    from deploy.errors import StepTimeout
+    from deploy.base.errors import StepTimeout
 
     ctx = ctx_for(wait_gpus_free, interval_s=0.01, timeout_s=0.05)
     ctx.conn = BusyHost(for_s=0.05)
@@ -279,7 +279,7 @@ _GOOD = {"python": "3.11.7", "files": {"host_ops.py": "a" * 64, "fix_eagle3_keys
     ],
 )
 def test_host_python_and_helper_state_are_parsed_strictly(exit_code, stdout, stderr, fragment):
-    from deploy.errors import DeployError
+    from deploy.base.errors import DeployError
     from deploy.facts.helpers import parse_helper_state
 
     names = ["host_ops.py", "fix_eagle3_keys.py"]

@@ -10,11 +10,11 @@ import time
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.errors import (BenchmarkHarnessFailed, ConnectionFailed, ExitCode, Quarantined, Regression, RemoteCommandFailed,
+from deploy.base.errors import (BenchmarkHarnessFailed, ConnectionFailed, ExitCode, Quarantined, Regression, RemoteCommandFailed,
                            RemoteOutputError, ServerDied, StepTimeout, VerificationFailed)
 from deploy.facts import quarantine as facts
 from deploy.facts.server import RunSnapshot, ServerState
-from deploy.playbook import load_playbook
+from deploy.engine.playbook import load_playbook
 from deploy.steps import quarantine
 from deploy.steps.base import StepContext
 from deploy.steps.memory import StepMemory

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.errors import ExitCode
+from deploy.base.errors import ExitCode
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from deploy.errors import LockHeld
-from deploy.locks import HOST_LOCK_SOURCE, local_lock, local_scopes, parse_host_lock
+from deploy.base.errors import LockHeld
+from deploy.engine.locks import HOST_LOCK_SOURCE, local_lock, local_scopes, parse_host_lock
 from deploy.remote import host_lock
 
 
 def _holder(config: Path, run: str, scopes: list[str], tmp: Path) -> subprocess.Popen:
     """Another deployctl process holding local locks until its stdin closes."""
-    code = ("import sys; from pathlib import Path; from deploy.locks import local_lock\n"
+    code = ("import sys; from pathlib import Path; from deploy.engine.locks import local_lock\n"
             f"with local_lock(Path({str(config)!r}), {run!r}, {{'command': 'up', 'run': {run!r}, 'pid': 4242, "
             f"'user': 'op', 'hostname': 'ws', 'started_at': 'T'}}, {scopes!r}):\n"
             "    print('held', flush=True); sys.stdin.read()\n")
@@ -29,7 +29,7 @@ def _holder(config: Path, run: str, scopes: list[str], tmp: Path) -> subprocess.
 
 def _attempt(config: Path, run: str, scopes: list[str], tmp: Path) -> str:
     """What a third deployctl process gets when it asks for these locks: "taken" or the refusal."""
-    code = ("from pathlib import Path; from deploy.errors import LockHeld; from deploy.locks import local_lock\n"
+    code = ("from pathlib import Path; from deploy.base.errors import LockHeld; from deploy.engine.locks import local_lock\n"
             "try:\n"
             f"    with local_lock(Path({str(config)!r}), {run!r}, {{'command': 'up', 'pid': 77}}, {scopes!r}):\n"
             "        print('taken')\n"
@@ -185,7 +185,7 @@ def test_shared_dir_is_world_writable_and_sticky(tmp_path):
 
 def test_host_lock_command_names_the_gpu_devices():
     from deploy.config.models import Host
-    from deploy.locks import host_lock_command
+    from deploy.engine.locks import host_lock_command
 
     host = Host(name="h", address="127.0.0.1", state_dir="/var/lib/x", gpu_devices="/dev/nvidia?")
     command = host_lock_command(host, "<owner>", script="<s>")

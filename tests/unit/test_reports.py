@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import io
 
-from deploy import render
+from deploy.render import report as render
 from deploy.config.models import Host
-from deploy.errors import ConnectionFailed, RemoteOutputError
+from deploy.base.errors import ConnectionFailed, RemoteOutputError
 from deploy.facts.gpus import GpuRow
-from deploy.fanout import HostOutcome
+from deploy.engine.fanout import HostOutcome
 from deploy.engine.records import HostReport, StepRecord
 
 A = Host(name="gpu-a", address="10.0.0.1")

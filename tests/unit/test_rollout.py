@@ -14,7 +14,7 @@ import pytest
 
 from deploy.cli.main import main
 from deploy.config import load_config
-from deploy.errors import UsageError
+from deploy.base.errors import UsageError
 from deploy.fleet.rollout import Rollout
 
 BASE = """\
@@ -149,7 +149,7 @@ def test_down_is_never_phased_and_keeps_host(tmp_path):
 
 
 def test_every_verb_spares_a_router_on_a_replica_host(tmp_path):
-    from deploy.playbook import load_playbook
+    from deploy.engine.playbook import load_playbook
 
     config = load_config(write(tmp_path, "router-3"))
     run = config.runs[0]

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.errors import DeployError, RemoteOutputError
+from deploy.base.errors import DeployError, RemoteOutputError
 from deploy.fleet.router import FLEET_OPS, parse_router_packages, router_url, url_host, worker_url
 from deploy.fleet.router_package import (POLICIES, ROUTER_CMDLINE_MARKS, RouterPackage, choose_package,
                                          policy_problem)

@@ -11,7 +11,7 @@ import pytest
 
 from deploy.cli.main import main
 from deploy.fleet.router import OPS_SCRIPT, RouterCalls, RouterHost, fleet_ops_program
-from deploy.shell import quote
+from deploy.base.shell import quote
 
 BASE = """\
 hosts:

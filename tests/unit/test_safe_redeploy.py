@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from deploy import history
-from deploy.errors import ExitCode, LockHeld
+from deploy.local import history
+from deploy.base.errors import ExitCode, LockHeld
 from deploy.facts.server import env_hash, parse_record, parse_server_state, same_deployment
-from deploy.locks import HOST_LOCK_SOURCE, describe_owner, host_lock_program, local_lock, owner_info, parse_host_lock
+from deploy.engine.locks import HOST_LOCK_SOURCE, describe_owner, host_lock_program, local_lock, owner_info, parse_host_lock
 from deploy.remote import host_ops
-from deploy.sglang.deployment import DesiredDeployment
+from deploy.host.deployment import DesiredDeployment
 from deploy.steps.regression_gate import compare
 from deploy.facts.host_helper import parse_probe
 from deploy.steps.wait_ready import classify
-from deploy.errors import RemoteOutputError
+from deploy.base.errors import RemoteOutputError
 from deploy.steps.memory import StepMemory
 
 # ---------------------------------------------------------------------------- wait-ready
@@ -133,7 +133,7 @@ def test_local_lock_refuses_a_second_holder_naming_the_first(tmp_path, monkeypat
     config = tmp_path / "deployctl.yaml"
     config.write_text("")
     owner = owner_info("up", "r")
-    code = ("import sys, time; from deploy.locks import local_lock; from pathlib import Path\n"
+    code = ("import sys, time; from deploy.engine.locks import local_lock; from pathlib import Path\n"
             f"with local_lock(Path({str(config)!r}), 'r', {{'command': 'nightly', 'run': 'r', 'pid': 77, "
             "'user': 'u', 'hostname': 'box', 'started_at': 'then'}):\n"
             "    print('held', flush=True); sys.stdin.read()")
@@ -317,7 +317,7 @@ def test_truncated_outputs_are_refused(cut):
 
 
 def test_local_lock_file_name_is_safe_for_any_run_name(tmp_path, monkeypatch):
-    from deploy.locks import local_lock_path
+    from deploy.engine.locks import local_lock_path
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     for run in ("../../etc/passwd", "a/b", "x" * 300, "ünï cødé", "\n"):
@@ -330,10 +330,10 @@ def test_local_lock_file_name_is_safe_for_any_run_name(tmp_path, monkeypatch):
 from types import SimpleNamespace  # noqa: E402
 
 from deploy.config.models import Host, Run  # noqa: E402
-from deploy.errors import BenchmarkHarnessFailed, DeployError, Regression, ServerDied, StepTimeout  # noqa: E402
+from deploy.base.errors import BenchmarkHarnessFailed, DeployError, Regression, ServerDied, StepTimeout  # noqa: E402
 from deploy.engine.records import RunOptions, StepRecord  # noqa: E402
 from deploy.engine.session import run_steps, should_roll_back  # noqa: E402
-from deploy.playbook import load_playbook  # noqa: E402
+from deploy.engine.playbook import load_playbook  # noqa: E402
 from deploy.steps.base import StepOutcome, StepSettings  # noqa: E402
 
 HOST = Host(name="h", address="10.0.0.1", user="u", state_dir="/var/lib/deployctl")
@@ -458,10 +458,10 @@ def test_history_verb_plain_lines_and_json(capsys):
 
 # ---------------------------------------------------------------------------- wait-ready end to end, fake host
 
-from deploy.errors import ServerDied, ServerUnhealthy  # noqa: E402
+from deploy.base.errors import ServerDied, ServerUnhealthy  # noqa: E402
 from deploy.steps import wait_ready  # noqa: E402
 from deploy.steps.base import StepContext  # noqa: E402
-from deploy.transport import CommandResult  # noqa: E402
+from deploy.ssh.transport import CommandResult  # noqa: E402
 
 
 class ScriptedHost:
@@ -485,7 +485,7 @@ class ScriptedHost:
         return self.run(command, timeout=timeout)
 
     def watch(self, command, on_line, *, timeout, cancelled, silence_s=None):
-        from deploy.transport import WatchResult
+        from deploy.ssh.transport import WatchResult
 
         self.commands.append(command)
         assert " watch-health " in command, command

@@ -1,4 +1,4 @@
-"""What a host serves, decided once (deploy/serving.py), and the refusals that used to claim it (issue 17)."""
+"""What a host serves, decided once (deploy/engine/serving.py), and the refusals that used to claim it (issue 17)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from deploy.doctor.checks import Check
 from deploy.facts.server import RunSnapshot, ServerState
-from deploy.serving import decide
+from deploy.engine.serving import decide
 from deploy.steps.doctor import checkpoint_invalid, left_as_it_was
 
 GOOD = {"argv": ["python3", "-m", "sglang.launch_server"], "drafter_fingerprint": "f1", "env_hash": "e",
@@ -99,7 +99,7 @@ def test_verified_pid_is_the_runs_own_or_the_rollbacks():
 
 
 def test_the_report_json_and_history_carry_the_same_answer():
-    from deploy import history
+    from deploy.local import history
 
     report = HostReport(HOST, steps=[StepRecord("stop-stale", "ok"), StepRecord("wait-ready", "failed")])
     report.serving = serving_of(report, StepMemory(pid=42), RunOptions(command="up"),
@@ -153,7 +153,7 @@ RB_OK = _steps(("stop-stale", "ok"), ("launch", "ok"), ("wait-ready", "ok"), ("v
 ])
 def test_a_failed_verification_is_never_headlined_as_a_verified_deployment(steps, rollback, memory, server, expected,
                                                                             fragment):
-    from deploy import history
+    from deploy.local import history
 
     snapshot = RunSnapshot(time.monotonic(), "3.11", {}, state(record=GOOD), GOOD)
     report = HostReport(HOST, steps=list(steps), rollback=list(rollback))

@@ -23,7 +23,7 @@ from deploy.doctor.sglang_options import extra_arg
 from deploy.doctor.speculation import check_hierarchical_cache, check_max_running_requests
 from deploy.facts.doctor import SglangCliFacts, doctor_program, parse_sglang_facts
 from deploy.remote import sglang_cli
-from deploy.transport import CommandResult
+from deploy.ssh.transport import CommandResult
 
 FACTS = Path(__file__).resolve().parents[1] / "facts" / "sglang_options"
 VERSIONS = ("0.5.12", "0.5.15", "0.5.23")

@@ -2,7 +2,7 @@ import subprocess
 
 import pytest
 
-from deploy import shell
+from deploy.base import shell
 
 HOSTILE = ["plain", "with space", "it's", 'dq"', "$(touch /tmp/pwned)", "`id`", "a;b", "*", "\\n", "-rf", "~", "x\ny"]
 

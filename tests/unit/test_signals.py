@@ -9,13 +9,13 @@ import sys
 import pytest
 
 from deploy.config.models import Host
-from deploy.errors import ExitCode, Interrupted, VerificationFailed
+from deploy.base.errors import ExitCode, Interrupted, VerificationFailed
 from deploy.engine.records import HostReport, StepRecord
 from deploy.engine.run import mark_interrupted
 
 PROGRAM = """
 import os, signal, sys, time
-from deploy.signals import Terminated, terminate_like_interrupt
+from deploy.base.signals import Terminated, terminate_like_interrupt
 code = 3
 with terminate_like_interrupt():
     try:
@@ -39,7 +39,7 @@ def test_the_signal_becomes_a_keyboard_interrupt_with_its_exit_code(name, code):
 
 
 def test_handlers_are_restored_after_the_invocation():
-    from deploy.signals import terminate_like_interrupt
+    from deploy.base.signals import terminate_like_interrupt
 
     before = signal.getsignal(signal.SIGTERM)
     with terminate_like_interrupt():

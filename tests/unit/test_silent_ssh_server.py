@@ -10,9 +10,9 @@ import time
 import pytest
 
 from deploy.config.models import Host, SSHSettings
-from deploy.errors import ConnectionFailed
-from deploy.connect.hop import silent_server
-from deploy.transport import HostConnection
+from deploy.base.errors import ConnectionFailed
+from deploy.ssh.hop import silent_server
+from deploy.ssh.transport import HostConnection
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Issue 12: resolving a host's SSH settings from the YAML and ssh_config (no SSH at all).
 
-Table tests of deploy.ssh_config.resolve_endpoint: precedence (YAML > ssh_config > default) and
+Table tests of deploy.ssh.config.resolve_endpoint: precedence (YAML > ssh_config > default) and
 provenance for every field, generated over all combinations; ProxyJump chains; ``none``;
 StrictHostKeyChecking values.
 """
@@ -13,9 +13,9 @@ import paramiko
 import pytest
 
 from deploy.config.models import Host, SSHSettings
-from deploy.errors import ConfigError
-from deploy.ssh_config_eval import OpenSSHConfig
-from deploy.ssh_config import SSHConfigSource, load_ssh_config, resolve_endpoint, ssh_config_path
+from deploy.base.errors import ConfigError
+from deploy.ssh.config_eval import OpenSSHConfig
+from deploy.ssh.config import SSHConfigSource, load_ssh_config, resolve_endpoint, ssh_config_path
 
 
 def source(text: str) -> SSHConfigSource:
@@ -224,7 +224,7 @@ def chain(jump: str) -> list[tuple[str, str, int, str]]:
     ("none", []),
 ])
 def test_jump_chains(jump, expected):
-    from deploy.ssh_config import _local_user
+    from deploy.ssh.config import _local_user
 
     got = chain(jump)
     assert [(a, h, p, u if u is not None else _local_user()) for a, h, p, u in got] == \
@@ -364,20 +364,20 @@ def test_proxycommand_none_and_identity_agent_matching_the_environment_are_fine(
 
 def test_docs_ssh_say_who_evaluates_ssh_config_and_it_is_true():
     # issue 25: docs/ssh.md still said paramiko's parser read ssh_config and that Include was
-    # inlined before it; deploy/ssh_config_eval.py evaluates it (readconf.c), Include scoped to its block
+    # inlined before it; deploy/ssh/config_eval.py evaluates it (readconf.c), Include scoped to its block
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     text = (root / "docs" / "ssh.md").read_text()
     assert "parsed by paramiko" not in text and "inlined before paramiko" not in text
-    assert "deploy/ssh_config_eval.py" in text
+    assert "deploy/ssh/config_eval.py" in text
     assert not [p for p in (root / "deploy").rglob("*.py") if "paramiko.SSHConfig" in p.read_text()
                 or "from paramiko import SSHConfig" in p.read_text()]
 
 
 # -- issue 27: OpenSSH's argv_split, known_hosts "none" and /dev/null, GlobalKnownHostsFile -----
 
-from deploy.ssh_config_eval import argv_split  # noqa: E402
+from deploy.ssh.config_eval import argv_split  # noqa: E402
 
 ARGV_SPLIT = [  # misc.c argv_split(s, ..., terminate_on_comment=1), as readconf.c calls it since 8.7
     ("ops#x", ["ops#x"]), ("a #c d", ["a"]), ("#all", []), ('"/p/known hosts" /x', ["/p/known hosts", "/x"]),
@@ -409,7 +409,7 @@ def test_none_beside_a_file_is_refused_as_ssh_does():
 
 
 def test_known_hosts_are_read_from_user_then_global_files_and_dev_null_is_empty(tmp_path):
-    from deploy.connect.hop import known_hosts_files
+    from deploy.ssh.hop import known_hosts_files
 
     user, system = tmp_path / "user hosts", tmp_path / "ssh_known_hosts"
     user.write_text("")
@@ -461,8 +461,8 @@ class _KeyOnlyServer:
 
 @pytest.mark.parametrize("where", ["global", "user-after-dev-null", "nowhere"])
 def test_a_key_only_in_the_global_known_hosts_file_is_trusted_and_never_written(tmp_path, where):
-    from deploy.connect.hop import apply_host_key_policy
-    from deploy.errors import HostKeyRejected
+    from deploy.ssh.hop import apply_host_key_policy
+    from deploy.base.errors import HostKeyRejected
 
     server = _KeyOnlyServer()
     system, user = tmp_path / "ssh_known_hosts", tmp_path / "user_hosts"

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.errors import ExitCode, RemoteOutputError
+from deploy.base.errors import ExitCode, RemoteOutputError
 from deploy.facts import status as facts
 from deploy.facts.server import env_hash
-from deploy.sglang.argv import sglang_argv
-from deploy import status
-from deploy.status_render import cells, clean, findings, plain_lines, table
+from deploy.host.sglang_argv import sglang_argv
+from deploy.verbs import status
+from deploy.render.status import cells, clean, findings, plain_lines, table
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = Host(name="kimi-a", address="10.1.230.174", state_dir="/var/lib/deployctl")
@@ -175,7 +175,7 @@ def test_prom_file_is_replaced_atomically_and_a_failed_write_leaves_the_old_one(
         assert Path(src).parent == path.parent and not Path(src).name.endswith(".prom")  # collector ignores it
         raise OSError(28, "No space left on device")
 
-    from deploy.local_state import LocalStateError
+    from deploy.local.state import LocalStateError
 
     monkeypatch.setattr(os, "replace", refuse)
     with pytest.raises(LocalStateError, match="No space left"):
@@ -456,7 +456,7 @@ def test_the_status_table_is_readable_at_its_terminal_width(width):
     characters wide. Below 120 it is one block per host, every value on one line."""
     from rich.console import Console
 
-    from deploy import status_render
+    from deploy.render import status as status_render
 
     hosts = [Host(name=f"kimi-{c}", address="10.1.230.174") for c in "ab"]
     readings = [status.HostReading(hosts[0], host_status(), verdict=status.Verdict("healthy")),

@@ -9,10 +9,10 @@ import pytest
 
 from deploy.config.models import Host, Run
 from deploy.engine.records import HostReport
-from deploy.errors import ServerDied
+from deploy.base.errors import ServerDied
 from deploy.facts.server import ServerState
 from deploy.fleet import nodes
-from deploy.playbook import load_playbook
+from deploy.engine.playbook import load_playbook
 from deploy.steps.memory import StepMemory
 
 HOSTS = [Host(name=n, address=f"10.0.0.{i}", state_dir="/var/lib/deployctl") for i, n in enumerate("ab", 1)]

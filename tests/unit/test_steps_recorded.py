@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.errors import (BenchmarkHarnessFailed, ConnectionFailed, ExitCode, RemoteCommandFailed, RemoteOutputError,
+from deploy.base.errors import (BenchmarkHarnessFailed, ConnectionFailed, ExitCode, RemoteCommandFailed, RemoteOutputError,
                            StepTimeout, VerificationFailed)
 from deploy.facts.fuser import NO_DEVICE_FILES
 from deploy.steps import (converge, ensure_helper, launch, free_gpus, record_good, regression_gate, stop_stale, verify_acceptance,
                           wait_gpus_free, wait_ready)
 from deploy.steps.base import StepContext
 from deploy.steps.launch import desired_record
-from deploy.transport import ExecTimedOut
+from deploy.ssh.transport import ExecTimedOut
 from deploy.steps.memory import StepMemory
 from tests.recording import RecordingTransport, Reply
 
@@ -213,7 +213,7 @@ def test_verify_acceptance_records_the_measured_accept_length():
     outcome = verify_acceptance.run(ctx(verify_acceptance, conn, memory=memory))
     assert outcome.status == "ok" and memory.verify["accept_length"] == 3.02
     # measured on the built-in prompt set, named by its sha256 (the regression gate compares like with like)
-    from deploy import datasets
+    from deploy.local import datasets
 
     assert memory.verify["settings"]["prompts_sha256"] == datasets.builtin().sha256
     sent = json.loads(shlex.split(conn.commands[-1])[-1])
@@ -312,7 +312,7 @@ def test_converge_redeploys_a_recorded_server_that_answers_500():
 ])
 def test_a_replica_kept_in_the_router_must_still_converge_or_nothing_is_stopped(state, reason):
     """The fleet kept it serving because a probe found it unchanged: a change since is an error, not a redeploy."""
-    from deploy.errors import DeployError
+    from deploy.base.errors import DeployError
     from deploy.steps.converge import would_converge
     from deploy.facts.server import ServerState
 
@@ -399,7 +399,7 @@ def test_doctor_sends_one_command_and_stops_the_run_on_a_failing_check(tmp_path)
     import subprocess
     import sys
 
-    from deploy.errors import RemoteOutputError as Bad
+    from deploy.base.errors import RemoteOutputError as Bad
     from deploy.steps import doctor
 
     host = HOST.model_copy(update={"python": sys.executable, "state_dir": str(tmp_path / "state")})
@@ -488,7 +488,7 @@ def _dataset_state(name: str, digest: str | None) -> str:
 def test_benchmark_sends_the_dataset_once_per_sha256(tmp_path, on_host):
     import hashlib
 
-    from deploy import datasets
+    from deploy.local import datasets
     from deploy.steps import benchmark
 
     records = [{"conversations": [{"from": "human", "value": f"question {i}?"}, {"from": "gpt", "value": "answer"}]}

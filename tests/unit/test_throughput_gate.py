@@ -8,12 +8,12 @@ import math
 import pytest
 
 from deploy.config.models import Host, Run
-from deploy.errors import Regression
+from deploy.base.errors import Regression
 from deploy.steps import record_good, regression_gate
 from deploy.steps.base import StepContext
 from deploy.steps.memory import StepMemory
 from deploy.steps.regression_gate import compare
-from deploy.throughput_gate import decide, moses_rank
+from deploy.local.throughput_gate import decide, moses_rank
 from tests.recording import RecordingTransport, Reply
 
 HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/s")
@@ -171,7 +171,8 @@ def _gated_report():
 
 
 def test_the_gates_verdict_goes_to_the_plain_report_json_and_history():
-    from deploy import history, render
+    from deploy.local import history
+    from deploy.render import report as render
 
     report = _gated_report()
     [line] = [l for l in render.plain_report_lines("nightly", [report], "T") if "throughput gate" in l]
@@ -183,7 +184,7 @@ def test_the_gates_verdict_goes_to_the_plain_report_json_and_history():
 
 
 def test_the_html_bench_report_shows_the_rounds_and_the_verdict():
-    from deploy import bench_report
+    from deploy.render import bench_report
 
     table = bench_report.rows([(16, [_gated_report()])])
     page = bench_report.render_html(bench_report.document("r", 16, table, []))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.playbook import BUILTIN
+from deploy.engine.playbook import BUILTIN
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,7 +98,7 @@ def test_the_builtin_playbooks_come_from_the_wheel(installed):
     """playbooks/ at the top of the clone is shipped as deploy.playbooks; the installed deployctl
     reads it from there (the checkout's playbooks/ is not next to the installed package)."""
     venv, work, env = installed
-    code = "from deploy.playbook import BUILTIN, builtin_playbook; print(*(builtin_playbook(n) for n in BUILTIN))"
+    code = "from deploy.engine.playbook import BUILTIN, builtin_playbook; print(*(builtin_playbook(n) for n in BUILTIN))"
     out = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=work, env=env, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -153,7 +153,7 @@ def test_the_sandbox_test_double_is_not_in_the_wheel(installed):
 
 def test_the_builtin_prompt_set_ships_in_the_wheel(installed):
     """bench and verify-acceptance read deploy/data/prompts.json as package data."""
-    from deploy import datasets
+    from deploy.local import datasets
 
     result = _run(installed, "plan", "bench")
     assert result.returncode == 0, result.stderr

@@ -49,7 +49,7 @@ Usage::
         [--hidden-states-from ...] (--sglang-version V | --sglang-generation G | --sglang-python PY)
         -- DRAFTER                                (the fix-keys step's host side: see store.py)
 
-Exit codes (the same as deployctl's ``deploy.errors.ExitCode``): 0 done or already converted and
+Exit codes (the same as deployctl's ``deploy.base.errors.ExitCode``): 0 done or already converted and
 verified; 1 ``--check``: a change is needed; 2 usage (conflicting ``--rename`` rules included);
 3 (``store`` only) the store overlaps the drafter; 6 invalid checkpoint (config.json missing or not
 a regular file, a weights file that is a FIFO, a directory or a dangling link, a header field of

@@ -1,4 +1,4 @@
-"""Exit codes (the same numbers as deployctl's ``deploy.errors.ExitCode``) and FixError."""
+"""Exit codes (the same numbers as deployctl's ``deploy.base.errors.ExitCode``) and FixError."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploy.config.loader import compose_yaml, compose_yaml_bytes, format_validation_error, locate_node
-from deploy.errors import ConfigError, UsageError
+from deploy.base.errors import ConfigError, UsageError
 from deploy.steps import REGISTRY
 from deploy.steps.base import StepSettings
 
@@ -22,7 +22,7 @@ from deploy.steps.base import StepSettings
 BUILTIN = ("up", "restart", "down", "bench", "nightly")
 #: playbooks/ next to the package in a source checkout (and an editable install, whose finder maps
 #: only packages with an __init__.py, so `deploy.playbooks` is not importable there)
-_SOURCE_PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
+_SOURCE_PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 
 
 class _PlaybookFile(BaseModel):

@@ -23,15 +23,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from deploy.limits import parse_json
+from deploy.base.limits import parse_json
 from deploy.config.models import Host
-from deploy.errors import DeployError, ExitCode, LockHeld, RemoteOutputError
-from deploy.local_state import (LocalStateError, ensure_directory, read_regular, require_not_directory,
+from deploy.base.errors import DeployError, ExitCode, LockHeld, RemoteOutputError
+from deploy.local.state import (LocalStateError, ensure_directory, read_regular, require_not_directory,
                                  state_home, write_regular)
-from deploy.shell import path_join, quote, quote_path
+from deploy.base.shell import path_join, quote, quote_path
 from deploy.facts.helpers import helper_python
 
-HOST_LOCK_SOURCE = Path(__file__).resolve().parent / "remote" / "host_lock.py"
+HOST_LOCK_SOURCE = Path(__file__).resolve().parents[1] / "remote" / "host_lock.py"
 #: an OSError the host printed that means "this file system refuses the write" (EACCES, EPERM,
 #: ENOSPC, EROFS, EDQUOT): the state dir is read-only, full or not the user's, exit 10
 #: ... or a state file that is not a regular file (host_ops.replace_file refuses to replace it, issue 31)
@@ -153,7 +153,7 @@ def local_lock(config_path: Path, run: str, owner: dict, scopes: Sequence[str] =
     try:
         for scope in sorted(set(scopes)):
             path = local_lock_path(config_path, run, scope)
-            # every problem with the state directory is exit 10 naming the path (deploy/local_state.py)
+            # every problem with the state directory is exit 10 naming the path (deploy/local/state.py)
             ensure_directory(path.parent, "deployctl's local locks folder")
             owner_path = path.with_name(path.name + ".owner.json")
             require_not_directory(path, "a local lock file")

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from deploy.local_state import state_home
+from deploy.local.state import state_home
 
 METRICS = (("output_tok_s", "output tok/s", ".1f"), ("accept_length", "accept length", ".2f"),
            ("mean_itl_ms", "mean ITL ms", ".2f"), ("p99_itl_ms", "p99 ITL ms", ".2f"),

@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-from deploy.errors import DeployError, ExitCode
+from deploy.base.errors import DeployError, ExitCode
 
 
 class LocalStateError(DeployError):

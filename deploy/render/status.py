@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
-from deploy.status import HostReading
+from deploy.verbs.status import HostReading
 
 
 def clean(value: object, limit: int = 200) -> str:
     """``value`` as text with control characters (C0, DEL, C1, bidi overrides) escaped, bounded."""
-    from deploy.limits import has_control_chars
+    from deploy.base.limits import has_control_chars
 
     text = str(value)
     if len(text) > limit:

@@ -11,14 +11,14 @@ Everything else builds command strings and parses their output; it hands command
 * Timeouts. ``Connection.run(timeout=...)`` raises ``CommandTimedOut`` but with ``pty=False`` the
   remote process keeps running. Every command is therefore also wrapped in coreutils ``timeout``
   on the host, so a timed-out command does not linger there.
-* ssh_config and jump hosts (deploy/connect/hop.py opens each hop: auth, host-key policy). The user's ``~/.ssh/config`` is resolved by deploy/ssh_config.py
+* ssh_config and jump hosts (deploy/ssh/hop.py opens each hop: auth, host-key policy). The user's ``~/.ssh/config`` is resolved by deploy/ssh/config.py
   (paramiko's parser, YAML values first); each hop of a ProxyJump chain is its own fabric
   ``Connection`` used as the next one's ``gateway``, with its own keys and its own host key check.
   Jump connections are shared by all targets of a run (:class:`JumpConnections`).
 * Retries. tenacity retries *connecting* (refused, timed out, banner errors), never a command:
   a command may have side effects (killing processes, launching a server).
 * Held commands. ``hold`` starts a command on its own channel and leaves it running until we
-  close the channel or the connection dies; the host lock hangs on it (see deploy/locks.py).
+  close the channel or the connection dies; the host lock hangs on it (see deploy/engine/locks.py).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from deploy.config.models import Host, SSHSettings
-from deploy.connect.hop import JumpConnections, open_hop
-from deploy.errors import (DeployError, ConnectionFailed, ExitCode, Interrupted, RemoteCommandFailed,
+from deploy.ssh.hop import JumpConnections, open_hop
+from deploy.base.errors import (DeployError, ConnectionFailed, ExitCode, Interrupted, RemoteCommandFailed,
                            RemoteOutputError, StepTimeout)
-from deploy.ssh_config import (
+from deploy.ssh.config import (
     Endpoint,
     SSHConfigSource,
     load_ssh_config,
@@ -72,7 +72,7 @@ class WatchResult:
     stderr: str
 
 
-#: the longest line a host-side watch loop may print (deploy/bounded_channel.py)
+#: the longest line a host-side watch loop may print (deploy/ssh/bounded_channel.py)
 _MAX_WATCH_LINE = 1 << 20
 
 
@@ -237,7 +237,7 @@ class Transport:
             result = self.check('printf "%s" "$HOME"', what="reading $HOME")
             home = result.stdout
             if not home.startswith("/") or "\n" in home:
-                from deploy.errors import RemoteOutputError
+                from deploy.base.errors import RemoteOutputError
 
                 raise RemoteOutputError(
                     f"{self.label}: $HOME is {home!r}; expected an absolute path"
@@ -400,11 +400,11 @@ class HostConnection(Transport):
 
     # -- the wire ---------------------------------------------------------------------------
     def _exec(self, command: str, *, timeout: float) -> tuple[int, str, str]:
-        # HOSTILE (issue 22): one channel read within a byte limit (deploy/bounded_channel.py),
+        # HOSTILE (issue 22): one channel read within a byte limit (deploy/ssh/bounded_channel.py),
         # not fabric's run(hide=True), which kept a 60 MB nvidia-smi answer whole in memory.
         import paramiko
 
-        from deploy import bounded_channel
+        from deploy.ssh import bounded_channel
 
         self._refuse_when_frozen()
         # a signal that came before this command started does not stop it (the report's own reads)
@@ -440,7 +440,7 @@ class HostConnection(Transport):
     def _stream(self, command: str) -> int:
         """A pty, so fabric's Ctrl-C handling (it writes ``\x03`` to the channel) reaches the remote
         command as SIGINT; without one the remote tail never hears it and the call never returns."""
-        from deploy.terminal import SafeStream
+        from deploy.base.terminal import SafeStream
 
         # the log is printed with its control characters escaped (HOSTILE, issue 22)
         result = self._live().run(command, hide=False, warn=True, in_stream=False, pty=True,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-#: bidi overrides/isolates, line/paragraph separators, BOM (as deploy/limits.py refuses in paths)
+#: bidi overrides/isolates, line/paragraph separators, BOM (as deploy/base/limits.py refuses in paths)
 _INVISIBLE = "\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff"
 _UNSAFE_LINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_INVISIBLE}]")
 _UNSAFE_TEXT = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_INVISIBLE}]")

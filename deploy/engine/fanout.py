@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from deploy.config.models import Host
-from deploy import errors
-from deploy.errors import DeployError, ExitCode
+from deploy.base import errors
+from deploy.base.errors import DeployError, ExitCode
 
 T = TypeVar("T")
 

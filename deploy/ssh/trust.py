@@ -1,6 +1,6 @@
 """Whom deployctl trusts over SSH: known_hosts (with OpenSSH's markers) and private-key permissions.
 
-Kept apart from the connection code in deploy/transport.py, which calls these functions.
+Kept apart from the connection code in deploy/ssh/transport.py, which calls these functions.
 
 * known_hosts markers. paramiko's ``HostKeys.load`` reads ``@cert-authority *.example.com
   ssh-ed25519 ...`` as a host named "@cert-authority" with key type "*.example.com" and, for some
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deploy.errors import ConnectionFailed, HostKeyRejected
+from deploy.base.errors import ConnectionFailed, HostKeyRejected
 
 if TYPE_CHECKING:
     import paramiko
@@ -80,7 +80,7 @@ def load_known_hosts(path: Path) -> KnownHosts:
     import paramiko
     from paramiko.hostkeys import HostKeyEntry
 
-    from deploy.limits import InputTooLarge, read_bounded
+    from deploy.base.limits import InputTooLarge, read_bounded
 
     try:
         raw = read_bounded(path, MAX_KNOWN_HOSTS_BYTES)

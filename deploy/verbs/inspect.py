@@ -10,8 +10,8 @@ from typing import Any
 
 from deploy.config.models import Config, Host, Run
 from deploy.engine.plan import describe_endpoints
-from deploy.fanout import exit_code, for_each_host
-from deploy.transport import HostConnection, JumpConnections
+from deploy.engine.fanout import exit_code, for_each_host
+from deploy.ssh.transport import HostConnection, JumpConnections
 
 __all__ = ["describe_endpoints", "doctor", "exit_code", "follow_log", "gpu_status", "latest_log_path", "read_logs", "router_status"]
 
@@ -33,7 +33,7 @@ def router_status(config: Config, hosts: Sequence[Host]) -> list[dict[str, Any]]
     if not any(r.router is not None for r in config.runs):
         return []
     from deploy.engine.session import network_host
-    from deploy.errors import DeployError
+    from deploy.base.errors import DeployError
     from deploy.fleet.router import RouterHost
     from deploy.fleet.router_package import package_text, running_package
 
@@ -84,14 +84,14 @@ def doctor(config: Config, run: Run, hosts: Sequence[Host]) -> list:
 
 
 def latest_log_path(host: Host) -> str:
-    from deploy.state_layout import StatePaths
+    from deploy.host.state_layout import StatePaths
 
     return StatePaths(host.state_dir).latest_log
 
 
 def read_logs(config: Config, hosts: Sequence[Host], lines: int) -> list:
     """The last ``lines`` lines of each host's latest server log: HostOutcome[str] in host order."""
-    from deploy.shell import quote_path
+    from deploy.base.shell import quote_path
 
     def work(host: Host) -> str:
         with HostConnection(host, config.ssh, jumps) as conn:
@@ -104,7 +104,7 @@ def read_logs(config: Config, hosts: Sequence[Host], lines: int) -> list:
 
 def follow_log(config: Config, host: Host, lines: int) -> None:
     """Print the host's latest server log and follow it (``tail -F``) until Ctrl-C."""
-    from deploy.shell import quote_path
+    from deploy.base.shell import quote_path
 
     with HostConnection(host, config.ssh) as conn:
         conn.stream(f"tail -n {lines} -F -- {quote_path(latest_log_path(host))}")

@@ -7,7 +7,7 @@ source, so ``deployctl plan`` and ``gpu-status --json`` can show why a host is r
 is. No file is read and nothing connects here (``load_ssh_config`` is the one reader); the
 transport builds one connection per hop from an Endpoint.
 
-Evaluating ssh_config is deploy/ssh_config_eval.py's, which follows OpenSSH's readconf.c (Host/
+Evaluating ssh_config is deploy/ssh/config_eval.py's, which follows OpenSSH's readconf.c (Host/
 Match blocks, Include scoped to its block, first value wins, tokens) and refuses what it cannot
 honour (``Match exec``, ``CanonicalizeHostname yes``); a generated test compares it with ``ssh -G``. Precedence follows the issue: a value set in the YAML wins over ssh_config,
 ssh_config wins over deployctl's default. "Set in the YAML" means the key is present in the file
@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 from deploy.config.models import Host, SSHSettings
-from deploy.errors import ConfigError
-from deploy.limits import InputTooLarge, read_bounded
-from deploy.ssh_config_eval import OpenSSHConfig, expand_tokens, path_tokens
+from deploy.base.errors import ConfigError
+from deploy.base.limits import InputTooLarge, read_bounded
+from deploy.ssh.config_eval import OpenSSHConfig, expand_tokens, path_tokens
 
 Source = Literal["yaml", "ssh_config", "default"]
 T = TypeVar("T")
@@ -108,7 +108,7 @@ class Endpoint:
 class SSHConfigSource:
     """A parsed ssh_config and where it came from (``path`` None: none is used)."""
 
-    #: deploy/ssh_config_eval.OpenSSHConfig (or anything with its ``lookup(alias) -> dict``)
+    #: deploy/ssh/config_eval.OpenSSHConfig (or anything with its ``lookup(alias) -> dict``)
     config: Any
     path: str | None
 
@@ -130,7 +130,7 @@ MAX_SSH_CONFIG_BYTES = 1 << 20
 def read_ssh_config_file(path: str, label: str) -> str:
     """The text of one ssh_config file: a regular file, at most MAX_SSH_CONFIG_BYTES, UTF-8.
 
-    Non-blocking and bounded (deploy/limits.py): ``/dev/zero`` took 6 GB in 15 s and a FIFO hung.
+    Non-blocking and bounded (deploy/base/limits.py): ``/dev/zero`` took 6 GB in 15 s and a FIFO hung.
     Every failure is a ConfigError (exit 3) naming the file.
     """
     try:
@@ -152,7 +152,7 @@ def read_ssh_config_file(path: str, label: str) -> str:
 
 
 def load_ssh_config(ssh: SSHSettings) -> SSHConfigSource:
-    """Read the ssh_config named by the settings (deploy/ssh_config_eval.py evaluates it). Errors name the file."""
+    """Read the ssh_config named by the settings (deploy/ssh/config_eval.py evaluates it). Errors name the file."""
     path = ssh_config_path(ssh)
     if path is None:
         return SSHConfigSource(OpenSSHConfig.from_text("", "(no ssh_config)"), None)

@@ -26,7 +26,7 @@ and evaluate the config again; write the full name as HostName instead).
 
 Token expansion of ``IdentityFile`` and ``UserKnownHostsFile`` (``%d %h %u %r %p %n %i %l %L %%``
 and ``~``) needs the effective user and port, which the YAML may override: :func:`expand_tokens`
-is called by deploy/ssh_config.py once those are known.
+is called by deploy/ssh/config.py once those are known.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from deploy.errors import ConfigError
+from deploy.base.errors import ConfigError
 
 #: ``Include`` nesting deeper than this is a loop (OpenSSH's READCONF_MAX_DEPTH is 16)
 MAX_INCLUDE_DEPTH = 16

@@ -21,7 +21,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from deploy.shell import path_join
+from deploy.base.shell import path_join
 
 #: the link to the newest log, in logs/ of the server and of the router
 LATEST_LOG = "latest.log"

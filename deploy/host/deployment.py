@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from deploy.config.models import Host, Run
-from deploy.sglang.argv import DRAFT_QUANT_FLAG, DRAFTER_FLAG, sglang_argv
-from deploy.state_layout import StatePaths
+from deploy.host.sglang_argv import DRAFT_QUANT_FLAG, DRAFTER_FLAG, sglang_argv
+from deploy.host.state_layout import StatePaths
 
 #: the fields that make two deployments the same server (the rest is bookkeeping)
 IDENTITY = ("argv", "drafter_fingerprint", "env_hash", "sglang_version")

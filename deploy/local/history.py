@@ -2,7 +2,7 @@
 
 Appended under a file lock (several deployctl runs may finish at once); a line that cannot be
 parsed (a crash mid-write on an old kernel, a hand edit) is skipped with a warning naming its line,
-never silently dropped and never fatal. Reads are bounded (deploy/local_state.py).
+never silently dropped and never fatal. Reads are bounded (deploy/local/state.py).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from deploy.limits import parse_json
-from deploy.local_state import LocalStateError, check_state_root, ensure_directory, read_regular, require_not_directory, state_home
-from deploy.local_state import write_regular
+from deploy.base.limits import parse_json
+from deploy.local.state import LocalStateError, check_state_root, ensure_directory, read_regular, require_not_directory, state_home
+from deploy.local.state import write_regular
 
 FIELDS = ("time", "verb", "run", "host", "sglang_version", "drafter_fingerprint", "draft_tokens", "accept_length",
           "output_tok_s", "dataset", "dataset_sha256", "throughput_gate", "outcome", "exit_code", "duration_s", "serving")
@@ -40,7 +40,7 @@ def records_for(verb: str, run: str, reports: Sequence, started_at: datetime | N
             "throughput_gate": facts.get("throughput_gate"),
             "exit_code": int(report.error.exit_code) if report.error is not None else 0,
             "duration_s": round(report.duration_s, 3),
-            # what the host serves after the run (deploy/serving.py): the same decision as the report's
+            # what the host serves after the run (deploy/engine/serving.py): the same decision as the report's
             "serving": report.serving.state if getattr(report, "serving", None) is not None else None,
             # "swapped" (into the running server, with what was verified) or "reloaded" and why (issue 29)
             "drafter_update": facts.get("drafter_update"),

@@ -17,7 +17,7 @@ class ExitCode(IntEnum):
     #: the YAML config (hosts, runs) or a playbook is invalid.
     CONFIG = 3
     #: a host could not be reached: DNS, refused, timeout, auth, unknown or changed host key; or it died
-    #: or froze mid-step (deploy/transport.py: "the host stopped answering").
+    #: or froze mid-step (deploy/ssh/transport.py: "the host stopped answering").
     CONNECTION = 4
     #: a remote command printed something we do not recognise (never read as "fine").
     REMOTE_OUTPUT = 5
@@ -34,7 +34,7 @@ class ExitCode(IntEnum):
     #: a step after stop-stale failed; the last good deployment was restored and verified.
     ROLLED_BACK = 11
     #: nightly: a conclusive regression: acceptance, or throughput over the benchmark rounds
-    #: (deploy/throughput_gate.py), below the configured fraction of the last good one.
+    #: (deploy/local/throughput_gate.py), below the configured fraction of the last good one.
     REGRESSION = 12
     #: restart/nightly: the drafter's fingerprint failed on this host before for a cause that was the
     #: checkpoint's (deploy/steps/failure_cause.py; its quarantine record); nothing was stopped.
@@ -43,10 +43,10 @@ class ExitCode(IntEnum):
     #: a roll behind the router stopped because the router died or stopped answering its management
     #: API; the replicas the roll had not touched serve as before (fleet/router_watch.py).
     ROUTER_LOST = 14
-    #: SIGHUP (128 + 1): handled like Ctrl-C (deploy/signals.py)
+    #: SIGHUP (128 + 1): handled like Ctrl-C (deploy/base/signals.py)
     HANGUP = 129
     INTERRUPTED = 130
-    #: SIGTERM (128 + 15): handled like Ctrl-C (deploy/signals.py)
+    #: SIGTERM (128 + 15): handled like Ctrl-C (deploy/base/signals.py)
     TERMINATED = 143
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 
-from deploy.errors import ConnectionFailed
+from deploy.base.errors import ConnectionFailed
 
 
 #: seconds an ssh-agent gets to answer one request: a local agent answers in milliseconds; one

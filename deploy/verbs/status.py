@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from deploy.config.models import Config, Host, Run
-from deploy.errors import DeployError, ExitCode
+from deploy.base.errors import DeployError, ExitCode
 from deploy.facts.status import HostStatus, parse_status, status_command
-from deploy.fanout import HostOutcome, for_each_host
-from deploy.transport import HostConnection, JumpConnections
+from deploy.engine.fanout import HostOutcome, for_each_host
+from deploy.ssh.transport import HostConnection, JumpConnections
 
 #: the SSH command's own bound beyond the window and the probe (connect, python start, 6 GETs)
 COMMAND_SLACK_S = 60.0
@@ -68,7 +68,7 @@ class HostReading:
 
 def gate_of(playbook_name: str = "nightly", **overrides: float | None) -> Gate:
     """The regression gate's settings of ``playbook_name`` (flags given override them)."""
-    from deploy.playbook import load_playbook
+    from deploy.engine.playbook import load_playbook
 
     playbook = load_playbook(playbook_name)
     step = next((s for s in playbook.steps if s.name == "regression-gate"), None)
@@ -80,12 +80,12 @@ def gate_of(playbook_name: str = "nightly", **overrides: float | None) -> Gate:
 
 def configured(run: Run, host: Host, status: HostStatus) -> tuple[bool | None, list[str]]:
     """(runs what this run would launch?, what differs): the recorded deployment against the run's
-    desired deployment (deploy/sglang/deployment.py, what launch and converge compute), with the
+    desired deployment (deploy/host/deployment.py, what launch and converge compute), with the
     drafter's store path and the doctor's draft-quantization decision as the launch recorded them.
     Read-only and quick: the drafter checkpoint is not fingerprinted again and the doctor not re-run
     (``deployctl plan``/``up`` converge on both). A node group is read at rank 0: its argv carries
     rank 0's ``--nnodes --node-rank --dist-init-addr``."""
-    from deploy.sglang.deployment import desired_deployment, recorded_draft_quantization
+    from deploy.host.deployment import desired_deployment, recorded_draft_quantization
 
     record = status.deployment
     if record is None:
@@ -155,7 +155,7 @@ def evaluate(run: Run, status: HostStatus, gate: Gate) -> Verdict:
 
 
 def _base_url(run: Run, host: Host) -> str:
-    from deploy.sglang.argv import probe_address
+    from deploy.host.sglang_argv import probe_address
 
     address = probe_address(run, host)
     return f"http://{'[' + address + ']' if ':' in address else address}:{run.port}"
@@ -323,6 +323,6 @@ def write_prom_file(path: Path, text: str) -> None:
     the collector ignores: it reads only ``*.prom``), fsync, rename over ``path`` when it is a
     regular file or absent. A scrape sees the old file or the new one; a device, FIFO, directory or
     socket at ``path`` is refused (exit 10), never replaced."""
-    from deploy.local_state import replace_file
+    from deploy.local.state import replace_file
 
     replace_file(path, text.encode("utf-8"), "the --prom-file", mode=0o644)

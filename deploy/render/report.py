@@ -1,6 +1,6 @@
 """Rendering for humans (rich) and scripts (JSON). Deciding happens elsewhere.
 
-Every text that came from a host or a local state file goes through deploy/terminal.py before it
+Every text that came from a host or a local state file goes through deploy/base/terminal.py before it
 reaches a terminal (control characters shown escaped) and into rich as plain Text, never markup;
 JSON documents carry the raw text (json.dumps escapes it).
 """
@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from deploy.errors import ExitCode
+from deploy.base.errors import ExitCode
 from deploy.facts.gpus import GpuRow
-from deploy.fanout import HostOutcome
-from deploy.terminal import safe_line, safe_text
+from deploy.engine.fanout import HostOutcome
+from deploy.base.terminal import safe_line, safe_text
 
 if TYPE_CHECKING:
     from rich.console import Console, JustifyMethod

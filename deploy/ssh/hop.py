@@ -1,6 +1,6 @@
 """Opening SSH hops: host-key policy, authentication, the fabric Connection, jump hosts.
 
-What deploy/transport.py's :class:`HostConnection` connects through (its module docstring says
+What deploy/ssh/transport.py's :class:`HostConnection` connects through (its module docstring says
 why: fabric #1804/#2071 trust any key, so the policy and known_hosts are ours; tenacity retries
 connecting, never a command). Each hop of a ProxyJump chain is its own fabric ``Connection``
 used as the next one's ``gateway``, with its own keys and its own host key check;
@@ -18,9 +18,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deploy import ssh_trust
-from deploy.errors import ConnectionFailed, HostKeyRejected
-from deploy.ssh_config import Endpoint, expand_path
+from deploy.ssh import trust as ssh_trust
+from deploy.base.errors import ConnectionFailed, HostKeyRejected
+from deploy.ssh.config import Endpoint, expand_path
 
 if TYPE_CHECKING:  # fabric/paramiko are imported lazily: `deployctl --help` must stay fast.
     import fabric
@@ -46,7 +46,7 @@ def apply_host_key_policy(client: paramiko.SSHClient, hop: Endpoint, label: str)
 
     A changed key never reaches a policy: paramiko raises BadHostKeyException first. Jump hosts go
     through here exactly like targets (their own UserKnownHostsFile / StrictHostKeyChecking).
-    The files are read by deploy/ssh_trust.py, not client.load_host_keys: paramiko misreads
+    The files are read by deploy/ssh/trust.py, not client.load_host_keys: paramiko misreads
     OpenSSH's @revoked/@cert-authority lines.
     """
     files, present = known_hosts_files(hop)
@@ -93,7 +93,7 @@ def _agent_keys() -> list:
     """
     if not os.environ.get("SSH_AUTH_SOCK"):
         return []
-    from deploy.ssh_agent import timed_agent
+    from deploy.ssh.agent import timed_agent
 
     return list(timed_agent().get_keys())
 
@@ -108,7 +108,7 @@ def auth_kwargs(hop: Endpoint, label: str) -> dict:
     """
     import paramiko
 
-    from deploy.ssh_agent import check_agent_answers
+    from deploy.ssh.agent import check_agent_answers
 
     check_agent_answers()  # HOSTILE (issue 22): an agent that never answers
     files = [expand_path(f) for f in hop.identity_files.value]
@@ -204,7 +204,7 @@ def build_hop_connection(hop: Endpoint, gateway: fabric.Connection | None, label
         **auth_kwargs(hop, label),
     }
     # fabric's own ssh_config loading stays off: deployctl resolved the settings itself
-    # (deploy/ssh_config.py) and fabric would apply ProxyJump without any host key check.
+    # (deploy/ssh/config.py) and fabric would apply ProxyJump without any host key check.
     config = fabric.Config(overrides={"load_ssh_configs": False})
     conn = _hop_connection_class()(
         hop.hostname.value, user=hop.user.value, port=hop.port.value, config=config,

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy.limits import MAX_JSON_DEPTH, JSONTooDeep, check_json_depth, parse_json
-from deploy.errors import ConfigError
-from deploy.shell import path_join
+from deploy.base.limits import MAX_JSON_DEPTH, JSONTooDeep, check_json_depth, parse_json
+from deploy.base.errors import ConfigError
+from deploy.base.shell import path_join
 
 BUILTIN = "builtin"
 RANDOM_IDS = "random-ids"

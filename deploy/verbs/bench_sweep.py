@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deploy.config.models import Run
-from deploy.errors import DeployError, LockHeld
+from deploy.base.errors import DeployError, LockHeld
 
 Progress = Callable[[str, str, str], None]
 RunRound = Callable[[Any, Run], list]

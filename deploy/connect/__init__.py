@@ -1,1 +1,0 @@
-"""Connecting: opening SSH hops (hop.py); deploy/transport.py runs commands over them."""

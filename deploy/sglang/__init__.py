@@ -1,1 +1,0 @@
-"""What deployctl knows about SGLang itself, pure (no I/O): the launch argv rules (argv.py)."""
