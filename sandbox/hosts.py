@@ -43,7 +43,10 @@ from deploy.remote import host_ops as proc  # the product's /proc reader (not th
 from sandbox import drafter as drafter_mod
 
 SSHD = "/usr/sbin/sshd"
-USER_PREFIX = "dsb-"
+#: the Unix user name prefixes a sandbox may use: "dsb-" for the demo and the tests' first slot,
+#: "dsb1-" for their second (tests/conftest.py: two integration workers, each its own sandbox)
+USER_PREFIXES = ("dsb-", "dsb1-")
+USER_PREFIX = USER_PREFIXES[0]
 GECOS_MARK = "deployctl-sandbox"
 FIRST_ADDRESS_OCTET = 10
 GPU_TOTAL_MIB = 143771  # NVIDIA H200
@@ -168,7 +171,7 @@ class Sandbox:
             h = self.host(name)
             _kill_user_processes(h.user)
             _build_home(h.name, h.home, h.gpu_count, state["sglang_version"],
-                        self.root / "drafter-template", h.address, _shim(self.root))
+                        self.root / "drafter-template", h.address, _shim(self.root), state.get("sim_env"))
             pw = pwd.getpwnam(h.user)
             _chown_tree(h.home, pw.pw_uid, pw.pw_gid)
 
@@ -223,16 +226,16 @@ def _check_traversable(root: Path) -> None:
                 f"under it. Use a root under /var/tmp, or `chmod o+x {p}`.")
 
 
-def _check_names(names: Sequence[str]) -> None:
+def _check_names(names: Sequence[str], user_prefix: str = USER_PREFIX) -> None:
     if not names:
         raise SandboxError("a sandbox needs at least one host name")
     if len(set(names)) != len(names):
         raise SandboxError(f"host names must be unique: {list(names)}")
     for name in names:
         ok = name[:1].isalpha() and all(c.isalnum() or c == "-" for c in name) and name.islower()
-        if not ok or len(USER_PREFIX + name) > 32:
+        if not ok or len(user_prefix + name) > 32:
             raise SandboxError(f"host name {name!r}: use lower-case letters, digits and '-', starting "
-                               f"with a letter ({USER_PREFIX}<name> becomes a Unix user name)")
+                               f"with a letter ({user_prefix}<name> becomes a Unix user name)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -373,7 +376,7 @@ def _sandbox_users(root: Path | None = None) -> list[pwd.struct_passwd]:
     """Users this module created (GECOS marked), optionally only those of one root."""
     out = []
     for pw in pwd.getpwall():
-        if not (pw.pw_name.startswith(USER_PREFIX) and pw.pw_gecos.startswith(GECOS_MARK)):
+        if not (pw.pw_name.startswith(USER_PREFIXES) and pw.pw_gecos.startswith(GECOS_MARK)):
             continue
         if root is None or pw.pw_gecos == _gecos(root):
             out.append(pw)
@@ -520,7 +523,7 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
 
 
 def _build_home(name: str, home: Path, gpus: int, sglang_version: str, drafter_cache: Path,
-                address: str, shim: Path | None) -> None:
+                address: str, shim: Path | None, sim_env: dict[str, str] | None = None) -> None:
     if home.exists():
         shutil.rmtree(home)
     for sub in ("bin", "pylib", "dev", ".sim/alloc", "drafters", "models"):
@@ -528,7 +531,7 @@ def _build_home(name: str, home: Path, gpus: int, sglang_version: str, drafter_c
     home.chmod(0o755)
     sim_dir = home / ".sim"
     # this host's own network stack (sim_network.c): 0.0.0.0 and 127.0.0.1 are its address
-    dotfile = _dotfile(home, sim_dir, _network_env(address, shim))
+    dotfile = _dotfile(home, sim_dir, {**_network_env(address, shim), **(sim_env or {})})
     for rc in (".bashrc", ".profile", ".bash_profile"):
         (home / rc).write_text(dotfile)
     for i in range(gpus):
@@ -670,23 +673,34 @@ def start_sandbox(
     sglang_version: str = "0.5.11",
     *,
     address_base: int = FIRST_ADDRESS_OCTET,
+    user_prefix: str = USER_PREFIX,
     stop_at_exit: bool = False,
     log_level: str = "INFO",
+    sim_env: dict[str, str] | None = None,
 ) -> Sandbox:
     """Start one simulated GPU host per name under ``root`` and write ``root/deployctl.yaml``.
 
-    Host i listens on 127.0.0.(address_base + i). Whatever is recorded under ``root`` from an
+    Host i listens on 127.0.0.(address_base + i) and logs in as ``user_prefix + name`` (one of
+    USER_PREFIXES: two sandboxes on other addresses and prefixes run side by side). Whatever is recorded under ``root`` from an
     earlier run (a crashed test session) is stopped first. With ``stop_at_exit`` the sandbox is
     also stopped when this Python process exits normally. ``log_level`` is sshd's LogLevel
     (VERBOSE logs each forwarded direct-tcpip channel, which the jump-host tests count).
+    ``sim_env``: stand-in settings (``SGLANG_SIM_*``) exported by every host's dotfiles, so every
+    command on the host sees them (the tests: a 0.2 s ``import sglang`` for bench_serving's rounds
+    and the swap sender; without it, the stand-ins' faithful defaults).
     """
     if log_level not in ("INFO", "VERBOSE", "DEBUG", "DEBUG1", "DEBUG2", "DEBUG3"):
         raise SandboxError(f"log_level {log_level!r}: expected INFO, VERBOSE or DEBUG[1-3]")
     reason = sandbox_unavailable_reason()
     if reason:
         raise SandboxError(f"cannot start the sandbox: {reason}")
+    if user_prefix not in USER_PREFIXES:
+        raise SandboxError(f"user_prefix {user_prefix!r}: expected one of {', '.join(USER_PREFIXES)}")
     names = list(names)
-    _check_names(names)
+    _check_names(names, user_prefix)
+    for key, value in (sim_env or {}).items():
+        if not (re.fullmatch(r"SGLANG_SIM_[A-Z_]+", key) and re.fullmatch(r"[0-9.]+", value)):
+            raise SandboxError(f"sim_env {key}={value!r}: expected SGLANG_SIM_<NAME>=<number>")
     if gpus < 1:
         raise SandboxError(f"gpus must be >= 1, got {gpus}")
     if not (1 <= address_base and address_base + len(names) <= 255):
@@ -702,7 +716,7 @@ def start_sandbox(
 
     stop_sandbox(root)  # whatever an earlier (crashed) run left under this root
     addresses = {f"127.0.0.{address_base + i}" for i in range(len(names))}
-    users = {USER_PREFIX + n for n in names}
+    users = {user_prefix + n for n in names}
     conflicts = _live_conflicts(addresses, users, root)
     if conflicts:
         raise SandboxError("another sandbox is running on the same addresses or users: "
@@ -737,7 +751,7 @@ def start_sandbox(
     state: dict = {
         "format": 1, "simulated": True, "root": str(root), "created": time.time(),
         "instance": uuid.uuid4().hex,
-        "sglang_version": sglang_version, "gpus": gpus, "client_key": str(client_key),
+        "sglang_version": sglang_version, "gpus": gpus, "sim_env": dict(sim_env or {}), "client_key": str(client_key),
         "known_hosts": str(known_hosts), "config_path": str(config_path), "hosts": [],
     }
     if stop_at_exit:
@@ -745,7 +759,7 @@ def start_sandbox(
     try:
         known_lines = []
         for i, name in enumerate(names):
-            user = USER_PREFIX + name
+            user = user_prefix + name
             home = root / "hosts" / name
             host = {"name": name, "address": f"127.0.0.{address_base + i}", "port": None,
                     "user": user, "home": str(home), "gpu_count": gpus,
@@ -759,7 +773,7 @@ def start_sandbox(
             _write_state(root, state)  # recorded before anything else can fail
             pw = pwd.getpwnam(user)
             host["uid"] = pw.pw_uid
-            _build_home(name, home, gpus, sglang_version, drafter_cache, host["address"], shim)
+            _build_home(name, home, gpus, sglang_version, drafter_cache, host["address"], shim, sim_env)
             _chown_tree(home, pw.pw_uid, pw.pw_gid)
             sshd_dir = root / "sshd" / name
             sshd_dir.mkdir(exist_ok=True)

@@ -5,7 +5,8 @@ signal (143 for SIGTERM, 129 for SIGHUP), the shell's convention for "killed by 
 Python's default for SIGTERM is to die at once (rc -15: no report, no history row, the host left on
 an unverified drafter by a ``kill``, ``timeout`` or a systemd stop without ``KillSignal=SIGINT``).
 A second signal while the first is being handled is ignored, so the cleanup (closing the host locks,
-appending history) is not cut short; Ctrl-C still interrupts it, and SIGKILL always works.
+appending history) is not cut short; Ctrl-C still interrupts it, and SIGKILL always works. A
+signal already ignored when deployctl starts (nohup's SIGHUP) stays ignored.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ def terminate_like_interrupt() -> Iterator[None]:
         fired.append(signum)
         raise Terminated(signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    # A signal ignored when deployctl started stays ignored: `nohup deployctl nightly &` (SIGHUP)
+    # and a shell's background job are told to ignore it, as POSIX utilities do (Python, too,
+    # leaves an inherited SIG_IGN of SIGINT alone).
+    previous = {sig: signal.signal(sig, handler) for sig in SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
     finally:

@@ -13,9 +13,10 @@ from deploy.cli.main import main
 #: The stand-in SGLang's `import sglang` sleeps 2.5 s like a real install's (sandbox/sim_sglang),
 #: and every server a test launches pays it before it even starts loading: about a quarter of the
 #: integration suite's wall time went there. The tests' servers import in 0.2 s instead, the way
-#: they already load in 0.5-1 s instead of minutes. Only the launch sources the run's env, so a
-#: deployctl code path that regressed to `import sglang` on the host (doctor, fix-keys) still pays
-#: the full 2.5 s. A test that sets its own value keeps it.
+#: they already load in 0.5-1 s instead of minutes. The tests' hosts export the same 0.2 s for every
+#: other command too (tests/conftest.py HOST_SIM_ENV: bench_serving's rounds, the swap sender); a
+#: deployctl code path that regressed to `import sglang` on the host (doctor, fix-keys) shows in the
+#: benchmarks (docs/benchmarks.md), whose sandbox keeps the full 2.5 s. A test that sets its own value keeps it.
 #: The load (1.0 s) and warm-up (0.3 s) the stand-in defaults to, faithful for the demo, are halved
 #: and more for the tests' servers too, as the fleet and safe-redeploy tests always did (FAST): no
 #: test reads the server while it loads unless it sets its own, longer, load time.
@@ -83,3 +84,12 @@ def gpu_used(sandbox, host: str) -> list[int]:
     out = sandbox.run(host, "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits")
     assert out.returncode == 0, out.stderr
     return [int(x) for x in out.stdout.split()]
+
+
+def default_sigint() -> None:
+    """Popen(preexec_fn=...) for a deployctl child a test sends Ctrl-C (SIGINT): a runner started in
+    the background by a non-interactive shell has SIGINT ignored, the child inherits that, and Python
+    then never raises KeyboardInterrupt (deployctl keeps an inherited SIG_IGN, deploy/base/signals.py)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

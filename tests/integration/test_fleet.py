@@ -16,7 +16,7 @@ import yaml
 from deploy.base.errors import ExitCode
 from tests.integration.fleet_client import StreamingClient, stream_once
 from deploy.cli.main import main
-from tests.integration.helpers import FAST, cli_json, wait_until, write_config
+from tests.integration.helpers import FAST, cli_json, default_sigint, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
@@ -566,7 +566,8 @@ def test_ctrl_c_during_a_drain_puts_the_batch_back_into_the_router(clean_sandbox
     # long generations keep sb1 busy, so its drain waits: that is when Ctrl-C comes
     with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=3, max_new_tokens=2048):
         proc = subprocess.Popen([sys.executable, "-m", "deploy", "-c", str(path), "restart", "--force"], cwd=repo,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                                preexec_fn=default_sigint)
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
         seen = []

@@ -129,11 +129,11 @@ def test_gpu_status_through_proxyjump_one_bastion_login_one_channel_per_target(j
         assert jump["alias"] == "bastion" and jump["hostname"]["value"] == jump_sb.host("jump").address
     jump_log = log_since(jump_sb, "jump", before["jump"])
     # ONE login on the bastion serves both targets, one forwarded channel each.
-    assert jump_log.count("Accepted publickey for dsb-jump") == 1, jump_log
+    assert jump_log.count(f"Accepted publickey for {jump_sb.host('jump').user}") == 1, jump_log
     channels = sorted(DIRECT_TCPIP.findall(jump_log))
     assert channels == sorted((jump_sb.host(n).address, str(jump_sb.host(n).port)) for n in ("jt1", "jt2"))
     for name in ("jt1", "jt2"):
-        assert log_since(jump_sb, name, before[name]).count(f"Accepted publickey for dsb-{name}") == 1
+        assert log_since(jump_sb, name, before[name]).count(f"Accepted publickey for {jump_sb.host(name).user}") == 1
 
 
 def _socket_owner_uids(address: str, port: int) -> set[int]:
@@ -156,7 +156,7 @@ def test_target_connection_is_opened_by_the_bastion_not_by_us(jump_sb, tmp_path,
     with JumpConnections() as jumps, HostConnection(config.host("jt1"), config.ssh, jumps) as conn:
         assert conn.run("id -un").stdout.strip() == target.user
         owners = _socket_owner_uids(target.address, target.port)
-    assert owners == {pwd.getpwnam("dsb-jump").pw_uid}
+    assert owners == {pwd.getpwnam(jump_sb.host("jump").user).pw_uid}
 
 
 def test_up_through_proxyjump(jump_sb, tmp_path, capsys, no_agent):
@@ -166,7 +166,7 @@ def test_up_through_proxyjump(jump_sb, tmp_path, capsys, no_agent):
     assert code == 0, (doc, err)
     assert all(h["ok"] for h in doc["hosts"])
     jump_log = log_since(jump_sb, "jump", before["jump"])
-    assert jump_log.count("Accepted publickey for dsb-jump") == 1
+    assert jump_log.count(f"Accepted publickey for {jump_sb.host('jump').user}") == 1
     assert len(DIRECT_TCPIP.findall(jump_log)) == 2
     # the server really runs on the targets (its health endpoint answers there)
     for name in ("jt1", "jt2"):
@@ -177,7 +177,7 @@ def test_up_through_proxyjump(jump_sb, tmp_path, capsys, no_agent):
 
 def test_plan_shows_effective_values_and_their_sources(jump_sb, tmp_path, capsys):
     path = write_configs(jump_sb, tmp_path, ssh_config_text(jump_sb),
-                         host_overrides={"jt1": {"user": "dsb-jt1", "port": jump_sb.host("jt1").port}})
+                         host_overrides={"jt1": {"user": jump_sb.host("jt1").user, "port": jump_sb.host("jt1").port}})
     code, doc = cli_json(capsys, "-c", str(path), "plan", "--json")
     assert code == 0
     ssh = {h["host"]: h["ssh"] for h in doc["hosts"]}
@@ -188,20 +188,20 @@ def test_plan_shows_effective_values_and_their_sources(jump_sb, tmp_path, capsys
 
     assert main(["-c", str(path), "plan"]) == 0
     text = capsys.readouterr().out
-    assert "via jump host bastion" in text and "user=dsb-jt1 [yaml]" in text
+    assert "via jump host bastion" in text and f"user={jump_sb.host('jt1').user} [yaml]" in text
 
 
 def test_yaml_overrides_ssh_config(jump_sb, tmp_path, capsys, no_agent):
     """ssh_config says a wrong port and user for gpu-a; the YAML's values are the ones used."""
     wrong = ssh_config_text(jump_sb).replace(f"Port {jump_sb.host('jt1').port}", "Port 1", 1)
-    wrong = wrong.replace("User dsb-jt1", "User nobody-here")
+    wrong = wrong.replace(f"User {jump_sb.host('jt1').user}", "User nobody-here")
     path = write_configs(jump_sb, tmp_path, wrong,
-                         host_overrides={"jt1": {"user": "dsb-jt1", "port": jump_sb.host("jt1").port}})
+                         host_overrides={"jt1": {"user": jump_sb.host("jt1").user, "port": jump_sb.host("jt1").port}})
     code, doc = cli_json(capsys, "-c", str(path), "gpu-status", "--json", "--host", "jt1")
     assert code == 0, doc
     ssh = doc["hosts"][0]["ssh"]
     assert ssh["port"] == {"value": jump_sb.host("jt1").port, "source": "yaml"}
-    assert ssh["user"] == {"value": "dsb-jt1", "source": "yaml"}
+    assert ssh["user"] == {"value": jump_sb.host("jt1").user, "source": "yaml"}
 
 
 def test_alias_without_proxyjump_resolves_hostname_user_port_identity(jump_sb, tmp_path, capsys, no_agent):
@@ -252,7 +252,7 @@ def test_unknown_target_key_behind_the_bastion_is_refused_naming_the_target(jump
     text = ssh_config_text(jump_sb).replace(f"UserKnownHostsFile {jump_sb.known_hosts}\n  ConnectTimeout",
                                             f"UserKnownHostsFile {known}\n  ConnectTimeout")
     config = load_config(write_configs(jump_sb, tmp_path, text))
-    with pytest.raises(HostKeyRejected, match=r"^jt1 \(dsb-jt1@127\.0\.0\.31:\d+ via bastion\): .*not in known_hosts"):
+    with pytest.raises(HostKeyRejected, match=rf"^jt1 \({re.escape(jump_sb.host('jt1').user)}@{re.escape(jump_sb.host('jt1').address)}:\d+ via bastion\): .*not in known_hosts"):
         HostConnection(config.host("jt1"), config.ssh).connect()
 
 
@@ -375,7 +375,7 @@ def test_direct_connection_failure_behind_bastion_is_exit_4(jump_sb, tmp_path, c
     assert code == ExitCode.CONNECTION
     by = {h["host"]: h for h in doc["hosts"]}
     assert by["jt1"]["ok"] and not by["jt2"]["ok"]
-    assert by["jt2"]["error"].startswith("jt2 (dsb-jt2@127.0.0.32:9 via bastion)")
+    assert by["jt2"]["error"].startswith(f"jt2 ({jump_sb.host('jt2').user}@{jump_sb.host('jt2').address}:9 via bastion)")
 
 
 
@@ -438,8 +438,8 @@ def test_two_hops_each_hop_forwards_one_channel(jump_sb, tmp_path, capsys, no_ag
     assert DIRECT_TCPIP.findall(log_since(jump_sb, "jump", before["jump"])) == [(a.address, str(a.port))]
     jt1_log = log_since(jump_sb, "jt1", before["jt1"])
     assert DIRECT_TCPIP.findall(jt1_log) == [(b.address, str(b.port))]
-    assert "Accepted publickey for dsb-jt1" in jt1_log
-    assert "Accepted publickey for dsb-jt2" in log_since(jump_sb, "jt2", before["jt2"])
+    assert f"Accepted publickey for {jump_sb.host('jt1').user}" in jt1_log
+    assert f"Accepted publickey for {jump_sb.host('jt2').user}" in log_since(jump_sb, "jt2", before["jt2"])
 
 
 def test_many_hosts_in_parallel_share_one_bastion_connection(jump_sb, tmp_path, capsys, no_agent):
@@ -453,5 +453,5 @@ def test_many_hosts_in_parallel_share_one_bastion_connection(jump_sb, tmp_path, 
     code, out = cli_json(capsys, "-c", str(path), "gpu-status", "--json")
     assert code == 0, out
     jump_log = log_since(jump_sb, "jump", before["jump"])
-    assert jump_log.count("Accepted publickey for dsb-jump") == 1
+    assert jump_log.count(f"Accepted publickey for {jump_sb.host('jump').user}") == 1
     assert len(DIRECT_TCPIP.findall(jump_log)) == 6

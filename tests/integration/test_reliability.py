@@ -28,7 +28,8 @@ def serving_pid(sandbox) -> int:
 
 
 def health(sandbox) -> str:
-    return sandbox.run("sb1", "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.10:30000/health', "
+    return sandbox.run("sb1", "python3 -c \"import urllib.request as u; print(u.urlopen("
+                              f"'http://{sandbox.host('sb1').address}:30000/health', "
                               "timeout=5).status)\"").stdout.strip()
 
 

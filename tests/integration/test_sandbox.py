@@ -342,7 +342,7 @@ def test_unconverted_speculators_drafter_accepts_nothing(clean_sandbox):
     log = (h.home / "sglang.log").read_text()
     assert "deployctl sandbox TEST DOUBLE" in log.splitlines()[0]
     assert "accept len: 1.00, accept rate: 0.06" in log
-    assert "Uvicorn running on http://127.0.0.10:30000" in log
+    assert f"Uvicorn running on http://{h.address}:30000" in log
     assert "The server is fired up and ready to roll!" in log
     assert "layers.0." not in log  # SGLang drops them without a word
 
@@ -455,20 +455,21 @@ def test_sglang_port_taken_and_crash_during_load(clean_sandbox):
 
 
 @pytest.mark.sandbox
-def test_stop_sandbox_leaves_no_sshd_and_no_users(sandbox_machine_lock):
+def test_stop_sandbox_leaves_no_sshd_and_no_users(sandbox_slot):
     from sandbox.hosts import _live_pids_of_uid, _pid_alive, _read_state, start_sandbox, stop_sandbox
 
     root = Path(tempfile.mkdtemp(prefix="deployctl-stop-test-", dir="/var/tmp"))
     root.chmod(0o755)
     try:
-        sb = start_sandbox(root, ("sbstop",), gpus=2, address_base=60)
+        sb = start_sandbox(root, ("sbstop",), gpus=2, address_base=sandbox_slot.stop_test_address_base,
+                           user_prefix=sandbox_slot.user_prefix)
         h = sb.host("sbstop")
         assert sb.run("sbstop", "setsid nohup sleep 600 > /dev/null 2>&1 < /dev/null & echo $!").returncode == 0
         sshd_pid = _read_state(root)["hosts"][0]["sshd_pid"]
         uid = h.home.stat().st_uid
         stop_sandbox(root)
         assert not _pid_alive(sshd_pid)
-        assert subprocess.run(["getent", "passwd", "dsb-sbstop"], capture_output=True).returncode == 2
+        assert subprocess.run(["getent", "passwd", f"{sandbox_slot.user_prefix}sbstop"], capture_output=True).returncode == 2
         assert _live_pids_of_uid(uid) == []
         with pytest.raises(OSError):
             socket.create_connection((h.address, h.port), timeout=2).close()

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.sandbox
 
 
 def sb1_line(sandbox) -> str:
-    return next(ln for ln in sandbox.known_hosts.read_text().splitlines() if ln.startswith("[127.0.0.10]:"))
+    return next(ln for ln in sandbox.known_hosts.read_text().splitlines() if ln.startswith(f"[{sandbox.host('sb1').address}]:"))
 
 
 def gpu_status(sandbox, tmp_path, capsys, known_hosts_text: str, *extra, ssh=None, hosts=None):
@@ -51,7 +51,7 @@ def test_revoked_key_is_not_recorded_by_accept_new(sandbox, tmp_path, capsys):
 def test_accept_new_prints_the_host_and_fingerprint(sandbox, tmp_path, capsys):
     code, doc, err = gpu_status(sandbox, tmp_path, capsys, "", "--accept-new-host-keys")
     assert code == 0, err
-    assert "recorded new host key for [127.0.0.10]:" in err and "SHA256:" in err
+    assert f"recorded new host key for [{sandbox.host('sb1').address}]:" in err and "SHA256:" in err
     assert (tmp_path / "known_hosts").read_text().split()[1:] == sb1_line(sandbox).split()[1:]
 
 

@@ -38,6 +38,27 @@ def test_the_signal_becomes_a_keyboard_interrupt_with_its_exit_code(name, code):
     assert proc.stdout.strip() == "cleaned up"
 
 
+IGNORED = """
+import os, signal, sys, time
+from deploy.base.signals import terminate_like_interrupt
+signal.signal(signal.{name}, signal.SIG_IGN)  # as nohup (SIGHUP) or a parent's SIG_IGN left it
+with terminate_like_interrupt():
+    assert signal.getsignal(signal.{name}) is signal.SIG_IGN
+    os.kill(os.getpid(), signal.{name})
+    time.sleep(0.2)
+    print("ran on", flush=True)
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_signal_ignored_at_start_stays_ignored(name):
+    """`nohup deployctl nightly &`: closing the terminal must not end the run (its SIGHUP is ignored)."""
+    proc = subprocess.run([sys.executable, "-c", IGNORED.format(name=name)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.strip() == "ran on"
+
+
 def test_handlers_are_restored_after_the_invocation():
     from deploy.base.signals import terminate_like_interrupt
 
