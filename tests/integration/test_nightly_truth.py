@@ -37,7 +37,8 @@ def test_a_benchmark_timeout_keeps_the_verified_deployment_and_quarantines_nothi
     code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
     assert code == 0, json.dumps(doc, indent=1)
     new_checkpoint(clean_sandbox)  # a new, good checkpoint; the bench harness times out on it
-    slow = nightly_with(tmp_path, timeout_s=1, rounds=1)
+    # 20,000 prompts take the stand-in many seconds, whatever its `import sglang` costs: past the 1 s
+    slow = nightly_with(tmp_path, timeout_s=1, rounds=1, num_prompts=20000)
     code, doc = cli_json(capsys, "-c", str(path), "nightly", "--json", "--playbook", str(slow))
     [host] = doc["hosts"]
     assert code == ExitCode.TIMEOUT, json.dumps(doc, indent=1)
