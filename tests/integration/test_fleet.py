@@ -81,9 +81,16 @@ def worker_url(sandbox, host: str) -> str:
     return f"http://{sandbox.host(host).address}:30000"
 
 
-def test_up_with_router_reaches_every_replica_and_down_stops_all(clean_sandbox, tmp_path, capsys, router_package):
+def test_up_with_router_reaches_every_replica_rolls_with_no_failed_request_and_down_stops_all(
+        clean_sandbox, tmp_path, capsys, router_package):
+    """Holds, on one fleet `up` per router package, the former
+    test_up_with_router_reaches_every_replica_and_down_stops_all and, between its checks of the
+    fresh fleet and its `down`s, the former test_rolling_restart_with_streaming_client_fails_no_request
+    (which deployed the same fleet from scratch for it). The whole test runs at
+    SGLANG_SIM_TIME_SCALE=0.05, the rolling restart's (its long streams must still be in flight at
+    every removal); the up checks send short requests only."""
     sb = clean_sandbox
-    path = fleet_config(sb, tmp_path, package=router_package)
+    path = fleet_config(sb, tmp_path, package=router_package, SGLANG_SIM_TIME_SCALE="0.05")
     code, doc = cli_json(capsys, "-c", str(path), "plan", "--json")
     assert code == 0
     assert doc["fleet"]["batches"] == [["sb1"], ["sb2"], ["sb3"]]
@@ -117,6 +124,30 @@ def test_up_with_router_reaches_every_replica_and_down_stops_all(clean_sandbox, 
     code, doc = cli_json(capsys, "-c", str(path), "doctor", "--json")
     checks = {c["name"]: c for c in next(h for h in doc["hosts"] if h["host"] == "sb1")["checks"]}
     assert checks["router-port"]["status"] == "pass" and "deployctl started" in checks["router-port"]["reason"]
+
+    # -- former test_rolling_restart_with_streaming_client_fails_no_request: the fleet as `up` left it
+    old = {h: server_pid(sb, h) for h in HOSTS}
+    for host in HOSTS:
+        new_checkpoint(sb, host)
+    # long streams (~0.7 s each): every removal finds requests in flight, which must run to the end
+    with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=3, max_new_tokens=2048) as client:
+        time.sleep(0.5)
+        code, doc = cli_json(capsys, "-c", str(path), "restart", "--serial", "1", "--json")
+        time.sleep(0.5)
+    assert code == 0, summary(doc)
+    stats = client.stats
+    assert stats.failed == 0, stats.errors[:5]
+    assert stats.ok >= 20, stats.ok
+    long_ones = [end - start for start, end, ok in stats.timeline if ok]
+    assert sorted(long_ones)[len(long_ones) // 2] > 0.3, "the streams were too short to test draining"
+    assert all(server_pid(sb, h) != old[h] for h in HOSTS)  # every replica really was redeployed
+    rotation = doc["fleet"]["rotation"]
+    assert sorted(rotation) == list(HOSTS)
+    assert all(0 < rotation[h]["out_of_rotation_s"] < 60 for h in HOSTS), rotation
+    # requests kept flowing while each replica was out: some finished inside every window
+    workers = router_workers(sb)
+    assert sorted(w["url"] for w in workers) == sorted(worker_url(sb, h) for h in HOSTS)
+    assert all(w["is_healthy"] for w in workers), workers
 
     pid = int(sb.run("sb1", "cat ~/.deployctl/router/router.pid").stdout)
     # Some replicas down (merged from test_down_of_some_replicas_takes_them_out_of_the_router_which_
@@ -165,35 +196,6 @@ def running_on(sandbox, host: str) -> int:
 
 def server_pid(sandbox, host: str) -> int:
     return int(sandbox.run(host, "cat ~/.deployctl/server.pid").stdout)
-
-
-def test_rolling_restart_with_streaming_client_fails_no_request(clean_sandbox, tmp_path, capsys, router_package):
-    sb = clean_sandbox
-    path = fleet_config(sb, tmp_path, package=router_package, SGLANG_SIM_TIME_SCALE="0.05")
-    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
-    assert code == 0, summary(doc)
-    old = {h: server_pid(sb, h) for h in HOSTS}
-    for host in HOSTS:
-        new_checkpoint(sb, host)
-    # long streams (~0.7 s each): every removal finds requests in flight, which must run to the end
-    with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=3, max_new_tokens=2048) as client:
-        time.sleep(0.5)
-        code, doc = cli_json(capsys, "-c", str(path), "restart", "--serial", "1", "--json")
-        time.sleep(0.5)
-    assert code == 0, summary(doc)
-    stats = client.stats
-    assert stats.failed == 0, stats.errors[:5]
-    assert stats.ok >= 20, stats.ok
-    long_ones = [end - start for start, end, ok in stats.timeline if ok]
-    assert sorted(long_ones)[len(long_ones) // 2] > 0.3, "the streams were too short to test draining"
-    assert all(server_pid(sb, h) != old[h] for h in HOSTS)  # every replica really was redeployed
-    rotation = doc["fleet"]["rotation"]
-    assert sorted(rotation) == list(HOSTS)
-    assert all(0 < rotation[h]["out_of_rotation_s"] < 60 for h in HOSTS), rotation
-    # requests kept flowing while each replica was out: some finished inside every window
-    workers = router_workers(sb)
-    assert sorted(w["url"] for w in workers) == sorted(worker_url(sb, h) for h in HOSTS)
-    assert all(w["is_healthy"] for w in workers), workers
 
 
 def test_a_failing_doctor_a_drain_timeout_and_a_failing_batch_each_stop_the_roll(clean_sandbox, tmp_path, capsys):
