@@ -40,6 +40,26 @@ def write_config(sandbox, tmp_path: Path, *, ssh: dict | None = None, hosts: lis
     return path
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def nightly_with(tmp_path: Path, **benchmark) -> Path:
+    """The shipped nightly playbook with other benchmark settings (a new file under tmp_path each call).
+
+    Each benchmark round is one bench_serving run on the host, which pays the stand-in's full
+    ``import sglang`` (2.5 s: only the launch sources the run's env): the shipped 12 rounds cost
+    ~40 s per host per nightly, two minutes for a 3-replica fleet. A test whose subject is not the
+    gate's statistics takes ``rounds=4`` (deploy/throughput_gate.MIN_ROUNDS: the fewest that still
+    give the gate its interval, so a regression is still conclusive)."""
+    document = yaml.safe_load((REPO / "playbooks" / "nightly.yaml").read_text())
+    for step in document["steps"]:
+        if step["step"] == "benchmark":
+            step.update(benchmark)
+    path = tmp_path / f"nightly-{len(list(tmp_path.glob('nightly-*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
 def cli_json(capsys, *argv: str) -> tuple[int, dict]:
     code, doc, _ = cli_json_err(capsys, *argv)
     return code, doc

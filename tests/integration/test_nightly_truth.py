@@ -7,29 +7,16 @@ from __future__ import annotations
 import json
 import signal
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
 from deploy.local import history
 from deploy.base.errors import ExitCode
-from tests.integration.helpers import cli_json
+from tests.integration.helpers import cli_json, nightly_with
 from tests.integration.test_reliability import health, serving_pid
-from tests.integration.test_safe_redeploy import REPO, config, deployctl, new_checkpoint, read_until, steps_of
+from tests.integration.test_safe_redeploy import config, deployctl, new_checkpoint, read_until, steps_of
 
 pytestmark = pytest.mark.sandbox
-
-
-def nightly_with(tmp_path: Path, **benchmark) -> Path:
-    """The shipped nightly playbook with other benchmark settings."""
-    document = yaml.safe_load((REPO / "playbooks" / "nightly.yaml").read_text())
-    for step in document["steps"]:
-        if step["step"] == "benchmark":
-            step.update(benchmark)
-    path = tmp_path / f"nightly-{len(list(tmp_path.glob('nightly-*.yaml')))}.yaml"
-    path.write_text(yaml.safe_dump(document))
-    return path
 
 
 def test_a_benchmark_timeout_keeps_the_verified_deployment_and_quarantines_nothing(clean_sandbox, tmp_path, capsys):
