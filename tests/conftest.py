@@ -57,8 +57,8 @@ HOST_SIM_ENV = {"SGLANG_SIM_IMPORT_SECONDS": "0.2"}
 #: the integration files of the second work unit; the rest form the first. Chosen by measured
 #: serial durations (docs/testing.md) so the halves take about as long; a new file lands in the first.
 SANDBOX_UNIT_1 = frozenset({
-    "test_fleet.py", "test_plan_is_run.py", "test_status.py", "test_gpu_status.py", "test_doctor.py",
-    "test_proxyjump.py", "test_drafter_swap.py",
+    "test_fleet.py", "test_plan_is_run.py", "test_gpu_status.py", "test_doctor.py", "test_proxyjump.py",
+    "test_drafter_swap.py",
 })
 
 
