@@ -1,15 +1,16 @@
-"""The machine-wide lock around the sandbox (SIMULATION infrastructure, tests and benchmarks only).
+"""The machine-wide locks around the sandbox (SIMULATION infrastructure, tests and benchmarks only).
 
-The sandbox's addresses (127.0.0.10+), Unix users (dsb-*) and root are fixed, so two test sessions
-or benchmarks on one machine would collide; each holds this lock while its sandbox exists, and a
-second one waits (bounded) instead.
+A sandbox's addresses (127.0.0.10+), Unix users (dsb-*) and root are fixed, so two test sessions
+or benchmarks on one machine would collide; each holds a lock while its sandbox exists, and
+another one waits (bounded) instead. The tests have two slots, each with its own addresses, users,
+root and lock file (tests/conftest.py SLOTS); benchmarks take slot 0's.
 """
 
 from __future__ import annotations
 
 import fcntl
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,51 +27,48 @@ def slot_lock_path(slot: int) -> Path:
 
 
 @contextmanager
-def machine_lock(wait_s: float, poll_s: float = 0.2, path: Path = LOCK_PATH) -> Iterator[None]:
-    """Hold the sandbox lock for the ``with`` body; MachineLockTimeout after ``wait_s`` of waiting."""
-    with open(path, "a") as lock:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise MachineLockTimeout(
-                        f"another session held {path} for {wait_s:.0f} s "
-                        "(its sandbox uses the same addresses and users)") from None
-                time.sleep(poll_s)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-@contextmanager
-def any_slot_lock(slots: int, wait_s: float, poll_s: float = 0.2) -> Iterator[int]:
-    """Hold the first free one of ``slots`` sandbox locks for the ``with`` body and yield its slot.
-
-    Each slot has its own addresses, users and root (tests/conftest.py), so two sessions (two
-    xdist workers, or two engineers) each take one; a third waits, bounded, for either."""
-    files = [open(slot_lock_path(slot), "a") for slot in range(slots)]
+def _first_free(paths: Sequence[Path], wait_s: float, poll_s: float, busy: str) -> Iterator[int]:
+    """Hold the first of ``paths`` no other process holds, for the ``with`` body; yield its index.
+    MachineLockTimeout(``busy``) after ``wait_s`` of finding them all held."""
+    files = [open(path, "a") for path in paths]
     try:
         deadline = time.monotonic() + wait_s
         while True:
-            for slot, lock in enumerate(files):
+            for index, lock in enumerate(files):
                 try:
                     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue
                 try:
-                    yield slot
+                    yield index
                 finally:
                     fcntl.flock(lock, fcntl.LOCK_UN)
                 return
             if time.monotonic() > deadline:
-                raise MachineLockTimeout(
-                    f"other sessions held all {slots} sandbox slots ({', '.join(str(slot_lock_path(s)) for s in range(slots))}) "
-                    f"for {wait_s:.0f} s")
+                raise MachineLockTimeout(busy)
             time.sleep(poll_s)
     finally:
         for lock in files:
             lock.close()
+
+
+@contextmanager
+def machine_lock(wait_s: float, poll_s: float = 0.2) -> Iterator[None]:
+    """Hold slot 0's lock for the ``with`` body (the benchmarks' sandbox); MachineLockTimeout after
+    ``wait_s`` of waiting."""
+    with _first_free([LOCK_PATH], wait_s, poll_s, f"another session held {LOCK_PATH} for {wait_s:.0f} s "
+                     "(its sandbox uses the same addresses and users)"):
+        yield
+
+
+@contextmanager
+def any_slot_lock(slots: Sequence[int], wait_s: float, poll_s: float = 0.2) -> Iterator[int]:
+    """Hold the lock of the first free one of ``slots`` for the ``with`` body and yield that slot.
+
+    Each slot has its own addresses, users and root (tests/conftest.py), so two sessions (two
+    xdist workers, or two engineers) each take one; a third waits, bounded, for either."""
+    paths = [slot_lock_path(slot) for slot in slots]
+    busy = (f"other sessions held every sandbox slot lock ({', '.join(map(str, paths))}) for {wait_s:.0f} s "
+            "(their sandboxes use those slots' addresses and users)")
+    with _first_free(paths, wait_s, poll_s, busy) as index:
+        yield slots[index]

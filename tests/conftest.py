@@ -54,8 +54,8 @@ SANDBOX_DIR = "tests/integration/"
 #: TEST_LAUNCH_ENV); the demo and the benchmarks (docs/benchmarks.md) keep the stand-in's 2.5 s.
 HOST_SIM_ENV = {"SGLANG_SIM_IMPORT_SECONDS": "0.2"}
 
-#: the integration files of the second work unit; the rest form the first. Chosen by measured
-#: serial durations (docs/testing.md) so the halves take about as long; a new file lands in the first.
+#: the integration files of the second work unit; the rest form the first. Chosen by the files'
+#: measured durations (docs/testing.md) so the halves take about as long; a new file lands in the first.
 SANDBOX_UNIT_1 = frozenset({
     "test_fleet.py", "test_plan_is_run.py", "test_gpu_status.py", "test_doctor.py", "test_proxyjump.py",
     "test_drafter_swap.py",
@@ -145,18 +145,15 @@ def sandbox_machine_lock():
         pytest.fail(f"sandbox unavailable: {reason} (DEPLOYCTL_TEST_REQUIRE_SANDBOX=1: CI must run these tests)")
     if reason:
         pytest.skip(f"sandbox unavailable: {reason}")
-    from sandbox.machine_lock import MachineLockTimeout, any_slot_lock, machine_lock, slot_lock_path
+    from sandbox.machine_lock import MachineLockTimeout, any_slot_lock
 
     forced = os.environ.get("DEPLOYCTL_TEST_SANDBOX_SLOT")
+    if forced is not None and forced not in {str(s.index) for s in SLOTS}:
+        pytest.fail(f"DEPLOYCTL_TEST_SANDBOX_SLOT={forced!r}: expected one of {[s.index for s in SLOTS]}")
+    slots = [int(forced)] if forced is not None else [s.index for s in SLOTS]
     try:
-        if forced is not None:
-            if forced not in {str(s.index) for s in SLOTS}:
-                pytest.fail(f"DEPLOYCTL_TEST_SANDBOX_SLOT={forced!r}: expected one of {[s.index for s in SLOTS]}")
-            with machine_lock(LOCK_WAIT_S, path=slot_lock_path(int(forced))):
-                yield SLOTS[int(forced)]
-        else:
-            with any_slot_lock(len(SLOTS), LOCK_WAIT_S) as index:
-                yield SLOTS[index]
+        with any_slot_lock(slots, LOCK_WAIT_S) as index:
+            yield SLOTS[index]
     except MachineLockTimeout as exc:
         pytest.fail(str(exc))
 

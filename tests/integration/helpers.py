@@ -46,11 +46,11 @@ REPO = Path(__file__).resolve().parents[2]
 def nightly_with(tmp_path: Path, **benchmark) -> Path:
     """The shipped nightly playbook with other benchmark settings (a new file under tmp_path each call).
 
-    Each benchmark round is one bench_serving run on the host, which pays the stand-in's full
-    ``import sglang`` (2.5 s: only the launch sources the run's env): the shipped 12 rounds cost
-    ~40 s per host per nightly, two minutes for a 3-replica fleet. A test whose subject is not the
-    gate's statistics takes ``rounds=4`` (deploy/throughput_gate.MIN_ROUNDS: the fewest that still
-    give the gate its interval, so a regression is still conclusive)."""
+    Each benchmark round is one bench_serving run on the host, a fresh interpreter and ``import
+    sglang`` (0.2 s on the tests' hosts, HOST_SIM_ENV) plus its requests: the shipped 12 rounds are
+    the longest part of a nightly, three times over for a 3-replica fleet. A test whose subject is
+    not the gate's statistics takes ``rounds=4`` (deploy/local/throughput_gate.MIN_ROUNDS: the fewest
+    that still give the gate its interval, so a regression is still conclusive)."""
     document = yaml.safe_load((REPO / "playbooks" / "nightly.yaml").read_text())
     for step in document["steps"]:
         if step["step"] == "benchmark":

@@ -16,10 +16,9 @@ import yaml
 from deploy.base.errors import ExitCode
 from tests.integration.fleet_client import StreamingClient, stream_once
 from deploy.cli.main import main
-from tests.integration.helpers import FAST, cli_json, default_sigint, nightly_with, wait_until, write_config
+from tests.integration.helpers import FAST, REPO, cli_json, default_sigint, nightly_with, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
-REPO = Path(__file__).resolve().parents[2]
 #: each package in its own venv (tests/bootstrap.sh): "only smg installed" is a real situation
 ROUTER_PYTHONS = {"smg": REPO / ".smg-venv" / "bin" / "python",
                   "sglang-router": REPO / ".router-venv" / "bin" / "python"}
@@ -602,10 +601,9 @@ def test_ctrl_c_during_a_drain_puts_the_batch_back_into_the_router(clean_sandbox
     code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
     assert code == 0, summary(doc)
     pids = {h: server_pid(sb, h) for h in HOSTS}
-    repo = Path(__file__).resolve().parents[2]
     # long generations keep sb1 busy, so its drain waits: that is when Ctrl-C comes
     with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=3, max_new_tokens=2048):
-        proc = subprocess.Popen([sys.executable, "-m", "deploy", "-c", str(path), "restart", "--force"], cwd=repo,
+        proc = subprocess.Popen([sys.executable, "-m", "deploy", "-c", str(path), "restart", "--force"], cwd=REPO,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
                                 preexec_fn=default_sigint)
         lines: queue.Queue = queue.Queue()

@@ -14,10 +14,9 @@ import pytest
 
 from deploy.local import history
 from deploy.base.errors import ExitCode
-from tests.integration.helpers import FAST, cli_json, cli_json_err, default_sigint, nightly_with, wait_until, write_config
+from tests.integration.helpers import FAST, REPO, cli_json, cli_json_err, default_sigint, nightly_with, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
-REPO = Path(__file__).resolve().parents[2]
 
 
 def config(sandbox, tmp_path: Path, name: str = "deployctl.yaml", **env) -> Path:

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from sandbox import drafter as drafter_mod
+from tests.integration.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 SIM_SMI = REPO / "sandbox" / "sim_nvidia_smi.py"
 SIM_LAUNCH = REPO / "sandbox" / "sim_sglang" / "sglang" / "launch_server.py"
 H200_MIB = 143771

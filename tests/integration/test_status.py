@@ -13,17 +13,15 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from deploy.base.errors import ExitCode
 from deploy.ssh.transport import HostConnection
-from tests.integration.helpers import cli_json, cli_json_err, nightly_with, wait_until, write_config
+from tests.integration.helpers import REPO, cli_json, cli_json_err, nightly_with, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def one_host(sandbox, tmp_path, name="sb1"):
