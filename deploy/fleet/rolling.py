@@ -215,7 +215,7 @@ def _remove(batch: tuple[Host, ...], allow_downtime: bool):
         for w in leaving:
             # out of rotation from when the router stopped sending it new requests, not when it left
             # the list (smg lists it, unhealthy, for its 5 s drain settle)
-            state.rotation.setdefault(urls[w["url"]].name, {})["out"] = router.remove(w["url"])
+            state.rotation.setdefault(urls[w["url"]].name, {})["out"] = router.remove(w["url"], settle=False)
         return f"removed {len(leaving)} worker(s): {', '.join(w['url'] for w in leaving) or '-'}"
     return action
 
@@ -254,6 +254,7 @@ def _add(batch: tuple[Host, ...]):
             started(state, router.start(urls, state.stamp))
             added = "started the router with " + ", ".join(urls)
         else:
+            router.settled()  # the batch's removed workers have left the list (smg's drain settle)
             listed = {w["url"] for w in router.workers()}  # a host kept in the router is listed already
             for url in urls:
                 if url not in listed:
@@ -300,6 +301,7 @@ def _final(hosts: Sequence[Host]):
         if "router_pid" not in state.data:
             started(state, router.start(urls, state.stamp))
         else:
+            router.settled()
             listed = {w["url"] for w in router.workers()}
             for url in urls:
                 if url not in listed:
@@ -524,7 +526,8 @@ def _remove_plan(batch: tuple[Host, ...]):
             steps += [(at, _when(calls.workers(True), RUNNING)),
                       (at, _when(calls.remove(url, "<worker id>", True), f"{RUNNING}, lists {host.name} and the "
                                  "probe did not keep it (smg, sglang-router 0.3.x; older: POST /remove_worker?url=); then "
-                                 "GET /workers until it is gone (smg: after its drain settle, 5 s)")),
+                                 "GET /workers until it is listed unhealthy or gone, and again before the "
+                                 "router-add until it is gone (smg: after its drain settle, 5 s)")),
                       (at, _when(calls.remove(url, "", False), "the router is older than 0.3"))]
         return steps
     return plan

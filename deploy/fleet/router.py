@@ -299,6 +299,7 @@ class RouterHost:
         self.calls = RouterCalls(self.spec, host)
         self.progress = progress
         self._package: RouterPackage | None = None
+        self.leaving: set[str] = set()  # removed with settle=False, maybe still listed (settled())
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -360,8 +361,10 @@ class RouterHost:
                               f"{got.get('error') or got.get('body', '')[:200]}")
         return parse_workers(got["body"], self.host.name)
 
-    def wait_members(self, expected: set[str], pid: int | None = None, absent: frozenset[str] = frozenset()) -> float:
-        """Poll the worker list until every ``expected`` URL is listed healthy and no ``absent`` one is.
+    def wait_members(self, expected: set[str], pid: int | None = None, absent: frozenset[str] = frozenset(),
+                     out_only: bool = False) -> float:
+        """Poll the worker list until every ``expected`` URL is listed healthy and no ``absent`` one is
+        (``out_only``: until none of them is listed healthy, the router sending it nothing new).
 
         Returns when the router stopped routing to the ``absent`` URLs: the start of the first poll
         that found each gone or listed unhealthy (smg keeps a removed worker listed, unhealthy and
@@ -388,7 +391,7 @@ class RouterHost:
                 still = [u for u in absent if u in listed]
                 if out_since is None and not [u for u in still if listed[u]["is_healthy"]]:
                     out_since = polled
-                if not missing and not still:
+                if not missing and (not still or (out_only and out_since is not None)):
                     return out_since if out_since is not None else polled
                 last = f"waiting for {missing or ''} {('to leave: ' + str(still)) if still else ''}".strip()
             if time.monotonic() > deadline:
@@ -403,8 +406,13 @@ class RouterHost:
                               f"{got.get('error') or got.get('body', '')[:200]}")
         self.wait_members({url})
 
-    def remove(self, url: str) -> float:
-        """Take ``url`` out; returns when the router stopped sending it new requests (monotonic)."""
+    def remove(self, url: str, settle: bool = True) -> float:
+        """Take ``url`` out; returns when the router stopped sending it new requests (monotonic).
+
+        ``settle``: and when it left the worker list. A roll passes False and calls ``settled()``
+        before it adds the worker back: smg lists a removed worker, unhealthy and sent nothing new,
+        for its 5 s drain settle (smg 1.13.0), and those seconds can pass while the replica drains and
+        redeploys instead of before (``add`` of a URL still listed would be refused as a duplicate)."""
         if self.package().workers_api:
             ids = [w["id"] for w in self.workers() if w["url"] == url]
             if not ids:
@@ -415,7 +423,16 @@ class RouterHost:
         if got.get("status") not in (200, 202, 204):
             raise RouterError(f"{self.host.name}: router refused to remove {url}: {got.get('status')} "
                               f"{got.get('error') or got.get('body', '')[:200]}")
-        return self.wait_members(set(), absent=frozenset({url}))
+        if settle:
+            return self.wait_members(set(), absent=frozenset({url}))
+        self.leaving.add(url)
+        return self.wait_members(set(), absent=frozenset({url}), out_only=True)
+
+    def settled(self) -> None:
+        """Wait until every worker removed with ``settle=False`` has left the worker list."""
+        if self.leaving:
+            self.wait_members(set(), absent=frozenset(self.leaving))
+            self.leaving.clear()
 
     def healthy(self, url: str) -> bool:
         """Does the worker answer GET /health 200 from the router host (where the router reaches it)?"""

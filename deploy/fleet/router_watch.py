@@ -60,6 +60,8 @@ def started(state, pid: int) -> None:
     """The run started the router: from now on it is watched."""
     state.data["router_pid"] = pid
     state.data.pop("router_died", None)
+    if getattr(state, "router", None) is not None:  # a new router lists none of the old one's leaving workers
+        state.router.leaving.clear()
 
 
 def healthy_replicas(state, router, hosts: Sequence[Host], url_of: Callable[[Host], str],

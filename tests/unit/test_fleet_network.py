@@ -301,6 +301,34 @@ def test_out_of_rotation_starts_when_smg_lists_the_removed_worker_unhealthy_not_
     assert out == pytest.approx(100.2) and clock["now"] == pytest.approx(105.4)   # 5.2 s earlier than "gone"
 
 
+def test_a_roll_removes_without_waiting_out_smgs_drain_settle_and_waits_for_it_before_the_add(monkeypatch):
+    """remove(settle=False) returns at the first poll that lists the worker unhealthy; settled(), called
+    by router-add, waits until it left the list (smg refuses to add a URL it still lists)."""
+    from deploy.fleet import router as router_module
+    from deploy.fleet.router import RouterHost
+
+    clock = {"now": 100.0}
+    monkeypatch.setattr(router_module.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(router_module.time, "sleep", lambda s: clock.__setitem__("now", clock["now"] + s))
+    url = "http://10.0.0.2:30000"
+    lists = [[{"url": url, "is_healthy": True}]] * 2 + [[{"url": url, "is_healthy": False}]] * 26 + [[]]
+    sent = []
+    host = Host(name="a", address="10.0.0.1")
+    router = RouterHost(SimpleNamespace(), host, Run(name="r", hosts=["a"], base_model="/m", drafter="/d",
+                                                     router=RouterSpec(host="a")))
+    router.package = lambda: SimpleNamespace(workers_api=True)
+    router.workers = lambda: [{"id": "1", **w} for w in (lists.pop(0) if lists else [])]
+    router._do = lambda call: sent.append(call) or {"status": 202}
+    out = router.remove(url, settle=False)
+    assert out == pytest.approx(100.2) and clock["now"] == pytest.approx(100.2)  # out of rotation, still listed
+    assert router.leaving == {url} and len(sent) == 1
+    clock["now"] += 3.0                                                           # the drain and redeploy
+    router.settled()
+    assert not lists and router.leaving == set() and clock["now"] == pytest.approx(108.2)
+    router.settled()                                                              # nothing left: no poll
+    assert clock["now"] == pytest.approx(108.2)
+
+
 # -- the running router's package (priority 5) --------------------------------------------------
 
 from deploy.fleet.router_package import RouterPackage, package_text, running_package  # noqa: E402
