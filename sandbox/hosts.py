@@ -44,8 +44,8 @@ from sandbox import drafter as drafter_mod
 
 SSHD = "/usr/sbin/sshd"
 #: the Unix user name prefixes a sandbox may use: "dsb-" for the demo and the tests' first slot,
-#: "dsb1-" for their second (tests/conftest.py: two integration workers, each its own sandbox)
-USER_PREFIXES = ("dsb-", "dsb1-")
+#: "dsbN-" for their slot N (tests/conftest.py SLOTS: four integration workers, each its own sandbox)
+USER_PREFIXES = ("dsb-", "dsb1-", "dsb2-", "dsb3-")
 USER_PREFIX = USER_PREFIXES[0]
 GECOS_MARK = "deployctl-sandbox"
 FIRST_ADDRESS_OCTET = 10
@@ -681,7 +681,7 @@ def start_sandbox(
     """Start one simulated GPU host per name under ``root`` and write ``root/deployctl.yaml``.
 
     Host i listens on 127.0.0.(address_base + i) and logs in as ``user_prefix + name`` (one of
-    USER_PREFIXES: two sandboxes on other addresses and prefixes run side by side). Whatever is recorded under ``root`` from an
+    USER_PREFIXES: sandboxes on other addresses and prefixes run side by side). Whatever is recorded under ``root`` from an
     earlier run (a crashed test session) is stopped first. With ``stop_at_exit`` the sandbox is
     also stopped when this Python process exits normally. ``log_level`` is sshd's LogLevel
     (VERBOSE logs each forwarded direct-tcpip channel, which the jump-host tests count).

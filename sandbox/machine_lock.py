@@ -2,7 +2,7 @@
 
 A sandbox's addresses (127.0.0.10+), Unix users (dsb-*) and root are fixed, so two test sessions
 or benchmarks on one machine would collide; each holds a lock while its sandbox exists, and
-another one waits (bounded) instead. The tests have two slots, each with its own addresses, users,
+another one waits (bounded) instead. The tests have four slots, each with its own addresses, users,
 root and lock file (tests/conftest.py SLOTS); benchmarks take slot 0's.
 """
 

@@ -13,16 +13,16 @@ instead of colliding with it. The root is fixed too, so a session that crashed i
 the next one (start_sandbox first stops what sandbox.json under the root records).
 
 Parallel runs (pytest-xdist, ``-n auto`` in pyproject.toml; issue 26): every xdist worker is a
-pytest session of its own. A sandbox has fixed addresses, users and a root, so there are two
+pytest session of its own. A sandbox has fixed addresses, users and a root, so there are four
 **slots** (``SLOTS``: other addresses, user prefix, roots and lock each), and a session takes the
-first free one (``any_slot_lock``). tests/integration/ is split into two work units
-(``SANDBOX_UNIT_1`` lists the second's files), each run on one worker as a whole
-(``pytest_xdist_make_scheduler`` below), so the two halves run side by side on their own slots;
-a test elsewhere that asks for a sandbox fixture fails, in serial runs too, naming the directory it
-belongs in. The other tiers spread over the workers one module at a time, so a module-scoped
-fixture (a wheel build, a browser) is built once. ``pytest_xdist_auto_num_workers`` adds one
-worker beyond the cores: the two sandbox halves spend much of their time waiting on their hosts,
-and the third keeps the pure tiers going meanwhile.
+first free one (``any_slot_lock``). tests/integration/ is split into four work units
+(``SANDBOX_UNITS``), each run on one worker as a whole (``pytest_xdist_make_scheduler`` below), so
+the units run side by side on their own slots; a test elsewhere that asks for a sandbox fixture
+fails, in serial runs too, naming the directory it belongs in. The other tiers spread over the
+workers one module at a time, so a module-scoped fixture (a wheel build, a browser) is built once.
+``pytest_xdist_auto_num_workers`` gives every unit a worker and the pure tiers the cores but one
+(at least one): the sandbox units spend most of their time waiting on their hosts (a roll waits
+out smg's drain settle, a server its load), so four of them share two cores well.
 """
 
 from __future__ import annotations
@@ -54,17 +54,36 @@ SANDBOX_DIR = "tests/integration/"
 #: TEST_LAUNCH_ENV); the demo and the benchmarks (docs/benchmarks.md) keep the stand-in's 2.5 s.
 HOST_SIM_ENV = {"SGLANG_SIM_IMPORT_SECONDS": "0.2"}
 
-#: the integration files of the second work unit; the rest form the first. Chosen by the files'
-#: measured durations (docs/testing.md) so the halves take about as long; a new file lands in the first.
-SANDBOX_UNIT_1 = frozenset({
-    "test_fleet.py", "test_plan_is_run.py", "test_gpu_status.py", "test_doctor.py", "test_proxyjump.py",
-    "test_drafter_swap.py",
-})
+#: the integration tier's work units, one xdist worker and one sandbox slot each: a unit lists
+#: files, tests ("file.py::test_name") or parametrized cases ("...::test_name[smg]"), the longest
+#: selector naming a test deciding; a file nobody lists lands in unit 0. Chosen by the tests'
+#: measured durations (docs/testing.md: the units take about as long; re-balance when one grows).
+SANDBOX_UNITS: tuple[tuple[str, ...], ...] = (
+    ("test_fleet.py", "test_reliability.py"),
+    ("test_fleet.py::test_up_with_router_reaches_every_replica_rolls_with_no_failed_request_and_down_stops_all"
+     "[sglang-router]",
+     "test_fleet.py::test_an_unchanged_replica_stays_in_the_router_and_nightly_rolls_one_at_a_time_and_converges",
+     "test_safe_redeploy.py", "test_lifecycle.py"),
+    ("test_fleet_network.py", "test_drafter_swap.py", "test_proxyjump.py", "test_gpu_status.py"),
+    ("test_plan_is_run.py", "test_status.py", "test_nightly_truth.py", "test_doctor.py", "test_doctor_silent.py",
+     "test_sandbox.py", "test_hostile_round3.py", "test_remote_fix.py", "test_ssh_trust.py"),
+)
+
+
+def sandbox_unit(test: str) -> int:
+    """The unit of ``test`` (its node id after tests/integration/): its longest selector's."""
+    best, unit = -1, 0
+    for index, selectors in enumerate(SANDBOX_UNITS):
+        for selector in selectors:
+            if (test == selector or test.startswith(selector + ("::" if "::" not in selector else "["))) \
+                    and len(selector) > best:
+                best, unit = len(selector), index
+    return unit
 
 
 @dataclass(frozen=True)
 class Slot:
-    """One sandbox's addresses, users, roots and lock: two run side by side without meeting."""
+    """One sandbox's addresses, users, roots and lock: slots run side by side without meeting."""
 
     index: int
     address_base: int        # sb1-3 on 127.0.0.(base)..(base+2)
@@ -82,22 +101,22 @@ class Slot:
 #: slot 0: the addresses, users and roots the suite always had (the demo is on .20+, user dsb-demo1)
 SLOTS = (
     Slot(0, 10, 30, "dsb-", SANDBOX_ROOT, JUMP_SANDBOX_ROOT),
-    Slot(1, 40, 50, "dsb1-", SANDBOX_ROOT.with_name(SANDBOX_ROOT.name + "-s1"),
-         JUMP_SANDBOX_ROOT.with_name(JUMP_SANDBOX_ROOT.name + "-s1")),
+    *(Slot(i, base, base + 10, f"dsb{i}-", SANDBOX_ROOT.with_name(f"{SANDBOX_ROOT.name}-s{i}"),
+           JUMP_SANDBOX_ROOT.with_name(f"{JUMP_SANDBOX_ROOT.name}-s{i}"))
+      for i, base in ((1, 40), (2, 70), (3, 90))),
 )
 
 
 def work_unit(nodeid: str) -> str:
     """What one xdist worker runs as a whole: a half of the sandbox tier, or one test module."""
     if nodeid.startswith(SANDBOX_DIR):
-        file = nodeid[len(SANDBOX_DIR):].split("::", 1)[0]
-        return "sandbox-1" if file in SANDBOX_UNIT_1 else "sandbox-0"
+        return f"sandbox-{sandbox_unit(nodeid[len(SANDBOX_DIR):])}"
     return nodeid.split("::", 1)[0]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    return (os.cpu_count() or 1) + 1
+    return len(SANDBOX_UNITS) + max(1, (os.cpu_count() or 1) - 1)
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -109,7 +128,7 @@ def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") == "each":
         return None
     # the collection order (sandbox halves first, pytest_collection_modifyitems) is the queue's:
-    # the two long units start at once, on two workers, and the pure modules fill the rest
+    # the long units start at once, one worker each, and the pure modules fill the rest
     config.option.loadscopereorder = False
 
     class SandboxOnOneWorker(LoadScopeScheduling):
@@ -124,7 +143,8 @@ def pytest_collection_modifyitems(config, items):
         if SANDBOX_FIXTURES & set(getattr(item, "fixturenames", ())) and not work_unit(item.nodeid).startswith("sandbox"):
             item.add_marker(pytest.mark.misplaced_sandbox_test)
     # sandbox halves first (a stable sort keeps each file's order): the scheduler hands them out first
-    items.sort(key=lambda item: {"sandbox-1": 0, "sandbox-0": 1}.get(work_unit(item.nodeid), 2))
+    items.sort(key=lambda item: int(unit[8:]) if (unit := work_unit(item.nodeid)).startswith("sandbox-")
+               else len(SANDBOX_UNITS))
 
 
 @pytest.hookimpl(tryfirst=True)  # before any fixture is set up: never a second sandbox session
