@@ -173,7 +173,7 @@ def test_watch_gpus_runs_the_given_queries_and_reports_exit_codes(tmp_path):
     query = (f"{sys.executable} -c \"import pathlib; p = pathlib.Path('{counter}'); n = int(p.read_text()) + 1; "
              f"p.write_text(str(n)); print('busy' if n < 3 else 'free')\"")
     lines = _watch("watch-gpus", "--gpu-query", query, "--apps-query", "false", "--interval", "0.05",
-                   "--every", "60", "--for", "0.5")
+                   "--every", "60", "--for", "3")  # three interpreter starts: 0.5 s was too short on a busy machine
     assert [line["gpus"]["stdout"] for line in lines] == ["busy\n", "free\n"]
     assert all(line["apps"]["exit_code"] == 1 for line in lines)
     missing = _watch("watch-gpus", "--gpu-query", "no-such-nvidia-smi", "--apps-query", "true", "--for", "0")
