@@ -72,13 +72,9 @@ SANDBOX_UNITS: tuple[tuple[str, ...], ...] = (
 
 def sandbox_unit(test: str) -> int:
     """The unit of ``test`` (its node id after tests/integration/): its longest selector's."""
-    best, unit = -1, 0
-    for index, selectors in enumerate(SANDBOX_UNITS):
-        for selector in selectors:
-            if (test == selector or test.startswith(selector + ("::" if "::" not in selector else "["))) \
-                    and len(selector) > best:
-                best, unit = len(selector), index
-    return unit
+    named = [(len(selector), index) for index, selectors in enumerate(SANDBOX_UNITS) for selector in selectors
+             if test == selector or test.startswith((selector + "::", selector + "["))]
+    return max(named)[1] if named else 0
 
 
 @dataclass(frozen=True)
@@ -108,7 +104,7 @@ SLOTS = (
 
 
 def work_unit(nodeid: str) -> str:
-    """What one xdist worker runs as a whole: a half of the sandbox tier, or one test module."""
+    """What one xdist worker runs as a whole: a unit of the sandbox tier, or one test module."""
     if nodeid.startswith(SANDBOX_DIR):
         return f"sandbox-{sandbox_unit(nodeid[len(SANDBOX_DIR):])}"
     return nodeid.split("::", 1)[0]
@@ -127,7 +123,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     if config.getvalue("dist") == "each":
         return None
-    # the collection order (sandbox halves first, pytest_collection_modifyitems) is the queue's:
+    # the collection order (sandbox units first, pytest_collection_modifyitems) is the queue's:
     # the long units start at once, one worker each, and the pure modules fill the rest
     config.option.loadscopereorder = False
 
@@ -142,8 +138,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if SANDBOX_FIXTURES & set(getattr(item, "fixturenames", ())) and not work_unit(item.nodeid).startswith("sandbox"):
             item.add_marker(pytest.mark.misplaced_sandbox_test)
-    # sandbox halves first (a stable sort keeps each file's order): the scheduler hands them out first
-    items.sort(key=lambda item: int(unit[8:]) if (unit := work_unit(item.nodeid)).startswith("sandbox-")
+    # sandbox units first (a stable sort keeps each file's order): the scheduler hands them out first
+    items.sort(key=lambda item: sandbox_unit(item.nodeid[len(SANDBOX_DIR):]) if item.nodeid.startswith(SANDBOX_DIR)
                else len(SANDBOX_UNITS))
 
 
