@@ -104,7 +104,7 @@ def plan_fleet(config, rollout, playbook=None, endpoints: dict | None = None) ->
                           "POST /workers {\"url\"} for the hosts that serve a verified deployment; poll GET /workers"],
             "end": "start the router if it is not running (detached, PID file and log in the state dir); "
                    "one POST /generate through it must answer",
-            "stop": f"{host.python} -c <deploy/remote/fleet_ops.py> stop-router {paths.pidfile} (down)",
+            "stop": f"{host.python} -I -S -c <deploy/remote/fleet_ops.py> stop-router {paths.pidfile} (down)",
         }
     return document
 

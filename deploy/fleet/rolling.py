@@ -529,14 +529,14 @@ def _remove_plan(batch: tuple[Host, ...]):
                                  "GET /workers until it is listed unhealthy or gone, and again before the "
                                  "router-add until it is gone (smg: after its drain settle, 5 s)")),
                       (at, _when(calls.remove(url, "", False), "the router is older than 0.3"))]
-        return steps
+        return steps + _membership_waits(calls, at, "after each removal: until it is listed unhealthy or gone")
     return plan
 
 
 def _drain_plan(batch: tuple[Host, ...]):
     def plan(view) -> list[tuple[str, Any]]:
-        steps = [(view.router_host, _when(view.calls.loads(worker_url(view.run, view.network(h))), f"{h.name} was taken out: "
-                                          f"polled until nothing is in flight")) for h in batch]
+        steps = [(view.router_host, _when(view.calls.watch_loads(worker_url(view.run, view.network(h))),
+                                          f"{h.name} was taken out: until nothing is in flight")) for h in batch]
         return steps + _watched(view, "after the drain")
     return plan
 
@@ -560,6 +560,8 @@ def _join_plan(hosts: Sequence[Host], end_to_end: bool = False):
         steps += [(at, _when(calls.add(u, True), f"{RUNNING} without {u} (older than 0.3: POST /add_worker?url=)"))
                   for u in urls]
         steps += [(at, _when(calls.add(u, False), "the router is older than 0.3")) for u in urls]
+        steps += _membership_waits(calls, at, "after the start, each add, and before the adds until the batch's "
+                                              "removed workers left the list (smg's drain settle)")
         steps.append((at, _when(calls.log_tail(), "the router died (while starting, or mid-roll)")))
         died = "the router this run saw died mid-roll (router_watch.py): the roll stops, exit 14, and the router "
         steps += [(at, _when(calls.health(worker_url(view.run, view.network(h))), died + "is started again with "
@@ -568,6 +570,12 @@ def _join_plan(hosts: Sequence[Host], end_to_end: bool = False):
             steps.append((at, calls.end_to_end()))
         return steps
     return plan
+
+
+def _membership_waits(calls, at: str, when: str) -> list[tuple[str, Any]]:
+    """RouterHost.wait_members' host-side loop, on either API (sglang-router older than 0.3: /list_workers)."""
+    return [(at, _when(calls.watch_members(True), f"{RUNNING}, {when}")),
+            (at, _when(calls.watch_members(False), f"{RUNNING}, {when}; the router is older than 0.3"))]
 
 
 def _when(action, when: str):

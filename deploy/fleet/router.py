@@ -11,12 +11,14 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from deploy.base.limits import parse_json
 from deploy.config.models import Host, Run, RouterSpec
+from deploy.facts.helpers import helper_python
 from deploy.facts.inline import inline_program
 from deploy.base.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
 from deploy.fleet.router_package import (ROUTER_CMDLINE_MARKS, RouterPackage, choose_package, parse_release,
@@ -130,12 +132,18 @@ def fleet_ops_program() -> str:
                           "fleet_ops")
 
 
-def ops_command(python: str, *args: str, script: str | None = None) -> str:
-    """``script``: what the plan shows instead of fleet_ops.py's text (``<deploy/remote/fleet_ops.py>``)."""
-    return f"{quote(python)} -c {script or quote(fleet_ops_program())} " + " ".join(quote(a) for a in args)
+def ops_command(python: str, *args: str, script: str | None = None, isolated: bool = True) -> str:
+    """``script``: what the plan shows instead of fleet_ops.py's text (``<deploy/remote/fleet_ops.py>``).
+    ``isolated``: ``-I -S`` like every stdlib-only helper (helper_python: 25 ms less per start); not for
+    ``router-packages``, which reads router.python's own site-packages."""
+    start = helper_python(python) if isolated else quote(python)
+    return f"{start} -c {script or quote(fleet_ops_program())} " + " ".join(quote(a) for a in args)
 
 
 OPS_SCRIPT = "<deploy/remote/fleet_ops.py>"
+#: how often the host-side loops read the worker list and a draining worker's load
+MEMBERS_POLL_S = 0.2
+LOADS_POLL_S = 0.1
 END_TO_END = {"text": "deployctl end-to-end check", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
 
 
@@ -152,7 +160,8 @@ class RouterCalls:
     def ops(self, *args: str, timeout: float = 30, python: str | None = None, description: str = "",
             when: str | None = None) -> Command:
         return Command(description=description or f"fleet_ops {args[0]}", when=when,
-                       command=ops_command(python or self.host.python, *args, script=self.script),
+                       command=ops_command(python or self.host.python, *args, script=self.script,
+                                           isolated=args[0] != "router-packages"),
                        timeout_s=timeout + 30, what=f"fleet_ops {args[0]}")
 
     def http(self, method: str, url: str, body: dict | None = None, timeout: float = 10, description: str = "",
@@ -196,8 +205,20 @@ class RouterCalls:
     def health(self, url: str) -> Command:
         return self.http("GET", url + "/health", timeout=5, description=f"is {url} healthy (GET /health)")
 
-    def loads(self, url: str) -> Command:
-        return self.http("GET", url + "/v1/loads", timeout=5, description=f"requests in flight on {url}")
+    def watch_members(self, modern: bool) -> Command:
+        """The router's process and worker list every 0.2 s on one channel (``RouterHost.wait_members``
+        decides on each line): ``timeout_s`` bounds the loop on the host beyond the wait's own deadline."""
+        return self.ops("poll", f"{MEMBERS_POLL_S:g}", "members", self.paths.pidfile, self.url + "/workers",
+                        self.url + ("/workers" if modern else "/list_workers"), "--timeout", "10",
+                        timeout=self.spec.startup_timeout_s + 30,
+                        description="the router's process and worker list, every 0.2 s until the membership "
+                                    "is as expected (one host-side loop)")
+
+    def watch_loads(self, url: str) -> Command:
+        """A removed worker's requests in flight (SGLang /v1/loads) every 0.1 s on one channel (``drain``)."""
+        return self.ops("poll", f"{LOADS_POLL_S:g}", "request", "GET", url + "/v1/loads", "--timeout", "5",
+                        timeout=self.spec.drain_timeout_s + 30,
+                        description=f"requests in flight on {url}, every 0.1 s until none (one host-side loop)")
 
     def start(self, workers: list[str], log_name: str, package: RouterPackage | None = None) -> Command:
         label = package.label if package is not None else "the router"
@@ -252,6 +273,88 @@ def parse_loads(body: str, source: str) -> int:
     except (ValueError, KeyError, TypeError, RecursionError):
         raise RemoteOutputError(f"{source}: /v1/loads answered {body[:300]!r}; expected SGLang's "
                                 '{"loads": [{"num_running_reqs": N, ...}]}') from None
+
+
+def workers_answer(got: dict, path: str, source: str) -> list[dict]:
+    """fleet_ops.py's GET of the worker list -> the workers; a non-200 answer is a RouterError."""
+    if got.get("status") != 200:
+        raise RouterError(f"{source}: router GET {path} answered {got.get('status')} "
+                          f"{got.get('error') or str(got.get('body', ''))[:200]}")
+    return parse_workers(str(got.get("body", "")), source)
+
+
+class MembershipWait:
+    """One wait on the router's worker list, decided one observation at a time (pure: the host-side
+    loop's lines in ``RouterHost.wait_members``, lists in the unit tests).
+
+    Done when every ``expected`` URL is listed healthy and no ``absent`` one is listed (``out_only``:
+    none of them listed healthy, the router sending it nothing new). ``out_since``: the first
+    observation that found each ``absent`` URL gone or listed unhealthy (smg keeps a removed worker
+    listed, unhealthy and sent nothing new, for its 5 s drain settle: those seconds are out of rotation).
+    ``died``: the router process went away ("launched": the one this wait started; "membership":
+    under a membership change); the caller says so with the router's log tail."""
+
+    def __init__(self, source: str, path: str, expected: set[str], absent: frozenset[str], out_only: bool,
+                 pid: int | None, deadline: float, timeout_s: float):
+        self.source, self.path, self.expected, self.absent, self.out_only = source, path, expected, absent, out_only
+        self.pid, self.deadline, self.timeout_s = pid, deadline, timeout_s
+        self.last = "no answer yet"
+        self.out_since: float | None = None
+        self.done_at: float | None = None
+        self.died: str | None = None
+
+    def observe(self, state: dict, workers: dict, polled: float) -> bool:
+        """True: decided (``done_at`` or ``died`` set); raises StepTimeout past the deadline."""
+        if self.pid is not None and not state.get("alive"):
+            self.died = "launched"
+            return True
+        try:
+            listed = {w["url"]: w for w in workers_answer(workers, self.path, self.source)}
+        except RouterError as exc:
+            self.last = str(exc)
+            if self.pid is None and not state.get("alive"):
+                self.died = "membership"
+                return True
+        else:
+            missing = [u for u in self.expected if not (u in listed and listed[u]["is_healthy"])]
+            still = [u for u in self.absent if u in listed]
+            if self.out_since is None and not [u for u in still if listed[u]["is_healthy"]]:
+                self.out_since = polled
+            if not missing and (not still or (self.out_only and self.out_since is not None)):
+                self.done_at = self.out_since if self.out_since is not None else polled
+                return True
+            self.last = f"waiting for {missing or ''} {('to leave: ' + str(still)) if still else ''}".strip()
+        if polled > self.deadline:
+            raise StepTimeout(f"{self.source}: router membership not as expected after "
+                              f"{self.timeout_s:g} s: {self.last}")
+        return False
+
+
+class DrainWait:
+    """A removed worker's drain, decided one /v1/loads answer at a time (pure, like MembershipWait).
+
+    Done at zero twice, 0.25 s apart: a request the router dispatched just before the removal may not
+    have reached the worker yet, and SGLang counts a request as finished before its last stream chunk
+    is written. A worker that does not answer has nothing to finish either."""
+
+    def __init__(self, url: str, timeout_s: float, started: float):
+        self.url, self.timeout_s, self.started = url, timeout_s, started
+        self.idle_since: float | None = None
+        self.seconds: float | None = None
+
+    def observe(self, got: dict, polled: float) -> bool:
+        left = parse_loads(str(got.get("body", "")), self.url) if got.get("status") == 200 else None
+        if left is None or left == 0:
+            if left is None or (self.idle_since is not None and polled - self.idle_since >= 0.25):
+                self.seconds = polled - self.started
+                return True
+            self.idle_since = self.idle_since or polled
+            return False
+        self.idle_since = None
+        if polled - self.started > self.timeout_s:
+            raise StepTimeout(f"{self.url}: still {left} request(s) in flight after the drain timeout "
+                              f"({self.timeout_s:g} s); not redeployed")
+        return False
 
 
 def modern_api(version: str) -> bool:
@@ -354,50 +457,52 @@ class RouterHost:
 
     def workers(self) -> list[dict]:
         modern = self.package().workers_api
-        path = "/workers" if modern else "/list_workers"
-        got = self._do(self.calls.workers(modern))
-        if got.get("status") != 200:
-            raise RouterError(f"{self.host.name}: router GET {path} answered {got.get('status')} "
-                              f"{got.get('error') or got.get('body', '')[:200]}")
-        return parse_workers(got["body"], self.host.name)
+        return workers_answer(self._do(self.calls.workers(modern)), "/workers" if modern else "/list_workers",
+                              self.host.name)
+
+    def _poll(self, call: Command, observe: Callable[[dict, float], bool]) -> None:
+        """Run a host-side poll loop (``fleet_ops.py poll``) on one channel; ``observe(line, arrived)``
+        decides on each JSON line as it comes, True ending the loop (its channel closed)."""
+        # a signal that came before this wait started does not stop it: the phases that put a batch
+        # back into the router after Ctrl-C wait on the router too (fleet/phases.py run_phases)
+        cancelled = self.conn.cancelled if isinstance(getattr(self.conn, "cancelled", None), threading.Event) \
+            and not self.conn.cancelled.is_set() else threading.Event()
+
+        def on_line(line: str) -> bool:
+            return observe(parse_json_line(line.strip(), self.host.name, ()), time.monotonic())
+
+        ended = self.conn.watch(call.command, on_line, timeout=call.timeout_s or 60, cancelled=cancelled)
+        if ended.exit_code is not None:
+            raise RouterError(f"{self.host.name}: {call.what} ended (exit {ended.exit_code}) before deployctl "
+                              f"decided: {strip_escapes(ended.stderr.strip())[-300:]}")
 
     def wait_members(self, expected: set[str], pid: int | None = None, absent: frozenset[str] = frozenset(),
                      out_only: bool = False) -> float:
-        """Poll the worker list until every ``expected`` URL is listed healthy and no ``absent`` one is
-        (``out_only``: until none of them is listed healthy, the router sending it nothing new).
+        """Wait (MembershipWait) until every ``expected`` URL is listed healthy and no ``absent`` one is
+        (``out_only``: until none of them is listed healthy); returns when the router stopped routing to
+        the ``absent`` URLs. ``pid``: the router this run just started, which must stay alive."""
+        modern = self.package().workers_api
+        wait = MembershipWait(self.host.name, "/workers" if modern else "/list_workers", expected, absent, out_only,
+                              pid, time.monotonic() + self.spec.startup_timeout_s, self.spec.startup_timeout_s)
 
-        Returns when the router stopped routing to the ``absent`` URLs: the start of the first poll
-        that found each gone or listed unhealthy (smg keeps a removed worker listed, unhealthy and
-        sent nothing new, for its 5 s drain settle: those seconds are out of rotation)."""
-        deadline = time.monotonic() + self.spec.startup_timeout_s
-        last = "no answer yet"
-        out_since: float | None = None
-        while True:
-            polled = time.monotonic()
-            if pid is not None and not self.state().get("alive"):
-                raise RouterError(f"{self.host.name}: the router (pid {pid}) died; its log ends:\n{self.log_tail()}")
-            try:
-                listed = {w["url"]: w for w in self.workers()}
-            except RouterError as exc:
-                listed, last = {}, str(exc)
-                if pid is None and not self.state().get("alive"):  # it died under a membership change
-                    from deploy.fleet.router_watch import RouterLost
+        def observe(line: dict, arrived: float) -> bool:
+            state, workers = line.get("state"), line.get("workers")
+            if not isinstance(state, dict) or not isinstance(workers, dict):
+                raise RemoteOutputError(f"{self.host.name}: fleet_ops.py poll members printed unexpected output: "
+                                        f"{str(line)[:300]!r}")
+            return wait.observe(state, workers, arrived)
 
-                    raise RouterLost(f"{self.host.name}: the router died while deployctl waited for "
-                                     f"{', '.join(sorted(expected | absent))} to "
-                                     f"{'join' if expected else 'leave'}; its log ends:\n{self.log_tail()}") from None
-            else:
-                missing = [u for u in expected if not (u in listed and listed[u]["is_healthy"])]
-                still = [u for u in absent if u in listed]
-                if out_since is None and not [u for u in still if listed[u]["is_healthy"]]:
-                    out_since = polled
-                if not missing and (not still or (out_only and out_since is not None)):
-                    return out_since if out_since is not None else polled
-                last = f"waiting for {missing or ''} {('to leave: ' + str(still)) if still else ''}".strip()
-            if time.monotonic() > deadline:
-                raise StepTimeout(f"{self.host.name}: router membership not as expected after "
-                                  f"{self.spec.startup_timeout_s:g} s: {last}")
-            time.sleep(0.2)
+        self._poll(self.calls.watch_members(modern), observe)
+        if wait.died == "launched":
+            raise RouterError(f"{self.host.name}: the router (pid {pid}) died; its log ends:\n{self.log_tail()}")
+        if wait.died == "membership":
+            from deploy.fleet.router_watch import RouterLost
+
+            raise RouterLost(f"{self.host.name}: the router died while deployctl waited for "
+                             f"{', '.join(sorted(expected | absent))} to "
+                             f"{'join' if expected else 'leave'}; its log ends:\n{self.log_tail()}")
+        assert wait.done_at is not None
+        return wait.done_at
 
     def add(self, url: str) -> None:
         got = self._do(self.calls.add(url, self.package().workers_api))
@@ -438,34 +543,12 @@ class RouterHost:
         """Does the worker answer GET /health 200 from the router host (where the router reaches it)?"""
         return self._do(self.calls.health(url)).get("status") == 200
 
-    def in_flight(self, url: str) -> int | None:
-        """Requests running or waiting on a worker (SGLang /v1/loads); None when it does not answer."""
-        got = self._do(self.calls.loads(url))
-        if got.get("status") != 200:
-            return None
-        return parse_loads(got["body"], url)
-
     def drain(self, url: str, timeout: float) -> float:
-        """Wait until the removed worker has nothing in flight; returns the seconds it took."""
-        started = time.monotonic()
-        idle_since = None
-        while True:
-            left = self.in_flight(url)
-            if left is None or left == 0:  # a worker that does not answer has nothing to finish either
-                # Zero twice, 0.25 s apart: a request the router dispatched just before the removal
-                # may not have reached the worker yet, and SGLang counts a request as finished
-                # before its last stream chunk is written.
-                now = time.monotonic()
-                if left is None or (idle_since is not None and now - idle_since >= 0.25):
-                    return now - started
-                idle_since = idle_since or now
-                time.sleep(0.05)
-                continue
-            idle_since = None
-            if time.monotonic() - started > timeout:
-                raise StepTimeout(f"{url}: still {left} request(s) in flight after the drain timeout "
-                                  f"({timeout:g} s); not redeployed")
-            time.sleep(0.1)
+        """Wait (DrainWait) until the removed worker has nothing in flight; returns the seconds it took."""
+        wait = DrainWait(url, timeout, time.monotonic())
+        self._poll(self.calls.watch_loads(url), lambda got, arrived: wait.observe(got, arrived))
+        assert wait.seconds is not None
+        return wait.seconds
 
     def end_to_end(self) -> dict:
         """One /generate through the router; the run is up only when it answers."""

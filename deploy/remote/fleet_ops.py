@@ -25,6 +25,14 @@ host: that is where the router reaches the workers from, so what works here work
         "cmdline", "router": bool}]}], "errors": [...]}]}: every socket in LISTEN on each port
         (listeners.py), its holders, and whether a holder is the router PIDFILE names; which
         listener clashes with which bind address is decided by deployctl (fleet/router_ports.py)
+    fleet_ops.py poll SECONDS request GET URL [--timeout S]
+    fleet_ops.py poll SECONDS members PIDFILE STATE_URL WORKERS_URL [--timeout S]
+        one JSON line every SECONDS (0.05-5) until stdin reaches EOF (deployctl decided and shut its
+        side of the channel), stdout is closed, or the command's own bound (coreutils timeout) ends it: ``request``'s answer, or
+        {"state": router-state's answer, "workers": GET WORKERS_URL's answer}. deployctl's waits on
+        the router (membership, a worker's drain) decide on each line as it comes: one interpreter
+        and one SSH channel per wait, where a command per poll started ~25 of each for one smg drain
+        settle (issue 26: 800 such starts were a sixth of the test suite's host CPU)
 
 Sent inline with listeners.py (deploy/facts/inline.py); run as a file, it imports it from here.
 """
@@ -209,6 +217,50 @@ def ports(pidfile: str, wanted) -> dict:
     return {"router_pid": router, "ports": out}
 
 
+#: a poll line stays well inside deployctl's 1 MiB line bound (deploy/ssh/transport.py), JSON escapes included;
+#: a longer answer arrives cut and fails deployctl's strict parse, naming the host
+POLL_BODY = 1 << 18
+
+
+def _cut(answer: dict) -> dict:
+    answer["body"] = answer["body"][:POLL_BODY]
+    return answer
+
+
+def members(pidfile: str, state_url: str, workers_url: str, timeout: float) -> dict:
+    state = router_state(pidfile, state_url, timeout)
+    state["body"] = ""  # the process is what the wait needs from it; the worker list comes next
+    return {"state": state, "workers": _cut(request("GET", workers_url, None, timeout))}
+
+
+def poll(interval: float, once) -> int:
+    """Print ``once()`` as a JSON line every ``interval`` seconds until stdin reaches EOF or stdout is
+    closed. deployctl shuts its side of the channel when it has decided and waits for this loop to
+    exit (deploy/ssh/transport.py _end_watch), so no poller outlives the wait: a stray python3 of the
+    deploy user would be one more process for the next stop-stale to find."""
+    import select
+    import time
+
+    while True:
+        started = time.monotonic()
+        try:
+            sys.stdout.write(json.dumps(once()) + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, OSError):  # deployctl closed the channel
+            return 0
+        readable, _, _ = select.select([0], [], [], max(0.0, interval - (time.monotonic() - started)))
+        if readable and not os.read(0, 4096):
+            return 0
+
+
+def _poll_interval(text: str):
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.05 <= value <= 5 else None
+
+
 def main(argv) -> int:
     timeout = 10.0
     if "--timeout" in argv:
@@ -228,8 +280,15 @@ def main(argv) -> int:
         out = ports(argv[1], [int(a) for a in argv[2:]])
     elif argv and argv[0] == "router-state" and len(argv) == 3:
         out = router_state(argv[1], argv[2], timeout)
+    elif len(argv) == 5 and argv[0] == "poll" and argv[2] == "request" and argv[3] == "GET" \
+            and _poll_interval(argv[1]) is not None:
+        return poll(_poll_interval(argv[1]), lambda: _cut(request("GET", argv[4], None, timeout)))
+    elif len(argv) == 6 and argv[0] == "poll" and argv[2] == "members" and _poll_interval(argv[1]) is not None:
+        return poll(_poll_interval(argv[1]), lambda: members(argv[3], argv[4], argv[5], timeout))
     else:
-        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | router-packages | stop-router PIDFILE | router-state PIDFILE URL | reach URL... | ports PIDFILE PORT...\n")
+        sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | router-packages | stop-router PIDFILE | "
+                         "router-state PIDFILE URL | reach URL... | ports PIDFILE PORT... | "
+                         "poll SECONDS (request GET URL | members PIDFILE STATE_URL WORKERS_URL)\n")
         return 2
     sys.stdout.write(json.dumps(out) + "\n")
     return 0

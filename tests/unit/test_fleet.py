@@ -204,6 +204,40 @@ def test_fleet_ops_helper_refuses_bad_usage_and_reads_a_missing_pidfile(tmp_path
     assert json.loads(out.stdout)["stopped"] is False
 
 
+def test_fleet_ops_poll_prints_a_line_per_round_until_its_reader_closes_and_refuses_odd_intervals(tmp_path):
+    """The host-side loop of deployctl's router waits: a JSON line per round (a refused connection is
+    an answer too), ended at once by EOF on its stdin (deployctl shuts its side of the channel and waits
+    for the exit) or by its reader going away; an interval outside 0.05-5 s is a usage error."""
+    import socket
+
+    with socket.socket() as held:  # a port nobody listens on: every round answers "refused"
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+    argv = [sys.executable, str(FLEET_OPS), "poll", "0.05", "members", str(tmp_path / "none.pid"),
+            f"http://127.0.0.1:{port}/workers", f"http://127.0.0.1:{port}/workers", "--timeout", "2"]
+    lines = []
+    for end in ("stdin", "stdout"):
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            lines += [json.loads(proc.stdout.readline()) for _ in range(3)]
+            getattr(proc, end).close()      # deployctl decided: EOF on the loop's stdin (or its channel gone)
+            assert proc.wait(timeout=20) == 0 and proc.stderr.read() == "", end
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for line in lines:
+        assert line["state"] == {"pid": None, "alive": False, "status": None, "body": "", "cmdline": ""}
+        assert line["workers"]["status"] is None and line["workers"]["error_kind"] == "refused"
+    for interval in ("0", "0.01", "6", "nan", "x"):
+        out = subprocess.run([sys.executable, str(FLEET_OPS), "poll", interval, "request", "GET", "http://127.0.0.1:1/"],
+                             capture_output=True, text=True, timeout=20)
+        assert out.returncode == 2 and "usage" in out.stderr and out.stdout == "", interval
+    out = subprocess.run([sys.executable, str(FLEET_OPS), "poll", "1", "request", "POST", "http://127.0.0.1:1/"],
+                         capture_output=True, text=True, timeout=20)
+    assert out.returncode == 2                                  # a loop only ever reads
+
+
 def _router_scalar_cases():
     from deploy.config.models import RouterSpec, accepts_bool
 

@@ -183,7 +183,7 @@ def test_fleet_ops_ports_finds_a_listener_and_its_holder(tmp_path):
 
 from types import SimpleNamespace  # noqa: E402
 
-from deploy.base.errors import ExitCode  # noqa: E402
+from deploy.base.errors import ExitCode, RemoteOutputError, StepTimeout  # noqa: E402
 from deploy.fleet.router_watch import RouterLost, restart_with_healthy, watch  # noqa: E402
 
 
@@ -282,23 +282,60 @@ def test_a_failed_phase_keeps_the_log_tail_on_its_progress_line_and_in_the_recor
 
 # -- out of rotation from when the router stops routing (priority 4) --------------------------------
 
-def test_out_of_rotation_starts_when_smg_lists_the_removed_worker_unhealthy_not_when_it_leaves(monkeypatch):
-    from deploy.fleet import router as router_module
-    from deploy.fleet.router import RouterHost
+def _members_line(workers: list[dict], alive: bool = True) -> dict:
+    """One line of the host-side loop ``fleet_ops.py poll ... members``."""
+    return {"state": {"alive": alive, "pid": 10}, "workers": {"status": 200, "body": json.dumps({"workers": workers})}}
 
-    clock = {"now": 100.0}
-    monkeypatch.setattr(router_module.time, "monotonic", lambda: clock["now"])
-    monkeypatch.setattr(router_module.time, "sleep", lambda s: clock.__setitem__("now", clock["now"] + s))
+
+def test_out_of_rotation_starts_when_smg_lists_the_removed_worker_unhealthy_not_when_it_leaves():
+    from deploy.fleet.router import MembershipWait
+
     url = "http://10.0.0.2:30000"
     # smg after DELETE: listed healthy once (the removal is queued), then unhealthy through its 5 s
-    # drain settle (sent nothing new), then gone
+    # drain settle (sent nothing new), then gone; one observation every 0.2 s from 100.0
     lists = [[{"url": url, "is_healthy": True}]] + [[{"url": url, "is_healthy": False}]] * 26 + [[]]
-    router = RouterHost.__new__(RouterHost)
-    router.spec = SimpleNamespace(startup_timeout_s=60)
-    router.host = SimpleNamespace(name="a")
-    router.workers = lambda: [{"id": "1", **w} for w in lists.pop(0)] if lists else []
-    out = router.wait_members(set(), absent=frozenset({url}))
-    assert out == pytest.approx(100.2) and clock["now"] == pytest.approx(105.4)   # 5.2 s earlier than "gone"
+    wait = MembershipWait("a", "/workers", set(), frozenset({url}), False, None, 160.0, 60)
+    decided = [wait.observe(**_members_line([{"id": "1", **w} for w in workers]), polled=100.0 + 0.2 * i)
+               for i, workers in enumerate(lists)]
+    assert decided == [False] * 27 + [True]
+    assert wait.done_at == pytest.approx(100.2)                       # 5.2 s earlier than "gone" (105.4)
+    out_only = MembershipWait("a", "/workers", set(), frozenset({url}), True, None, 160.0, 60)
+    assert [out_only.observe(**_members_line([{"id": "1", **w} for w in workers]), polled=100.0 + 0.2 * i)
+            for i, workers in enumerate(lists[:2])] == [False, True] and out_only.done_at == pytest.approx(100.2)
+
+
+def test_a_membership_wait_names_a_dead_router_and_times_out_naming_what_it_waited_for():
+    from deploy.fleet.router import MembershipWait
+
+    url = "http://10.0.0.2:30000"
+    started = MembershipWait("a", "/workers", {url}, frozenset(), False, 10, 160.0, 60)
+    assert started.observe(**_members_line([], alive=False), polled=100.0) and started.died == "launched"
+    gone = MembershipWait("a", "/workers", {url}, frozenset(), False, None, 160.0, 60)
+    refused = {"state": {"alive": False}, "workers": {"status": None, "error": "refused", "body": ""}}
+    assert gone.observe(**refused, polled=100.0) and gone.died == "membership"
+    late = MembershipWait("a", "/workers", {url}, frozenset(), False, None, 160.0, 60)
+    assert not late.observe(**_members_line([{"id": "1", "url": url, "is_healthy": False}]), polled=159.9)
+    with pytest.raises(StepTimeout, match=r"after 60 s: waiting for \['http://10.0.0.2:30000'\]"):
+        late.observe(**_members_line([{"id": "1", "url": url, "is_healthy": False}]), polled=160.1)
+
+
+def test_a_drain_ends_at_zero_twice_a_quarter_second_apart_or_when_the_worker_does_not_answer():
+    from deploy.fleet.router import DrainWait
+
+    def loads(n):
+        return {"status": 200, "body": json.dumps({"loads": [{"num_running_reqs": n, "num_waiting_reqs": 0}]})}
+
+    drain = DrainWait("http://w", 30, 100.0)
+    answers = [loads(2), loads(0), loads(1), loads(0), loads(0), loads(0), loads(0)]
+    decided = [drain.observe(got, 100.1 + 0.1 * i) for i, got in enumerate(answers)]
+    assert decided == [False] * 6 + [True] and drain.seconds == pytest.approx(0.7)  # zero at 100.4, again 100.7
+    silent = DrainWait("http://w", 30, 100.0)
+    assert silent.observe({"status": None, "error": "refused", "body": ""}, 100.1) and silent.seconds == pytest.approx(0.1)
+    busy = DrainWait("http://w", 30, 100.0)
+    with pytest.raises(StepTimeout, match="still 2 request"):
+        busy.observe(loads(2), 130.1)
+    with pytest.raises(RemoteOutputError, match="/v1/loads answered"):
+        DrainWait("http://w", 30, 100.0).observe({"status": 200, "body": "{}"}, 100.1)
 
 
 def test_a_roll_removes_without_waiting_out_smgs_drain_settle_and_waits_for_it_before_the_add(monkeypatch):
@@ -309,24 +346,32 @@ def test_a_roll_removes_without_waiting_out_smgs_drain_settle_and_waits_for_it_b
 
     clock = {"now": 100.0}
     monkeypatch.setattr(router_module.time, "monotonic", lambda: clock["now"])
-    monkeypatch.setattr(router_module.time, "sleep", lambda s: clock.__setitem__("now", clock["now"] + s))
     url = "http://10.0.0.2:30000"
     lists = [[{"url": url, "is_healthy": True}]] * 2 + [[{"url": url, "is_healthy": False}]] * 26 + [[]]
-    sent = []
+    sent, loops = [], []
     host = Host(name="a", address="10.0.0.1")
     router = RouterHost(SimpleNamespace(), host, Run(name="r", hosts=["a"], base_model="/m", drafter="/d",
                                                      router=RouterSpec(host="a")))
     router.package = lambda: SimpleNamespace(workers_api=True)
-    router.workers = lambda: [{"id": "1", **w} for w in (lists.pop(0) if lists else [])]
+    router.workers = lambda: [{"id": "1", **w} for w in lists.pop(0)]
     router._do = lambda call: sent.append(call) or {"status": 202}
+
+    def poll(call, observe):  # the host-side loop: one line every 0.2 s
+        loops.append(call.command)
+        while True:
+            clock["now"] += 0.2
+            if observe(_members_line([{"id": "1", **w} for w in lists.pop(0)]), clock["now"]):
+                return
+
+    router._poll = poll
     out = router.remove(url, settle=False)
-    assert out == pytest.approx(100.2) and clock["now"] == pytest.approx(100.2)  # out of rotation, still listed
-    assert router.leaving == {url} and len(sent) == 1
+    assert out == pytest.approx(100.4) and clock["now"] == pytest.approx(100.4)  # out of rotation, still listed
+    assert router.leaving == {url} and len(sent) == 1 and len(loops) == 1
     clock["now"] += 3.0                                                           # the drain and redeploy
     router.settled()
-    assert not lists and router.leaving == set() and clock["now"] == pytest.approx(108.2)
+    assert not lists and router.leaving == set() and clock["now"] == pytest.approx(108.6)
     router.settled()                                                              # nothing left: no poll
-    assert clock["now"] == pytest.approx(108.2)
+    assert clock["now"] == pytest.approx(108.6) and len(loops) == 2
 
 
 # -- the running router's package (priority 5) --------------------------------------------------

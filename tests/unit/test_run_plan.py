@@ -62,34 +62,57 @@ def test_fleet_plan_lists_every_router_call_per_batch(tmp_path, capsys, serial):
     # host, and every replica's doctor (issue 18)
     preflight = phases[0]
     assert preflight["phase"].startswith("pre-flight"), [p["phase"] for p in phases]
-    words = [c["command"].split()[3] if "fleet_ops" in c["command"] else c["description"] for c in preflight["commands"]]
+    words = [c["command"].split(OPS_SCRIPT + " ")[1].split()[0] if "fleet_ops" in c["command"] else c["description"]
+             for c in preflight["commands"]]
     assert words[:4] == ["router-packages", "router-state", "ports", "reach"], words
     assert all(f"http://10.0.0.{i}:30000" in preflight["commands"][3]["command"] for i in (1, 2, 3))
     assert sorted(c["host"] for c in preflight["commands"][4:]) == ["a", "b", "c"]
     assert all("doctor" in c["description"] for c in preflight["commands"][4:])
     for phase in phases[1:]:  # every router phase reads the router's state first, through fleet_ops.py
         if "redeploy" not in phase["phase"] and "drain" not in phase["phase"]:
-            assert phase["commands"][0]["command"].startswith(f"python3 -c {OPS_SCRIPT} router-state "), phase
+            assert phase["commands"][0]["command"].startswith(f"python3 -I -S -c {OPS_SCRIPT} router-state "), phase
     starts = [c for p in phases for c in p["commands"] if c["description"].startswith("start the router")]
     assert starts and all(c["when"] for c in starts)
 
 
 class Recorded:
+    """The router host's connection: one-shot commands (``check``) and host-side loops (``watch``,
+    answered with the same line until the caller decides)."""
+
     def __init__(self):
         self.commands: list[str] = []
+        self.cancelled = None
+
+    ANSWER = {"status": 200, "body": json.dumps({"workers": [
+        {"id": "w1", "url": "http://10.0.0.2:30000", "is_healthy": True}], "text": "ok",
+        "loads": [{"num_running_reqs": 0}]}), "version": "0.3.2"}
 
     def check(self, command, timeout=None, what=""):
         self.commands.append(command)
 
         class R:
-            stdout = json.dumps({"status": 200, "body": json.dumps({"workers": [
-                {"id": "w1", "url": "http://10.0.0.2:30000", "is_healthy": True}], "text": "ok",
-                "loads": [{"num_running_reqs": 0}]}), "version": "0.3.2"})
+            stdout = json.dumps(self.ANSWER)
         return R()
 
+    def watch(self, command, on_line, *, timeout, cancelled, silence_s=None):
+        from types import SimpleNamespace
 
-def test_the_router_host_sends_exactly_the_calls_the_plan_builds(tmp_path):
+        self.commands.append(command)
+        line = json.dumps({"state": {"alive": True}, "workers": self.ANSWER} if " members " in command else self.ANSWER)
+        for _ in range(20):
+            if on_line(line):
+                return SimpleNamespace(exit_code=None, stderr="")
+        raise AssertionError(f"never decided on {line}")
+
+
+def test_the_router_host_sends_exactly_the_calls_the_plan_builds(tmp_path, monkeypatch):
+    from itertools import count
+
     from deploy.config.loader import load_config
+    from deploy.fleet import router as router_module
+
+    ticks = count()  # each reading of the clock is the next host-side poll, 0.1 s later
+    monkeypatch.setattr(router_module.time, "monotonic", lambda: next(ticks) * 0.1)
 
     path = tmp_path / "deployctl.yaml"
     path.write_text(BASE + "    group: g\n    router: {host: a}\n")
@@ -99,11 +122,14 @@ def test_the_router_host_sends_exactly_the_calls_the_plan_builds(tmp_path):
     router = RouterHost(conn, host, run)
     router._package = RouterPackage("sglang-router", "0.3.2")
     url = "http://10.0.0.2:30000"
-    router.in_flight(url)
+    router.drain(url, 10)
     router.end_to_end()
     router.workers()
+    router.wait_members({url})
     calls, planned = RouterCalls(run.router, host), RouterCalls(run.router, host, planned=True)
-    assert conn.commands == [calls.loads(url).command, calls.end_to_end().command, calls.workers(True).command]
+    assert conn.commands == [calls.watch_loads(url).command, calls.end_to_end().command, calls.workers(True).command,
+                             calls.watch_members(True).command]
     script = quote(fleet_ops_program())
     assert [c.replace(script, OPS_SCRIPT) for c in conn.commands] == [
-        planned.loads(url).command, planned.end_to_end().command, planned.workers(True).command]
+        planned.watch_loads(url).command, planned.end_to_end().command, planned.workers(True).command,
+        planned.watch_members(True).command]
