@@ -208,7 +208,7 @@ class RouterCalls:
     def watch_members(self, modern: bool) -> Command:
         """The router's process and worker list every 0.2 s on one channel (``RouterHost.wait_members``
         decides on each line): ``timeout_s`` bounds the loop on the host beyond the wait's own deadline."""
-        return self.ops("poll", f"{MEMBERS_POLL_S:g}", "members", self.paths.pidfile, self.url + "/workers",
+        return self.ops("poll", f"{MEMBERS_POLL_S:g}", "members", self.paths.pidfile,
                         self.url + ("/workers" if modern else "/list_workers"), "--timeout", "10",
                         timeout=self.spec.startup_timeout_s + 30,
                         description="the router's process and worker list, every 0.2 s until the membership "
@@ -465,8 +465,9 @@ class RouterHost:
         decides on each JSON line as it comes, True ending the loop (its channel closed)."""
         # a signal that came before this wait started does not stop it: the phases that put a batch
         # back into the router after Ctrl-C wait on the router too (fleet/phases.py run_phases)
-        cancelled = self.conn.cancelled if isinstance(getattr(self.conn, "cancelled", None), threading.Event) \
-            and not self.conn.cancelled.is_set() else threading.Event()
+        cancelled = self.conn.cancelled
+        if cancelled is None or cancelled.is_set():
+            cancelled = threading.Event()
 
         def on_line(line: str) -> bool:
             return observe(parse_json_line(line.strip(), self.host.name, ()), time.monotonic())
@@ -546,7 +547,7 @@ class RouterHost:
     def drain(self, url: str, timeout: float) -> float:
         """Wait (DrainWait) until the removed worker has nothing in flight; returns the seconds it took."""
         wait = DrainWait(url, timeout, time.monotonic())
-        self._poll(self.calls.watch_loads(url), lambda got, arrived: wait.observe(got, arrived))
+        self._poll(self.calls.watch_loads(url), wait.observe)
         assert wait.seconds is not None
         return wait.seconds
 

@@ -26,10 +26,10 @@ host: that is where the router reaches the workers from, so what works here work
         (listeners.py), its holders, and whether a holder is the router PIDFILE names; which
         listener clashes with which bind address is decided by deployctl (fleet/router_ports.py)
     fleet_ops.py poll SECONDS request GET URL [--timeout S]
-    fleet_ops.py poll SECONDS members PIDFILE STATE_URL WORKERS_URL [--timeout S]
+    fleet_ops.py poll SECONDS members PIDFILE WORKERS_URL [--timeout S]
         one JSON line every SECONDS (0.05-5) until stdin reaches EOF (deployctl decided and shut its
         side of the channel), stdout is closed, or the command's own bound (coreutils timeout) ends it: ``request``'s answer, or
-        {"state": router-state's answer, "workers": GET WORKERS_URL's answer}. deployctl's waits on
+        {"state": {"pid", "alive"} of the router PIDFILE names, "workers": GET WORKERS_URL's answer}. deployctl's waits on
         the router (membership, a worker's drain) decide on each line as it comes: one interpreter
         and one SSH channel per wait, where a command per poll started ~25 of each for one smg drain
         settle (issue 26: 800 such starts were a sixth of the test suite's host CPU)
@@ -227,10 +227,11 @@ def _cut(answer: dict) -> dict:
     return answer
 
 
-def members(pidfile: str, state_url: str, workers_url: str, timeout: float) -> dict:
-    state = router_state(pidfile, state_url, timeout)
-    state["body"] = ""  # the process is what the wait needs from it; the worker list comes next
-    return {"state": state, "workers": _cut(request("GET", workers_url, None, timeout))}
+def members(pidfile: str, workers_url: str, timeout: float) -> dict:
+    """The router's process (is it alive?) and its worker list: one GET a round, not router-state's too."""
+    pid = _pid_of(pidfile)
+    return {"state": {"pid": pid, "alive": pid is not None and _is_router(pid)},
+            "workers": _cut(request("GET", workers_url, None, timeout))}
 
 
 def poll(interval: float, once) -> int:
@@ -283,12 +284,12 @@ def main(argv) -> int:
     elif len(argv) == 5 and argv[0] == "poll" and argv[2] == "request" and argv[3] == "GET" \
             and _poll_interval(argv[1]) is not None:
         return poll(_poll_interval(argv[1]), lambda: _cut(request("GET", argv[4], None, timeout)))
-    elif len(argv) == 6 and argv[0] == "poll" and argv[2] == "members" and _poll_interval(argv[1]) is not None:
-        return poll(_poll_interval(argv[1]), lambda: members(argv[3], argv[4], argv[5], timeout))
+    elif len(argv) == 5 and argv[0] == "poll" and argv[2] == "members" and _poll_interval(argv[1]) is not None:
+        return poll(_poll_interval(argv[1]), lambda: members(argv[3], argv[4], timeout))
     else:
         sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | router-packages | stop-router PIDFILE | "
                          "router-state PIDFILE URL | reach URL... | ports PIDFILE PORT... | "
-                         "poll SECONDS (request GET URL | members PIDFILE STATE_URL WORKERS_URL)\n")
+                         "poll SECONDS (request GET URL | members PIDFILE WORKERS_URL)\n")
         return 2
     sys.stdout.write(json.dumps(out) + "\n")
     return 0
