@@ -35,8 +35,10 @@ HOST_LOCK_SOURCE = Path(__file__).resolve().parents[1] / "remote" / "host_lock.p
 #: an OSError the host printed that means "this file system refuses the write" (EACCES, EPERM,
 #: ENOSPC, EROFS, EDQUOT): the state dir is read-only, full or not the user's, exit 10
 #: ... or a state file that is not a regular file (host_ops.replace_file refuses to replace it, issue 31)
+#: ... or a lock file planted by another user of the host (a symbolic or hard link, a FIFO, a device,
+#: a file swapped while opened: host_lock.py refuses to use it, issue 38)
 WRITE_FAILURE = re.compile(r"\[Errno (13|1|28|30|122)\]|Read-only file system|No space left|Disk quota|Permission denied|"
-                           r"not a regular file; not replaced")
+                           r"not a regular file; not replaced|refused to use the (GPU|host) lock")
 
 
 def owner_info(command: str, run: str) -> dict[str, Any]:
@@ -99,6 +101,8 @@ def acquire_host_lock(conn, host: Host, owner: dict):
     held = conn.hold(host_lock_command(host, owner), timeout=60)
     if held.exit_code not in (None, 0) or not held.first_line:
         detail = (held.stderr.strip().splitlines() or ["(no output)"])[-1]
+        if "refused to use the GPU lock" in detail:  # planted in the shared lock dir: named, nothing written
+            raise DeployError(f"{host.name}: cannot take the GPU lock: {detail}", exit_code=ExitCode.IO)
         if WRITE_FAILURE.search(detail):  # read-only, full, over quota, not ours: exit 10, as documented
             raise DeployError(f"{host.name}: cannot write the host lock {host_lock_path(host)} in state_dir "
                               f"{host.state_dir}: {detail}", exit_code=ExitCode.IO)
