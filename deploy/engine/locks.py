@@ -153,7 +153,7 @@ def local_lock(config_path: Path, run: str, owner: dict, scopes: Sequence[str] =
     the locks already taken; they are taken in sorted order, so two runs never wait on each other."""
     from filelock import FileLock, Timeout
 
-    taken: list[tuple[Any, Path]] = []
+    taken: list[tuple[Any, Path | None]] = []  # (lock, its owner file once this run wrote it)
     try:
         for scope in sorted(set(scopes)):
             path = local_lock_path(config_path, run, scope)
@@ -175,13 +175,16 @@ def local_lock(config_path: Path, run: str, owner: dict, scopes: Sequence[str] =
                                f"{describe_owner(holder if isinstance(holder, dict) else None)} ({path})") from None
             except OSError as exc:
                 raise LocalStateError(f"{path}: cannot take the local lock: {exc.strerror or exc}") from None
-            taken.append((lock, owner_path))
+            taken.append((lock, None))
+            # a link or another user's file planted there is refused (exit 10) and left as it was
             write_regular(owner_path, (json.dumps(owner) + "\n").encode(), "the lock's owner file", append=False)
+            taken[-1] = (lock, owner_path)
         yield
     finally:
-        for lock, owner_path in reversed(taken):
-            try:
-                owner_path.unlink()
-            except OSError:
-                pass
+        for lock, written in reversed(taken):
+            if written is not None:
+                try:
+                    written.unlink()
+                except OSError:
+                    pass
             lock.release()
