@@ -142,11 +142,13 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("interrupted", err=True)
         return ExitCode.INTERRUPTED
     except Exception as exc:  # a bug: one line by default, the whole traceback with --traceback
+        from deploy.base.secrets import mask_text
+
         if errors.show_tracebacks:
             traceback.print_exception(exc, file=sys.stderr)
-            click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
+            click.echo(f"internal error: {type(exc).__name__}: {mask_text(str(exc))}", err=True)
         else:
-            click.echo(f"internal error: {type(exc).__name__}: {exc} (run with --traceback)", err=True)
+            click.echo(f"internal error: {type(exc).__name__}: {mask_text(str(exc))} (run with --traceback)", err=True)
         return ExitCode.FAILED
     return int(result or 0)
 

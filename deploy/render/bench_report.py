@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from deploy.base.secrets import mask_secrets
 from deploy.local.state import state_home
 
 METRICS = (("output_tok_s", "output tok/s", ".1f"), ("accept_length", "accept length", ".2f"),
@@ -196,6 +197,7 @@ def write(doc: dict[str, Any], directory: Path | None = None) -> tuple[Path, Pat
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     json_path, html_path = directory / f"report-{stamp}.json", directory / f"report-{stamp}.html"
+    doc = mask_secrets(doc)  # SGLang's API keys never reach a report file (issue 38)
     json_path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     html_path.write_text(render_html(doc), encoding="utf-8")
     return json_path, html_path

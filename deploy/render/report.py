@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 from deploy.base.errors import ExitCode
 from deploy.facts.gpus import GpuRow
 from deploy.engine.fanout import HostOutcome
+from deploy.base.secrets import mask_secrets
 from deploy.base.terminal import safe_line, safe_text
 
 if TYPE_CHECKING:
@@ -32,7 +33,8 @@ def console(stream: TextIO | None = None) -> Console:
 
 def print_json(document: Any, stream: TextIO | None = None) -> None:
     out = stream or sys.stdout
-    out.write(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n")
+    # every --json document: SGLang's API keys masked (a plan's argv, a reason, a recorded argv; issue 38)
+    out.write(json.dumps(mask_secrets(document), indent=2, sort_keys=False, default=str) + "\n")
     out.flush()
 
 
