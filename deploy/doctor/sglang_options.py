@@ -113,10 +113,13 @@ def parse_extra_args(args: list[str], options: list[SglangOption]) -> Parsed:
     parsed: dict[str, Optional[str]] = {}
     problems: list[str] = []
     doubts: list[str] = []
+    #: the option the next stray value would follow (its name as given, and how many values it takes)
+    after: Optional[tuple[str, str]] = None
     i = 0
     while i < len(args):
         token = args[i]
         i += 1
+        follows, after = after, None
         if token == "--":
             problems.append("a lone '--' ends SGLang's options: what follows is an unrecognized argument "
                             "(launch_server takes no positional arguments)")
@@ -125,7 +128,15 @@ def parse_extra_args(args: list[str], options: list[SglangOption]) -> Parsed:
             problems.append(f"{token}: SGLang prints its help and exits 0; no server starts")
             continue
         if _is_value(token):
-            problems.append(f"{token!r} is not an option (a value must follow its option)")
+            if follows is not None and follows[1] == "0":
+                # issue 38: "--enable-metrics yes" was "'yes' is not an option", naming no option
+                problems.append(f"{follows[0]} {token}: {follows[0]} takes no value (a switch: give {follows[0]} "
+                                f"alone to turn it on, or leave it out); {token!r} would be an unrecognized argument")
+            elif follows is not None:
+                problems.append(f"{follows[0]} {token}: {follows[0]} takes {_values_of(follows[1])}; {token!r} is one "
+                                "more, an unrecognized argument")
+            else:
+                problems.append(f"{token!r} is not an option (a value must follow its option)")
             continue
         name, eq, explicit = token.partition("=")
         if not name.startswith("--"):
@@ -164,7 +175,13 @@ def parse_extra_args(args: list[str], options: list[SglangOption]) -> Parsed:
             problems += [problem] if problem else []
             doubts += [doubt] if doubt else []
         parsed[canonical] = " ".join(values) if values else None
+        if not eq and spec.nargs not in ("*", "...", "+"):
+            after = (name, spec.nargs if spec.nargs != "?" else "1")
     return Parsed(parsed, tuple(problems), tuple(doubts))
+
+
+def _values_of(nargs: str) -> str:
+    return "one value" if nargs in ("1", "?", "unknown") else f"{nargs} values"
 
 
 def installed_options(d: DoctorInput) -> tuple[Optional[list[SglangOption]], str]:
