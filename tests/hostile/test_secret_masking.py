@@ -141,9 +141,9 @@ def _run(extra: list[str]) -> Run:
 @pytest.mark.parametrize("name", ["plain", "spaces", "shell-meta", "long"])
 @pytest.mark.parametrize("playbook", ["up", "restart", "nightly", "down"])
 def test_no_command_line_deployctl_sends_carries_a_key_but_the_servers_own(name, form, playbook):
-    """``ps -eo args`` on the host: every command deployctl plans (host lock, record writes, swap,
-    benchmark, ...) is free of the key, the one exception being SGLang's own launch argv (SGLang reads
-    the key from its command line only). Records go on stdin."""
+    """What another user of the host sees in /proc/*/cmdline: every command deployctl plans (host
+    lock, record writes, swap, benchmark, ...) is free of the key, the one exception being SGLang's own
+    launch argv (SGLang reads the key from its command line only). Records go on stdin."""
     secret = SECRETS[name]
     run = _run(FORMS[form](secret))
     plans = plan_playbook(load_playbook(playbook), run, [HOST], lock=True)
