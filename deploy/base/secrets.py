@@ -7,7 +7,8 @@ deployctl: ``deploy/base/terminal.py`` (every text line), ``deploy/render/report
 (every ``--json`` document) and the history rows. The value is replaced by ``***``; the flag stays,
 so a reader still sees that the server has a key.
 
-The forms recognised: an argv list (``["--api-key", "KEY"]``, ``"--api-key=KEY"``), and text quoting
+SGLang's own spelling is masked too: ``api_key='KEY'`` in the ServerArgs its log prints at start-up
+(``deployctl logs``), ``"api_key": "KEY"`` in /server_info's JSON. The forms recognised: an argv list (``["--api-key", "KEY"]``, ``"--api-key=KEY"``), and text quoting
 one: ``--api-key KEY``, ``--api-key=KEY``, shell-quoted (``--api-key 'K Y'``, ``'\\''`` and ``'"'"'``
 inside), a JSON or Python list (``"--api-key", "KEY"``).
 """
@@ -87,8 +88,17 @@ def _value_span(text: str, flag_start: int, flag_end: int) -> tuple[int, int] | 
     return None
 
 
+#: the same keys as SGLang names its fields: the ServerArgs repr its log prints at start-up
+#: (``api_key='KEY', admin_api_key='KEY'``), /server_info's JSON (``"api_key": "KEY"``)
+SECRET_FIELDS = ("admin_api_key", "api_key")
+_FIELD = re.compile(r"(?<![\w])(?P<key>[\"']?(?:admin_api_key|api_key)[\"']?\s*[=:]\s*)"
+                    r"(?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
+
+
 def mask_text(text: str) -> str:
-    """``text`` with the value after every secret flag replaced by ``***``."""
+    """``text`` with the value after every secret flag (or SGLang field) replaced by ``***``."""
+    if "api_key" in text:
+        text = _FIELD.sub(lambda m: m.group("key") + m.group("value")[0] + MASK + m.group("value")[0], text)
     if "-api-key" not in text:
         return text
     out, done = [], 0
@@ -133,5 +143,6 @@ def mask_secrets(value: Any) -> Any:
             return masked
         return [mask_secrets(item) for item in value]
     if isinstance(value, dict):
-        return {key: mask_secrets(item) for key, item in value.items()}
+        return {key: MASK if key in SECRET_FIELDS and isinstance(item, str) and item else mask_secrets(item)
+                for key, item in value.items()}
     return value

@@ -232,3 +232,17 @@ def test_a_record_is_bounded_with_a_clear_error(size):
         record_stdin(record, "gpu-a", "the deployment record")
     assert refused.value.exit_code == ExitCode.IO
     assert str(refused.value).startswith("gpu-a: the deployment record would be ") and "nothing changed" in str(refused.value)
+
+
+@pytest.mark.parametrize("name", sorted(SECRETS))
+def test_sglangs_own_spelling_in_its_log_and_server_info_is_masked(name):
+    """SGLang logs its ServerArgs at start-up (``deployctl logs`` prints it) and /server_info carries
+    the fields: ``api_key='KEY'`` and ``"admin_api_key": "KEY"`` are masked like the flags."""
+    secret = SECRETS[name]
+    log_line = (f"[2026-12-04 12:00:00] server_args=ServerArgs(model_path='/m', api_key={secret!r}, "
+                f"admin_api_key={secret + 'x'!r}, tp_size=8, api_key_header=None)")
+    info = {"version": "0.5.23", "api_key": secret, "admin_api_key": secret, "tp_size": 8, "nested": {"api_key": secret}}
+    for shown in (safe_text(log_line), safe_line(log_line), safe_text(json.dumps(info)),
+                  json.dumps(mask_secrets(info), ensure_ascii=False), mask_text(json.dumps(info, ensure_ascii=False))):
+        assert not _leaks(shown, secret), shown
+    assert mask_secrets(info)["tp_size"] == 8 and "api_key_header=None" in safe_text(log_line)
