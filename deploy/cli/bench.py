@@ -30,6 +30,7 @@ def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concu
 
     Ends serving the run's configured draft tokens (a sweep value is never recorded as the last good
     deployment) and writes bench/report-<time>.html and .json under the local state directory."""
+    from deploy.local.state import LocalStateError
     from deploy.render import bench_report
     from deploy.verbs import bench_sweep
     from deploy.render import report as render
@@ -91,7 +92,7 @@ def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concu
     json_path = html_path = None
     try:
         json_path, html_path = bench_report.write(report)
-    except OSError as exc:  # the report is a record, never a reason to fail the benchmark
+    except (OSError, LocalStateError) as exc:  # the report is a record, never a reason to fail the benchmark
         progress("*", "bench", f"WARNING: could not write the report: {exc}")
     if as_json:
         render.print_json(render.bench_document(run.name, result.rounds)

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from deploy.local.state import state_home
+from deploy.local.state import ensure_directory, replace_file, state_home
 
 METRICS = (("output_tok_s", "output tok/s", ".1f"), ("accept_length", "accept length", ".2f"),
            ("mean_itl_ms", "mean ITL ms", ".2f"), ("p99_itl_ms", "p99 ITL ms", ".2f"),
@@ -191,11 +191,11 @@ def render_html(doc: dict[str, Any]) -> str:
 
 
 def write(doc: dict[str, Any], directory: Path | None = None) -> tuple[Path, Path]:
-    """(JSON path, HTML path) under ``$XDG_STATE_HOME/deployctl/bench/``; OSError on failure."""
-    directory = directory or state_home() / "bench"
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """(JSON path, HTML path) under ``$XDG_STATE_HOME/deployctl/bench/``; LocalStateError on failure."""
+    directory = ensure_directory(directory or state_home() / "bench", "deployctl's bench report folder")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     json_path, html_path = directory / f"report-{stamp}.json", directory / f"report-{stamp}.html"
-    json_path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    html_path.write_text(render_html(doc), encoding="utf-8")
+    # the one local write (never through a link planted under the name: issue 44)
+    replace_file(json_path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode("utf-8"), "the bench report")
+    replace_file(html_path, render_html(doc).encode("utf-8"), "the bench report")
     return json_path, html_path
