@@ -80,7 +80,7 @@ def plan_fleet(config, rollout, playbook=None, endpoints: dict | None = None) ->
         document["phases"] = phase_plan(fleet_phases(rollout, playbook), view, playbook)
     if run.router is not None:
         host = view.network(config.host(run.router.host))
-        paths = RouterPaths(host.state_dir)
+        paths = RouterPaths(host.state_dir, run.router.port)
         package = run.router.package
         document["router"] = {
             "host": host.name, "url": router_url(run.router, host), "policy": run.router.policy,

@@ -148,7 +148,7 @@ def test_up_with_router_reaches_every_replica_rolls_with_no_failed_request_and_d
     assert sorted(w["url"] for w in workers) == sorted(worker_url(sb, h) for h in HOSTS)
     assert all(w["is_healthy"] for w in workers), workers
 
-    pid = int(sb.run("sb1", "cat ~/.deployctl/router/router.pid").stdout)
+    pid = int(sb.run("sb1", f"cat ~/.deployctl/router/{ROUTER_PORT}/router.pid").stdout)
     # Some replicas down (merged from test_down_of_some_replicas_takes_them_out_of_the_router_which_
     # keeps_serving, which deployed the same fleet from scratch for it): sb1 is the router host AND
     # a replica: its replica goes, the router stays for sb2
@@ -156,7 +156,7 @@ def test_up_with_router_reaches_every_replica_rolls_with_no_failed_request_and_d
     assert code == 0, summary(doc)
     assert doc["router"]["stopped"] is False and sorted(doc["router"]["removed"]) == sorted(
         worker_url(sb, h) for h in ("sb1", "sb3")), doc["router"]
-    assert int(sb.run("sb1", "cat ~/.deployctl/router/router.pid").stdout) == pid
+    assert int(sb.run("sb1", f"cat ~/.deployctl/router/{ROUTER_PORT}/router.pid").stdout) == pid
     assert sb.run("sb1", f"ps -o stat= -p {pid}").stdout.strip()[:1] in ("S", "R")
     assert [w["url"] for w in router_workers(sb)] == [worker_url(sb, "sb2")]
     assert not running(sb, "sb1") and not running(sb, "sb3") and running(sb, "sb2")
