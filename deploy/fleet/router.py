@@ -399,7 +399,7 @@ class RouterHost:
     def __init__(self, conn, host: Host, run: Run, progress: Callable[[str], None] = lambda m: None):
         assert run.router is not None
         self.conn, self.host, self.run, self.spec = conn, host, run, run.router
-        self.paths = RouterPaths(host.state_dir, spec.port)
+        self.paths = RouterPaths(host.state_dir, self.spec.port)
         self.url = router_url(self.spec, host)
         self.calls = RouterCalls(self.spec, host)
         self.progress = progress
