@@ -344,7 +344,6 @@ def _preflight(hosts: Sequence[Host]):
                      for c in failed(router_results)]
         package = next((c.reason for c in router_results if c.name == "router-package" and c.status == "pass"), "")
         urls = [url_of(state, h) for h in hosts]
-        problems += [p for p in (loopback_problem(state.run, network(state, h), router.host.name) for h in hosts) if p]
         unreachable = router.unreachable(urls)
         if unreachable:
             problems.append(f"{router.host.name} cannot reach worker URL(s) {'; '.join(unreachable)}: the router "
@@ -431,22 +430,80 @@ def fleet_phases(rollout, playbook) -> list[Phase]:
     return phases
 
 
+def refuse_statically(config, rollout, endpoints: dict | None = None) -> None:
+    """What the fleet refuses from the config alone, asked by its plan and by its run before anything
+    is read or changed (issue 37: replicas on loopback behind a router on another host were refused
+    by `up`'s pre-flight, exit 8, while `plan` printed a plan and exited 0). PreflightFailed (exit 8)."""
+    from deploy.engine.session import network_host
+
+    run = rollout.run
+    if run.router is None:
+        return
+    if endpoints is None or any(h.name not in endpoints for h in rollout.hosts):
+        from deploy.engine.plan import describe_endpoints
+
+        endpoints = {**(endpoints or {}), **describe_endpoints(list(rollout.hosts), config)}
+    seen = {h.name: network_host(h, endpoints.get(h.name, {}).get("hostname", {}).get("value", h.address))
+            for h in rollout.hosts}
+    problems = [p for p in (loopback_problem(run, seen[h.name], run.router.host) for h in rollout.hosts) if p]
+    if problems:
+        raise PreflightFailed("fleet pre-flight failed; no replica was stopped, each keeps serving what it "
+                              "served:\n" + "\n".join(problems))
+
+
 def run_fleet(config, playbook, rollout, progress, options):
-    """The playbook over the rollout's hosts in its batches, with the router's phases between them."""
+    """The playbook over the rollout's hosts in its batches, with the router's phases between them:
+    what the config alone refuses first, then every host's lock (all or nothing: a refusal changes
+    nothing anywhere, the router included), then the phases, each host's session using its lock."""
+    import dataclasses
     import threading
 
-    from deploy.fleet.phases import RunState, close_router, run_phases
+    from deploy.fleet.phases import RunState, close_router, hold_host_locks, run_phases
     from deploy.engine.records import launch_stamp
     from deploy.ssh.transport import JumpConnections
 
+    refuse_statically(config, rollout)
     playbook = rollout.playbook(playbook)
-    with JumpConnections() as jumps:
+    with JumpConnections() as jumps, hold_host_locks(config, rollout.hosts if options.lock else (),
+                                                     options.owner or {}, progress, jumps) as taken:
+        options = dataclasses.replace(options, held_locks=taken)
         state = RunState(config, rollout.run, playbook, options, progress, jumps, threading.Event(),
                          launch_stamp())
         try:
             return run_phases(state, list(rollout.hosts), fleet_phases(rollout, playbook))
         finally:
             close_router(state)
+
+
+def run_down(config, playbook, rollout, progress, options):
+    """``down`` of a run behind a router: every host's lock first, then (``--host`` that leaves some of
+    the run's replicas up) the downed replicas out of the router, the down playbook on the hosts with
+    their locks, and (the whole run) the router stopped last. A lock refusal changes nothing: the
+    router is never touched for a host whose lock another deployctl holds (issue 37)."""
+    import dataclasses
+
+    from deploy.base.errors import DeployError
+    from deploy.engine.run import run_playbook
+    from deploy.fleet.phases import DownResult, hold_host_locks
+    from deploy.ssh.transport import JumpConnections
+
+    run = rollout.run
+    with JumpConnections() as jumps, hold_host_locks(config, rollout.hosts if options.lock else (),
+                                                     options.owner or {}, progress, jumps) as taken:
+        options = dataclasses.replace(options, held_locks=taken)
+        router: dict[str, Any] = {"host": run.router.host}
+        if not rollout.whole:
+            router |= remove_from_router(config, run, list(rollout.hosts), progress)
+        reports = run_playbook(config, playbook, run, list(rollout.hosts), progress, options)
+        error = None
+        if rollout.whole:
+            try:
+                router |= stop_router(config, run, progress)
+            except DeployError as exc:
+                progress(run.router.host, "router", f"FAILED: {exc}")
+                router |= {"error": str(exc), "exit_code": int(exc.exit_code)}
+                error = exc
+    return DownResult(reports, router, error)
 
 
 def stop_router(config, run, progress) -> dict:
