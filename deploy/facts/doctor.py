@@ -77,6 +77,8 @@ class Listener(_Strict):
     address: str
     inode: int
     holders: list[PortHolder]
+    #: the socket's owner (/proc/net/tcp)
+    uid: Optional[int] = None
 
 
 class ServerPid(_Strict):
@@ -90,6 +92,8 @@ class PortFacts(_Strict):
     listeners: list[Listener]
     errors: list[str]
     server: ServerPid
+    #: the doctor's own uid (the deploy user)
+    uid: Optional[int] = None
 
 
 class BindFacts(_Strict):

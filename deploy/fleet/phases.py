@@ -153,10 +153,12 @@ class Barrier:
         first = lines[0]
         self.records.append(PhaseRecord(name, "failed", first if detail is None else detail,
                                         time.monotonic() - started, int(error.exit_code)))
-        # a router message that quotes the router's log tail ("its log ends:", router_watch.py) keeps
-        # it on the progress line too (the one line on stderr under --json): its lines joined, bounded.
-        # A server's log tail stays in the report (it is SGLang's, often a Python traceback).
-        quoted = lines[1:31] if first.rstrip().endswith("its log ends:") else []
+        # a message whose first line introduces the lines after it (the router's log tail, "its log
+        # ends:", router_watch.py; the pre-flight's problems, "each keeps serving what it served:")
+        # keeps them on the progress line too (the one line on stderr under --json: issue 37 found it
+        # ending at the colon), joined and bounded. A host phase's failure says only where the run
+        # stopped (``said``): a server's log tail stays in the report (SGLang's, often a traceback).
+        quoted = lines[1:31] if first.rstrip().endswith(":") else []
         shown = first[:300] + "".join(f" | {line[:300]}" for line in quoted)
         self.progress("*", name, f"FAILED: {shown[:4000]}" if said is None else f"FAILED: {said}")
 

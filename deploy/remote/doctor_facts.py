@@ -184,7 +184,7 @@ def port_facts(port, pidfile):
     for entry in found:
         entry["holders"] = [{"pid": pid, "session": _session(pid), "cmdline": _cmdline(pid)}
                             for pid, inodes in sorted(owners.items()) if entry["inode"] in inodes]
-    return {"port": port, "listeners": found, "errors": errors, "server": read_pid(pidfile)}
+    return {"port": port, "listeners": found, "errors": errors, "server": read_pid(pidfile), "uid": os.getuid()}
 
 
 def bind_check(address, port=0):

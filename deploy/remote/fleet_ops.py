@@ -286,9 +286,9 @@ def ports(pidfile: str, wanted) -> dict:
         for entry in found:
             holders = [{"pid": pid, "cmdline": _cmdline(pid), "router": pid == router}
                        for pid, inodes in sorted(owners.items()) if entry["inode"] in inodes]
-            entries.append({"address": entry["address"], "holders": holders})
+            entries.append({"address": entry["address"], "uid": entry.get("uid"), "holders": holders})
         out.append({"port": port, "listeners": entries, "errors": errors})
-    return {"router_pid": router, "ports": out}
+    return {"router_pid": router, "ports": out, "uid": os.getuid()}
 
 
 #: a poll line stays well inside deployctl's 1 MiB line bound (deploy/ssh/transport.py), JSON escapes included;
