@@ -199,20 +199,30 @@ def endpoint_lines(endpoint: dict) -> list[str]:
 
 
 def plan_text(command: str, plans: dict, out: Console, endpoints: dict | None = None) -> None:
+    """Each host's plan as one rich Text, printed once: ~56 ``print`` calls per host cost 18 ms of
+    deployctl's CPU per host (issue 37: `plan` grew 37 ms per extra host)."""
+    from rich.text import Text
+
     for host, steps in plans.items():
-        out.print(f"[bold]{command} on {host}[/bold] (dry run: nothing is changed)")
+        text = Text()
+        text.append(f"{command} on {host}", style="bold")
+        text.append(" (dry run: nothing is changed)\n")
         for line in endpoint_lines(endpoints[host]) if endpoints is not None else []:
-            out.print(f"  {line}", markup=False, style="dim")
+            text.append(f"  {line}\n", style="dim")
         n = 0
         for name, commands in steps:
-            out.print(f"  [cyan]{name}[/cyan]")
+            text.append("  ")
+            text.append(name, style="cyan")
+            text.append("\n")
             for planned in commands:
                 n += 1
-                out.print(f"    {n}. {safe_text(planned.description)}", markup=False)
+                text.append(f"    {n}. {safe_text(planned.description)}\n")
                 if planned.when:
-                    out.print(f"       (only when {safe_text(planned.when)})", markup=False)
-                out.print(f"       {'$' if planned.kind != 'upload' else '>'} {safe_text(planned.shown)}", markup=False,
-                          style="dim")
+                    text.append(f"       (only when {safe_text(planned.when)})\n")
+                text.append(f"       {'$' if planned.kind != 'upload' else '>'} {safe_text(planned.shown)}\n",
+                            style="dim")
+        text.rstrip()
+        out.print(text)
 
 
 def _bench_rows(rounds):
