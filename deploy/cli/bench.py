@@ -87,7 +87,8 @@ def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concu
 
     result = bench_sweep.sweep(run_round, playbook, run, runs, hosts, progress)
     table = bench_report.rows(result.rounds)
-    report = bench_report.document(run.name, run.draft_tokens, table, result.serving)
+    report = bench_report.document(run.name, run.draft_tokens, table, result.serving, drafter=run.drafter,
+                                   target=run.base_model, load=bench_sweep.benchmark_load(playbook))
     json_path = html_path = None
     try:
         json_path, html_path = bench_report.write(report)
