@@ -135,8 +135,8 @@ def test_without_json_an_error_prints_nothing_on_stdout(argv, capsys):
     assert capsys.readouterr().out == ""
 
 
-def test_the_issue_example_over_the_installed_entry_point(tmp_path):
-    """The issue's report, as a user types it: `deployctl -c missing.yaml plan --json` printed nothing."""
+def test_the_issue_example_in_a_fresh_process(tmp_path):
+    """The issue's report: `deployctl -c missing.yaml plan --json` exited 3 with nothing on stdout."""
     import subprocess
     import sys
 
