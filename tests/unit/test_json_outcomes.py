@@ -180,3 +180,26 @@ def test_logs_json_refuses_follow_with_a_document(capsys):
     assert main(["-c", str(EXAMPLE), "logs", "--json", "--follow"]) == ExitCode.USAGE
     document = _one_document(capsys.readouterr().out)
     assert document["exit_code"] == 2 and "--follow" in document["error"]
+
+
+def test_status_watch_json_ends_with_its_error_document_on_a_line_of_its_own(monkeypatch, capsys):
+    """`status --watch --json` prints one document per round, one line each; an error that ends the
+    watch (here the second round's read) is the last line: the error document."""
+    from deploy.base.errors import ConnectionFailed
+    from deploy.verbs import status
+
+    reads = iter([[], ConnectionFailed("kimi-a: connection refused")])
+
+    def gather(*_args, **_kwargs):
+        value = next(reads)
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    monkeypatch.setattr(status, "gather", gather)
+    monkeypatch.setattr(status, "document", lambda run, readings, gate: {"command": "status", "hosts": []})
+    assert main(["-c", str(EXAMPLE), "status", "--json", "--watch", "0.5", "--rounds", "3"]) == ExitCode.CONNECTION
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"command": "status", "hosts": []},
+        {"command": "status", "ok": False, "exit_code": 4, "error": "kimi-a: connection refused"}]
