@@ -197,7 +197,7 @@ def test_status_watch_json_ends_with_its_error_document_on_a_line_of_its_own(mon
         return value
 
     monkeypatch.setattr(status, "gather", gather)
-    monkeypatch.setattr(status, "document", lambda run, readings, gate: {"command": "status", "hosts": []})
+    monkeypatch.setattr(status, "document", lambda *_args, **_kwargs: {"command": "status", "hosts": []})
     assert main(["-c", str(EXAMPLE), "status", "--json", "--watch", "0.5", "--rounds", "3"]) == ExitCode.CONNECTION
     lines = capsys.readouterr().out.splitlines()
     assert [json.loads(line) for line in lines] == [
