@@ -106,6 +106,10 @@ def test_up_with_router_reaches_every_replica_rolls_with_no_failed_request_and_d
     # one host at a time by default with a router: three batches
     assert [p for p in phases if "redeploy" in p] == ["batch 1/3 redeploy sb1", "batch 2/3 redeploy sb2",
                                                        "batch 3/3 redeploy sb3"]
+    # issue 42: the probe of a fresh host (no fixer yet) is a plain line, not python's "can't open file"
+    details = {p["phase"]: p.get("detail") or "" for p in doc["fleet"]["phases"]}
+    assert "sb2 (fixer not on the host yet; uploading it with the redeploy)" in details["batch 2/3 check unchanged sb2"]
+    assert not [d for d in details.values() if "can't open file" in d], details
     workers = router_workers(sb)
     assert sorted(w["url"] for w in workers) == sorted(worker_url(sb, h) for h in HOSTS)
     assert all(w["is_healthy"] for w in workers)
