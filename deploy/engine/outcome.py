@@ -60,7 +60,8 @@ def serving_of(report: HostReport, memory: StepMemory, options: RunOptions, stat
 
 #: the steps whose result decides what the host serves; interrupted inside one, the run cannot know it
 #: (cut inside free-gpus, the server is stopped or untouched and nothing launched all the same)
-CHANGING_STEPS = ("stop-stale", "launch")
+#: swap-drafter too: cut while its tensors went out, the server's drafter is unknown (issue 38)
+CHANGING_STEPS = ("stop-stale", "launch", "swap-drafter")
 SIGNAL_EXITS = (int(ExitCode.INTERRUPTED), int(ExitCode.TERMINATED), int(ExitCode.HANGUP))
 NOT_READ = "not read again after the interruption"
 
@@ -76,6 +77,8 @@ def after_interruption(report: HostReport, memory: StepMemory) -> tuple[str, Ser
     records = (*report.steps, *report.rollback)
     if any(s.name in CHANGING_STEPS and s.status == "failed" and s.exit_code in SIGNAL_EXITS for s in records):
         return None
+    if any(s.name == "swap-drafter" and s.data.get("sent") is True for s in records):
+        return None  # a swap sent tensors and was not verified: never "what it served before"
     verified = verified_pid(report, memory)
     launched = launched_pids(memory)
     pid = memory.rollback_pid if isinstance(memory.rollback_pid, int) else memory.pid

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 from pydantic import Field
 
-from deploy.base.errors import Regression
+from deploy.base.errors import BenchmarkHarnessFailed, Regression
 from deploy.facts.server import last_good_path, parse_record, read_record_command, same_deployment
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 from deploy.steps.record_good import measurements, rounds_of, throughput_baseline, throughput_baselines
-from deploy.local.throughput_gate import Verdict, decide
+from deploy.local.throughput_gate import TooFewRounds, Verdict, decide
 
 NAME = "regression-gate"
 
@@ -105,7 +105,10 @@ def _compare_throughput(now: dict, good: dict, fraction: float, out: Comparison)
         out.lines.append(f"output tok/s: not compared (no comparable baseline: the last good one was measured on "
                          f"{known}; now {_load(now.get('bench_settings'))})")
         return
-    verdict = decide(rounds_of(now), rounds_of(baseline), fraction)
+    measured = now.get("output_tok_s_rounds")
+    # as measured, failed rounds included: decide drops each on its own and refuses too few (TooFewRounds)
+    verdict = decide(measured if isinstance(measured, list) and measured else [now.get("output_tok_s")],
+                     rounds_of(baseline), fraction)
     out.throughput = verdict
     line = verdict.line("output tok/s")
     out.lines.append(line)
@@ -135,7 +138,10 @@ def run(ctx: StepContext) -> StepOutcome:
     if metrics.get("draft_tokens") != ctx.draft_tokens:
         return StepOutcome("ok", f"last good record was measured at {metrics.get('draft_tokens')} draft tokens, "
                                  f"not {ctx.draft_tokens}: not compared", {"now": now})
-    found = compare(now, metrics, ctx.settings.min_accept_fraction, ctx.settings.min_throughput_fraction)
+    try:
+        found = compare(now, metrics, ctx.settings.min_accept_fraction, ctx.settings.min_throughput_fraction)
+    except TooFewRounds as exc:
+        raise BenchmarkHarnessFailed(f"{ctx.host.name}: throughput gate: {exc}") from None
     data = {"now": now, "last_good": metrics, "comparisons": found.lines,
             "same_as_last_good": same_deployment(good, ctx.memory.deployment)}
     if found.throughput is not None:
