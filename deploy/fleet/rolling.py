@@ -136,7 +136,7 @@ def _swaps_in_place(state: RunState, desired, server) -> str | None:
     memory are judged by the step), or None. A swap keeps the server serving (SGLang's weight-update
     session), so such a replica stays in the router; its swap-drafter step decides for good, and a
     refusal or failure takes it out and drains it before the reload (``_leave_for_reload``)."""
-    from deploy.steps.drafter_swap import RunningServer, swap_decision
+    from deploy.steps.swap_decision import RunningServer, swap_decision
 
     step = next((s for s in state.playbook.steps if s.name == "swap-drafter" and s.settings.enabled), None)
     if step is None:

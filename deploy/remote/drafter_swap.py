@@ -3,7 +3,7 @@
 Runs ON the GPU host (shipped as a helper). Standard library only at import; the real sender
 imports torch, safetensors and sglang lazily, under the run's ``sglang_python``.
 
-``inspect --running DIR --new DIR``: what the swap decision compares (deploy/steps/drafter_swap.py):
+``inspect --running DIR --new DIR``: what the swap decision compares (deploy/steps/swap_decision.py):
 each drafter's config.json, tensor names with dtype and shape, data bytes, and the sha256 of its
 draft vocabulary map (``d2t``, ``t2d``); and the GPUs' used/total memory (nvidia-smi). One JSON line.
 
