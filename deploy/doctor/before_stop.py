@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from deploy.doctor.checks import Check, DoctorInput, run_checks
-from deploy.doctor.sglang_options import Parsed, installed_options, option, parse_extra_args  # noqa: F401  (Parsed: re-exported)
+from deploy.doctor.sglang_options import Parsed, context_of, installed_options, judge_extra_args, option, parse_extra_args  # noqa: F401  (Parsed: re-exported)
 from deploy.base.errors import RemoteOutputError
 from deploy.facts.gpus import attach_holders, parse_compute_apps, parse_gpu_rows
 
@@ -176,11 +176,10 @@ _PARALLEL_FALLBACK = [option(list(DP_OPTIONS), value_type="int"), option(list(PP
 def check_extra_args(d: DoctorInput) -> Check:
     if not d.run.extra_args:
         return Check("extra-args", "pass", "no extra_args")
-    options, where = installed_options(d)
-    if options is None:
+    parsed, where = judge_extra_args(d)
+    if parsed is None:
         return Check("extra-args", "warn", f"cannot decide whether SGLang accepts extra_args: {where}",
                      "make the installed SGLang's srt/server_args.py readable")
-    parsed = parse_extra_args(list(d.run.extra_args), options)
     version = d.sglang.version if d.sglang is not None else None
     if parsed.problems:
         return Check("extra-args", "fail", f"SGLang {version or '?'} would refuse the run's extra_args at launch, after "
@@ -205,7 +204,7 @@ def _int_option(options: dict[str, Optional[str]], names: tuple[str, ...]) -> tu
 
 def check_parallelism(d: DoctorInput) -> Check:
     options, _ = installed_options(d)
-    parsed = parse_extra_args(list(d.run.extra_args), options or _PARALLEL_FALLBACK)
+    parsed = parse_extra_args(list(d.run.extra_args), options or _PARALLEL_FALLBACK, context_of(d))
     try:
         dp, dp_name = _int_option(parsed.options, DP_OPTIONS)
         pp, pp_name = _int_option(parsed.options, PP_OPTIONS)

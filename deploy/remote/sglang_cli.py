@@ -24,6 +24,7 @@ reported as unknown (None); a module-level list that SGLang lets plugins extend
 """
 
 import ast
+import hashlib
 import os
 
 #: the largest source file read (0.5.12's server_args.py: 348 KB)
@@ -41,7 +42,17 @@ MAX_NAME_CHARS = 200
 _NO_VALUE_ACTIONS = ("store_true", "store_false", "store_const", "append_const", "count", "help", "version")
 _ARG_FIELDS = ("help", "choices", "aliases", "cli_name", "type_parser", "nargs", "required", "action",
                "action_kwargs", "const", "no_cli")
-_TYPES = {"str": "str", "int": "int", "float": "float"}
+_TYPES = {"str": "str", "int": "int", "float": "float", "json.loads": "json"}
+#: SGLang's own ``type=`` functions, known by name and by the shape of their code (_fingerprint: the
+#: statements without docstring and message texts), each judged in deploy/doctor/sglang_options.py as
+#: the function does. A function of that name with another body is "other": its values are not judged.
+#: (0.5.12, 0.5.15, 0.5.23: srt/utils/common.py; parse_cuda_graph_backend_arg: model_executor/cuda_graph_config.py)
+KNOWN_TYPE_FUNCTIONS = {
+    ("human_readable_int", "d6720e0729948b03"): "human_readable_int",
+    ("json_list_type", "8180111a37cfd738"): "orjson",  # orjson.loads: JSON without NaN or Infinity
+    ("nullable_str", "f6134078a29ba5f1"): "str",
+    ("parse_cuda_graph_backend_arg", "1bc80d36357b1459"): "cuda_graph_backend",
+}
 _MUTATORS = ("append", "extend", "insert", "add", "update")
 #: Annotated metadata of arg_utils that is not an Arg (any other call might return one: unreadable)
 _MARKERS = ("NS", "Derived")
@@ -65,6 +76,7 @@ class _Module(object):
     def __init__(self, dotted, path, tree):
         self.dotted, self.path, self.tree = dotted, path, tree
         self.assigns, self.imports, self.classes, self.mutated = {}, {}, {}, set()
+        self.functions = {}
         package = dotted if path.endswith("__init__.py") else dotted.rpartition(".")[0]
         for node in tree.body:
             if isinstance(node, ast.Assign):
@@ -83,6 +95,8 @@ class _Module(object):
                     self.imports[alias.asname or alias.name] = (base, alias.name)
             elif isinstance(node, ast.ClassDef):
                 self.classes[node.name] = node
+            elif isinstance(node, ast.FunctionDef):
+                self.functions[node.name] = node
         for node in ast.walk(tree):
             # a list some function extends at run time: plugins register more choices (add_*_choices)
             # (0.5.15: ``def add_quantization_method_choices(c): QUANTIZATION_CHOICES.extend(c)``;
@@ -136,6 +150,8 @@ class _Source(object):
             return module, module.classes[name]
         if name in module.assigns:
             return module, module.assigns[name]
+        if name in module.functions:
+            return module, module.functions[name]
         if name in module.imports:
             dotted, original = module.imports[name]
             other = self.module(dotted)
@@ -163,9 +179,14 @@ def parse_file(path):
 class _Value(object):
     """Static evaluation of the small expressions SGLang spells choices, names and nargs with."""
 
-    def __init__(self, source, module, local=None, local_mutated=()):
-        self.source, self.module, self.local, self.local_mutated = source, module, local or {}, local_mutated
+    def __init__(self, source, module, local=None, local_mutated=None):
+        self.source, self.module, self.local = source, module, local or {}
+        #: local name -> the constants ``.add``/``.append`` calls put in it under a run-time condition
+        #: (0.5.23: ``sampling_backend_choices.add("token_oracle")`` when an environment variable is set),
+        #: or None when something else changes it
+        self.local_mutated = local_mutated or {}
         self.open = False
+        self.conditional = []
 
     def eval(self, node, depth=0):
         if depth > MAX_DEPTH:
@@ -182,15 +203,23 @@ class _Value(object):
                 return left + right
             raise _Dynamic("+ of %s and %s" % (type(left).__name__, type(right).__name__))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-                node.func.id in ("list", "tuple", "sorted", "set") and len(node.args) == 1 and not node.keywords:
+                node.func.id in ("list", "tuple", "sorted", "set", "frozenset") and len(node.args) == 1 and \
+                not node.keywords:
             value = self.eval(node.args[0], depth + 1)
             if not isinstance(value, list):
                 raise _Dynamic("%s() of a non-list" % node.func.id)
             return value
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args and not node.keywords:
+            return self.call_result(node.func.id, depth + 1)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            return self.class_attribute(node.value.id, node.attr, depth + 1)
         if isinstance(node, ast.Name):
             if node.id in self.local:
                 if node.id in self.local_mutated:
-                    raise _Dynamic("%s is changed at run time" % node.id)
+                    added = self.local_mutated[node.id]
+                    if added is None:
+                        raise _Dynamic("%s is changed at run time" % node.id)
+                    self.conditional += [a for a in added if a not in self.conditional]
                 return self.eval(self.local[node.id], depth + 1)
             module, found = self.source.lookup(self.module, node.id)
             if found is None or isinstance(found, (ast.ClassDef, ast.Module)):
@@ -203,7 +232,55 @@ class _Value(object):
     def eval_into(self, node, outer, depth):
         value = self.eval(node, depth)
         outer.open = outer.open or self.open
+        outer.conditional += [a for a in self.conditional if a not in outer.conditional]
         return value
+
+    def call_result(self, name, depth):
+        """What a module-level function without arguments returns, when its last statement is a
+        ``return`` of a value this evaluator follows (imports inside the function included). Another
+        ``return`` before it (0.5.23 ``_reasoning_parser_choices``: the registry of an already
+        imported module, which a plugin may have extended) makes the list open."""
+        module, found = self.source.lookup(self.module, name)
+        if not isinstance(found, ast.FunctionDef) or found.args.args or not found.body or \
+                not isinstance(found.body[-1], ast.Return) or found.body[-1].value is None:
+            raise _Dynamic("%s()" % name)
+        inner = _Value(self.source, _FunctionScope(module, found))
+        value = inner.eval_into(found.body[-1].value, self, depth)
+        if sum(1 for n in ast.walk(found) if isinstance(n, ast.Return)) > 1:
+            self.open = True
+        return value
+
+    def class_attribute(self, name, attr, depth):
+        """``Class.ATTR`` of a class in SGLang's source whose body assigns ATTR (0.5.23 ``Backend.ALL``),
+        with the class body's other names in scope."""
+        module, found = self.source.lookup(self.module, name)
+        if not isinstance(found, ast.ClassDef):
+            raise _Dynamic("%s.%s" % (name, attr))
+        body = {}
+        for item in found.body:
+            if isinstance(item, ast.Assign) and len(item.targets) == 1 and isinstance(item.targets[0], ast.Name):
+                body[item.targets[0].id] = item.value
+        if attr not in body:
+            raise _Dynamic("%s.%s" % (name, attr))
+        return _Value(self.source, module, body).eval_into(body[attr], self, depth)
+
+
+class _FunctionScope(object):
+    """A module seen from inside one of its functions: the function's own ``from ... import`` lines
+    come first (SGLang imports its registries lazily there)."""
+
+    def __init__(self, module, function):
+        self.__dict__.update(module.__dict__)
+        self.imports = dict(module.imports)
+        package = module.dotted if module.path.endswith("__init__.py") else module.dotted.rpartition(".")[0]
+        for node in ast.walk(function):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    self.imports[alias.asname or alias.name] = (node.module, alias.name)
+            elif isinstance(node, ast.ImportFrom) and node.level == 1:
+                for alias in node.names:
+                    self.imports[alias.asname or alias.name] = (package + ("." + node.module if node.module else ""),
+                                                                alias.name)
 
 
 def _constant(value, node, what):
@@ -214,25 +291,51 @@ def _constant(value, node, what):
         raise Unreadable("%s is computed at run time (%s) at line %d" % (what, exc, getattr(node, "lineno", 0)))
 
 
+def _plain(values):
+    return isinstance(values, list) and all(isinstance(c, (str, int, float, bool)) and c is not None for c in values) \
+        and len(values) <= MAX_CHOICES and not any(isinstance(c, str) and len(c) > MAX_NAME_CHARS for c in values)
+
+
 def _choices(value, node):
-    """(choices, open): a list of plain values, or None when computed at run time."""
-    if node is None:
-        return None, False
-    value.open = False
+    """(choices, open, conditional): a list of plain values, or None when computed at run time; the
+    values a run-time condition adds (accepted only when it holds)."""
+    if node is None or isinstance(node, ast.Constant) and node.value is None:
+        return None, False, []
+    value.open, value.conditional = False, []
     try:
         found = value.eval(node)
     except _Dynamic:
-        return None, False
-    if not isinstance(found, list) or not all(isinstance(c, (str, int, float, bool)) and c is not None for c in found):
-        return None, False
-    if len(found) > MAX_CHOICES or any(isinstance(c, str) and len(c) > MAX_NAME_CHARS for c in found):
-        return None, False  # not a list of choices argparse users type: unknown, so never checked
-    return found, value.open
+        return None, True, []  # computed at run time: None with open set means "unknown" (see _option callers)
+    if not _plain(found) or not _plain(value.conditional):
+        return None, True, []  # not a list of choices argparse users type: unknown, so never checked
+    return found, value.open, [c for c in value.conditional if c not in found]
 
 
-def _option(names, nargs, choices=None, open_choices=False, value_type="str"):
-    return {"names": list(names), "nargs": nargs, "choices": choices, "open_choices": bool(open_choices),
-            "type": value_type if choices is not None or nargs != "0" else "str"}
+def _config_kind(action_node, explicit_nargs):
+    """How SGLang's ConfigArgumentMerger treats the option's key in a --config file: "flag" (a
+    _StoreTrueAction: ``key: true`` adds the flag), "value" (a _StoreAction: ``--key value``), "one"
+    (another action with nargs None: 0.5.23 passes ``--key value``, older mergers refuse the key),
+    "unsupported" (refused: "Unsupported config option")."""
+    if action_node is None or isinstance(action_node, ast.Constant) and action_node.value in (None, "store"):
+        return "value"
+    if isinstance(action_node, ast.Constant) and action_node.value == "store_true":
+        return "flag"
+    if isinstance(action_node, ast.Constant) and action_node.value in ("append", "extend"):
+        return "one" if explicit_nargs is None else "unsupported"
+    if isinstance(action_node, ast.Constant):
+        return "unsupported"
+    return "one" if explicit_nargs is None else "unsupported"
+
+
+def _option(names, nargs, choices=None, open_choices=False, value_type=("str", None), conditional=(),
+            config_kind="value", choices_unknown=False):
+    label, function = value_type
+    return {"config_kind": config_kind, "choices_unknown": bool(choices_unknown) and choices is None,
+            "names": list(names), "nargs": nargs, "choices": choices,
+            "open_choices": bool(open_choices) and choices is not None,
+            "type": label if choices is not None or nargs != "0" else "str",
+            "type_function": function if choices is not None or nargs != "0" else None,
+            "conditional_choices": list(conditional) if choices is not None and conditional else None}
 
 
 def _nargs_text(value):
@@ -290,12 +393,60 @@ def _action(source, module, value, node, explicit_nargs):
     return _action_nargs(source, module, node) or "unknown", False
 
 
-def _type_name(node, has_parser):
-    if has_parser:
-        return "other"
-    if node is None:
-        return "str"
-    return _TYPES.get(_dotted(node) or "", "other")
+def _shape(node):
+    """A rendering of code that is the same under every Python 3.8+ ``ast`` (Index unwrapped, no
+    positions, no ``ctx``/``kind``) and ignores what does not change a verdict: docstrings and the
+    texts of raised errors (f-strings, the raise's arguments)."""
+    if isinstance(node, list):
+        body = node
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and \
+                isinstance(body[0].value.value, str):
+            body = body[1:]
+        return "[" + ",".join(_shape(n) for n in body) + "]"
+    if not isinstance(node, ast.AST):
+        return repr(node)
+    if hasattr(ast, "Index") and isinstance(node, getattr(ast, "Index")):
+        return _shape(node.value)
+    if isinstance(node, ast.JoinedStr):
+        return "(F)"
+    if isinstance(node, ast.Raise):
+        exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+        return "(Raise %s)" % (_dotted(exc) if exc is not None else "")
+    parts = [type(node).__name__]
+    for field in node._fields:
+        if field in ("ctx", "kind", "type_comment", "type_params", "returns", "annotation", "decorator_list"):
+            continue
+        item = getattr(node, field, None)
+        if item is None or item == []:
+            continue
+        parts.append("%s=%s" % (field, _shape(item)))
+    return "(" + " ".join(parts) + ")"
+
+
+def fingerprint(function):
+    """The fingerprint KNOWN_TYPE_FUNCTIONS keys a function's code by."""
+    return hashlib.sha256((_shape(function.args) + _shape(function.body)).encode()).hexdigest()[:16]
+
+
+def _type_of(source, module, node):
+    """(label, function name) of a ``type=`` / ``type_parser=``: str, int, float, json (json.loads), one of
+    SGLang's own functions this reader knows (KNOWN_TYPE_FUNCTIONS), else other (not judged)."""
+    if node is None or isinstance(node, ast.Constant) and node.value is None:
+        return "str", None
+    name = _dotted(node) or ""
+    if name in _TYPES:
+        return _TYPES[name], None if name in ("str", "int", "float") else name
+    if not name or "." in name:
+        return "other", name or None
+    try:
+        found_module, found = source.lookup(module, name)
+    except Unreadable:
+        return "other", name
+    if isinstance(found, ast.FunctionDef):
+        label = KNOWN_TYPE_FUNCTIONS.get((name, fingerprint(found)))
+        where = os.path.relpath(found_module.path, source.package_dir)
+        return (label or "other"), "%s (sglang/%s)" % (name, where)
+    return "other", name
 
 
 def literal_call(source, module, value, call):
@@ -321,8 +472,10 @@ def literal_call(source, module, value, call):
         nargs, negated = nargs or "1", False
     if negated:
         names += ["--no-" + n[2:] for n in names if n.startswith("--")]
-    choices, open_choices = _choices(value, kwargs.get("choices"))
-    return _option(names, nargs, choices, open_choices, _type_name(kwargs.get("type"), False))
+    choices, open_choices, conditional = _choices(value, kwargs.get("choices"))
+    explicit = kwargs["nargs"].value if isinstance(kwargs.get("nargs"), ast.Constant) else kwargs.get("nargs")
+    return _option(names, nargs, choices, open_choices, _type_of(source, module, kwargs.get("type")), conditional,
+                   _config_kind(kwargs.get("action"), explicit), choices is None and open_choices)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,10 +582,14 @@ def field_option(source, module, field, annotation):
         nargs, negated = _action(source, module, value, meta["action"], nargs)
         if negated:
             names += ["--no-" + n[2:] for n in names if n.startswith("--")]
-        choices, open_choices = _choices(value, extra.get("choices"))
-        return _option(names, nargs, choices, open_choices, _type_name(extra.get("type"), False))
+        choices, open_choices, conditional = _choices(value, extra.get("choices"))
+        explicit = extra["nargs"].value if isinstance(extra.get("nargs"), ast.Constant) else extra.get("nargs")
+        return _option(names, nargs, choices, open_choices, _type_of(source, module, extra.get("type")), conditional,
+                       _config_kind(meta["action"], explicit), choices is None and open_choices)
     inner = _unwrap_optional(items[0])
-    choices, open_choices = _choices(value, meta.get("choices"))
+    choices, open_choices, conditional = _choices(value, meta.get("choices"))
+    unknown = choices is None and open_choices
+    parser_type = _type_of(source, module, meta["type_parser"]) if has_parser else None
     if choices == []:  # ``if arg_meta.choices:`` / ``arg_meta.choices or literal_vals``: empty is none
         choices = None
     if isinstance(inner, ast.Subscript):
@@ -442,17 +599,22 @@ def field_option(source, module, field, annotation):
             if choices is None and ("choices" not in meta or _is_empty_list(meta["choices"])):
                 choices, open_choices = (literal if len(literal) == len(inner_items) else None), False
             first = type(literal[0]).__name__ if literal else "str"
-            return _option(names, "1", choices, open_choices, _type_name(None, has_parser) if has_parser else
-                           _TYPES.get(first, "str"))
+            return _option(names, "1", choices, open_choices, parser_type or _inferred(first), conditional,
+                           choices_unknown=choices is None)
         if inner_base in ("list", "List") and not has_parser:
             element = _unwrap_optional(inner_items[0]) if inner_items else None
             return _option(names, explicit_nargs or "+", choices, open_choices,
-                           _TYPES.get(_dotted(element) or "", "str") if element is not None else "str")
+                           _inferred(_dotted(element) if element is not None else "str"), conditional,
+                           choices_unknown=unknown)
     if _dotted(inner) == "bool":
-        return _option(names, "0")
-    # _infer_type_func: str, int, float; anything else is parsed as str
-    value_type = "other" if has_parser else _TYPES.get(_dotted(inner) or "", "str")
-    return _option(names, explicit_nargs or "1", choices, open_choices, value_type)
+        return _option(names, "0", config_kind="flag")
+    return _option(names, explicit_nargs or "1", choices, open_choices, parser_type or _inferred(_dotted(inner)),
+                   conditional, choices_unknown=unknown)
+
+
+def _inferred(name):
+    """arg_utils' _infer_type_func: str, int, float; anything else is parsed as str."""
+    return (name, None) if name in ("str", "int", "float") else ("str", None)
 
 
 def class_fields(source, module, cls, depth=0):
@@ -564,7 +726,8 @@ def _add_cli_args(module):
 
 def read_options(package_dir):
     """SGLang's options from ``package_dir`` (the ``sglang`` package directory): the facts document
-    ``{"file", "options": [{"names", "nargs", "choices", "open_choices", "type"}] | None, "error",
+    ``{"file", "options": [{"names", "nargs", "choices", "open_choices", "type", "type_function",
+    "conditional_choices"}] | None, "error",
     "layout": "literal" | "dataclass" | None}``."""
     path = os.path.join(package_dir, "srt", "server_args.py")
     result = {"file": path, "options": None, "error": None, "layout": None}
@@ -575,13 +738,19 @@ def read_options(package_dir):
             raise Unreadable("%s: not found" % path)
         function = _add_cli_args(module)
         local = {}
-        local_mutated = set()
+        local_mutated = {}
         for node in ast.walk(function):
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 local[node.targets[0].id] = node.value
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                     isinstance(node.func.value, ast.Name) and node.func.attr in ("add", "append", "extend", "update"):
-                local_mutated.add(node.func.value.id)
+                name = node.func.value.id
+                single = node.func.attr in ("add", "append") and len(node.args) == 1 and not node.keywords and \
+                    isinstance(node.args[0], ast.Constant)
+                if single and local_mutated.get(name, []) is not None:
+                    local_mutated[name] = local_mutated.get(name, []) + [node.args[0].value]
+                else:
+                    local_mutated[name] = None
         value = _Value(source, module, local, local_mutated)
         options, layout = [], "literal"
         calls = sorted((n for n in ast.walk(function) if isinstance(n, ast.Call)),
