@@ -57,6 +57,14 @@ _HELP = option(HELP, "0")
 MAX_CHOICES_SHOWN = 16
 
 
+def _close(word: str, candidates: list[str], count: int) -> list[str]:
+    """The nearest candidates (difflib), among those of about the same length (and, for an option,
+    the same first two letters) only: difflib over SGLang's ~1,000 option strings is slow."""
+    head = word[:4] if word.startswith("--") else ""  # an option: its first letter counts (typos are later)
+    near = [c for c in candidates if abs(len(c) - len(word)) <= max(3, len(word) // 2) and c.startswith(head)]
+    return difflib.get_close_matches(word, near, n=count)
+
+
 def _resolve(name: str, options: list[SglangOption]) -> tuple[Optional[SglangOption], str]:
     """The option ``name`` selects, as argparse does (exact, else a unique prefix: ``allow_abbrev``,
     SGLang's default); the problem text when none or several."""
@@ -69,7 +77,7 @@ def _resolve(name: str, options: list[SglangOption]) -> tuple[Optional[SglangOpt
     if prefixed:
         names = sorted(n for o in prefixed for n in o.names if n.startswith(name))
         return None, f"ambiguous option {name}: it could be {', '.join(names[:6])}"
-    close = difflib.get_close_matches(name, [n for o in options for n in o.names], n=3)
+    close = _close(name, [n for o in options for n in o.names], 3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     return None, f"unrecognized option {name}: the installed SGLang has no such option{hint}"
 
@@ -131,6 +139,29 @@ def cuda_graph_backend(value: str) -> str:
     return value
 
 
+def cuda_graph_config(shown: str, value: str, phases: list[str]) -> tuple[str, str]:
+    """(problem, doubt): SGLang's parse_cuda_graph_config_arg (0.5.15, 0.5.23) as far as the facts
+    carry it: JSON, an object, each phase one of Phase.ALL with an object of settings; the settings'
+    keys (ALLOWED_KEYS_PER_PHASE) are not read, so a phase with settings is a doubt."""
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        return f"{shown} {value!r}: SGLang's parse_cuda_graph_config_arg wants JSON ({exc})", ""
+    if not isinstance(parsed, dict):
+        return f"{shown} {value!r}: SGLang's parse_cuda_graph_config_arg wants a JSON object, got " \
+               f"{type(parsed).__name__}", ""
+    for phase, settings in parsed.items():
+        if str(phase) not in phases:
+            return f"{shown} {value!r}: unknown phase {phase!r}, SGLang expects one of {', '.join(phases)}", ""
+        if not isinstance(settings, dict):
+            return f"{shown} {value!r}: the settings of phase {phase!r} must be a JSON object", ""
+        if settings.get("backend") == "tc_piecewise":
+            return "", f"{shown} {value!r}: the backend tc_piecewise is refused by some versions; cannot check it"
+    if any(parsed.values()):
+        return "", f"{shown} {value!r}: cannot check the settings' keys (SGLang's ALLOWED_KEYS_PER_PHASE is not read)"
+    return "", ""
+
+
 #: what each ``type`` the facts carry does with a value (deploy/remote/sglang_cli.py KNOWN_TYPE_FUNCTIONS)
 CONVERTERS: dict[str, tuple[Any, str]] = {
     "str": (str, ""), "int": (int, "an integer (invalid int value)"), "float": (float, "a number (invalid float value)"),
@@ -157,6 +188,8 @@ def _value_problem(spec: SglangOption, shown: str, value: str, context: Optional
     if spec.type == "other":
         return "", f"{shown} {value!r}: cannot check this value: its type function " \
                    f"{spec.type_function or '?'} is not one the doctor knows"
+    if spec.type == "cuda_graph_config":
+        return cuda_graph_config(shown, value, spec.type_detail or [])
     convert, wanted = CONVERTERS[spec.type]
     try:
         converted = convert(value)
@@ -175,7 +208,7 @@ def _value_problem(spec: SglangOption, shown: str, value: str, context: Optional
                    "variable); cannot check it"
     allowed = ", ".join(str(c) for c in spec.choices[:MAX_CHOICES_SHOWN])
     allowed += f", ... ({len(spec.choices)} in all)" if len(spec.choices) > MAX_CHOICES_SHOWN else ""
-    close = difflib.get_close_matches(value, [str(c) for c in spec.choices], n=1)
+    close = _close(value, [str(c) for c in spec.choices], 1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     text = f"{shown} {value!r}: not one of its choices{hint}; allowed: {allowed}"
     if spec.open_choices:

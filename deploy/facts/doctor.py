@@ -192,9 +192,12 @@ class SglangOption(_Strict):
     #: the ``type=`` a value is converted by before the choices are checked: str, int, float, json
     #: (json.loads), orjson (SGLang's json_list_type), human_readable_int, cuda_graph_backend (SGLang's
     #: own functions, known by their code: deploy/remote/sglang_cli.py KNOWN_TYPE_FUNCTIONS), other (not judged)
-    type: Literal["str", "int", "float", "json", "orjson", "human_readable_int", "cuda_graph_backend", "other"]
+    type: Literal["str", "int", "float", "json", "orjson", "human_readable_int", "cuda_graph_backend",
+                  "cuda_graph_config", "other"]
     #: the function's name and file when it is not a builtin (for messages)
     type_function: Optional[str] = None
+    #: what the type function checks against, read from its module (cuda_graph_config: Phase.ALL)
+    type_detail: Optional[list[StrictStr]] = None
     #: values a run-time condition adds to ``choices`` (0.5.23 --sampling-backend token_oracle under an
     #: environment variable): not refused, not passed either
     conditional_choices: Optional[list[Union[StrictStr, StrictBool, StrictInt, StrictFloat]]] = None

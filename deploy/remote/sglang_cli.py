@@ -52,6 +52,8 @@ KNOWN_TYPE_FUNCTIONS = {
     ("json_list_type", "8180111a37cfd738"): "orjson",  # orjson.loads: JSON without NaN or Infinity
     ("nullable_str", "f6134078a29ba5f1"): "str",
     ("parse_cuda_graph_backend_arg", "1bc80d36357b1459"): "cuda_graph_backend",
+    ("parse_cuda_graph_config_arg", "543dabd6902a9631"): "cuda_graph_config",
+    ("parse_cuda_graph_config_arg", "9ac76ac46d8753b6"): "cuda_graph_config",
 }
 _MUTATORS = ("append", "extend", "insert", "add", "update")
 #: Annotated metadata of arg_utils that is not an Arg (any other call might return one: unreadable)
@@ -211,6 +213,8 @@ class _Value(object):
             return value
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args and not node.keywords:
             return self.call_result(node.func.id, depth + 1)
+        if isinstance(node, ast.ListComp):
+            return self.enum_names(node, depth + 1)
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             return self.class_attribute(node.value.id, node.attr, depth + 1)
         if isinstance(node, ast.Name):
@@ -249,6 +253,55 @@ class _Value(object):
         if sum(1 for n in ast.walk(found) if isinstance(n, ast.Return)) > 1:
             self.open = True
         return value
+
+    def enum_names(self, node, depth):
+        """``[m.name.lower() for m in SomeEnum]`` (also ``m.name``, ``.upper()``; the enum directly, or
+        ``list(SomeEnum)`` returned by a function): 0.5.15/0.5.23 --kv-canary-real-data over RealKvHashMode."""
+        if len(node.generators) != 1 or node.generators[0].ifs or not isinstance(node.generators[0].target, ast.Name):
+            raise _Dynamic("a list comprehension")
+        variable = node.generators[0].target.id
+        iterated = node.generators[0].iter
+        if isinstance(iterated, ast.Call) and isinstance(iterated.func, ast.Name) and not iterated.args:
+            module, found = self.source.lookup(self.module, iterated.func.id)
+            if not isinstance(found, ast.FunctionDef) or not found.body or not isinstance(found.body[-1], ast.Return):
+                raise _Dynamic("a list comprehension over %s()" % iterated.func.id)
+            ret = found.body[-1].value
+            if not (isinstance(ret, ast.Call) and _dotted(ret.func) == "list" and len(ret.args) == 1 and
+                    isinstance(ret.args[0], ast.Name)):
+                raise _Dynamic("a list comprehension over %s()" % iterated.func.id)
+            module, enum = self.source.lookup(_FunctionScope(module, found), ret.args[0].id)
+        elif isinstance(iterated, ast.Name):
+            module, enum = self.source.lookup(self.module, iterated.id)
+        else:
+            raise _Dynamic("a list comprehension")
+        if not isinstance(enum, ast.ClassDef) or \
+                not any(_dotted(b) in ("Enum", "IntEnum", "StrEnum", "enum.Enum", "enum.IntEnum") for b in enum.bases):
+            raise _Dynamic("a list comprehension over something that is not a plain Enum")
+        members, values = [], []
+        for item in enum.body:
+            if isinstance(item, ast.Assign) and len(item.targets) == 1 and isinstance(item.targets[0], ast.Name) and \
+                    not item.targets[0].id.startswith("_") and isinstance(item.value, ast.Constant):
+                if item.value.value in values:
+                    continue  # an alias: iterating an Enum skips it
+                members.append(item.targets[0].id)
+                values.append(item.value.value)
+            elif not isinstance(item, (ast.Expr, ast.FunctionDef, ast.Pass)):
+                raise _Dynamic("an Enum body this reader does not follow")
+        element = node.elt
+        methods = []
+        while isinstance(element, ast.Call) and isinstance(element.func, ast.Attribute) and not element.args and \
+                element.func.attr in ("lower", "upper"):
+            methods.insert(0, element.func.attr)
+            element = element.func.value
+        if not (isinstance(element, ast.Attribute) and element.attr == "name" and isinstance(element.value, ast.Name)
+                and element.value.id == variable):
+            raise _Dynamic("a list comprehension this reader does not follow")
+        result = []
+        for member in members:
+            for method in methods:
+                member = member.lower() if method == "lower" else member.upper()
+            result.append(member)
+        return result
 
     def class_attribute(self, name, attr, depth):
         """``Class.ATTR`` of a class in SGLang's source whose body assigns ATTR (0.5.23 ``Backend.ALL``),
@@ -329,13 +382,14 @@ def _config_kind(action_node, explicit_nargs):
 
 def _option(names, nargs, choices=None, open_choices=False, value_type=("str", None), conditional=(),
             config_kind="value", choices_unknown=False):
-    label, function = value_type
+    label, function = value_type[:2]
     return {"config_kind": config_kind, "choices_unknown": bool(choices_unknown) and choices is None,
             "names": list(names), "nargs": nargs, "choices": choices,
             "open_choices": bool(open_choices) and choices is not None,
             "type": label if choices is not None or nargs != "0" else "str",
             "type_function": function if choices is not None or nargs != "0" else None,
-            "conditional_choices": list(conditional) if choices is not None and conditional else None}
+            "conditional_choices": list(conditional) if choices is not None and conditional else None,
+            "type_detail": value_type[2] if len(value_type) > 2 and (choices is not None or nargs != "0") else None}
 
 
 def _nargs_text(value):
@@ -444,8 +498,14 @@ def _type_of(source, module, node):
         return "other", name
     if isinstance(found, ast.FunctionDef):
         label = KNOWN_TYPE_FUNCTIONS.get((name, fingerprint(found)))
-        where = os.path.relpath(found_module.path, source.package_dir)
-        return (label or "other"), "%s (sglang/%s)" % (name, where)
+        where = "%s (sglang/%s)" % (name, os.path.relpath(found_module.path, source.package_dir))
+        if label == "cuda_graph_config":  # its phases: Phase.ALL of its own module
+            try:
+                phases = _Value(source, found_module).class_attribute("Phase", "ALL", 0)
+            except (_Dynamic, Unreadable):
+                return "other", where
+            return (label, where, phases) if _plain(phases) else ("other", where)
+        return (label or "other"), where
     return "other", name
 
 

@@ -11,7 +11,8 @@ For each ``sglang-<version>-*.whl`` it stores two things:
   (``Arg``, ``add_cli_args_from_dataclass``), ``argparse_actions.py``, ``choices.py`` and
   ``fields/*.py`` (0.5.2x keeps the ServerArgs fields there), and the files the value checks follow:
   ``utils/common.py`` (``human_readable_int``, ``json_list_type``), ``model_executor/cuda_graph_config.py``,
-  ``parser/reasoning_parser_names.py`` and ``function_call/parser_names.py`` (0.5.23's parser lists). The doctor's reader
+  ``parser/reasoning_parser_names.py`` and ``function_call/parser_names.py`` (0.5.23's parser lists),
+  ``kv_canary/consts.py`` (``RealKvHashMode``: 0.5.15 under ``sglang/jit_kernel``, 0.5.23 ``sglang/kernels/ops``). The doctor's reader
   (deploy/remote/sglang_cli.py) reads these with ``ast``; tests/unit/test_sglang_options.py runs it here.
 * ``expected.json``: the options of the REAL parser, by an independent method: the wheel's own
   ``ServerArgs.add_cli_args(argparse.ArgumentParser())`` executed, with SGLang's own
@@ -51,7 +52,8 @@ PARSER_FILES = re.compile(r"^sglang/srt/(server_args\.py|arg_groups/(arg_utils|a
                           r"|arg_groups/fields/[A-Za-z0-9_]+\.py"
                           # the type= functions and run-time choice lists the reader follows (issue 40)
                           r"|utils/common\.py|model_executor/cuda_graph_config\.py|parser/reasoning_parser_names\.py"
-                          r"|function_call/parser_names\.py)$")
+                          r"|function_call/parser_names\.py)$"
+                          r"|^sglang/(kernels/ops|jit_kernel)/kv_canary/consts\.py$")  # RealKvHashMode (0.5.23, 0.5.15)
 #: third-party packages SGLang's modules import at module level: stubs while the real parser is built
 STUBBED = ("torch torchvision torchao transformers numpy triton packaging psutil requests zmq huggingface_hub "
            "safetensors fastapi uvicorn orjson aiohttp setproctitle sgl_kernel flashinfer einops tqdm PIL pydantic "

@@ -18,7 +18,8 @@ they decide values, not just option names:
 * ``sglang.srt.model_executor.cuda_graph_config`` (``parse_cuda_graph_config_arg``, 0.5.15+; stdlib only);
 * the run-time choice lists: ``sglang.srt.parser.reasoning_parser_names``,
   ``sglang.srt.function_call.parser_names`` (0.5.23's ``_reasoning_parser_choices``), and
-  ``sglang.kernels.ops.kv_canary.consts`` (``RealKvHashMode``), each a dependency-free module;
+  ``sglang.kernels.ops.kv_canary.consts`` (0.5.15: ``sglang.jit_kernel.kv_canary.consts``; ``RealKvHashMode``),
+  each a dependency-free module;
 * ``yaml`` (PyYAML) and the config merger (``server_args_config_parser``): an argv with ``--config``
   goes through ``ConfigArgumentMerger(parser).merge_config_with_args`` first, as ``prepare_server_args``
   does (the corpus's config files are written to a scratch folder; the JSON stores their text).
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -56,10 +58,11 @@ REAL = ("sglang.srt.server_args", "sglang.srt.arg_groups.arg_utils", "sglang.srt
         "sglang.srt.arg_groups.choices", "sglang.srt.arg_groups.fields", "sglang.srt.arg_groups.field_order",
         "sglang.srt.utils.common", "sglang.srt.model_executor.cuda_graph_config",
         "sglang.srt.parser.reasoning_parser_names", "sglang.srt.function_call.parser_names",
-        "sglang.kernels.ops.kv_canary.consts", "sglang.srt.server_args_config_parser",
+        "sglang.kernels.ops.kv_canary.consts", "sglang.jit_kernel.kv_canary.consts", "sglang.srt.server_args_config_parser",
         "sglang.srt.utils.server_args_config_parser")
 BARE_PACKAGES = ("sglang.srt.utils", "sglang.srt.model_executor", "sglang.srt.parser", "sglang.srt.function_call",
-                 "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.kv_canary")
+                 "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.kv_canary", "sglang.jit_kernel",
+                 "sglang.jit_kernel.kv_canary")
 NOT_STUBBED = {"yaml", "orjson"}
 
 VERDICTS = r'''
@@ -214,7 +217,7 @@ def capture(wheels: Path, python: str) -> dict:
             archive.extractall(scratch, [n for n in archive.namelist() if n.startswith("sglang/") and n.endswith(".py")])
             done = subprocess.run([python, "-c", BUILD_PARSER + VERDICTS, scratch, stubbed, ",".join(REAL), RUN_TIME,
                                    ",".join(BARE_PACKAGES)], input=json.dumps(cases), capture_output=True, text=True,
-                                  timeout=600)
+                                  timeout=600, env={**os.environ, "PYTHONHASHSEED": "0"})  # sets print in one order
         if done.returncode != 0:
             raise SystemExit(f"the real parser of {version} failed:\n{done.stderr[-3000:]}")
         found = json.loads(done.stdout)

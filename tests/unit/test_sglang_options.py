@@ -34,7 +34,8 @@ RUN_TIME = "computed at run time"
 STUB_EFFECTS = {"--cuda-graph-backend-decode", "--cuda-graph-backend-prefill"}
 #: lists the option capture's stubs hide and the reader follows: 0.5.12 SUPPORTED_LORA_TARGET_MODULES
 #: (srt/utils/common.py), 0.5.23's parser names (_reasoning_parser_choices), Backend.ALL
-READ_BEHIND_STUBS = STUB_EFFECTS | {"--lora-target-modules", "--reasoning-parser", "--tool-call-parser"}
+READ_BEHIND_STUBS = STUB_EFFECTS | {"--lora-target-modules", "--reasoning-parser", "--tool-call-parser",
+                                    "--kv-canary-real-data"}  # (RealKvHashMode, 0.5.15: a stub in that capture)
 
 
 @functools.lru_cache(maxsize=None)  # each captured version parsed once per session (0.5.12's file: 348 KB)
