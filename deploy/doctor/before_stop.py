@@ -225,7 +225,42 @@ def check_parallelism(d: DoctorInput) -> Check:
         return Check("parallelism", "fail", f"{formula} needs {per_node} GPUs on this host, which has {d.host.gpus}: "
                      "SGLang cannot start its ranks", f"lower {dp_name or pp_name or 'tp_size'} (or tp_size) so "
                      f"tp x pp x dp fits {d.host.gpus} GPUs, or add --enable-dp-attention for DP inside the TP group")
+    placed = gpu_placement(d, parsed.options, per_node, formula)
+    if placed is not None:
+        return placed
     return Check("parallelism", "pass", f"{formula} = {needed} GPUs fit this host's {d.host.gpus}")
+
+
+BASE_GPU_ID, GPU_ID_STEP = "--base-gpu-id", "--gpu-id-step"
+
+
+def gpu_placement(d: DoctorInput, options: dict[str, Optional[str]], per_node: int, formula: str) -> Optional[Check]:
+    """--base-gpu-id / --gpu-id-step against the GPUs the run's plan uses: SGLang puts rank r on GPU
+    base + r x step (0.5.12 to 0.5.23) and asserts base >= 0, step >= 1; deployctl's plan and its GPU
+    locks count ``hosts[].gpus`` GPUs (or those CUDA_VISIBLE_DEVICES in the run's env leaves)."""
+    if BASE_GPU_ID not in options and GPU_ID_STEP not in options:
+        return None
+    try:
+        base = int(options.get(BASE_GPU_ID) or 0)
+        step = int(options.get(GPU_ID_STEP) or 1)
+    except ValueError:
+        return None  # the extra-args check refuses the value itself
+    visible = d.run.env.get("CUDA_VISIBLE_DEVICES") if isinstance(getattr(d.run, "env", None), dict) else None
+    count = len([v for v in visible.split(",") if v.strip()]) if visible else d.host.gpus
+    where = f"CUDA_VISIBLE_DEVICES in the run's env leaves {count}" if visible else f"hosts[].gpus is {d.host.gpus}"
+    shown = f"{BASE_GPU_ID} {base}" + (f" {GPU_ID_STEP} {step}" if GPU_ID_STEP in options else "")
+    if base < 0 or step < 1:
+        return Check("parallelism", "fail", f"{shown}: SGLang asserts base_gpu_id >= 0 and gpu_id_step >= 1 at start-up",
+                     f"give {BASE_GPU_ID} a GPU index from 0 to {count - 1}")
+    last = base + (per_node - 1) * step
+    if last >= count:
+        return Check("parallelism", "fail",
+                     f"{shown} with {formula} puts the last rank on GPU {last}, but the run's GPU plan has GPUs 0 to "
+                     f"{count - 1} ({where}; the GPU locks and free-gpus cover those): SGLang fails to start that rank",
+                     f"lower {BASE_GPU_ID} to at most {max(0, count - 1 - (per_node - 1) * step)} or tp_size, or raise "
+                     "hosts[].gpus if the host has more")
+    return Check("parallelism", "pass", f"{formula} on GPUs {base} to {last} (step {step}) of the plan's {count} "
+                 f"({where})")
 
 
 def all_checks(d: DoctorInput, plan: StopPlan | None = None) -> list[Check]:

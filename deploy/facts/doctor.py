@@ -39,6 +39,7 @@ def doctor_program() -> str:
     fixer = HELPER.parent / "fixer"
     modules = [(f"fixer.{name}", (fixer / f"{name}.py").read_text()) for name in FIXER_MODULES]
     modules += host_ops_modules()  # its server-state code
+    modules.append(("sglang_source", (HELPER.parent / "sglang_source.py").read_text()))  # its static reader
     modules.append(("sglang_cli", (HELPER.parent / "sglang_cli.py").read_text()))  # SGLang's options
     modules.append(("listeners", (HELPER.parent / "listeners.py").read_text()))  # the port listeners' reader
     return inline_program(modules + [("doctor_facts", HELPER.read_text())], "doctor_facts")

@@ -22,7 +22,7 @@ from deploy.doctor.before_stop import check_extra_args, check_parallelism
 from deploy.doctor.sglang_options import extra_arg
 from deploy.doctor.speculation import check_hierarchical_cache, check_max_running_requests
 from deploy.facts.doctor import SglangCliFacts, doctor_program, parse_sglang_facts
-from deploy.remote import sglang_cli
+from deploy.remote import sglang_cli, sglang_source
 from deploy.ssh.transport import CommandResult
 
 FACTS = Path(__file__).resolve().parents[1] / "facts" / "sglang_options"
@@ -275,7 +275,7 @@ def test_a_source_over_the_size_limit_is_not_read(tmp_path, monkeypatch):
     srt = tmp_path / "sglang" / "srt"
     srt.mkdir(parents=True)
     (srt / "server_args.py").write_text("# " + "x" * 200 + "\n")
-    monkeypatch.setattr(sglang_cli, "MAX_SOURCE_BYTES", 100)
+    monkeypatch.setattr(sglang_source, "MAX_SOURCE_BYTES", 100)
     found = sglang_cli.read_options(str(tmp_path / "sglang"))
     assert found["options"] is None and "larger than 100 bytes" in found["error"]
 
@@ -305,12 +305,13 @@ def test_choices_are_read_only_when_the_source_spells_them(tmp_path, case):
     assert found["options"][0]["choices"] == choices
 
 
-def test_the_reader_is_python38_standard_library_only():
-    tree = ast.parse(Path(sglang_cli.__file__).read_text(), feature_version=(3, 8))
+@pytest.mark.parametrize("module", [sglang_cli, sglang_source])
+def test_the_reader_is_python38_standard_library_only(module):
+    tree = ast.parse(Path(module.__file__).read_text(), feature_version=(3, 8))
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    assert imported <= set(sys.stdlib_module_names) and "sglang" not in imported
+    assert imported - {"sglang_source"} <= set(sys.stdlib_module_names) and "sglang" not in imported
 
 
 # --- the sandbox stand-in: built the way 0.5.15+ builds it, and its launch parses with it ---------------

@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from deploy.config.models import reserved_option_for
+from deploy.doctor.before_stop import check_extra_args, check_parallelism
 from deploy.doctor.sglang_options import Context, Parsed, parse_extra_args
-from deploy.facts.doctor import ConfigFileFacts, PluginFacts, SglangCliFacts
+from deploy.facts.doctor import ConfigFileFacts, PluginFacts, SglangCliFacts, doctor_program, parse_sglang_facts
 from deploy.remote import doctor_facts, sglang_cli
+from deploy.ssh.transport import CommandResult
 
 FACTS = Path(__file__).resolve().parents[1] / "facts"
 VERSIONS = ("0.5.12", "0.5.15", "0.5.23")
@@ -119,3 +125,183 @@ def test_known_gaps_are_warnings_not_silent_passes(version, tmp_path):
         if gap_version == version:
             parsed = judge(version, {"argv": list(argv)}, tmp_path)
             assert not parsed.problems and parsed.doubts, parsed
+
+
+# --- each case of the issue, through the check both doctor and up's pre-flight run ----------------------
+
+def doctor(version: str, extra_args: list[str], *, plugins: PluginFacts | None = NO_PLUGINS,
+           config: ConfigFileFacts | None = None, tp_size: int = 1, gpus: int = 8, env: dict | None = None):
+    cli = SglangCliFacts.model_validate(sglang_cli.read_options(str(FACTS / "sglang_options" / version / "sglang")))
+    return SimpleNamespace(run=SimpleNamespace(extra_args=extra_args, tp_size=tp_size, nodes=[], env=env or {}),
+                           sglang=SimpleNamespace(cli=cli, version=version, plugins=plugins, config=config),
+                           host=SimpleNamespace(gpus=gpus))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("args,fragments", [
+    (["--max-prefill-tokens", "1e3"], ["--max-prefill-tokens '1e3'", "human_readable_int"]),
+    (["--max-total-tokens="], ["--max-total-tokens ''", "human_readable_int"]),
+    (["--context-length", "4x"], ["--context-length '4x'", "human_readable_int"]),
+    (["--context-length", "2.5Ki"], ["--context-length '2.5Ki'", "IEC"]),
+    (["--sampling-backend", "torch"], ["--sampling-backend 'torch'", "did you mean pytorch?"]),
+    (["--enable-metrics", "yes"], ["--enable-metrics 'yes'", "takes no value"]),
+    (["--enable-metrics=yes"], ["--enable-metrics", "'yes'", "takes no value"]),
+    (["--log-level", "info", "--context-length"], ["--context-length", "expected one argument"]),
+    (["--lora-target-modules", "q_prj"], ["--lora-target-modules 'q_prj'", "did you mean q_proj?"]),
+])
+def test_the_issues_value_errors_are_refused_naming_option_and_value(version, args, fragments):
+    check = check_extra_args(doctor(version, args))
+    assert check.status == "fail", check
+    for fragment in fragments:
+        assert fragment in check.reason, check.reason
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("args,nearest", [(["--attention-backend", "flashx"], "flashmla"),  # difflib's nearest
+                                          (["--quantization", "fp9"], "fp8"),
+                                          (["--load-format", "safetensor"], "safetensors")])
+def test_a_typo_in_a_list_plugins_extend_is_refused_when_no_plugin_is_installed(version, args, nearest):
+    check = check_extra_args(doctor(version, args))
+    assert check.status == "fail", check
+    assert f"{args[0]} {args[1]!r}" in check.reason and f"did you mean {nearest}?" in check.reason
+    assert "sglang.srt.plugins" in check.reason and "sglang.srt.platforms" in check.reason  # the groups looked at
+    installed = PluginFacts(groups=list(doctor_facts.PLUGIN_GROUPS), found=["sglang.srt.plugins: acme = acme:register"])
+    check = check_extra_args(doctor(version, args, plugins=installed))
+    assert check.status == "warn" and "acme" in check.reason, check
+    unread = check_extra_args(doctor(version, args, plugins=None))
+    assert unread.status == "warn" and "were not read" in unread.reason, unread
+
+
+def test_a_value_the_doctor_cannot_judge_is_a_warning_that_says_so():
+    check = check_extra_args(doctor("0.5.23", ["--sampling-backend", "token_oracle"]))
+    assert check.status == "warn" and "run-time condition" in check.reason, check
+    check = check_extra_args(doctor("0.5.23", ["--cuda-graph-config", '{"decode": {"max_bs": 8}}']))
+    assert check.status == "warn" and "cannot check" in check.reason, check
+    check = check_extra_args(doctor("0.5.12", ["--reasoning-parser", "qwen3"]))  # a registry of the runtime
+    assert check.status == "warn" and "cannot check this value" in check.reason, check
+
+
+def test_an_unknown_type_function_is_a_warning_never_a_pass(tmp_path):
+    srt = tmp_path / "sglang" / "srt"
+    srt.mkdir(parents=True)
+    (srt / "server_args.py").write_text(
+        "def human_readable_int(value):\n    return int(value) * 2\n\n"  # the name, not SGLang's code
+        "class ServerArgs:\n    def add_cli_args(parser):\n"
+        "        parser.add_argument('--n', type=human_readable_int)\n")
+    found = sglang_cli.read_options(str(tmp_path / "sglang"))
+    assert found["options"][0]["type"] == "other" and "human_readable_int" in found["options"][0]["type_function"]
+    parsed = parse_extra_args(["--n", "4k"], SglangCliFacts.model_validate(found).options or [])
+    assert not parsed.problems and "is not one the doctor knows" in parsed.doubts[0]
+
+
+def test_the_known_type_functions_match_sglangs_behaviour():
+    from deploy.doctor.sglang_options import human_readable_int, orjson_loads
+    assert [human_readable_int(v) for v in ("1k", "25.6k", "1Ki", " 12 ", "1_000", "-3")] == \
+        [1000, 25600, 1024, 12, 1000, -3]
+    for bad in ("1e3", "", "4x", "2.5Ki", "1K", "k"):
+        with pytest.raises(ValueError):
+            human_readable_int(bad)
+    assert orjson_loads(" [1] ") == [1]
+    for bad in ("NaN", "1e400", '"\\ud800"', "[1,]", ""):
+        with pytest.raises(ValueError):
+            orjson_loads(bad)
+
+
+# --- --config FILE ----------------------------------------------------------------------------------
+
+def config_facts(path: Path | str) -> ConfigFileFacts:
+    return ConfigFileFacts.model_validate(doctor_facts.config_file(str(path)))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_config_file_that_is_not_there_is_refused_before_the_stop(version):
+    check = check_extra_args(doctor(version, ["--config", "/nonexistent/sglang.yaml"],
+                                    config=config_facts("/nonexistent/sglang.yaml")))
+    assert check.status == "fail" and "Config file not found: /nonexistent/sglang.yaml" in check.reason, check
+
+
+def test_a_config_file_is_judged_key_by_key_reserved_keys_included(tmp_path):
+    path = tmp_path / "sglang.yaml"
+    for text, fragments in (
+            ("context-length: 4x\n", ["--config", "--context-length '4x'"]),
+            ("speculative-num-steps: 3\n", ["--speculative-num-steps", "deployctl sets itself"]),
+            ("port: 30001\n", ["--port", "deployctl sets itself"]),
+            ("model-path: /other\n", ["--model-path", "deployctl sets itself"]),
+            ("enable-metrics: yes-please\n", ["--enable-metrics 'yes-please'"]),
+            ("lora-paths: [a, b]\n", ["lora-paths", "Unsupported config option"]),
+            ("- a\n", ["dictionary at root level"]),
+            ("a: [\n", ["is not YAML"])):
+        path.write_text(text)
+        check = check_extra_args(doctor("0.5.23", ["--config", str(path)], config=config_facts(path)))
+        assert check.status == "fail", (text, check)
+        for fragment in fragments:
+            assert fragment in check.reason, (text, check.reason)
+    path.write_text("mem-fraction-static: 0.8\nenable-metrics: true\ncontext-length: 32k\n")
+    d = doctor("0.5.23", ["--config", str(path), "--log-level", "info"], config=config_facts(path))
+    assert check_extra_args(d).status == "pass"
+    from deploy.doctor.sglang_options import extra_arg
+    assert extra_arg(d, "--mem-fraction-static") == "0.8" and extra_arg(d, "--enable-metrics") == ""
+
+
+def test_a_config_that_is_a_fifo_or_a_directory_is_not_a_regular_file(tmp_path):
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder.yaml"
+    folder.mkdir()
+    for path in (fifo, folder):
+        check = check_extra_args(doctor("0.5.23", ["--config", str(path)], config=config_facts(path)))
+        assert check.status == "fail" and "not a regular file" in check.reason, check
+
+
+def test_a_config_the_host_did_not_read_is_a_warning():
+    check = check_extra_args(doctor("0.5.23", ["--config", "/etc/sglang.yaml"], config=None))
+    assert check.status == "warn" and "was not read on the host" in check.reason, check
+    check = check_extra_args(doctor("0.5.23", ["--config", "/etc/sglang.yaml", "--config", "/b.yaml"]))
+    assert check.status == "fail" and "more than once" in check.reason
+    check = check_extra_args(doctor("0.5.23", ["--log-level", "info", "--config"]))
+    assert check.status == "fail" and "--config without its value" in check.reason
+
+
+# --- --base-gpu-id and the GPU plan -----------------------------------------------------------------
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_base_gpu_id_must_fit_the_gpus_of_the_plan(version):
+    fits = check_parallelism(doctor(version, ["--base-gpu-id", "4"], tp_size=4, gpus=8))
+    assert fits.status == "pass" and "GPUs 4 to 7" in fits.reason, fits
+    over = check_parallelism(doctor(version, ["--base-gpu-id", "6"], tp_size=4, gpus=8))
+    assert over.status == "fail" and "--base-gpu-id 6" in over.reason and "tp 4" in over.reason and \
+        "hosts[].gpus is 8" in over.reason, over
+    step = check_parallelism(doctor(version, ["--base-gpu-id", "1", "--gpu-id-step", "2"], tp_size=4, gpus=8))
+    assert step.status == "pass" and "GPUs 1 to 7 (step 2)" in step.reason, step  # ranks on 1, 3, 5, 7
+    step = check_parallelism(doctor(version, ["--base-gpu-id", "2", "--gpu-id-step", "2"], tp_size=4, gpus=8))
+    assert step.status == "fail" and "GPU 8" in step.reason and "--gpu-id-step 2" in step.reason, step
+    visible = check_parallelism(doctor(version, ["--base-gpu-id", "2"], tp_size=2, gpus=8,
+                                       env={"CUDA_VISIBLE_DEVICES": "0,1,2"}))
+    assert visible.status == "fail" and "CUDA_VISIBLE_DEVICES" in visible.reason, visible
+    negative = check_parallelism(doctor(version, ["--base-gpu-id", "-1"], tp_size=1, gpus=8))
+    assert negative.status == "fail" and "base_gpu_id >= 0" in negative.reason, negative
+
+
+def test_the_doctors_own_program_reads_the_config_and_the_plugins(tmp_path):
+    """The inline program's SGLang part (under a python whose sglang is 0.5.23's file set) reads the --config
+    file and the plugin entry points; an installed plugin turns the typo's refusal into a warning."""
+    config = tmp_path / "sglang.yaml"
+    config.write_text("context-length: 4x\nenable-metrics: true\n")
+    dist = tmp_path / "site" / "acme_plugin-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[sglang.srt.plugins]\nacme = acme:register\n")
+    env = {**os.environ, "PYTHONPATH": f"{FACTS / 'sglang_options' / '0.5.23'}:{tmp_path / 'site'}"}
+    proc = subprocess.run([sys.executable, "-c", doctor_program(), "sglang",
+                           json.dumps({"architectures": [], "config": str(config)})],
+                          capture_output=True, text=True, timeout=60, env=env)
+    facts = parse_sglang_facts(CommandResult("sglang", proc.returncode, proc.stdout, proc.stderr, 0.0), "kimi-a")
+    assert facts.config is not None and facts.config.error is None
+    assert facts.config.items == [["context-length", "scalar", "4x"], ["enable-metrics", "bool", True]]
+    assert facts.plugins is not None and facts.plugins.found == ["sglang.srt.plugins: acme = acme:register"]
+    d = SimpleNamespace(run=SimpleNamespace(extra_args=["--config", str(config)]), sglang=facts)
+    check = check_extra_args(d)
+    assert check.status == "fail" and f"--config {config} (on the host) sets --context-length '4x'" in check.reason
+    d.run.extra_args = ["--quantization", "fp9"]
+    check = check_extra_args(d)
+    assert check.status == "warn" and "acme = acme:register" in check.reason, check
