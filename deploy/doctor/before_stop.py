@@ -245,7 +245,7 @@ def gpu_placement(d: DoctorInput, options: dict[str, Optional[str]], per_node: i
         step = int(options.get(GPU_ID_STEP) or 1)
     except ValueError:
         return None  # the extra-args check refuses the value itself
-    visible = d.run.env.get("CUDA_VISIBLE_DEVICES") if isinstance(getattr(d.run, "env", None), dict) else None
+    visible = d.run.env.get("CUDA_VISIBLE_DEVICES")
     count = len([v for v in visible.split(",") if v.strip()]) if visible else d.host.gpus
     where = f"CUDA_VISIBLE_DEVICES in the run's env leaves {count}" if visible else f"hosts[].gpus is {d.host.gpus}"
     shown = f"{BASE_GPU_ID} {base}" + (f" {GPU_ID_STEP} {step}" if GPU_ID_STEP in options else "")

@@ -45,6 +45,9 @@ class Context:
     plugins: Optional[PluginFacts] = None
     config: Optional[ConfigFileFacts] = None
     version: Optional[str] = None
+    #: SGLang variables that add choices, as the server will see them (host environment, then the run's
+    #: env file); a name missing here is unknown
+    env: Optional[dict[str, Optional[str]]] = None
 
 
 def option(names: list[str], nargs: str = "1", choices: Optional[list] = None, value_type: str = "str") -> SglangOption:
@@ -204,8 +207,17 @@ def _value_problem(spec: SglangOption, shown: str, value: str, context: Optional
     if converted in spec.choices:
         return "", ""
     if spec.conditional_choices and converted in spec.conditional_choices:
-        return "", f"{shown} {value!r}: SGLang accepts it only under a run-time condition (an environment " \
-                   "variable); cannot check it"
+        name = spec.conditional_env
+        env = context.env if context is not None else None
+        if name and env is not None and name in env:
+            setting = (env[name] or "").lower()
+            if setting in ("true", "1", "yes", "y"):  # SGLang's EnvBool
+                return "", ""
+            if env[name] is None or setting in ("false", "0", "no", "n"):
+                return f"invalid choice: {shown} {value!r}: SGLang offers it only when {name} is true, and the " \
+                       f"server's environment has {name}={env[name] if env[name] is not None else '(unset)'}", ""
+        return "", f"{shown} {value!r}: SGLang accepts it only under a run-time condition " \
+                   f"({name or 'an environment variable'}); cannot check it"
     allowed = ", ".join(str(c) for c in spec.choices[:MAX_CHOICES_SHOWN])
     allowed += f", ... ({len(spec.choices)} in all)" if len(spec.choices) > MAX_CHOICES_SHOWN else ""
     close = _close(value, [str(c) for c in spec.choices], 1)
@@ -397,8 +409,10 @@ def _parse(args: list[str], options: list[SglangOption], context: Optional[Conte
 
 def context_of(d: DoctorInput) -> Context:
     sglang = d.sglang
-    return Context(plugins=sglang.plugins, config=sglang.config, version=sglang.version) if sglang is not None \
-        else Context()
+    if sglang is None:
+        return Context()
+    env = {name: d.run.env.get(name, value) for name, value in sglang.condition_env.items()}
+    return Context(plugins=sglang.plugins, config=sglang.config, version=sglang.version, env=env)
 
 
 def judge_extra_args(d: DoctorInput) -> tuple[Optional[Parsed], str]:

@@ -202,6 +202,8 @@ class SglangOption(_Strict):
     #: values a run-time condition adds to ``choices`` (0.5.23 --sampling-backend token_oracle under an
     #: environment variable): not refused, not passed either
     conditional_choices: Optional[list[Union[StrictStr, StrictBool, StrictInt, StrictFloat]]] = None
+    #: the SGLang environment variable (an EnvBool) that adds them, when the source says so
+    conditional_env: Optional[str] = None
     #: the source gives choices, computed at run time in a way the reader does not follow (its values
     #: are not judged: a warning says so)
     choices_unknown: bool = False
@@ -333,6 +335,8 @@ class SglangFacts(_Strict):
     #: --config FILE of extra_args, when it has one (issue 40)
     config: Optional[ConfigFileFacts] = None
     plugins: Optional[PluginFacts] = None
+    #: the options' conditional_env variables as the SGLang part's environment has them (None: unset)
+    condition_env: dict[str, Optional[str]] = {}
 
 
 #: the run's env variables that decide which programs the launch finds (their values are paths,

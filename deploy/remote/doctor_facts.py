@@ -617,6 +617,9 @@ def sglang_facts(spec):
     if isinstance(spec.get("config"), str):
         facts["config"] = config_file(spec["config"])  # as SGLang opens it: no ~ expansion
     facts["plugins"] = plugin_entry_points()
+    # the variables that add choices at parse time (its environment is the launch's, less the run's env file)
+    names = set(o.get("conditional_env") for o in (facts["cli"] or {}).get("options") or () if o.get("conditional_env"))
+    facts["condition_env"] = dict((n, os.environ[n][:200] if n in os.environ else None) for n in sorted(names)[:16])
     facts["imported_sglang"] = "sglang" in sys.modules
     return facts
 

@@ -99,7 +99,7 @@ def _config_kind(action_node, explicit_nargs):
 def _option(names, nargs, choices=None, open_choices=False, value_type=("str", None), conditional=(),
             config_kind="value", choices_unknown=False):
     label, function = value_type[:2]
-    return {"config_kind": config_kind, "choices_unknown": bool(choices_unknown) and choices is None,
+    return {"conditional_env": None, "config_kind": config_kind, "choices_unknown": bool(choices_unknown) and choices is None,
             "names": list(names), "nargs": nargs, "choices": choices,
             "open_choices": bool(open_choices) and choices is not None,
             "type": label if choices is not None or nargs != "0" else "str",
@@ -206,8 +206,11 @@ def literal_call(source, module, value, call):
         names += ["--no-" + n[2:] for n in names if n.startswith("--")]
     choices, open_choices, conditional = _choices(value, kwargs.get("choices"))
     explicit = kwargs["nargs"].value if isinstance(kwargs.get("nargs"), ast.Constant) else kwargs.get("nargs")
-    return _option(names, nargs, choices, open_choices, _type_of(source, module, kwargs.get("type")), conditional,
-                   _config_kind(kwargs.get("action"), explicit), choices is None and open_choices)
+    option = _option(names, nargs, choices, open_choices, _type_of(source, module, kwargs.get("type")), conditional,
+                     _config_kind(kwargs.get("action"), explicit), choices is None and open_choices)
+    envs = set(value.condition_env.get(c) for c in option["conditional_choices"] or ())
+    option["conditional_env"] = envs.pop() if len(envs) == 1 and None not in envs else None
+    return option
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,6 +449,22 @@ def dataclass_options(source, module, call):
 
 # ---------------------------------------------------------------------------------------------
 
+def _env_conditions(function):
+    """call node -> NAME for the calls under ``if envs.NAME.get():`` (0.5.23: ``sampling_backend_choices.add(
+    "token_oracle")`` when SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE is set: SGLang's EnvBool)."""
+    found = {}
+    for node in ast.walk(function):
+        test = node.test if isinstance(node, ast.If) else None
+        if isinstance(test, ast.Call) and not test.args and isinstance(test.func, ast.Attribute) and \
+                test.func.attr == "get" and isinstance(test.func.value, ast.Attribute) and \
+                _dotted(test.func.value.value) == "envs":
+            for statement in node.body:
+                for inner in ast.walk(statement):
+                    if isinstance(inner, ast.Call):
+                        found[inner] = test.func.value.attr
+    return found
+
+
 def _add_cli_args(module):
     """``ServerArgs.add_cli_args``: the function launch_server's parser is built by."""
     cls = module.classes.get("ServerArgs")
@@ -471,6 +490,7 @@ def read_options(package_dir):
         function = _add_cli_args(module)
         local = {}
         local_mutated = {}
+        conditions = _env_conditions(function)
         for node in ast.walk(function):
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 local[node.targets[0].id] = node.value
@@ -480,7 +500,7 @@ def read_options(package_dir):
                 single = node.func.attr in ("add", "append") and len(node.args) == 1 and not node.keywords and \
                     isinstance(node.args[0], ast.Constant)
                 if single and local_mutated.get(name, []) is not None:
-                    local_mutated[name] = local_mutated.get(name, []) + [node.args[0].value]
+                    local_mutated[name] = local_mutated.get(name, []) + [(node.args[0].value, conditions.get(node))]
                 else:
                     local_mutated[name] = None
         value = _Value(source, module, local, local_mutated)

@@ -148,6 +148,8 @@ class _Value(object):
         self.local_mutated = local_mutated or {}
         self.open = False
         self.conditional = []
+        #: a conditional value -> the SGLang environment variable whose ``envs.NAME.get()`` adds it
+        self.condition_env = {}
 
     def eval(self, node, depth=0):
         if depth > MAX_DEPTH:
@@ -182,7 +184,10 @@ class _Value(object):
                     added = self.local_mutated[node.id]
                     if added is None:
                         raise _Dynamic("%s is changed at run time" % node.id)
-                    self.conditional += [a for a in added if a not in self.conditional]
+                    for constant, env in added:
+                        if constant not in self.conditional:
+                            self.conditional.append(constant)
+                            self.condition_env[constant] = env
                 return self.eval(self.local[node.id], depth + 1)
             module, found = self.source.lookup(self.module, node.id)
             if found is None or isinstance(found, (ast.ClassDef, ast.Module)):
@@ -196,6 +201,7 @@ class _Value(object):
         value = self.eval(node, depth)
         outer.open = outer.open or self.open
         outer.conditional += [a for a in self.conditional if a not in outer.conditional]
+        outer.condition_env.update(self.condition_env)
         return value
 
     def call_result(self, name, depth):

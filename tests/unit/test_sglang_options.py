@@ -112,8 +112,8 @@ def test_version_differences_are_read_from_each_versions_own_source():
 
 def doctor(version: str, extra_args: list[str], found: dict | None = None):
     cli = SglangCliFacts.model_validate(found) if found else cli_facts(version)
-    return SimpleNamespace(run=SimpleNamespace(extra_args=extra_args, tp_size=1, nodes=[]),
-                           sglang=SimpleNamespace(cli=cli, version=version, plugins=None, config=None), host=SimpleNamespace(gpus=8))
+    return SimpleNamespace(run=SimpleNamespace(extra_args=extra_args, tp_size=1, nodes=[], env={}),
+                           sglang=SimpleNamespace(cli=cli, version=version, plugins=None, config=None, condition_env={}), host=SimpleNamespace(gpus=8))
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -195,7 +195,8 @@ def test_the_doctors_own_program_reads_a_real_install(version):
                           env={**os.environ, "PYTHONPATH": str(FACTS / version)})
     facts = parse_sglang_facts(CommandResult("sglang", proc.returncode, proc.stdout, proc.stderr, 0.0), "kimi-a")
     assert facts.cli is not None and facts.cli.error is None and not facts.imported_sglang
-    d = SimpleNamespace(run=SimpleNamespace(extra_args=["--mem-fraction-static", "0.85", "--context-length", "8192"]),
+    d = SimpleNamespace(run=SimpleNamespace(extra_args=["--mem-fraction-static", "0.85", "--context-length", "8192"],
+                                            env={}),
                         sglang=facts)
     assert check_extra_args(d).status == "pass"
     d.run.extra_args = ["--mem-fractoin-static", "0.85"]

@@ -32,12 +32,10 @@ VERSIONS = ("0.5.12", "0.5.15", "0.5.23")
 CORPUS = json.loads((FACTS / "sglang_verdicts.json").read_text())["corpus"]
 #: the capture ran with no SGLang plugin installed
 NO_PLUGINS = PluginFacts(groups=list(doctor_facts.PLUGIN_GROUPS), found=[])
-#: where the doctor still disagrees with a real parser, each with its reason (the report lists them)
-KNOWN_GAPS = {
-    # 0.5.23 adds token_oracle to the choices when SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE is set at parse time:
-    # the doctor does not know the launch environment's value, so it warns instead of refusing
-    ("0.5.23", ("--sampling-backend", "token_oracle")),
-}
+#: ... and with SGLang's environment variables unset (the variables that add choices, as the facts report them)
+UNSET = {"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": None}
+#: where the doctor still disagrees with a real parser, each with its reason (none today)
+KNOWN_GAPS: set[tuple[str, tuple[str, ...]]] = set()
 
 
 @functools.lru_cache(maxsize=None)
@@ -63,7 +61,8 @@ def judge(version: str, case: dict, tmp_path: Path) -> Parsed:
     if "--config" in argv and argv.index("--config") + 1 < len(argv):
         # the SGLang part's reading of the file (deploy/remote/doctor_facts.py), parsed as the doctor parses it
         config = ConfigFileFacts.model_validate(doctor_facts.config_file(argv[argv.index("--config") + 1]))
-    return parse_extra_args(argv, list(options(version)), Context(plugins=NO_PLUGINS, config=config, version=version))
+    return parse_extra_args(argv, list(options(version)), Context(plugins=NO_PLUGINS, config=config, version=version,
+                                                                  env=UNSET))
 
 
 def reserved(case: dict) -> bool:
@@ -130,10 +129,12 @@ def test_known_gaps_are_warnings_not_silent_passes(version, tmp_path):
 # --- each case of the issue, through the check both doctor and up's pre-flight run ----------------------
 
 def doctor(version: str, extra_args: list[str], *, plugins: PluginFacts | None = NO_PLUGINS,
-           config: ConfigFileFacts | None = None, tp_size: int = 1, gpus: int = 8, env: dict | None = None):
+           config: ConfigFileFacts | None = None, tp_size: int = 1, gpus: int = 8, env: dict | None = None,
+           condition_env: dict | None = None):
     cli = SglangCliFacts.model_validate(sglang_cli.read_options(str(FACTS / "sglang_options" / version / "sglang")))
     return SimpleNamespace(run=SimpleNamespace(extra_args=extra_args, tp_size=tp_size, nodes=[], env=env or {}),
-                           sglang=SimpleNamespace(cli=cli, version=version, plugins=plugins, config=config),
+                           sglang=SimpleNamespace(cli=cli, version=version, plugins=plugins, config=config,
+                                                  condition_env=condition_env or {}),
                            host=SimpleNamespace(gpus=gpus))
 
 
@@ -172,9 +173,20 @@ def test_a_typo_in_a_list_plugins_extend_is_refused_when_no_plugin_is_installed(
     assert unread.status == "warn" and "were not read" in unread.reason, unread
 
 
+def test_a_choice_an_environment_variable_adds_is_judged_by_the_servers_environment():
+    args = ["--sampling-backend", "token_oracle"]
+    unset = check_extra_args(doctor("0.5.23", args, condition_env={"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": None}))
+    assert unset.status == "fail" and "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE=(unset)" in unset.reason, unset
+    on_host = check_extra_args(doctor("0.5.23", args, condition_env={"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1"}))
+    assert on_host.status == "pass", on_host
+    off_by_run = check_extra_args(doctor("0.5.23", args, condition_env={"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "1"},
+                                         env={"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": "0"}))  # the run's env file wins
+    assert off_by_run.status == "fail", off_by_run
+    unknown = check_extra_args(doctor("0.5.23", args))  # an older doctor program: the variable not reported
+    assert unknown.status == "warn" and "SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE" in unknown.reason, unknown
+
+
 def test_a_value_the_doctor_cannot_judge_is_a_warning_that_says_so():
-    check = check_extra_args(doctor("0.5.23", ["--sampling-backend", "token_oracle"]))
-    assert check.status == "warn" and "run-time condition" in check.reason, check
     check = check_extra_args(doctor("0.5.23", ["--cuda-graph-config", '{"decode": {"max_bs": 8}}']))
     assert check.status == "warn" and "cannot check" in check.reason, check
     check = check_extra_args(doctor("0.5.12", ["--reasoning-parser", "qwen3"]))  # a registry of the runtime
@@ -292,6 +304,7 @@ def test_the_doctors_own_program_reads_the_config_and_the_plugins(tmp_path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-plugin\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[sglang.srt.plugins]\nacme = acme:register\n")
     env = {**os.environ, "PYTHONPATH": f"{FACTS / 'sglang_options' / '0.5.23'}:{tmp_path / 'site'}"}
+    env.pop("SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE", None)
     proc = subprocess.run([sys.executable, "-c", doctor_program(), "sglang",
                            json.dumps({"architectures": [], "config": str(config)})],
                           capture_output=True, text=True, timeout=60, env=env)
@@ -299,7 +312,8 @@ def test_the_doctors_own_program_reads_the_config_and_the_plugins(tmp_path):
     assert facts.config is not None and facts.config.error is None
     assert facts.config.items == [["context-length", "scalar", "4x"], ["enable-metrics", "bool", True]]
     assert facts.plugins is not None and facts.plugins.found == ["sglang.srt.plugins: acme = acme:register"]
-    d = SimpleNamespace(run=SimpleNamespace(extra_args=["--config", str(config)]), sglang=facts)
+    assert facts.condition_env == {"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": None}  # unset in the test's environment
+    d = SimpleNamespace(run=SimpleNamespace(extra_args=["--config", str(config)], env={}), sglang=facts)
     check = check_extra_args(d)
     assert check.status == "fail" and f"--config {config} (on the host) sets --context-length '4x'" in check.reason
     d.run.extra_args = ["--quantization", "fp9"]
