@@ -306,8 +306,8 @@ def config_argv(config: ConfigFileFacts, options: list[SglangOption], version: O
 def parse_extra_args(args: list[str], options: list[SglangOption], context: Optional[Context] = None) -> Parsed:
     """extra_args read the way SGLang reads them against the installed SGLang's options: its
     prepare_server_args merges a ``--config FILE`` first (the exact spelling only), then argparse."""
-    if "--config" not in args:
-        return _parse(args, options, context)
+    if "--config" not in args or not any("--config" in o.names for o in options):
+        return _parse(args, options, context)  # (a version without --config: argparse's own verdict)
     index = args.index("--config")
     if args.count("--config") > 1:
         return Parsed({}, ("--config is given more than once: SGLang stops with \"Multiple config files specified! "
