@@ -498,6 +498,9 @@ def sglang_options(package_dir):
 #: the largest --config file read (SGLang reads any size; a config of options is a few KiB)
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_ITEMS = 4096
+#: what the items may weigh in the facts document (the SGLang part's output is read up to 1 MiB)
+MAX_CONFIG_JSON = 256 << 10
+MAX_PLUGINS = 64
 #: the entry point groups SGLang loads plugins from (srt/plugins/__init__.py, 0.5.12 to 0.5.23): a
 #: general plugin may extend a choice list (add_quantization_method_choices and the like)
 PLUGIN_GROUPS = ("sglang.srt.plugins", "sglang.srt.platforms")
@@ -557,6 +560,10 @@ def config_file(path):
             facts["items"].append([key, "dict", {"json": as_json, "str": str(value)}])
         else:
             facts["items"].append([key, "scalar", str(value)])
+    if len(loaded) > MAX_CONFIG_ITEMS or len(json.dumps(facts["items"])) > MAX_CONFIG_JSON:
+        facts["items"] = []
+        facts["unreadable"] = "%s sets more than %d options or %d bytes of values" % (path, MAX_CONFIG_ITEMS,
+                                                                                     MAX_CONFIG_JSON)
     return facts
 
 
@@ -572,7 +579,8 @@ def plugin_entry_points():
             else:  # Python 3.8, 3.9: a dict of group -> entry points
                 found = everything.get(group, ())
             for entry in found:
-                facts["found"].append("%s: %s = %s" % (group, entry.name, entry.value))
+                if len(facts["found"]) < MAX_PLUGINS:
+                    facts["found"].append("%s: %s = %s" % (group, entry.name[:200], entry.value[:200]))
     except Exception as exc:
         facts["error"] = _error(exc)
     return facts

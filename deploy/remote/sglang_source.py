@@ -216,6 +216,11 @@ class _Value(object):
         inner = _Value(self.source, _FunctionScope(module, found))
         value = inner.eval_into(found.body[-1].value, self, depth)
         if sum(1 for n in ast.walk(found) if isinstance(n, ast.Return)) > 1:
+            # another return: only the registry of an already imported module (``sys.modules.get``) is
+            # followed, as a list plugins may have extended; any other branch is not known here
+            if not any(isinstance(n, ast.Attribute) and n.attr == "get" and _dotted(n.value) == "sys.modules"
+                       for n in ast.walk(found)):
+                raise _Dynamic("%s() returns from more than one place" % name)
             self.open = True
         return value
 

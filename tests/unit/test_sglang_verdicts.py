@@ -319,3 +319,37 @@ def test_the_doctors_own_program_reads_the_config_and_the_plugins(tmp_path):
     d.run.extra_args = ["--quantization", "fp9"]
     check = check_extra_args(d)
     assert check.status == "warn" and "acme = acme:register" in check.reason, check
+
+
+@pytest.mark.parametrize("item", [["a", "bool", "yes"], ["a", "list", [1]], ["a", "dict", {"json": "{}"}],
+                                  ["a", "scalar", 3], ["a", "nested", "x"], [1, "scalar", "x"], ["a", "scalar"]])
+def test_a_config_item_of_another_shape_is_refused_by_the_facts_parser(item):
+    with pytest.raises(ValueError):
+        ConfigFileFacts.model_validate({"path": "/c.yaml", "error": None, "items": [item]})
+
+
+def test_a_config_too_big_for_the_facts_is_a_warning_not_a_truncated_judgement(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("json-model-override-args: '" + "x" * (300 << 10) + "'\n")
+    facts = config_facts(path)
+    assert facts.items == [] and "bytes of values" in (facts.unreadable or "")
+    check = check_extra_args(doctor("0.5.23", ["--config", str(path)], config=facts))
+    assert check.status == "warn" and "cannot check the options it sets" in check.reason, check
+
+
+@pytest.mark.parametrize("body,choices,unknown,open_", [
+    ("    return list(NAMES)\n", ["a", "b"], False, False),
+    ("    module = sys.modules.get('x')\n    if module is not None:\n        return list(module.M)\n"
+     "    return list(NAMES)\n", ["a", "b"], False, True),  # a registry a plugin may have extended
+    ("    if os.environ.get('X'):\n        return ['c']\n    return list(NAMES)\n", None, True, False),
+])
+def test_choices_a_function_returns_are_read_only_when_its_one_other_return_is_a_registry(tmp_path, body, choices,
+                                                                                         unknown, open_):
+    srt = tmp_path / "sglang" / "srt"
+    srt.mkdir(parents=True)
+    (srt / "server_args.py").write_text(
+        "import os, sys\nNAMES = ['a', 'b']\n\ndef names():\n" + body +
+        "\nclass ServerArgs:\n    def add_cli_args(parser):\n"
+        "        parser.add_argument('--pick', choices=names())\n")
+    [found] = sglang_cli.read_options(str(tmp_path / "sglang"))["options"]
+    assert (found["choices"], found["choices_unknown"], found["open_choices"]) == (choices, unknown, open_)
