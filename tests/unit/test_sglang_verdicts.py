@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -353,3 +354,36 @@ def test_choices_a_function_returns_are_read_only_when_its_one_other_return_is_a
         "        parser.add_argument('--pick', choices=names())\n")
     [found] = sglang_cli.read_options(str(tmp_path / "sglang"))["options"]
     assert (found["choices"], found["choices_unknown"], found["open_choices"]) == (choices, unknown, open_)
+
+
+def _pythons() -> list[str]:
+    """python3.8 to python3.13 that run here (on PATH, or pyenv's installed versions)."""
+    found = {}
+    for minor in range(8, 14):
+        candidates = [shutil.which(f"python3.{minor}")] + \
+            sorted(str(p) for p in Path.home().glob(f".pyenv/versions/3.{minor}.*/bin/python3.{minor}"))
+        for candidate in filter(None, candidates):
+            if subprocess.run([candidate, "-c", "pass"], capture_output=True, timeout=30).returncode == 0:
+                found[minor] = candidate
+                break
+    return list(found.values())
+
+
+def test_the_known_type_functions_are_recognised_under_every_host_python():
+    """The fingerprints are of code, not of one Python's ast: a host's python 3.8 reads the same labels
+    (checked here under each python3.x on PATH; 3.8 to 3.13 on the machine this was written on)."""
+    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); import sglang_cli; "
+              "print(json.dumps(sorted({(o['names'][0], o['type']) for v in sys.argv[2:] for o in "
+              "sglang_cli.read_options(v)['options'] if o['type_function']})))")
+    folders = [str(FACTS / "sglang_options" / v / "sglang") for v in VERSIONS]
+    results = set()
+    pythons = _pythons()
+    if not pythons:
+        pytest.skip("no python3.8 to python3.13 here")
+    for python in pythons:
+        done = subprocess.run([python, "-c", script, str(Path(sglang_cli.__file__).parent)] + folders,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (python, done.stderr[-500:])
+        results.add(done.stdout)
+        assert '"other"' not in done.stdout, (python, done.stdout)
+    assert len(results) <= 1, results
