@@ -263,9 +263,14 @@ def config_argv(config: ConfigFileFacts, options: list[SglangOption], version: O
     def keys(spec: SglangOption) -> set[str]:
         return {n[2:].replace("-", "_") for n in spec.names if n.startswith("--")}
     flags = {k for o in options if o.config_kind == "flag" for k in keys(o)}
-    newer = _version(version) >= (0, 5, 23)
-    older = bool(_version(version)) and _version(version) <= (0, 5, 15)
-    supported = {k for o in options if o.config_kind in ("flag", "value") or (o.config_kind == "one" and newer)
+    known = bool(_version(version))
+    # the merger's rules, per version: 0.5.23 also passes an action that takes one value (0.5.15 and
+    # older refuse it); 0.5.15 and 0.5.23 pass a mapping as json.dumps, 0.5.12 as str()
+    one_passes = _version(version) >= (0, 5, 23)
+    one_refused = known and _version(version) <= (0, 5, 15)
+    dict_json = _version(version) >= (0, 5, 15)
+    dict_str = known and _version(version) <= (0, 5, 12)
+    supported = {k for o in options if o.config_kind in ("flag", "value") or (o.config_kind == "one" and one_passes)
                  for k in keys(o)}
     argv: list[str] = []
     problems: list[str] = []
@@ -278,7 +283,7 @@ def config_argv(config: ConfigFileFacts, options: list[SglangOption], version: O
         norm = key.replace("-", "_")
         unsupported = [o for o in options if norm in keys(o) and norm not in supported]
         if unsupported:
-            if unsupported[0].config_kind == "one" and not older:
+            if unsupported[0].config_kind == "one" and not one_refused:
                 doubts.append(f"{where}: key {key!r} ({unsupported[0].names[0]}): whether this SGLang's merger "
                               "takes it depends on its version; cannot check it")
             else:
@@ -293,11 +298,11 @@ def config_argv(config: ConfigFileFacts, options: list[SglangOption], version: O
         elif kind == "list":
             argv += [f"--{key}"] + list(value) if value else []
         elif kind == "dict":
-            if not newer and not older:
+            if not dict_json and not dict_str:
                 doubts.append(f"{where}: key {key!r} is a mapping: how SGLang {version or '?'} passes it is not "
                               "known to the doctor; cannot check it")
                 continue
-            argv += [f"--{key}", value["json"] if newer else value["str"]]
+            argv += [f"--{key}", value["json"] if dict_json else value["str"]]
         else:
             argv += [f"--{key}", value]
     return argv, problems, doubts
@@ -333,7 +338,7 @@ def parse_extra_args(args: list[str], options: list[SglangOption], context: Opti
     from_file = _parse(merged, options, context)
     whole = _parse(merged + rest, options, context)
     own = _parse(rest, options, context)
-    where = f"--config {path} (on the host) sets "
+    where = f"--config {path} (on the host): "
     return Parsed(whole.options, tuple(problems) + tuple(where + p for p in from_file.problems) + own.problems,
                   tuple(doubts) + tuple(where + d for d in from_file.doubts) + own.doubts)
 

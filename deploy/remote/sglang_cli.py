@@ -80,20 +80,19 @@ def _choices(value, node):
     return found, value.open, [c for c in value.conditional if c not in found]
 
 
-def _config_kind(action_node, explicit_nargs):
+def _config_kind(action_node, nargs):
     """How SGLang's ConfigArgumentMerger treats the option's key in a --config file: "flag" (a
     _StoreTrueAction: ``key: true`` adds the flag), "value" (a _StoreAction: ``--key value``), "one"
-    (another action with nargs None: 0.5.23 passes ``--key value``, older mergers refuse the key),
-    "unsupported" (refused: "Unsupported config option")."""
+    (another action taking one value, nargs None: 0.5.23 passes ``--key value``, 0.5.15 and older
+    refuse the key), "unsupported" (refused: "Unsupported config option"). ``nargs``: the option's
+    (an action's own default included; "1" stands for None here)."""
     if action_node is None or isinstance(action_node, ast.Constant) and action_node.value in (None, "store"):
         return "value"
     if isinstance(action_node, ast.Constant) and action_node.value == "store_true":
         return "flag"
-    if isinstance(action_node, ast.Constant) and action_node.value in ("append", "extend"):
-        return "one" if explicit_nargs is None else "unsupported"
-    if isinstance(action_node, ast.Constant):
+    if isinstance(action_node, ast.Constant) and action_node.value not in ("append", "extend"):
         return "unsupported"
-    return "one" if explicit_nargs is None else "unsupported"
+    return "one" if nargs == "1" else "unsupported"
 
 
 def _option(names, nargs, choices=None, open_choices=False, value_type=("str", None), conditional=(),
@@ -205,9 +204,8 @@ def literal_call(source, module, value, call):
     if negated:
         names += ["--no-" + n[2:] for n in names if n.startswith("--")]
     choices, open_choices, conditional = _choices(value, kwargs.get("choices"))
-    explicit = kwargs["nargs"].value if isinstance(kwargs.get("nargs"), ast.Constant) else kwargs.get("nargs")
     option = _option(names, nargs, choices, open_choices, _type_of(source, module, kwargs.get("type")), conditional,
-                     _config_kind(kwargs.get("action"), explicit), choices is None and open_choices)
+                     _config_kind(kwargs.get("action"), nargs), choices is None and open_choices)
     envs = set(value.condition_env.get(c) for c in option["conditional_choices"] or ())
     option["conditional_env"] = envs.pop() if len(envs) == 1 and None not in envs else None
     return option
@@ -318,9 +316,8 @@ def field_option(source, module, field, annotation):
         if negated:
             names += ["--no-" + n[2:] for n in names if n.startswith("--")]
         choices, open_choices, conditional = _choices(value, extra.get("choices"))
-        explicit = extra["nargs"].value if isinstance(extra.get("nargs"), ast.Constant) else extra.get("nargs")
         return _option(names, nargs, choices, open_choices, _type_of(source, module, extra.get("type")), conditional,
-                       _config_kind(meta["action"], explicit), choices is None and open_choices)
+                       _config_kind(meta["action"], nargs), choices is None and open_choices)
     inner = _unwrap_optional(items[0])
     choices, open_choices, conditional = _choices(value, meta.get("choices"))
     unknown = choices is None and open_choices

@@ -174,6 +174,12 @@ def corpus() -> list[dict]:
             ("config.json", "{}", "not a .yaml name"),
             ("human.yaml", "max-total-tokens: 4k\n", "human_readable_int through the config"),
             ("flagvalue.yaml", "enable-metrics: yes-please\n", "a flag given a value"),
+            ("mapping.yaml", "forward-hooks: {a: 1}\n", "a mapping for a json.loads option"),
+            ("mapping2.yaml", "mm-process-config: {image: {max: 2}}\n", "a mapping for a json.loads option"),
+            ("deprecated.yaml", "disable-cuda-graph: true\n", "a flag of a custom action"),
+            ("onevalue.yaml", "experts-shared-outer-loras: true\nlora-strict-loading: true\n", "custom actions"),
+            ("reserved.yaml", "speculative-num-steps: 3\n", "a reserved option"),
+            ("underscore.yaml", "context_length: 8192\n", "a key with underscores"),
     ):
         add(["--config", "@CONFIG@"], f"--config: {why}", {"name": name, "text": text})
     add(["--config", "/nonexistent/sglang.yaml"], "--config: a missing file")

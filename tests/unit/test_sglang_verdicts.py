@@ -316,7 +316,7 @@ def test_the_doctors_own_program_reads_the_config_and_the_plugins(tmp_path):
     assert facts.condition_env == {"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": None}  # unset in the test's environment
     d = SimpleNamespace(run=SimpleNamespace(extra_args=["--config", str(config)], env={}), sglang=facts)
     check = check_extra_args(d)
-    assert check.status == "fail" and f"--config {config} (on the host) sets --context-length '4x'" in check.reason
+    assert check.status == "fail" and f"--config {config} (on the host): --context-length '4x'" in check.reason
     d.run.extra_args = ["--quantization", "fp9"]
     check = check_extra_args(d)
     assert check.status == "warn" and "acme = acme:register" in check.reason, check
