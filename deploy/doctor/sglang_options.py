@@ -384,6 +384,11 @@ def _parse(args: list[str], options: list[SglangOption], context: Optional[Conte
             continue
         canonical = spec.names[0]
         shown = name if name == canonical else f"{name} ({canonical})"
+        if canonical == "--config" and token != "--config":
+            # prepare_server_args merges the file only for the exact token: argparse stores the path and
+            # nothing reads it (0.5.12 to 0.5.23)
+            doubts.append(f"{token}: SGLang reads a config file only for '--config FILE' spelled so; the options "
+                          "in this one would be ignored")
         previous = (shown, spec.nargs) if spec.nargs not in ("*", "+", "...", "?", "unknown") else None
         if eq:
             count, missing = 0, None

@@ -387,3 +387,9 @@ def test_the_known_type_functions_are_recognised_under_every_host_python():
         results.add(done.stdout)
         assert '"other"' not in done.stdout, (python, done.stdout)
     assert len(results) <= 1, results
+
+
+@pytest.mark.parametrize("args", [["--config=/etc/sglang.yaml"], ["--conf", "/etc/sglang.yaml"]])
+def test_a_config_spelled_so_that_sglang_ignores_it_is_a_warning(args):
+    check = check_extra_args(doctor("0.5.23", args))
+    assert check.status == "warn" and "would be ignored" in check.reason, check
