@@ -18,9 +18,13 @@ Each option carries its option strings, how many values it takes (argparse ``nar
 the source spells them, its choices and value type. Whatever this reader cannot follow (another
 layout, a computed option name, an ``Arg`` built elsewhere) makes the whole read fail with the
 reason: the doctor then cannot decide (a warning), it never refuses an option it did not find.
-Choices computed at run time (a set extended by an environment variable, a registry's keys) are
-reported as unknown (None); a module-level list that SGLang lets plugins extend
-(``add_*_choices``) is reported with ``open_choices``.
+Choices are followed where the source allows (sglang_source._Value: a function's returned list, a
+class attribute, an Enum's member names); the values an ``if envs.NAME.get():`` adds are reported
+apart (``conditional_choices``, ``conditional_env``); choices computed in any other way are
+reported as unknown (``choices`` None, ``choices_unknown``); a list that SGLang lets plugins extend
+(``add_*_choices``, a registry an imported plugin extends) is reported with ``open_choices``. The
+value type: str, int, float, json (json.loads) or one of SGLang's own functions known by name and
+code (KNOWN_TYPE_FUNCTIONS), else other (issue 40).
 """
 
 import ast
