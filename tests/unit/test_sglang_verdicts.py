@@ -39,10 +39,13 @@ UNSET = {"SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE": None}
 KNOWN_GAPS: set[tuple[str, tuple[str, ...]]] = set()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # each version's sources read once per session
+def cli_facts(version: str) -> SglangCliFacts:
+    return SglangCliFacts.model_validate(sglang_cli.read_options(str(FACTS / "sglang_options" / version / "sglang")))
+
+
 def options(version: str) -> tuple:
-    return tuple(SglangCliFacts.model_validate(sglang_cli.read_options(str(FACTS / "sglang_options" / version /
-                                                                            "sglang"))).options or ())
+    return tuple(cli_facts(version).options or ())
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +135,7 @@ def test_known_gaps_are_warnings_not_silent_passes(version, tmp_path):
 def doctor(version: str, extra_args: list[str], *, plugins: PluginFacts | None = NO_PLUGINS,
            config: ConfigFileFacts | None = None, tp_size: int = 1, gpus: int = 8, env: dict | None = None,
            condition_env: dict | None = None):
-    cli = SglangCliFacts.model_validate(sglang_cli.read_options(str(FACTS / "sglang_options" / version / "sglang")))
+    cli = cli_facts(version)
     return SimpleNamespace(run=SimpleNamespace(extra_args=extra_args, tp_size=tp_size, nodes=[], env=env or {}),
                            sglang=SimpleNamespace(cli=cli, version=version, plugins=plugins, config=config,
                                                   condition_env=condition_env or {}),
@@ -356,12 +359,19 @@ def test_choices_a_function_returns_are_read_only_when_its_one_other_return_is_a
     assert (found["choices"], found["choices_unknown"], found["open_choices"]) == (choices, unknown, open_)
 
 
+#: (module, function) of each known type function in the captured sources
+KNOWN_FUNCTIONS = [("sglang.srt.utils.common", "human_readable_int"), ("sglang.srt.utils.common", "json_list_type"),
+                   ("sglang.srt.utils.common", "nullable_str"),
+                   ("sglang.srt.model_executor.cuda_graph_config", "parse_cuda_graph_backend_arg"),
+                   ("sglang.srt.model_executor.cuda_graph_config", "parse_cuda_graph_config_arg")]
+
+
 def _pythons() -> list[str]:
     """python3.8 to python3.13 that run here (on PATH, or pyenv's installed versions)."""
     found = {}
     for minor in range(8, 14):
-        candidates = [shutil.which(f"python3.{minor}")] + \
-            sorted(str(p) for p in Path.home().glob(f".pyenv/versions/3.{minor}.*/bin/python3.{minor}"))
+        candidates = sorted(str(p) for p in Path.home().glob(f".pyenv/versions/3.{minor}.*/bin/python3.{minor}")) + \
+            [shutil.which(f"python3.{minor}")]
         for candidate in filter(None, candidates):
             if subprocess.run([candidate, "-c", "pass"], capture_output=True, timeout=30).returncode == 0:
                 found[minor] = candidate
@@ -370,23 +380,25 @@ def _pythons() -> list[str]:
 
 
 def test_the_known_type_functions_are_recognised_under_every_host_python():
-    """The fingerprints are of code, not of one Python's ast: a host's python 3.8 reads the same labels
-    (checked here under each python3.x on PATH; 3.8 to 3.13 on the machine this was written on)."""
-    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); import sglang_cli; "
-              "print(json.dumps(sorted({(o['names'][0], o['type']) for v in sys.argv[2:] for o in "
-              "sglang_cli.read_options(v)['options'] if o['type_function']})))")
-    folders = [str(FACTS / "sglang_options" / v / "sglang") for v in VERSIONS]
-    results = set()
+    """The fingerprints are of code, not of one Python's ast: a host's python 3.8 computes the ones this
+    python does (checked under the oldest and the newest python3.x found here; 3.8 and 3.13 on the
+    machine this was written on, where 3.9 to 3.12 gave the same labels too)."""
     pythons = _pythons()
     if not pythons:
         pytest.skip("no python3.8 to python3.13 here")
-    for python in pythons:
+    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); import sglang_source as s; "
+              "sources = [s._Source(folder) for folder in sys.argv[2:]]; "
+              "found = [(source.module(m), n) for source in sources for m, n in " + repr(KNOWN_FUNCTIONS) + "]; "
+              "print(json.dumps(sorted([n, s.fingerprint(m.functions[n])] for m, n in found "
+              "if m is not None and n in m.functions)))")
+    folders = [str(FACTS / "sglang_options" / v / "sglang") for v in VERSIONS]
+    known = sorted([name, fingerprint] for name, fingerprint in sglang_cli.KNOWN_TYPE_FUNCTIONS)
+    for python in sorted({pythons[0], pythons[-1]}):
         done = subprocess.run([python, "-c", script, str(Path(sglang_cli.__file__).parent)] + folders,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, (python, done.stderr[-500:])
-        results.add(done.stdout)
-        assert '"other"' not in done.stdout, (python, done.stdout)
-    assert len(results) <= 1, results
+        found = sorted(set(map(tuple, json.loads(done.stdout))))
+        assert found == sorted(map(tuple, known)), (python, found)
 
 
 @pytest.mark.parametrize("args", [["--config=/etc/sglang.yaml"], ["--conf", "/etc/sglang.yaml"]])
