@@ -9,10 +9,12 @@ the doctor's one command read (deploy/facts/doctor.py):
 - ``other-servers``: a server of another run (the state dir's deployment record names it) or one
   deployctl did not start on the host's GPUs: stop-stale and ``fuser -k`` would take it down.
 - ``extra-args``: an option the installed SGLang does not have, ``--help``, a lone ``--``, an option
-  deployctl sets, a missing value, a value outside the option's choices or not of its type: SGLang's
-  argparse exits at launch, after the old server was stopped. The options are the facts' one reading
-  of the installed SGLang's parser (deploy/remote/sglang_cli.py), which the parallelism check reads too.
-- ``parallelism``: tp x dp x pp more GPUs than the host has (SGLang fails to start its ranks).
+  deployctl sets, a missing value, a value outside the option's choices or that its type function
+  refuses, a ``--config`` file SGLang would stop on or that sets any of these: SGLang exits at launch,
+  after the old server was stopped. The options are the facts' one reading of the installed SGLang's
+  parser (deploy/remote/sglang_cli.py), which the parallelism check reads too.
+- ``parallelism``: tp x dp x pp more GPUs than the host has, or ``--base-gpu-id`` placing a rank past
+  the plan's GPUs (SGLang fails to start its ranks).
 """
 
 from __future__ import annotations

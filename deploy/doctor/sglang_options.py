@@ -4,6 +4,12 @@ The options are the facts' one reading of the installed SGLang's parser (deploy/
 option strings, nargs, choices, type). The extra-args and parallelism checks (before_stop.py) and the
 checks that look for an option in extra_args (speculation.py, checks.py) all ask here, so an alias or
 a unique prefix (argparse's ``allow_abbrev``, SGLang's default) counts as the option it selects.
+
+Each value is judged as argparse does (issue 40): converted by the option's type (int, float, json.loads
+and SGLang's own functions the reader knows: human_readable_int, json_list_type, ...), then checked
+against its choices; a list plugins extend is refused only when the host has no SGLang plugin (Context:
+the entry points the SGLang part found); a ``--config FILE`` is merged first as prepare_server_args does
+(the host's reading of the file, config_argv). What cannot be judged is a doubt (a warning), never a pass.
 """
 
 from __future__ import annotations
