@@ -91,7 +91,6 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
     """up, restart, down and plan: load, resolve the rollout, plan or run the playbook, render."""
     from deploy import fleet
     from deploy.render import report as render
-    from deploy.base.errors import DeployError
     from deploy.engine.plan import plan_with_endpoints
     from deploy.engine.run import exit_code, run_locked
     from deploy.engine.playbook import load_playbook
@@ -123,35 +122,26 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
         refused = [int(e["exit_code"]) for e in (endpoints or {}).values() if "error" in e]
         return max(refused) if refused else 0
     progress = render.progress_printer()
-    result = stopped = None
     down = rollout.verb == "down" or name == "down"
-    if rollout.phased:
-        result = run_locked(globals_.config_path, config, command, playbook, run, hosts, progress,
-                            rollback=not no_rollback, force=force, runner=rollout.runner(config, playbook, progress))
-        reports, code = result.reports, int(result.exit_code())
+    runner = rollout.runner(config, playbook, progress)
+    result = run_locked(globals_.config_path, config, command, playbook, run, hosts, progress,
+                        rollback=not no_rollback and not down, force=force, runner=runner)
+    if runner is None:
+        reports, code = result, int(exit_code(result))
     else:
-        if down and run.router is not None and not rollout.whole:
-            stopped = {"host": run.router.host} | fleet.remove_from_router(config, run, hosts, progress)
-        reports = run_locked(globals_.config_path, config, command, playbook, run, hosts, progress,
-                             rollback=not no_rollback and not down, force=force)
-        code = int(exit_code(reports))
-        if down and run.router is not None and rollout.whole:
-            try:
-                stopped = {"host": run.router.host} | fleet.stop_router(config, run, progress)
-            except DeployError as exc:
-                progress(run.router.host, "router", f"FAILED: {exc}")
-                stopped = {"host": run.router.host, "error": str(exc), "exit_code": int(exc.exit_code)}
-                code = code or int(exc.exit_code)
+        reports, code = result.reports, int(result.exit_code())
+    # a fleet's phases (RunResult), or down behind a router (DownResult: what became of the router)
+    phased, stopped = getattr(result, "phases", None) is not None, getattr(result, "router", None)
     if as_json:
         document = render.report_document(command, run.name, reports)
-        if result is not None:
+        if phased:
             document["fleet"] = fleet.fleet_report(result)
         if stopped is not None:
             document["router"] = stopped
         render.print_json(document)
     else:
         render.step_summary_tables(command, reports, render.console())
-        if result is not None:
+        if phased:
             fleet.print_fleet_report(result)
     return code
 

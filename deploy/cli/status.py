@@ -71,38 +71,39 @@ def command(globals_, run_name, host_names, as_json: bool, check: bool, watch_s:
 
     def read():
         readings = status.gather(config, run, hosts, gate, window_s=window_s, probe=4 if probe else 0)
+        router = status.read_router_of(config, run, readings)
         if prom_file is not None:
             try:
-                status.write_prom_file(prom_file, status.prom_text(run, readings))
+                status.write_prom_file(prom_file, status.prom_text(run, readings, router=router))
             except OSError as exc:
                 from deploy.base.errors import DeployError, ExitCode
 
                 raise DeployError(f"--prom-file {prom_file}: cannot write: {exc.strerror or exc}",
                                   exit_code=ExitCode.IO) from None
-        return readings
+        return readings, router
 
     if watch_s is None:
-        readings = read()
-        _show_once(run, readings, gate, as_json, check)
-        return status.exit_code(readings, check)
+        readings, router = read()
+        _show_once(run, readings, gate, as_json, check, router)
+        return status.exit_code(readings, check, router)
     return _watch(run, gate, read, watch_s, rounds, as_json)
 
 
-def _show_once(run, readings, gate, as_json: bool, check: bool) -> None:
+def _show_once(run, readings, gate, as_json: bool, check: bool, router=None) -> None:
     from deploy.render import report as render
     from deploy.verbs import status
     from deploy.render import status as status_render
 
     if as_json:
-        render.print_json(status.document(run, readings, gate))
+        render.print_json(status.document(run, readings, gate, router))
     elif sys.stdout.isatty():
         console = render.console()
-        console.print(status_render.table(readings, status_render.title(run.name, gate), console.width))
+        console.print(status_render.table(readings, status_render.title(run.name, gate), console.width, router))
     else:
-        for line in status_render.plain_lines(readings):
+        for line in status_render.plain_lines(readings, router):
             click.echo(line)
     if check:
-        for line in status_render.findings(readings):
+        for line in status_render.findings(readings, router):
             click.echo(line, err=True)
 
 
@@ -117,11 +118,12 @@ def _watch(run, gate, read, interval_s: float, rounds: int | None, as_json: bool
 
     try:
         if as_json or not sys.stdout.isatty():
-            def show(readings) -> None:
+            def show(read_out) -> None:
+                readings, router = read_out
                 if as_json:
-                    click.echo(json.dumps(mask_secrets(status.document(run, readings, gate)), sort_keys=True))
+                    click.echo(json.dumps(mask_secrets(status.document(run, readings, gate, router)), sort_keys=True))
                 else:
-                    for line in status_render.plain_lines(readings):
+                    for line in status_render.plain_lines(readings, router):
                         click.echo(line)
                 sys.stdout.flush()
 
@@ -132,10 +134,12 @@ def _watch(run, gate, read, interval_s: float, rounds: int | None, as_json: bool
             from rich.text import Text
 
             with Live(Text("reading ..."), console=render.console(), auto_refresh=False, transient=False) as live:
-                def redraw(readings) -> None:
+                def redraw(read_out) -> None:
+                    readings, router = read_out
                     # an empty last line: the terminal's "^C" echo lands there instead of wrapping the
                     # table's last line, which would shift Live's final redraw by one line
-                    table = status_render.table(readings, status_render.title(run.name, gate), live.console.width)
+                    table = status_render.table(readings, status_render.title(run.name, gate), live.console.width,
+                                                router)
                     live.update(Group(table, Text("")), refresh=True)
 
                 status.watch(rounds, interval_s, read, redraw)

@@ -22,7 +22,7 @@ from deploy.facts.gpus import parse_gpu_rows
 from deploy.remote import fixer
 from deploy.remote.fixer import config as fixer_config
 from deploy.remote.fixer import loader as fixer_loader
-from deploy.host.sglang_argv import serve_address, speculative_plan
+from deploy.host.sglang_argv import serve_address, speculative_plan, unseen_holder
 
 #: SGLang 0.5.6-0.5.11 build only model.midlayer and raise this for num_hidden_layers != 1.
 ONE_LAYER_LIMIT = "EAGLE3 currently only supports 1 layer"
@@ -447,8 +447,7 @@ def check_serve_port(d: DoctorInput) -> Check:
     foreign = []
     for entry in clashing:
         if not entry.holders:
-            foreign.append(f"{entry.address}:{p.port} by a process this user cannot see (socket inode {entry.inode}; "
-                           "another user's)")
+            foreign.append(f"{entry.address}:{p.port} by {unseen_holder(entry.uid, p.uid)} (socket inode {entry.inode})")
         for holder in entry.holders:
             if server is not None and (holder.pid == server or holder.session == server):
                 continue

@@ -188,3 +188,4 @@ def local_lock(config_path: Path, run: str, owner: dict, scopes: Sequence[str] =
                 except OSError:
                     pass
             lock.release()
+

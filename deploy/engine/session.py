@@ -363,6 +363,13 @@ class HostSession:
         if not self.options.lock:
             return
         assert self.conn is not None
+        taken = self.options.held_locks.get(self.host.name)
+        if taken is not None:  # the run holds it since before its first change, and releases it
+            self.memory.host_lock = taken.held
+            if taken.warning:
+                self.report.warnings.append(taken.warning)
+            self.progress(self.host.name, "lock", "held (taken by the run before its first change)")
+            return
         self.held, warning = acquire_host_lock(self.conn, self.host, self.options.owner or {})
         if warning:
             self.report.warnings.append(warning)

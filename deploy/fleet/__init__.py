@@ -25,13 +25,3 @@ def print_fleet_report(*args: Any, **kw: Any):
     return impl(*args, **kw)
 
 
-def stop_router(*args: Any, **kw: Any):
-    from deploy.fleet.rolling import stop_router as impl
-
-    return impl(*args, **kw)
-
-
-def remove_from_router(*args: Any, **kw: Any):
-    from deploy.fleet.rolling import remove_from_router as impl
-
-    return impl(*args, **kw)

@@ -5,7 +5,7 @@ router host (the router reaches the workers from there)."""
 from __future__ import annotations
 
 from deploy.doctor.checks import Check
-from deploy.base.errors import DeployError
+from deploy.base.errors import DeployError, RemoteOutputError
 from deploy.engine.fanout import for_each_host
 from deploy.fleet.router import RouterCalls, parse_json_line, parse_router_packages
 from deploy.fleet.router_package import RouterPackage, choose_package, package_text, policy_problem, running_package
@@ -51,7 +51,10 @@ def router_checks(conn, host, run) -> list[Check]:
     call = RouterCalls(spec, host).ports(binds)
     got = parse_json_line(conn.check(call.command, timeout=call.timeout_s, what="router ports check").stdout.strip(),
                           host.name, ("ports",))
-    fine, taken = port_problems(binds, parse_ports(got, binds, host.name))
+    uid = got.get("uid")
+    if uid is not None and (not isinstance(uid, int) or isinstance(uid, bool)):
+        raise RemoteOutputError(f"{host.name}: fleet_ops.py ports printed uid {str(uid)[:40]!r}; expected a number")
+    fine, taken = port_problems(binds, parse_ports(got, binds, host.name), uid)
     if taken:
         checks.append(Check("router-port", "fail", "; ".join(taken),
                             "stop that process, or choose another router.port (or --prometheus-port in "

@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,10 +153,12 @@ class Barrier:
         first = lines[0]
         self.records.append(PhaseRecord(name, "failed", first if detail is None else detail,
                                         time.monotonic() - started, int(error.exit_code)))
-        # a router message that quotes the router's log tail ("its log ends:", router_watch.py) keeps
-        # it on the progress line too (the one line on stderr under --json): its lines joined, bounded.
-        # A server's log tail stays in the report (it is SGLang's, often a Python traceback).
-        quoted = lines[1:31] if first.rstrip().endswith("its log ends:") else []
+        # a message whose first line introduces the lines after it (the router's log tail, "its log
+        # ends:", router_watch.py; the pre-flight's problems, "each keeps serving what it served:")
+        # keeps them on the progress line too (the one line on stderr under --json: issue 37 found it
+        # ending at the colon), joined and bounded. A host phase's failure says only where the run
+        # stopped (``said``): a server's log tail stays in the report (SGLang's, often a traceback).
+        quoted = lines[1:31] if first.rstrip().endswith(":") else []
         shown = first[:300] + "".join(f" | {line[:300]}" for line in quoted)
         self.progress("*", name, f"FAILED: {shown[:4000]}" if said is None else f"FAILED: {said}")
 
@@ -246,6 +249,21 @@ def _run_phases(state: RunState, hosts: Sequence[Host], phases: Sequence[Phase],
     return RunResult(reports, records, error if not any(r.error for r in reports) else None, state.rotation)
 
 
+@dataclass
+class DownResult:
+    """``down`` behind a router (fleet/rolling.py run_down): the hosts' reports, what became of the router."""
+
+    reports: list[HostReport]
+    router: dict[str, Any]
+    error: DeployError | None = None
+
+    def exit_code(self) -> ExitCode:
+        for report in self.reports:
+            if report.error is not None:
+                return ExitCode(report.error.exit_code)
+        return ExitCode(self.error.exit_code) if self.error is not None else ExitCode.OK
+
+
 def open_router(state: RunState) -> Any:
     """The router host's connection and client, opened once per run."""
     from deploy.fleet.router import RouterHost
@@ -266,3 +284,54 @@ def close_router(state: RunState) -> None:
     conn = state.data.pop("router_conn", None)
     if conn is not None:
         conn.close()
+
+
+@dataclass
+class TakenLock:
+    """A host lock taken on a connection of its own, held until ``release``."""
+
+    conn: Any
+    held: Any
+    warning: str | None = None
+
+    def release(self) -> None:
+        try:
+            self.held.close()
+        finally:
+            self.conn.close()
+
+
+@contextmanager
+def hold_host_locks(config, hosts: Sequence[Host], owner: dict, progress, jumps=None) -> Iterator[dict[str, TakenLock]]:
+    """Every host's lock, all or nothing, before a run changes anything (issue 37: `down --host` behind
+    a router took the replica out of the router, then failed to get its lock, exit 9). Each lock is
+    taken on a connection of its own (the host-side helper holds it while that channel is open) and
+    released when the block ends; the first refusal (LockHeld, exit 9; unreachable, exit 4) releases
+    the ones already taken and is raised: nothing was changed anywhere."""
+    from deploy.engine.locks import acquire_host_lock
+
+    def take(host: Host) -> TakenLock:
+        conn = HostConnection(host, config.ssh, jumps)
+        try:
+            conn.connect()
+            held, warning = acquire_host_lock(conn, network_host(host, conn.endpoint.hostname.value), owner)
+        except BaseException:
+            conn.close()
+            raise
+        progress(host.name, "lock", "held" + (f" (WARNING: {warning})" if warning else ""))
+        return TakenLock(conn, held, warning)
+
+    outcomes = for_each_host(list(hosts), take, config.ssh.max_parallel)
+    taken = {o.host.name: o.value for o in outcomes if o.value is not None}
+    try:
+        refused = next((o.error for o in outcomes if o.error is not None), None)
+        if refused is not None:
+            raise refused
+        yield taken
+    finally:
+        for lock in taken.values():
+            try:
+                lock.release()
+            except Exception:  # noqa: BLE001 - a lock whose connection already dropped is released anyway
+                pass
+

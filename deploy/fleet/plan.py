@@ -73,6 +73,9 @@ def plan_fleet(config, rollout, playbook=None, endpoints: dict | None = None) ->
         endpoints = {**(endpoints or {}), **describe_endpoints(missing, config)}
     view = PlanView(config, run, network_hosts(known, endpoints))
     if playbook is not None:
+        from deploy.fleet.rolling import refuse_statically
+
+        refuse_statically(config, rollout, endpoints)  # what the run refuses before anything, the plan too
         if run.router is not None:
             view.calls = RouterCalls(run.router, view.network(config.host(run.router.host)), planned=True)
             view.router_host = run.router.host
@@ -80,7 +83,7 @@ def plan_fleet(config, rollout, playbook=None, endpoints: dict | None = None) ->
         document["phases"] = phase_plan(fleet_phases(rollout, playbook), view, playbook)
     if run.router is not None:
         host = view.network(config.host(run.router.host))
-        paths = RouterPaths(host.state_dir)
+        paths = RouterPaths(host.state_dir, run.router.port)
         package = run.router.package
         document["router"] = {
             "host": host.name, "url": router_url(run.router, host), "policy": run.router.policy,
@@ -106,16 +109,29 @@ def plan_fleet(config, rollout, playbook=None, endpoints: dict | None = None) ->
                    "one POST /generate through it must answer",
             "stop": f"{host.python} -I -S -c <deploy/remote/fleet_ops.py> stop-router {paths.pidfile} (down)",
         }
+        if playbook is None:  # down: fleet/rolling.py run_down, in this order
+            document["down"] = [
+                "every host's lock (" + ", ".join(h.name for h in hosts) + "), all or nothing: one held elsewhere "
+                "is exit 9 with nothing changed, the router included",
+                *(["the downed replicas out of the router (GET /workers; DELETE /workers/{id}; poll GET /workers): "
+                   + ", ".join(worker_url(run, view.network(h)) for h in hosts)] if not rollout.whole else []),
+                "the down playbook on " + ", ".join(h.name for h in hosts) + " (each host's plan)",
+                *(["the router stopped: " + document["router"]["stop"]] if rollout.whole else
+                  ["the router keeps serving the run's other replicas"])]
     return document
 
 
 def print_phase_plan(phases: list[dict[str, Any]]) -> None:
+    # one write: a line per echo cost a fleet plan 2 ms per host of 100 (issue 37, bench_fleet_scale.py)
+    lines = []
     for phase in phases:
         on = f" (the playbook on {', '.join(phase['playbook_on'])}: see each host's plan)" if "playbook_on" in phase else ""
-        click.echo(f"  phase {phase['phase']}{on}" + (" [also after a failure]" if phase.get("always") else ""))
+        lines.append(f"  phase {phase['phase']}{on}" + (" [also after a failure]" if phase.get("always") else ""))
         for c in phase["commands"]:
-            click.echo(f"    {c['host']}: {c['description']}" + (f" (only when {c['when']})" if c.get("when") else ""))
-            click.echo(f"      {'$' if c['kind'] != 'upload' else '>'} {c.get('command') or c.get('directory')}")
+            lines.append(f"    {c['host']}: {c['description']}" + (f" (only when {c['when']})" if c.get("when") else ""))
+            lines.append(f"      {'$' if c['kind'] != 'upload' else '>'} {c.get('command') or c.get('directory')}")
+    if lines:
+        click.echo("\n".join(lines))
 
 
 def print_fleet_plan(document: dict[str, Any]) -> None:
@@ -139,6 +155,8 @@ def print_fleet_plan(document: dict[str, Any]) -> None:
         for line in router["per_batch"]:
             click.echo("  per batch: " + line)
         click.echo("  end: " + router["end"])
+    for line in document.get("down", []):
+        click.echo("  down: " + line)
     if document.get("phases"):
         click.echo("run-level phases, in order, with every command each sends besides the hosts' playbooks:")
         print_phase_plan(document["phases"])

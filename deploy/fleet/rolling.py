@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deploy.config.models import Host
@@ -77,6 +77,18 @@ def probe_actions(host: Host, run, stamp: str):
                          timeout_s=600, when=when))
 
 
+def fixer_not_uploaded(helpers: Mapping[str, str | None]) -> str | None:
+    """Why the fingerprint probe is not sent to a host, or None. A fresh host has no key fixer yet
+    (ensure-helper uploads it in the redeploy): asking it for the fingerprint only got python's
+    "can't open file .../helpers/fixer.pyz", which read like a failure. The doctor's read just
+    before says which helpers are there (their sha256, None when absent)."""
+    from deploy.steps.fix_keys import FIXER
+
+    if helpers.get(FIXER) is None:
+        return "fixer not on the host yet; uploading it with the redeploy"
+    return None
+
+
 def _unchanged(state: RunState, host: Host) -> tuple[str, str]:
     """("unchanged"|"swap"|"redeploy", why): would the playbook only converge on ``host``, or swap its
     drafter in place? Read-only: the doctor's command (SGLang's version, the running server and its
@@ -96,7 +108,11 @@ def _unchanged(state: RunState, host: Host) -> tuple[str, str]:
         facts, sglang, why = facts_of(conn.run(doctor.command, timeout=doctor.timeout_s), host, state.run)
         if sglang is None or sglang.version is None or facts.run_state is None:
             return "redeploy", f"SGLang's version is unknown ({why or sglang and sglang.version_error})"
-        server = snapshot_of(facts.run_state, facts.python.version, host.name, host.state_dir).server
+        snapshot = snapshot_of(facts.run_state, facts.python.version, host.name, host.state_dir)
+        fresh = fixer_not_uploaded(snapshot.helpers)
+        if fresh is not None:
+            return "redeploy", fresh
+        server = snapshot.server
         result = conn.run(fingerprint_call.command, timeout=fingerprint_call.timeout_s)
         fingerprint = parse_fingerprint(result.exit_code, result.stdout, result.stderr, host.name).fingerprint
         from deploy.doctor.speculation import draft_quantization_flag
@@ -120,7 +136,7 @@ def _swaps_in_place(state: RunState, desired, server) -> str | None:
     memory are judged by the step), or None. A swap keeps the server serving (SGLang's weight-update
     session), so such a replica stays in the router; its swap-drafter step decides for good, and a
     refusal or failure takes it out and drains it before the reload (``_leave_for_reload``)."""
-    from deploy.steps.drafter_swap import RunningServer, swap_decision
+    from deploy.steps.swap_decision import RunningServer, swap_decision
 
     step = next((s for s in state.playbook.steps if s.name == "swap-drafter" and s.settings.enabled), None)
     if step is None:
@@ -344,7 +360,6 @@ def _preflight(hosts: Sequence[Host]):
                      for c in failed(router_results)]
         package = next((c.reason for c in router_results if c.name == "router-package" and c.status == "pass"), "")
         urls = [url_of(state, h) for h in hosts]
-        problems += [p for p in (loopback_problem(state.run, network(state, h), router.host.name) for h in hosts) if p]
         unreachable = router.unreachable(urls)
         if unreachable:
             problems.append(f"{router.host.name} cannot reach worker URL(s) {'; '.join(unreachable)}: the router "
@@ -431,22 +446,80 @@ def fleet_phases(rollout, playbook) -> list[Phase]:
     return phases
 
 
+def refuse_statically(config, rollout, endpoints: dict | None = None) -> None:
+    """What the fleet refuses from the config alone, asked by its plan and by its run before anything
+    is read or changed (issue 37: replicas on loopback behind a router on another host were refused
+    by `up`'s pre-flight, exit 8, while `plan` printed a plan and exited 0). PreflightFailed (exit 8)."""
+    from deploy.engine.session import network_host
+
+    run = rollout.run
+    if run.router is None:
+        return
+    if endpoints is None or any(h.name not in endpoints for h in rollout.hosts):
+        from deploy.engine.plan import describe_endpoints
+
+        endpoints = {**(endpoints or {}), **describe_endpoints(list(rollout.hosts), config)}
+    seen = {h.name: network_host(h, endpoints.get(h.name, {}).get("hostname", {}).get("value", h.address))
+            for h in rollout.hosts}
+    problems = [p for p in (loopback_problem(run, seen[h.name], run.router.host) for h in rollout.hosts) if p]
+    if problems:
+        raise PreflightFailed("fleet pre-flight failed; no replica was stopped, each keeps serving what it "
+                              "served:\n" + "\n".join(problems))
+
+
 def run_fleet(config, playbook, rollout, progress, options):
-    """The playbook over the rollout's hosts in its batches, with the router's phases between them."""
+    """The playbook over the rollout's hosts in its batches, with the router's phases between them:
+    what the config alone refuses first, then every host's lock (all or nothing: a refusal changes
+    nothing anywhere, the router included), then the phases, each host's session using its lock."""
+    import dataclasses
     import threading
 
-    from deploy.fleet.phases import RunState, close_router, run_phases
+    from deploy.fleet.phases import RunState, close_router, hold_host_locks, run_phases
     from deploy.engine.records import launch_stamp
     from deploy.ssh.transport import JumpConnections
 
+    refuse_statically(config, rollout)
     playbook = rollout.playbook(playbook)
-    with JumpConnections() as jumps:
+    with JumpConnections() as jumps, hold_host_locks(config, rollout.hosts if options.lock else (),
+                                                     options.owner or {}, progress, jumps) as taken:
+        options = dataclasses.replace(options, held_locks=taken)
         state = RunState(config, rollout.run, playbook, options, progress, jumps, threading.Event(),
                          launch_stamp())
         try:
             return run_phases(state, list(rollout.hosts), fleet_phases(rollout, playbook))
         finally:
             close_router(state)
+
+
+def run_down(config, playbook, rollout, progress, options):
+    """``down`` of a run behind a router: every host's lock first, then (``--host`` that leaves some of
+    the run's replicas up) the downed replicas out of the router, the down playbook on the hosts with
+    their locks, and (the whole run) the router stopped last. A lock refusal changes nothing: the
+    router is never touched for a host whose lock another deployctl holds (issue 37)."""
+    import dataclasses
+
+    from deploy.base.errors import DeployError
+    from deploy.engine.run import run_playbook
+    from deploy.fleet.phases import DownResult, hold_host_locks
+    from deploy.ssh.transport import JumpConnections
+
+    run = rollout.run
+    with JumpConnections() as jumps, hold_host_locks(config, rollout.hosts if options.lock else (),
+                                                     options.owner or {}, progress, jumps) as taken:
+        options = dataclasses.replace(options, held_locks=taken)
+        router: dict[str, Any] = {"host": run.router.host}
+        if not rollout.whole:
+            router |= remove_from_router(config, run, list(rollout.hosts), progress)
+        reports = run_playbook(config, playbook, run, list(rollout.hosts), progress, options)
+        error = None
+        if rollout.whole:
+            try:
+                router |= stop_router(config, run, progress)
+            except DeployError as exc:
+                progress(run.router.host, "router", f"FAILED: {exc}")
+                router |= {"error": str(exc), "exit_code": int(exc.exit_code)}
+                error = exc
+    return DownResult(reports, router, error)
 
 
 def stop_router(config, run, progress) -> dict:

@@ -132,7 +132,15 @@ class Rollout:
             from deploy.fleet.rolling import run_fleet
 
             return lambda options: run_fleet(config, playbook, self, progress, options)
+        if self.down and self.run.router is not None:
+            from deploy.fleet.rolling import run_down
+
+            return lambda options: run_down(config, playbook, self, progress, options)
         return None
+
+    @property
+    def down(self) -> bool:
+        return self.verb == "down"
 
     def plan(self, config, playbook: Playbook, plans: dict, endpoints: dict | None) -> tuple[dict, dict | None]:
         """(the hosts' plans, the run-level plan or None), from what ``runner`` runs."""

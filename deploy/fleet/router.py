@@ -115,7 +115,7 @@ def router_argv(spec: RouterSpec, host: Host, workers: list[str], package: Route
 
 def start_command(spec: RouterSpec, host: Host, workers: list[str], log_name: str,
                   package: RouterPackage | None = None) -> str:
-    paths = RouterPaths(host.state_dir)
+    paths = RouterPaths(host.state_dir, spec.port)
     log = path_join(paths.logs, log_name)
     argv = " ".join(quote(a) for a in router_argv(spec, host, workers, package))
     return (f"mkdir -p -- {quote_path(paths.logs)} && cd {quote_path(paths.root)} && "
@@ -126,10 +126,12 @@ def start_command(spec: RouterSpec, host: Host, workers: list[str], log_name: st
 
 @functools.lru_cache(maxsize=1)
 def fleet_ops_program() -> str:
-    """fleet_ops.py with the port listeners' reader it shares with the doctor, as one program."""
+    """fleet_ops.py with the port listeners' reader it shares with the doctor and the host side's process
+start time (state_files.py), as one program."""
     remote = FLEET_OPS.parent
-    return inline_program([("listeners", (remote / "listeners.py").read_text()), ("fleet_ops", FLEET_OPS.read_text())],
-                          "fleet_ops")
+    return inline_program([("listeners", (remote / "listeners.py").read_text()),
+                           ("state_files", (remote / "state_files.py").read_text()),
+                           ("fleet_ops", FLEET_OPS.read_text())], "fleet_ops")
 
 
 def ops_command(python: str, *args: str, script: str | None = None, isolated: bool = True) -> str:
@@ -153,7 +155,7 @@ class RouterCalls:
 
     def __init__(self, spec: RouterSpec, host: Host, planned: bool = False):
         self.spec, self.host = spec, host
-        self.paths = RouterPaths(host.state_dir)
+        self.paths = RouterPaths(host.state_dir, spec.port)
         self.url = router_url(spec, host)
         self.script = OPS_SCRIPT if planned else None
 
@@ -397,7 +399,7 @@ class RouterHost:
     def __init__(self, conn, host: Host, run: Run, progress: Callable[[str], None] = lambda m: None):
         assert run.router is not None
         self.conn, self.host, self.run, self.spec = conn, host, run, run.router
-        self.paths = RouterPaths(host.state_dir)
+        self.paths = RouterPaths(host.state_dir, self.spec.port)
         self.url = router_url(self.spec, host)
         self.calls = RouterCalls(self.spec, host)
         self.progress = progress

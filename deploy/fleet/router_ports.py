@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from deploy.config.models import Host, RouterSpec
 from deploy.doctor.checks import binds_overlap
+from deploy.host.sglang_argv import unseen_holder
 from deploy.base.errors import ConfigError, RemoteOutputError
 from deploy.fleet.router_package import SGLANG_ROUTER
 
@@ -109,6 +110,7 @@ def parse_ports(got: dict, binds: list[RouterBind], source: str) -> dict[int, li
         for entry in entries:
             out[int(entry["port"])] = [
                 {"address": str(li["address"]),
+                 "uid": None if li.get("uid") is None else int(li["uid"]),
                  "holders": [{"pid": int(h["pid"]), "cmdline": str(h.get("cmdline") or "")[:300],
                               "router": bool(h["router"])} for h in li["holders"]]}
                 for li in entry["listeners"]]
@@ -117,7 +119,8 @@ def parse_ports(got: dict, binds: list[RouterBind], source: str) -> dict[int, li
         raise RemoteOutputError(f"{source}: fleet_ops.py ports printed unexpected output: {str(got)[:300]!r}") from None
 
 
-def port_problems(binds: list[RouterBind], listening: dict[int, list[dict]]) -> tuple[list[str], list[str]]:
+def port_problems(binds: list[RouterBind], listening: dict[int, list[dict]],
+                  uid: int | None = None) -> tuple[list[str], list[str]]:
     """(what is fine, what is taken: each naming the holder) for every bind of the router."""
     fine, taken = [], []
     for bind in binds:
@@ -125,7 +128,7 @@ def port_problems(binds: list[RouterBind], listening: dict[int, list[dict]]) -> 
         foreign = []
         for li in clashing:
             if not li["holders"]:
-                foreign.append(f"{li['address']}:{bind.port} by a process this user cannot see (another user's)")
+                foreign.append(f"{li['address']}:{bind.port} by {unseen_holder(li.get('uid'), uid)}")
             foreign += [f"{li['address']}:{bind.port} by pid {h['pid']} ({h['cmdline'] or '?'})"
                         for h in li["holders"] if not h["router"]]
         if foreign:

@@ -65,3 +65,14 @@ def sglang_argv(run: Run, host: Host, draft_tokens: int, drafter: str | None = N
 
 
 PATH_POSITIONS = ("--model-path", "--speculative-draft-model-path")
+
+
+def unseen_holder(owner: int | None, deploy_uid: int | None) -> str:
+    """Who holds a listening socket that no process visible in this /proc holds (issue 37: one of the
+    deploy user's own processes in a container was called "another user's")."""
+    if owner is not None and owner == deploy_uid:
+        return (f"a process of the deploy user (uid {owner}) that is not visible here: one in another PID "
+                "namespace (a container?)")
+    if owner is not None:
+        return f"a process of uid {owner}, another user's (not visible to the deploy user)"
+    return "a process the deploy user cannot see (another user's, or in another PID namespace)"

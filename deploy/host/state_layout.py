@@ -12,7 +12,7 @@ paths as arguments, never their own spelling:
       helpers/            deployctl's host-side helpers (deploy/remote/), uploaded by ensure-helper
       drafters/           the drafter store (fixed checkpoints, by fingerprint)
       logs/               one SGLang log per launch; logs/latest.log links to the newest
-      router/             the router's router.pid and logs/ (fleets)
+      router/PORT/        one router's router.pid and logs/ (fleets; one folder per router port)
 """
 
 from __future__ import annotations
@@ -103,11 +103,18 @@ def last_good_env_path(state_dir: str) -> str:
 
 @dataclass(frozen=True)
 class RouterPaths:
+    """One router's files: ``<state_dir>/router/PORT/`` (its PID file and logs). One folder per port,
+    not per state dir: two fleets whose routers share a router host (other ports) each stop, watch
+    and restart only their own (issue 44: team B's `down` SIGTERMed team A's router through one
+    ``router/router.pid``, whoever wrote it last). fleet_ops.py still reads the old
+    ``router/router.pid`` for a router started before that, when its process listens on PORT."""
+
     state_dir: str
+    port: int
 
     @property
     def root(self) -> str:
-        return path_join(self.state_dir, "router")
+        return path_join(self.state_dir, "router", str(self.port))
 
     @property
     def pidfile(self) -> str:

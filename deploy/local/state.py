@@ -169,30 +169,28 @@ def _kind(mode: int) -> str:
 
 
 def replace_file(path: Path, data: bytes, what: str, *, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` the one way deployctl replaces a local file (the host side's twin
-    is deploy/remote/host_ops.py replace_file).
+    """Write ``data`` to ``path`` the one way deployctl writes a local file (the host side's twin
+    is deploy/remote/host_ops.py replace_file): prom file, bench reports, anything it replaces.
 
-    A symbolic link is followed (the file it names is replaced, the link stays); then the target
-    must be a regular file or absent: a device, FIFO, directory or socket there is refused naming
-    the path (``status --prom-file /dev/null`` as root replaced /dev/null with a regular file,
-    issue 31). The temporary file is ``mkstemp``'s (O_CREAT|O_EXCL|O_NOFOLLOW) in the target's
-    directory, named ``.NAME.*.tmp`` (a textfile collector reads only ``*.prom``), fsynced, then
-    renamed over the target: a reader sees the old file or the new one. LocalStateError (exit 10).
+    Never written through: the name at ``path`` must be absent or a regular file with one name.
+    A symbolic link there (dangling or not), a hard link (a second name of another file), a
+    device, FIFO, directory or socket is refused naming the path, exit 10, and left as it was:
+    ``status --prom-file`` through a link planted in a collector directory other accounts can
+    write replaced root's /etc/passwd (issue 44; issue 31 had followed links on purpose). The
+    temporary file is ``mkstemp``'s (O_CREAT|O_EXCL|O_NOFOLLOW) in the same directory, named
+    ``.NAME.*.tmp`` (a textfile collector reads only ``*.prom``), fsynced, then renamed over the
+    name: rename(2) replaces the directory entry and never follows a link, so a link planted
+    between the check and the rename is replaced as a name, never written through; a reader sees
+    the old file or the new one. LocalStateError (exit 10).
     """
     import tempfile
 
-    target = Path(os.path.realpath(path))
+    path = Path(path)
+    refusal = refuse_planted(path, what)
+    if refusal:
+        raise LocalStateError(refusal)
     try:
-        st = os.stat(target)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise LocalStateError(f"{path}: cannot write {what}: {_reason(exc)}") from None
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        shown = f"{path}" if target == Path(path) else f"{path} (-> {target})"
-        raise LocalStateError(f"{shown}: {what} is {_kind(st.st_mode)}, not a regular file; not replaced")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
         raise LocalStateError(f"{path}: cannot write {what}: {_reason(exc)}") from None
     try:
@@ -204,7 +202,7 @@ def replace_file(path: Path, data: bytes, what: str, *, mode: int = 0o600) -> No
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, target)
+        os.replace(tmp, path)
     except BaseException as exc:
         try:
             os.unlink(tmp)
@@ -213,3 +211,28 @@ def replace_file(path: Path, data: bytes, what: str, *, mode: int = 0o600) -> No
         if isinstance(exc, OSError):
             raise LocalStateError(f"{path}: cannot write {what}: {_reason(exc)}") from None
         raise
+
+
+def refuse_planted(path: Path, what: str) -> str | None:
+    """Why the name ``path`` must not be written (None: absent, or a regular file with one name).
+
+    ``lstat``, never ``stat``: the name itself is judged, not what a link at it names."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path}: cannot write {what}: {_reason(exc)}"
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return (f"{path}: {what} is a symbolic link (to {target!r}); deployctl never writes through a link: "
+                "remove it or name the real path; not replaced")
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path}: {what} is {_kind(st.st_mode)}, not a regular file; not replaced"
+    if st.st_nlink != 1:
+        return (f"{path}: {what} is a hard link ({st.st_nlink} names for one file, the others maybe "
+                "another account's): remove this name; not replaced")
+    return None

@@ -3,7 +3,7 @@
 Runs ON the GPU host (shipped as a helper). Standard library only at import; the real sender
 imports torch, safetensors and sglang lazily, under the run's ``sglang_python``.
 
-``inspect --running DIR --new DIR``: what the swap decision compares (deploy/steps/drafter_swap.py):
+``inspect --running DIR --new DIR``: what the swap decision compares (deploy/steps/swap_decision.py):
 each drafter's config.json, tensor names with dtype and shape, data bytes, and the sha256 of its
 draft vocabulary map (``d2t``, ``t2d``); and the GPUs' used/total memory (nvidia-smi). One JSON line.
 
@@ -428,13 +428,22 @@ def _ignore_signals() -> None:
             pass  # not the main thread (a test calling send): nothing was installed
 
 
-def run_send(args) -> dict:
+def run_send(args, as_process: bool = False) -> dict:
     """send, with SIGTERM/SIGINT/SIGHUP turned into Interrupted and any crash into the summary:
-    the one JSON line always says whether tensors went out (deployctl then marks the record)."""
+    the one JSON line always says whether tensors went out (deployctl then marks the record).
+
+    ``as_process`` (``main``): the signals stay ignored afterwards, so nothing cuts the summary's
+    write; called in-process (the tests), the caller's handlers come back, so a SIG_IGN never leaks
+    into the caller and the children it starts (a leaked SIGTERM SIG_IGN made later tests' child
+    processes unkillable by SIGTERM)."""
     summary = new_summary()
     _SIGNALS.update(defer=False, pending=None)
+    previous = {}
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, _interrupt)
+        try:
+            previous[signum] = signal.signal(signum, _interrupt)
+        except (ValueError, OSError):
+            pass  # not the main thread: nothing is installed, nothing to restore
     try:
         send(args.url.rstrip("/"), args.drafter, args.weight_version, args.tp, args.base_gpu_id,
              args.state_dir, args.timeout, summary)
@@ -444,7 +453,11 @@ def run_send(args) -> dict:
         summary.update(ok=False, message="the sender failed at %s: %s: %s" % (summary["stage"], type(exc).__name__,
                                                                               str(exc)[:300]))
     finally:
-        _ignore_signals()
+        if as_process:
+            _ignore_signals()
+        else:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
     return summary
 
 
@@ -467,7 +480,7 @@ def main(argv=None) -> int:
     if args.verb == "inspect":
         out = inspect(args.running, args.new)
     else:
-        out = run_send(args)
+        out = run_send(args, as_process=True)
         out["seconds"] = round(time.monotonic() - started, 3)
     sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
     return 0

@@ -34,7 +34,10 @@ host: that is where the router reaches the workers from, so what works here work
         and one SSH channel per wait, where a command per poll started ~25 of each for one smg drain
         settle (issue 26: 800 such starts were a sixth of the test suite's host CPU)
 
-Sent inline with listeners.py (deploy/facts/inline.py); run as a file, it imports it from here.
+Sent inline with listeners.py and state_files.py (deploy/facts/inline.py); run as a file, it imports them
+from beside it. A router PID file names the router only when its process is provably the one deployctl
+started there: a router's command line, the deploy user's, started before the PID file was written
+(``router_pid``); one PID file per router port, ``<state_dir>/router/PORT/router.pid`` (issue 44).
 """
 
 import json
@@ -46,6 +49,13 @@ import socket
 import sys
 import urllib.error
 import urllib.request
+
+try:  # imported locally, as deploy.remote.fleet_ops
+    from .listeners import listeners, socket_owners
+    from .state_files import not_started_by_us
+except ImportError:  # sent inline with listeners.py and state_files.py, or run as a file next to them
+    from listeners import listeners, socket_owners  # type: ignore[no-redef]
+    from state_files import not_started_by_us  # type: ignore[no-redef]
 
 MAX_BODY = 1 << 20
 #: the same marks as deploy/fleet/router_package.py ROUTER_CMDLINE_MARKS (a unit test keeps them equal)
@@ -102,10 +112,11 @@ def router_packages() -> dict:
 
 
 def _pid_of(pidfile: str):
-    """The router's PID from its PID file: a small regular file holding 2..pid_max, else None."""
+    """The PID a router PID file holds: a small regular file holding 2..pid_max, else None."""
     path = os.path.expanduser(pidfile)  # "~/..." arrives quoted, unexpanded
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO never blocks (HOSTILE, issue 22)
+        # never through a link, and a FIFO never blocks (HOSTILE, issues 22 and 38)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
     try:
@@ -136,12 +147,58 @@ def _is_router(pid: int) -> bool:
     return state not in ("Z", "X") and any(mark in cmd for mark in ROUTER_CMDLINE_MARKS)
 
 
+def _not_ours(pid: int, pidfile: str):
+    """Why the router process ``pid`` is not provably the one deployctl started and wrote ``pidfile``
+    for, or None: another user's (round 4, issue 38: `down` SIGTERMed another user's process whose
+    command line named the router), or started after the PID file was written (a PID reused)."""
+    try:
+        written = os.lstat(os.path.expanduser(pidfile)).st_mtime
+    except OSError:
+        return "its PID file is gone"
+    return not_started_by_us(pid, written, "its PID file")
+
+
+def _legacy_pidfile(pidfile: str):
+    """deployctl before issue 44 kept one ``router/router.pid`` per state dir, whichever router wrote
+    it last; now each router has ``router/PORT/router.pid``. The old file still names this port's
+    router only when its process listens on PORT (a router started before the upgrade)."""
+    directory = os.path.dirname(os.path.expanduser(pidfile))
+    port = os.path.basename(directory)
+    if not port.isdigit():
+        return None, None
+    return os.path.join(os.path.dirname(directory), "router.pid"), int(port)
+
+
+def _listens_on(pid: int, port: int) -> bool:
+    found, _ = listeners(port)
+    return pid in socket_owners([f["inode"] for f in found])
+
+
+def router_pid(pidfile: str):
+    """(pid, alive, note): the router ``pidfile`` names, ``alive`` only when it provably is the one
+    deployctl started there (alive, a router's command line, the deploy user's, started before its
+    PID file was written); ``note`` says why a live PID was not taken for it."""
+    pid = _pid_of(pidfile)
+    if pid is None and not os.path.lexists(os.path.expanduser(pidfile)):
+        legacy, port = _legacy_pidfile(pidfile)
+        if legacy is not None:
+            old = _pid_of(legacy)
+            if old is not None and _is_router(old) and _not_ours(old, legacy) is None and _listens_on(old, port):
+                return old, True, ""
+    if pid is None or not _is_router(pid):
+        return pid, False, ""
+    why = _not_ours(pid, pidfile)
+    if why is not None:
+        return pid, False, "PID %d from %s runs a router but %s; not touched" % (pid, pidfile, why)
+    return pid, True, ""
+
+
 def stop_router(pidfile: str, grace: float) -> dict:
     import time
 
-    pid = _pid_of(pidfile)
-    if pid is None or not _is_router(pid):
-        return {"pid": pid, "stopped": False, "signal": None, "note": "no router running (PID file %s)" % pidfile}
+    pid, alive, note = router_pid(pidfile)
+    if pid is None or not alive:
+        return {"pid": pid, "stopped": False, "signal": None, "note": note or "no router running (PID file %s)" % pidfile}
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
@@ -157,9 +214,9 @@ def stop_router(pidfile: str, grace: float) -> dict:
 
 
 def router_state(pidfile: str, url: str, timeout: float) -> dict:
-    pid = _pid_of(pidfile)
-    alive = pid is not None and _is_router(pid)
-    out = {"pid": pid, "alive": alive, "status": None, "body": "", "cmdline": _cmdline(pid) if alive else ""}
+    pid, alive, note = router_pid(pidfile)
+    out = {"pid": pid, "alive": alive, "status": None, "body": "", "cmdline": _cmdline(pid) if alive else "",
+           "note": note}
     if alive:
         got = request("GET", url, None, timeout)
         out["status"], out["body"] = got["status"], got["body"][:65536]
@@ -198,12 +255,8 @@ def _cmdline(pid: int) -> str:
 
 
 def ports(pidfile: str, wanted) -> dict:
-    try:  # imported locally, as deploy.remote.fleet_ops
-        from .listeners import listeners, socket_owners
-    except ImportError:  # sent inline with listeners.py, or run as a file next to it
-        from listeners import listeners, socket_owners  # type: ignore[no-redef]
-    router = _pid_of(pidfile)
-    router = router if router is not None and _is_router(router) else None
+    router, alive, _ = router_pid(pidfile)
+    router = router if alive else None
     out = []
     for port in wanted:
         found, errors = listeners(port)
@@ -212,9 +265,9 @@ def ports(pidfile: str, wanted) -> dict:
         for entry in found:
             holders = [{"pid": pid, "cmdline": _cmdline(pid), "router": pid == router}
                        for pid, inodes in sorted(owners.items()) if entry["inode"] in inodes]
-            entries.append({"address": entry["address"], "holders": holders})
+            entries.append({"address": entry["address"], "uid": entry.get("uid"), "holders": holders})
         out.append({"port": port, "listeners": entries, "errors": errors})
-    return {"router_pid": router, "ports": out}
+    return {"router_pid": router, "ports": out, "uid": os.getuid()}
 
 
 #: a poll line stays well inside deployctl's 1 MiB line bound (deploy/ssh/transport.py), JSON escapes included;
@@ -229,8 +282,8 @@ def _cut(answer: dict) -> dict:
 
 def members(pidfile: str, workers_url: str, timeout: float) -> dict:
     """The router's process (is it alive?) and its worker list: one GET a round, not router-state's too."""
-    pid = _pid_of(pidfile)
-    return {"state": {"pid": pid, "alive": pid is not None and _is_router(pid)},
+    pid, alive, _ = router_pid(pidfile)
+    return {"state": {"pid": pid, "alive": alive},
             "workers": _cut(request("GET", workers_url, None, timeout))}
 
 

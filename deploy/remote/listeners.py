@@ -24,7 +24,7 @@ def _hex_address(text):
 
 
 def listeners(port):
-    """Sockets in LISTEN (state 0A) on ``port``: address and inode, from /proc/net/tcp{,6}."""
+    """Sockets in LISTEN (state 0A) on ``port``: address, inode and owner uid, from /proc/net/tcp{,6}."""
     found, errors = [], []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -42,7 +42,9 @@ def listeners(port):
             address, _, port_hex = fields[1].rpartition(":")
             if int(port_hex, 16) != port:
                 continue
-            found.append({"address": _hex_address(address), "inode": int(fields[9])})
+            # the socket's owner (uid column): a holder this user cannot see in /proc is another user's
+            # process, or one of this user's in another PID namespace (a container) when it is this uid
+            found.append({"address": _hex_address(address), "inode": int(fields[9]), "uid": int(fields[7])})
     return found, errors
 
 

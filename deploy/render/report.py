@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from deploy.base.errors import ExitCode
 from deploy.facts.gpus import GpuRow
-from deploy.engine.fanout import HostOutcome
+from deploy.engine.fanout import HostOutcome, exit_code
 from deploy.base.secrets import mask_secrets
 from deploy.base.terminal import safe_line, safe_text
 
@@ -31,11 +31,26 @@ def console(stream: TextIO | None = None) -> Console:
     return Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
 
 
-def print_json(document: Any, stream: TextIO | None = None) -> None:
+#: how many documents print_json wrote to stdout in this process: deploy/cli/main.py prints an error
+#: document for a failing ``--json`` verb only when the verb printed none (its own is the outcome)
+stdout_documents = 0
+
+
+def print_json(document: Any, stream: TextIO | None = None, *, one_line: bool = False) -> None:
+    global stdout_documents
     out = stream or sys.stdout
     # every --json document: SGLang's API keys masked (a plan's argv, a reason, a recorded argv; issue 38)
-    out.write(json.dumps(mask_secrets(document), indent=2, sort_keys=False, default=str) + "\n")
+    out.write(json.dumps(mask_secrets(document), indent=None if one_line else 2, sort_keys=False, default=str) + "\n")
     out.flush()
+    if out is sys.stdout:
+        stdout_documents += 1
+
+
+def error_document(command: str, exit_code: int, message: str) -> dict:
+    """What a ``--json`` verb prints when it ends before its own document: a config error, a usage
+    error, a lock refusal, an interruption, an internal error (docs/exit-codes.md). One line: it
+    may end ``status --watch --json``'s one document per line."""
+    return {"command": command, "ok": False, "exit_code": int(exit_code), "error": message}
 
 
 def _holders_text(row: GpuRow) -> str:
@@ -201,20 +216,30 @@ def endpoint_lines(endpoint: dict) -> list[str]:
 
 
 def plan_text(command: str, plans: dict, out: Console, endpoints: dict | None = None) -> None:
+    """Each host's plan as one rich Text, printed once: ~56 ``print`` calls per host cost 18 ms of
+    deployctl's CPU per host (issue 37: `plan` grew 37 ms per extra host)."""
+    from rich.text import Text
+
     for host, steps in plans.items():
-        out.print(f"[bold]{command} on {host}[/bold] (dry run: nothing is changed)")
+        text = Text()
+        text.append(f"{command} on {host}", style="bold")
+        text.append(" (dry run: nothing is changed)\n")
         for line in endpoint_lines(endpoints[host]) if endpoints is not None else []:
-            out.print(f"  {line}", markup=False, style="dim")
+            text.append(f"  {line}\n", style="dim")
         n = 0
         for name, commands in steps:
-            out.print(f"  [cyan]{name}[/cyan]")
+            text.append("  ")
+            text.append(name, style="cyan")
+            text.append("\n")
             for planned in commands:
                 n += 1
-                out.print(f"    {n}. {safe_text(planned.description)}", markup=False)
+                text.append(f"    {n}. {safe_text(planned.description)}\n")
                 if planned.when:
-                    out.print(f"       (only when {safe_text(planned.when)})", markup=False)
-                out.print(f"       {'$' if planned.kind != 'upload' else '>'} {safe_text(planned.shown)}", markup=False,
-                          style="dim")
+                    text.append(f"       (only when {safe_text(planned.when)})\n")
+                text.append(f"       {'$' if planned.kind != 'upload' else '>'} {safe_text(planned.shown)}\n",
+                            style="dim")
+        text.rstrip()
+        out.print(text)
 
 
 def _bench_rows(rounds):
@@ -260,6 +285,24 @@ def bench_table(rounds, out: Console) -> None:
                       fmt(row["output_tok_s"], ".1f"), fmt(row["mean_itl_ms"], ".2f"), fmt(row["p99_itl_ms"], ".2f"),
                       fmt(row["mean_ttft_ms"], ".1f"), rich_escape(str(row["dataset"] or "-")), result)
     out.print(table)
+
+
+def logs_document(run_name: str, outcomes: Sequence[HostOutcome[str]], log_path) -> dict:
+    """``logs --json``: each host's log path and last lines, or its error. The lines are a server's
+    log (and whatever its requests made it print): terminal sequences are stripped, as in a
+    message quoting a log tail, so a script reads the words (json.dumps escapes any control left)."""
+    from deploy.base.terminal import strip_escapes
+
+    hosts = []
+    for outcome in outcomes:
+        entry: dict[str, Any] = {"host": outcome.host.name, "path": log_path(outcome.host), "ok": outcome.ok}
+        if outcome.error is not None:
+            entry |= {"exit_code": int(outcome.error.exit_code), "error": str(outcome.error)}
+        else:
+            entry |= {"exit_code": 0, "lines": strip_escapes(outcome.value or "").splitlines()}
+        hosts.append(entry)
+    return {"command": "logs", "run": run_name, "ok": all(o.ok for o in outcomes),
+            "exit_code": int(exit_code(outcomes)), "hosts": hosts}
 
 
 def doctor_document(results) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
-from deploy.verbs.status import HostReading
+from deploy.verbs.status import HostReading, RouterReading
 
 
 def clean(value: object, limit: int = 200) -> str:
@@ -70,6 +70,15 @@ def cells(r: HostReading) -> dict[str, str]:
     return row
 
 
+def router_cells(router: RouterReading) -> dict[str, str]:
+    """The run's router as one more row: the router host, its PID, up or down, its verdict and why."""
+    return {"host": clean(f"router@{router.host}"), "verdict": router.state,
+            "pid": "-" if router.pid is None else str(router.pid),
+            "up": "down" if router.state in ("down", "unreachable", "error") else "yes",
+            "run/queue": f"{sum(1 for w in router.workers if w.get('healthy'))} workers",
+            "detail": clean("; ".join(router.lines), 160)}
+
+
 COLUMNS = ("host", "pid", "up", "accept", "tok/s", "run/queue", "drafter", "T", "configured", "verdict", "detail")
 
 
@@ -77,28 +86,31 @@ COLUMNS = ("host", "pid", "up", "accept", "tok/s", "run/queue", "drafter", "T", 
 #: columns the table split a PID across lines and, at 60, squeezed columns to 2 characters)
 WIDE_COLUMNS = 120
 STYLES = {"healthy": "green", "regression": "bold red", "not-serving": "red", "unreachable": "red",
-          "error": "red", "unknown": "yellow"}
+          "error": "red", "unknown": "yellow", "down": "red", "not-answering": "red", "missing": "red"}
 
 
-def table(readings: Sequence[HostReading], title: str, width: int | None = None):
+def _rows(readings: Sequence[HostReading], router: RouterReading | None) -> list[dict[str, str]]:
+    return [cells(r) for r in readings] + ([router_cells(router)] if router is not None else [])
+
+
+def table(readings: Sequence[HostReading], title: str, width: int | None = None, router: RouterReading | None = None):
     """The readings for a terminal ``width`` columns wide: a table, or per-host blocks when narrower
-    than WIDE_COLUMNS (each field on its own line: ``accept  3.10 / 3.20 97%``)."""
+    than WIDE_COLUMNS (each field on its own line: ``accept  3.10 / 3.20 97%``); the run's router last."""
     from rich.table import Table
     from rich.text import Text
 
     if width is not None and width < WIDE_COLUMNS:
-        return blocks(readings, title)
+        return blocks(readings, title, router)
     grid = Table(title=Text(title), title_justify="left")
     for name in COLUMNS:
         grid.add_column(name, overflow="fold")
-    for r in readings:
-        row = cells(r)
-        grid.add_row(*(Text(row.get(c, ""), style=STYLES.get(r.verdict.state, "") if c == "verdict" else "")
+    for row in _rows(readings, router):
+        grid.add_row(*(Text(row.get(c, ""), style=STYLES.get(row["verdict"], "") if c == "verdict" else "")
                        for c in COLUMNS))
     return grid
 
 
-def blocks(readings: Sequence[HostReading], title: str):
+def blocks(readings: Sequence[HostReading], title: str, router: RouterReading | None = None):
     """One block per host: its name and verdict, then one ``field  value`` line per column."""
     from rich.table import Table
     from rich.text import Text
@@ -106,11 +118,10 @@ def blocks(readings: Sequence[HostReading], title: str):
     grid = Table(title=Text(title), title_justify="left", show_header=False, box=None, padding=(0, 1))
     grid.add_column("field", no_wrap=True)
     grid.add_column("value", overflow="fold")
-    for i, r in enumerate(readings):
-        row = cells(r)
+    for i, row in enumerate(_rows(readings, router)):
         if i:
             grid.add_row("", "")
-        grid.add_row(Text(row["host"], style="bold"), Text(row["verdict"], style=STYLES.get(r.verdict.state, "")))
+        grid.add_row(Text(row["host"], style="bold"), Text(row["verdict"], style=STYLES.get(row["verdict"], "")))
         for name in COLUMNS[1:]:
             if name != "verdict" and row.get(name):
                 grid.add_row(Text("  " + name), Text(row[name]))
@@ -123,11 +134,10 @@ def title(run_name: str, gate) -> str:
             f"minimum {gate.min_accept_fraction:.0%} / {gate.min_throughput_fraction:.0%}")
 
 
-def plain_lines(readings: Sequence[HostReading]) -> list[str]:
+def plain_lines(readings: Sequence[HostReading], router: RouterReading | None = None) -> list[str]:
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     lines = []
-    for r in readings:
-        row = cells(r)
+    for row in _rows(readings, router):
         parts = [stamp, row["host"], row["verdict"]]
         parts += [f"{c}={row[c]}" for c in COLUMNS[1:-2] if c in row]
         if row.get("detail"):
@@ -136,8 +146,9 @@ def plain_lines(readings: Sequence[HostReading]) -> list[str]:
     return lines
 
 
-def findings(readings: Sequence[HostReading]) -> list[str]:
-    """The lines ``--check`` prints on stderr: every host that is not healthy, with its figures."""
+def findings(readings: Sequence[HostReading], router: RouterReading | None = None) -> list[str]:
+    """The lines ``--check`` prints on stderr: every host that is not healthy, with its figures; the
+    run's router when it is not."""
     out = []
     for r in readings:
         if r.error is not None:
@@ -147,4 +158,6 @@ def findings(readings: Sequence[HostReading]) -> list[str]:
                        f"(pid {r.status.pid if r.status else '?'}): {clean('; '.join(r.verdict.regressions), 400)}")
         elif r.verdict.state != "healthy":
             out.append(f"{clean(r.host.name)}: {r.verdict.state}: {clean('; '.join(r.verdict.lines), 400)}")
+    if router is not None and router.state != "healthy":
+        out.append(f"router on {clean(router.host)}: {router.state}: {clean('; '.join(router.lines), 400)}")
     return out

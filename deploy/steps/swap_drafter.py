@@ -1,7 +1,7 @@
 """swap-drafter: put a new drafter into the running server instead of reloading the target.
 
 Opt in (``drafter_update: swap`` on the run, ``restart --swap-drafter``; ``--reload`` refuses it):
-not yet seen on real GPUs. ``drafter_swap.swap_decision`` says swap or reload, and why; on reload
+not yet seen on real GPUs. ``swap_decision.swap_decision`` says swap or reload, and why; on reload
 this step does nothing and the playbook's stop/free/launch steps run as always.
 
 A swap, through SGLang's weight-update session (0.5.21+, deploy/remote/drafter_swap.py under the
@@ -32,7 +32,7 @@ from deploy.base.shell import quote_path
 from deploy.steps import converge, verify_acceptance
 from deploy.base.terminal import safe_line
 from deploy.steps.base import Action, Command, CommandResult, StepContext, StepOutcome, StepSettings
-from deploy.steps.drafter_swap import RunningServer, SwapDecision, base_gpu_id, swap_decision
+from deploy.steps.swap_decision import RunningServer, SwapDecision, base_gpu_id, swap_decision
 from deploy.steps.launch import _written, desired, env_path
 
 NAME = "swap-drafter"

@@ -13,7 +13,8 @@ from deploy.engine.plan import describe_endpoints
 from deploy.engine.fanout import exit_code, for_each_host
 from deploy.ssh.transport import HostConnection, JumpConnections
 
-__all__ = ["describe_endpoints", "doctor", "exit_code", "follow_log", "gpu_status", "latest_log_path", "read_logs", "router_status"]
+__all__ = ["describe_endpoints", "doctor", "exit_code", "follow_log", "gpu_status", "latest_log_path", "read_logs", "read_router",
+           "router_status"]
 
 
 def gpu_status(config: Config, hosts: Sequence[Host]) -> list:
@@ -30,41 +31,50 @@ def gpu_status(config: Config, hosts: Sequence[Host]) -> list:
 
 def router_status(config: Config, hosts: Sequence[Host]) -> list[dict[str, Any]]:
     """gpu-status: each run's router that runs on one of ``hosts``: PID, alive, its workers."""
-    if not any(r.router is not None for r in config.runs):
+    names = {h.name for h in hosts}
+    runs = [r for r in config.runs if r.router is not None and r.router.host in names]
+    if not runs:
         return []
+    with JumpConnections() as jumps:
+        return [read_router(config, run, jumps) for run in runs]
+
+
+def read_router(config: Config, run: Run, jumps: JumpConnections) -> dict[str, Any]:
+    """One run's router, read-only (one SSH connection to its host): ``url``, ``pid``, ``alive`` (the
+    process deployctl started there, fleet_ops.py router_pid), ``answering`` (GET of its worker list
+    answered 200), ``workers`` [{url, healthy}], ``package``; ``error`` when the host could not be read.
+    gpu-status shows it; status judges it (verbs/status.py judge_router)."""
     from deploy.engine.session import network_host
     from deploy.base.errors import DeployError
     from deploy.fleet.router import RouterHost
     from deploy.fleet.router_package import package_text, running_package
 
-    names = {h.name for h in hosts}
-    rows = []
-    with JumpConnections() as jumps:
-        for run in config.runs:
-            if run.router is None or run.router.host not in names:
-                continue
-            host = config.host(run.router.host)
-            row: dict[str, Any] = {"run": run.name, "host": host.name}
+    assert run.router is not None
+    host = config.host(run.router.host)
+    row: dict[str, Any] = {"run": run.name, "host": host.name}
+    try:
+        with HostConnection(host, config.ssh, jumps) as conn:
+            router = RouterHost(conn, network_host(host, conn.endpoint.hostname.value), run)
+            state = router.state()
+            installed = None
             try:
-                with HostConnection(host, config.ssh, jumps) as conn:
-                    router = RouterHost(conn, network_host(host, conn.endpoint.hostname.value), run)
-                    state = router.state()
-                    installed = None
-                    try:
-                        installed = router.package()
-                        row["package"] = {"name": installed.name, "version": installed.version}
-                    except DeployError as exc:
-                        row["package"] = {"error": str(exc)}
-                    if state.get("alive"):  # the running router's package, from its command line
-                        running = running_package(str(state.get("cmdline") or ""))
-                        row["running_package"] = running
-                        row["package_text"] = package_text(running, installed)
-                    row.update(url=router.url, pid=state.get("pid"), alive=bool(state.get("alive")),
-                               workers=[{"url": w["url"], "healthy": w["is_healthy"]} for w in state.get("workers", [])])
+                installed = router.package()
+                row["package"] = {"name": installed.name, "version": installed.version}
             except DeployError as exc:
-                row["error"] = str(exc)
-            rows.append(row)
-    return rows
+                row["package"] = {"error": str(exc)}
+            if state.get("alive"):  # the running router's package, from its command line
+                running = running_package(str(state.get("cmdline") or ""))
+                row["running_package"] = running
+                row["package_text"] = package_text(running, installed)
+            row.update(url=router.url, pid=state.get("pid"), alive=bool(state.get("alive")),
+                       answering=bool(state.get("alive")) and state.get("status") == 200,
+                       workers=[{"url": w["url"], "healthy": w["is_healthy"]} for w in state.get("workers", [])])
+            if state.get("note"):
+                row["note"] = str(state["note"])
+    except DeployError as exc:
+        row["error"] = str(exc)
+        row["exit_code"] = int(exc.exit_code)
+    return row
 
 
 def doctor(config: Config, run: Run, hosts: Sequence[Host]) -> list:

@@ -60,10 +60,76 @@ class HostReading:
     configured: bool | None = None
     differences: list[str] = field(default_factory=list)
     verdict: Verdict = field(default_factory=lambda: Verdict("unknown"))
+    #: where the run's router reaches this replica (fleet.router.worker_url), when the run has a router
+    worker_url: str | None = None
 
     @property
     def exit_code(self) -> int:
         return int(self.error.exit_code) if self.error is not None else self.verdict.exit_code
+
+
+@dataclass
+class RouterReading:
+    """The run's router, judged next to its replicas (issue 44: status looked only at the replicas, so
+    `status --check` said "healthy" while the fleet's front door was gone).
+
+    ``state``: healthy | down (no router process deployctl started) | not-answering (its worker list
+    did not answer 200) | missing (a replica that serves is not listed healthy) | unreachable | error."""
+
+    host: str
+    url: str | None = None
+    pid: int | None = None
+    state: str = "healthy"
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    error_code: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.error_code is not None:
+            return self.error_code
+        return 0 if self.state == "healthy" else int(ExitCode.FAILED)
+
+
+def judge_router(row: dict[str, Any], readings: Sequence[HostReading]) -> RouterReading:
+    """What ``read_router``'s row says of the fleet's front door (pure): every replica whose server
+    serves (alive, /health 200) must be listed healthy by a live, answering router."""
+    reading = RouterReading(host=str(row.get("host")), url=row.get("url"), pid=row.get("pid"),
+                            workers=list(row.get("workers") or []))
+    if "error" in row:
+        code = int(row.get("exit_code") or ExitCode.FAILED)
+        reading.state = "unreachable" if code == ExitCode.CONNECTION else "error"
+        reading.error_code = code
+        reading.lines.append(str(row["error"]))
+        return reading
+    if not row.get("alive"):
+        reading.state = "down"
+        reading.lines.append(str(row.get("note") or f"no router deployctl started is running on {reading.host}"))
+        return reading
+    if not row.get("answering"):
+        reading.state = "not-answering"
+        reading.lines.append(f"the router (pid {reading.pid}) did not answer its worker list")
+        return reading
+    healthy = {w["url"] for w in reading.workers if w.get("healthy")}
+    reading.missing = [r.host.name for r in readings
+                       if r.status is not None and r.status.serving and r.worker_url not in healthy]
+    if reading.missing:
+        reading.state = "missing"
+        reading.lines.append("serving but not in the router's rotation: " + ", ".join(reading.missing))
+    else:
+        reading.lines.append(f"{len(healthy)} healthy worker(s) listed")
+    return reading
+
+
+def read_router_of(config: Config, run: Run, readings: Sequence[HostReading]) -> RouterReading | None:
+    """The run's router read and judged (None: the run has no router)."""
+    if run.router is None:
+        return None
+    from deploy.verbs.inspect import read_router
+
+    with JumpConnections() as jumps:
+        return judge_router(read_router(config, run, jumps), readings)
 
 
 def gate_of(playbook_name: str = "nightly", **overrides: float | None) -> Gate:
@@ -185,6 +251,10 @@ def gather(config: Config, run: Run, hosts: Sequence[Host], gate: Gate, *, windo
             here = network_host(host, conn.endpoint.hostname.value)
             status = read_host(conn, here, run, window_s=window_s, probe=probe)
         reading = HostReading(host, status)
+        if run.router is not None:
+            from deploy.fleet.router import worker_url
+
+            reading.worker_url = worker_url(run, here)
         reading.configured, reading.differences = configured(run, here, status)
         reading.verdict = evaluate(run, status, gate)
         return reading
@@ -202,18 +272,21 @@ def gather(config: Config, run: Run, hosts: Sequence[Host], gate: Gate, *, windo
     return readings
 
 
-def exit_code(readings: Sequence[HostReading], check: bool) -> int:
-    """Without --check: 0 unless a host could not be read (its code). With it, the first host's
-    non-zero code in config order: 12 regression, 1 not serving, 4 unreachable, 5 unexpected output."""
+def exit_code(readings: Sequence[HostReading], check: bool, router: RouterReading | None = None) -> int:
+    """Without --check: 0 unless a host (or the router host) could not be read (its code). With it,
+    the first host's non-zero code in config order: 12 regression, 1 not serving, 4 unreachable, 5
+    unexpected output; then the router's: 1 when it is down, not answering or missing a serving replica."""
     for reading in readings:
         code = reading.exit_code if check else (int(reading.error.exit_code) if reading.error else 0)
         if code:
             return code
+    if router is not None:
+        return router.exit_code if check else (router.error_code or 0)
     return 0
 
 
-def watch(rounds: int | None, interval_s: float, read: Callable[[], list[HostReading]],
-          show: Callable[[list[HostReading]], None], sleep: Callable[[float], None] = time.sleep) -> int:
+def watch(rounds: int | None, interval_s: float, read: Callable[[], Any],
+          show: Callable[[Any], None], sleep: Callable[[float], None] = time.sleep) -> int:
     """Read and show every ``interval_s`` until Ctrl-C (KeyboardInterrupt, raised to the caller) or
     ``rounds`` rounds; returns the rounds done."""
     done = 0
@@ -230,7 +303,14 @@ def watch(rounds: int | None, interval_s: float, read: Callable[[], list[HostRea
 # -- JSON and Prometheus ---------------------------------------------------------------------------
 
 
-def document(run: Run, readings: Sequence[HostReading], gate: Gate) -> dict[str, Any]:
+def router_document(router: RouterReading) -> dict[str, Any]:
+    return {"host": router.host, "url": router.url, "pid": router.pid, "verdict": router.state,
+            "exit_code": router.exit_code, "workers": router.workers, "missing": router.missing,
+            "detail": router.lines}
+
+
+def document(run: Run, readings: Sequence[HostReading], gate: Gate,
+             router: RouterReading | None = None) -> dict[str, Any]:
     hosts = []
     for r in readings:
         entry: dict[str, Any] = {"host": r.host.name, "verdict": r.verdict.state, "exit_code": r.exit_code,
@@ -242,9 +322,12 @@ def document(run: Run, readings: Sequence[HostReading], gate: Gate) -> dict[str,
             entry["configured"] = r.configured
             entry["differences"] = r.differences
         hosts.append(entry)
-    return {"run": run.name, "gate": {"min_accept_fraction": gate.min_accept_fraction,
-                                      "min_throughput_fraction": gate.min_throughput_fraction},
-            "hosts": hosts}
+    doc = {"run": run.name, "gate": {"min_accept_fraction": gate.min_accept_fraction,
+                                     "min_throughput_fraction": gate.min_throughput_fraction},
+           "hosts": hosts}
+    if router is not None:
+        doc["router"] = router_document(router)
+    return doc
 
 
 def prom_label(value: str) -> str:
@@ -303,26 +386,38 @@ def prom_value(value: float) -> str:
     return repr(float(value))
 
 
-def prom_text(run: Run, readings: Sequence[HostReading], now: float | None = None) -> str:
+#: the run's router: one gauge each, labelled {host (the router host), run}
+PROM_ROUTER_METRICS = {
+    "deployctl_status_router_up": "1 when the run's router runs, answers and lists every serving replica.",
+    "deployctl_status_router_healthy_workers": "Workers the run's router lists as healthy.",
+}
+
+
+def prom_text(run: Run, readings: Sequence[HostReading], now: float | None = None,
+              router: RouterReading | None = None) -> str:
     """The figures in Prometheus text format (node_exporter's textfile collector); unknown = absent."""
     now = time.time() if now is None else now
-    per_host = [(r, _prom_values(r, now)) for r in readings]
+    per_host = [(r.host.name, _prom_values(r, now)) for r in readings]
+    if router is not None and router.error_code is None:
+        per_host.append((router.host, {
+            "deployctl_status_router_up": float(router.state == "healthy"),
+            "deployctl_status_router_healthy_workers": float(sum(1 for w in router.workers if w.get("healthy")))}))
     lines = []
-    for metric, help_text in PROM_METRICS.items():
-        samples = [(r, value) for r, v in per_host if (value := v.get(metric)) is not None]
+    for metric, help_text in (PROM_METRICS | PROM_ROUTER_METRICS).items():
+        samples = [(name, value) for name, v in per_host if (value := v.get(metric)) is not None]
         if not samples:
             continue
         lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
-        for r, value in samples:
-            lines.append(f'{metric}{{host="{prom_label(r.host.name)}",run="{prom_label(run.name)}"}} {prom_value(value)}')
+        for name, value in samples:
+            lines.append(f'{metric}{{host="{prom_label(name)}",run="{prom_label(run.name)}"}} {prom_value(value)}')
     return "\n".join(lines) + "\n"
 
 
 def write_prom_file(path: Path, text: str) -> None:
     """Atomically, through local_state.replace_file: a temporary file in the same directory (a name
     the collector ignores: it reads only ``*.prom``), fsync, rename over ``path`` when it is a
-    regular file or absent. A scrape sees the old file or the new one; a device, FIFO, directory or
-    socket at ``path`` is refused (exit 10), never replaced."""
+    regular file with one name or absent. A scrape sees the old file or the new one; a link, hard
+    link, device, FIFO, directory or socket at ``path`` is refused (exit 10), never written through."""
     from deploy.local.state import replace_file
 
     replace_file(path, text.encode("utf-8"), "the --prom-file", mode=0o644)

@@ -67,20 +67,17 @@ def test_the_prom_file_never_replaces_what_is_not_a_regular_file(tmp_path, kind)
     assert _identity(target) == before and sorted(os.listdir(tmp_path)) == ["deployctl.prom"]
 
 
-def test_the_prom_file_through_a_link_replaces_the_file_it_names_and_keeps_the_link(tmp_path):
+def test_the_prom_file_at_a_link_is_refused_and_the_file_it_names_kept(tmp_path):
+    """Issue 44 reverses round 3 here: a link at the prom file's name is never written through (it
+    replaced /etc/passwd); tests/hostile/test_planted_links.py generates every kind of planted name."""
     real = tmp_path / "real.prom"
     real.write_text("old\n")
     link = tmp_path / "link.prom"
     link.symlink_to(real)
-    status.write_prom_file(link, "new 1\n")
-    assert link.is_symlink() and real.read_text() == "new 1\n"
-    fifo = tmp_path / "fifo.prom"
-    os.mkfifo(fifo)
-    to_fifo = tmp_path / "to-fifo.prom"
-    to_fifo.symlink_to(fifo)
-    with pytest.raises(LocalStateError, match="a FIFO"):
-        status.write_prom_file(to_fifo, "x\n")
-    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    with pytest.raises(LocalStateError, match="a symbolic link") as caught:
+        status.write_prom_file(link, "new 1\n")
+    assert caught.value.exit_code == 10
+    assert link.is_symlink() and real.read_text() == "old\n"
 
 
 @pytest.mark.parametrize("kind", sorted(NOT_REGULAR) + ["link"])

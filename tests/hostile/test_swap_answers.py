@@ -299,3 +299,16 @@ def test_connection_refused_is_a_summary_too(tmp_path):
     sock.close()  # nothing listens there
     parsed = parse_send(json.dumps(sender.run_send(_args(f"http://127.0.0.1:{port}", tmp_path))), "gpu-a")
     assert parsed.stage == "server_info" and not parsed.sent and parsed.http_status == 0
+
+
+def test_the_sender_called_in_process_leaves_the_callers_signal_handlers_as_they_were(tmp_path):
+    """run_send turns signals into Interrupted while it runs; only the sender's own process (main)
+    keeps them ignored afterwards. In-process, a leaked SIG_IGN of SIGTERM made every child the
+    caller started later immune to SIGTERM (a router stand-in in another test survived it)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    sender.run_send(_args(f"http://127.0.0.1:{port}", tmp_path))
+    assert {s: signal.getsignal(s) for s in before} == before

@@ -106,6 +106,10 @@ def test_up_with_router_reaches_every_replica_rolls_with_no_failed_request_and_d
     # one host at a time by default with a router: three batches
     assert [p for p in phases if "redeploy" in p] == ["batch 1/3 redeploy sb1", "batch 2/3 redeploy sb2",
                                                        "batch 3/3 redeploy sb3"]
+    # issue 42: the probe of a fresh host (no fixer yet) is a plain line, not python's "can't open file"
+    details = {p["phase"]: p.get("detail") or "" for p in doc["fleet"]["phases"]}
+    assert "sb2 (fixer not on the host yet; uploading it with the redeploy)" in details["batch 2/3 check unchanged sb2"]
+    assert not [d for d in details.values() if "can't open file" in d], details
     workers = router_workers(sb)
     assert sorted(w["url"] for w in workers) == sorted(worker_url(sb, h) for h in HOSTS)
     assert all(w["is_healthy"] for w in workers)
@@ -148,7 +152,7 @@ def test_up_with_router_reaches_every_replica_rolls_with_no_failed_request_and_d
     assert sorted(w["url"] for w in workers) == sorted(worker_url(sb, h) for h in HOSTS)
     assert all(w["is_healthy"] for w in workers), workers
 
-    pid = int(sb.run("sb1", "cat ~/.deployctl/router/router.pid").stdout)
+    pid = int(sb.run("sb1", f"cat ~/.deployctl/router/{ROUTER_PORT}/router.pid").stdout)
     # Some replicas down (merged from test_down_of_some_replicas_takes_them_out_of_the_router_which_
     # keeps_serving, which deployed the same fleet from scratch for it): sb1 is the router host AND
     # a replica: its replica goes, the router stays for sb2
@@ -156,7 +160,7 @@ def test_up_with_router_reaches_every_replica_rolls_with_no_failed_request_and_d
     assert code == 0, summary(doc)
     assert doc["router"]["stopped"] is False and sorted(doc["router"]["removed"]) == sorted(
         worker_url(sb, h) for h in ("sb1", "sb3")), doc["router"]
-    assert int(sb.run("sb1", "cat ~/.deployctl/router/router.pid").stdout) == pid
+    assert int(sb.run("sb1", f"cat ~/.deployctl/router/{ROUTER_PORT}/router.pid").stdout) == pid
     assert sb.run("sb1", f"ps -o stat= -p {pid}").stdout.strip()[:1] in ("S", "R")
     assert [w["url"] for w in router_workers(sb)] == [worker_url(sb, "sb2")]
     assert not running(sb, "sb1") and not running(sb, "sb3") and running(sb, "sb2")

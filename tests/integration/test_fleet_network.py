@@ -67,7 +67,7 @@ def test_a_fleet_bound_to_0000_serves_from_every_replica_and_rolls_with_no_faile
 
 
 def router_pid(sandbox) -> int:
-    return int(sandbox.run("sb1", "cat ~/.deployctl/router/router.pid").stdout)
+    return int(sandbox.run("sb1", f"cat ~/.deployctl/router/{ROUTER_PORT}/router.pid").stdout)
 
 
 def test_a_router_killed_mid_roll_stops_it_exit_14_untouched_replicas_serve_and_the_restart_has_them_all(

@@ -185,7 +185,7 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     ("base", {
         "deploy.base": ("__init__", "errors", "limits", "secrets", "shell", "signals", "terminal"),
         "deploy.remote": ("__init__", "doctor_facts", "drafter_swap", "fleet_ops", "host_lock", "host_ops",
-                          "listeners", "quarantine", "server_status", "sglang_cli", "state_files"),
+                          "listeners", "quarantine", "server_status", "sglang_cli", "sglang_source", "state_files"),
         "deploy.remote.fixer": ("__init__", "__main__", "checkpoint", "cli", "config", "conversion", "errors",
                                 "fileio", "header", "loader", "plan", "rename", "restoration", "sidecar", "store"),
     }),
@@ -208,10 +208,10 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     }),
     # one module per playbook step
     ("steps", {
-        "deploy.steps": ("__init__", "base", "benchmark", "converge", "doctor", "drafter_swap", "ensure_helper",
+        "deploy.steps": ("__init__", "base", "benchmark", "converge", "doctor", "ensure_helper",
                          "failure_cause", "fix_keys", "free_gpus", "launch", "memory", "quarantine", "record_good",
-                         "regression_gate", "stop_stale", "swap_drafter", "verify_acceptance", "wait_gpus_free",
-                         "wait_ready"),
+                         "regression_gate", "stop_stale", "swap_decision", "swap_drafter", "verify_acceptance",
+                         "wait_gpus_free", "wait_ready"),
     }),
     # the host session, playbooks, locks, fan-out
     ("engine", {

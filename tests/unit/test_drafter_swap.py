@@ -15,7 +15,7 @@ from deploy.base.errors import RemoteOutputError
 from deploy.facts.drafter_swap import DrafterFacts, GpuMemory, SwapInspection, parse_inspection, parse_send
 from deploy.remote import drafter_swap as sender
 from deploy.host.deployment import DesiredDeployment, desired_deployment
-from deploy.steps.drafter_swap import RunningServer, has_admin_key, swap_decision
+from deploy.steps.swap_decision import RunningServer, has_admin_key, swap_decision
 from sandbox import drafter as drafter_mod
 from tests.fixtures_ckpt import make_sglang_drafter
 

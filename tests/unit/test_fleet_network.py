@@ -147,8 +147,13 @@ def test_a_taken_metrics_port_names_its_holder_and_the_router_own_is_fine():
     fine, taken = port_problems(binds, parse_ports(got, binds, "a"))
     assert fine == ["10.0.0.1:30080 (router.port): the router deployctl started listens there"]
     assert len(taken) == 1 and "0.0.0.0:29000" in taken[0] and "pid 4242 (node_exporter" in taken[0]
-    got["ports"][1]["listeners"][0]["holders"] = []  # another user's socket: still taken
+    got["ports"][1]["listeners"][0]["holders"] = []  # no holder visible here: still taken
     assert "cannot see" in port_problems(binds, parse_ports(got, binds, "a"))[1][0]
+    # issue 37: the socket's owner says whose it is: another user's, or the deploy user's own in a container
+    got["ports"][1]["listeners"][0]["uid"] = 1000
+    assert "uid 1000, another user's" in port_problems(binds, parse_ports(got, binds, "a"), uid=0)[1][0]
+    mine = port_problems(binds, parse_ports(got, binds, "a"), uid=1000)[1][0]
+    assert "of the deploy user (uid 1000)" in mine and "another PID namespace" in mine and "another user" not in mine
     with pytest.raises(Exception, match="unexpected output"):
         parse_ports({"ports": [got["ports"][0]]}, binds, "a")
 
@@ -244,6 +249,23 @@ def test_a_restarted_router_gets_every_healthy_replica_not_only_the_batch():
     assert router.started == [[url["c"]]]
     assert "not restarted" in restart_with_healthy(fake_state(), FakeRouter([ALIVE]), hosts, lambda h: url[h.name],
                                                    lambda h: True)
+
+
+def test_a_router_restart_ends_the_rotation_clock_only_of_replicas_still_out():
+    # issue 37: after a router killed mid-roll was started again, the report said host1 was out of
+    # rotation 43-44 s; a poller outside saw 19-22 s: host1's clock, back in since batch 1, restarted
+    state = fake_state()
+    hosts = [Host(name=n, address=f"10.0.0.{i}") for i, n in enumerate("abc", 1)]
+    url = {h.name: f"http://{h.address}:30000" for h in hosts}
+    state.rotation = {"a": {"out": 1.0, "in": 20.0}, "b": {"out": 30.0}, "c": {"kept": 2.0}}
+    restart_with_healthy(state, FakeRouter([ALIVE], healthy=set(url.values())), hosts, lambda h: url[h.name],
+                         lambda h: True)
+    assert state.rotation["a"] == {"out": 1.0, "in": 20.0}
+    assert state.rotation["b"]["in"] > 30.0 and "in" not in state.rotation["c"]
+    state.rotation = {"a": {"out": 40.0, "in": 20.0}}  # back in, then out again (a later batch): in again now
+    restart_with_healthy(state, FakeRouter([ALIVE], healthy=set(url.values())), hosts, lambda h: url[h.name],
+                         lambda h: True)
+    assert state.rotation["a"]["in"] > 40.0
 
 
 # -- router log tails without escapes (priority 6) ------------------------------------------------
@@ -434,3 +456,45 @@ def test_the_router_hosts_log_tail_reaches_messages_as_words():
     router.conn, router.calls = Conn(), SimpleNamespace(log_tail=lambda n: SimpleNamespace(command=f"tail -n {n} -- x"))
     tail = router.log_tail()
     assert "\x1b" not in tail and "\r" not in tail and tail.endswith("ERROR thread 'main' panicked")
+
+
+def test_a_preflight_refusal_says_its_cause_on_the_progress_line():
+    # issue 37: with --json the one stderr line ended at "...each keeps serving what it served:"
+    from deploy.fleet.phases import Barrier, PhaseRecord
+    from deploy.fleet.rolling import PreflightFailed
+
+    records: list[PhaseRecord] = []
+    said: list[str] = []
+    barrier = Barrier(records, lambda host, step, message: said.append(message), 1)
+    error = PreflightFailed("fleet pre-flight failed; no replica was stopped, each keeps serving what it served:\n"
+                            "sb1: router-port: 0.0.0.0:29000 is taken\nsb2: serve_host 127.0.0.1 is a loopback address")
+    barrier.failed("pre-flight", error, 0.0, detail=str(error))
+    assert "what it served: | sb1: router-port: 0.0.0.0:29000 is taken | sb2: serve_host" in said[0]
+    assert records[0].exit_code == 8
+
+
+@pytest.mark.parametrize("owner,deploy_uid,words", [
+    (1000, 1000, "of the deploy user (uid 1000) that is not visible here"),
+    (0, 1000, "uid 0, another user's"),
+    (None, 1000, "another user's, or in another PID namespace"),
+    (1000, None, "uid 1000, another user's")])
+def test_a_listener_no_visible_process_holds_is_named_by_its_owner(owner, deploy_uid, words):
+    """The doctor's serve-port and the router's port checks say the same (deploy/host/sglang_argv.py)."""
+    from deploy.host.sglang_argv import unseen_holder
+
+    assert words in unseen_holder(owner, deploy_uid)
+
+
+def test_fleet_ops_ports_reports_each_listeners_owner_uid(tmp_path):
+    import os
+    import socket
+
+    from deploy.remote import fleet_ops
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        got = fleet_ops.ports(str(tmp_path / "router.pid"), [port])
+    assert got["uid"] == os.getuid()
+    assert [li["uid"] for li in got["ports"][0]["listeners"]] == [os.getuid()]

@@ -325,7 +325,7 @@ STEP_FILES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "steps").g
 #: not steps: what steps share (base, the typed memory), and swap_decision (pure, no host: swap-drafter and plan ask it)
 #: memory.py (typed step memory), failure_cause.py (the typed failure classification the steps and the engine
 #: share, issue 28) and drafter_swap.py (the swap decision, issue 29) are not steps
-NOT_STEPS = ("base.py", "memory.py", "__init__.py", "drafter_swap.py", "failure_cause.py")
+NOT_STEPS = ("base.py", "memory.py", "__init__.py", "swap_decision.py", "failure_cause.py")
 
 
 @pytest.mark.parametrize("path", [p for p in STEP_FILES if p.name not in NOT_STEPS], ids=lambda p: p.name)

@@ -90,3 +90,17 @@ def test_no_page_sends_a_reader_to_an_old_place(page):
     text = page.read_text()
     assert "deploy/playbooks" not in text  # playbooks/ is at the top of the repository
     assert "only import downwards" not in text  # the code has upward imports (issue 16)
+
+
+def test_the_fixers_exit_codes_are_deployctls():
+    """Issue 37: the host-side fixer (stdlib only, so it cannot import ExitCode) keeps its own EXIT_*
+    numbers; each is tied here to the one table, by name (a change needed is FAILED's 1, like
+    `fix-keys --check`), so the README's and docs/exit-codes.md's tables (above) cover them too."""
+    from deploy.remote.fixer import errors, store
+
+    aliases = {"CHANGE_NEEDED": "FAILED", "NO_SGLANG_VERSION": "FAILED"}
+    found = {name[5:]: value for module in (errors, store) for name, value in vars(module).items()
+             if name.startswith("EXIT_") and isinstance(value, int)}
+    assert found and "CHANGE_NEEDED" in found
+    for name, value in found.items():
+        assert value == ExitCode[aliases.get(name, name)], name

@@ -158,3 +158,77 @@ def test_every_verb_spares_a_router_on_a_replica_host(tmp_path):
         spared = Rollout.of(run, config.hosts_of(run), verb).playbook(playbook)
         stop = next((s for s in spared.steps if s.name == "stop-stale"), None)
         assert stop is None or "sglang_router" in stop.settings.exclude, verb
+
+
+# -- issue 37: what the config alone refuses, plan and run alike, before anything is reached ----------
+
+LOOPBACK = ["127.0.0.1", "127.0.0.9", "::1", "localhost"]
+NOT_LOOPBACK = [None, "0.0.0.0", "::", "10.0.0.2"]
+
+
+def expected_loopback_refusal(serve_host, router_host: str, replicas: list[str]) -> bool:
+    """docs/fleets.md, written out: a replica bound to a loopback address is reachable by a router on
+    its own host only."""
+    return serve_host in LOOPBACK and any(r != router_host for r in replicas)
+
+
+@pytest.fixture
+def locks_reached(monkeypatch, tmp_path):
+    """The fleet's first host contact (every host's lock) replaced: reaching it means "not refused"."""
+    from contextlib import contextmanager
+
+    from deploy.base.errors import LockHeld
+
+    reached: list[tuple[str, ...]] = []
+
+    @contextmanager
+    def hold_host_locks(config, hosts, owner, progress, jumps=None):
+        reached.append(tuple(h.name for h in hosts))
+        raise LockHeld("test: the lock phase was reached")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr("deploy.fleet.phases.hold_host_locks", hold_host_locks)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return reached
+
+
+@pytest.mark.parametrize("verb", ["up", "restart"])
+@pytest.mark.parametrize("layout", [("a", ["b", "c"]), ("b", ["b"]), ("b", ["b", "c"])])
+@pytest.mark.parametrize("serve_host", LOOPBACK + NOT_LOOPBACK)
+def test_plan_and_run_refuse_loopback_replicas_alike_before_any_host_is_reached(
+        tmp_path, capsys, locks_reached, verb, layout, serve_host):
+    router_host, replicas = layout
+    path = tmp_path / "loop.yaml"
+    serve = "" if serve_host is None else f"    serve_host: {serve_host!r}\n".replace("'", '"')
+    path.write_text(BASE + f"    hosts: [{', '.join(replicas)}]\n    router: {{host: {router_host}}}\n" + serve)
+    planned = main(["-c", str(path), verb, "--dry-run", "--json"])
+    plan_err = capsys.readouterr().err
+    ran = main(["-c", str(path), verb])
+    run_err = capsys.readouterr().err
+    if expected_loopback_refusal(serve_host, router_host, replicas):
+        assert (planned, ran) == (8, 8), (plan_err, run_err)
+        assert "is a loopback address" in plan_err and "is a loopback address" in run_err
+        assert locks_reached == []  # refused before any host was reached or locked
+    else:
+        assert (planned, ran) == (0, 9), (plan_err, run_err)
+        assert locks_reached == [tuple(replicas)]
+
+
+@pytest.mark.parametrize("argv", [["--host", "b"], ["--host", "b", "--host", "c"], []])
+def test_down_behind_a_router_takes_every_lock_before_it_touches_the_router(tmp_path, capsys, monkeypatch,
+                                                                            locks_reached, argv):
+    # issue 37: `down --host host1` while another run held host1's lock exited 9, but host1 had already
+    # been taken out of the router (cli/common.py removed it before any lock was taken)
+    touched: list[str] = []
+    monkeypatch.setattr("deploy.fleet.rolling.remove_from_router", lambda *a, **k: touched.append("remove") or {})
+    monkeypatch.setattr("deploy.fleet.rolling.stop_router", lambda *a, **k: touched.append("stop") or {})
+    path = write(tmp_path, "router-3")
+    assert main(["-c", str(path), "down", *argv]) == 9
+    assert touched == [] and locks_reached == [tuple(argv[1::2]) or ("a", "b", "c")]
+    # the plan says the same order
+    assert main(["-c", str(path), "down", "--dry-run", "--json", *argv]) == 0
+    import json
+
+    down = json.loads(capsys.readouterr().out)["fleet"]["down"]
+    assert down[0].startswith("every host's lock") and "nothing changed, the router included" in down[0]
+    assert ("out of the router" in down[1]) == bool(argv)

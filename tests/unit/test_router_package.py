@@ -63,10 +63,9 @@ def test_policies_per_package(policy):
 
 def test_fleet_ops_recognises_the_same_router_marks():
     # fleet_ops.py runs on hosts (stdlib only), so it keeps its own copy: the two must not drift
-    namespace: dict = {}
-    exec(compile(FLEET_OPS.read_text().replace('if __name__ == "__main__":', "if False:"), str(FLEET_OPS), "exec"),
-         namespace)
-    assert tuple(namespace["ROUTER_CMDLINE_MARKS"]) == ROUTER_CMDLINE_MARKS
+    from deploy.remote import fleet_ops
+
+    assert tuple(fleet_ops.ROUTER_CMDLINE_MARKS) == ROUTER_CMDLINE_MARKS
 
 
 def test_fleet_ops_router_packages_reads_metadata_of_this_interpreter():

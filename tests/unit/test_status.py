@@ -470,3 +470,54 @@ def test_the_status_table_is_readable_at_its_terminal_width(width):
     if width < status_render.WIDE_COLUMNS:
         assert any(line.split() == ["kimi-b", "regression"] for line in lines)
         assert any(line.split()[:1] == ["pid"] for line in lines)
+
+
+# -- the run's router (issue 44: status --check said "healthy" while the fleet's router was gone) ------
+
+URL = "http://10.0.0.2:30000"
+
+
+def _served(worker_url=URL, alive=True):
+    reading = status.HostReading(HOST, host_status(alive=alive), verdict=status.Verdict("healthy"))
+    reading.worker_url = worker_url
+    return reading
+
+
+ROUTER_ROWS = {
+    "healthy": ({"host": "r", "alive": True, "answering": True, "pid": 7,
+                 "workers": [{"url": URL, "healthy": True}]}, "healthy", 0),
+    "down": ({"host": "r", "alive": False, "pid": None}, "down", ExitCode.FAILED),
+    "another-users-pid": ({"host": "r", "alive": False, "pid": 9,
+                           "note": "PID 9 from x runs a router but owned by uid 0; not touched"}, "down", ExitCode.FAILED),
+    "not-answering": ({"host": "r", "alive": True, "answering": False, "pid": 7}, "not-answering", ExitCode.FAILED),
+    "not-listed": ({"host": "r", "alive": True, "answering": True, "pid": 7, "workers": []}, "missing",
+                   ExitCode.FAILED),
+    "listed-unhealthy": ({"host": "r", "alive": True, "answering": True, "pid": 7,
+                          "workers": [{"url": URL, "healthy": False}]}, "missing", ExitCode.FAILED),
+    "unreachable": ({"host": "r", "error": "r: connection refused", "exit_code": 4}, "unreachable", ExitCode.CONNECTION),
+    "unexpected": ({"host": "r", "error": "r: fleet_ops printed ...", "exit_code": 5}, "error", ExitCode.REMOTE_OUTPUT),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROUTER_ROWS))
+def test_the_router_is_judged_next_to_its_replicas(name):
+    row, state, code = ROUTER_ROWS[name]
+    readings = [_served()]
+    router = status.judge_router(row, readings)
+    assert router.state == state and router.exit_code == code
+    assert status.exit_code(readings, True, router) == code
+    # without --check only a router host that could not be read changes the exit code
+    assert status.exit_code(readings, False, router) == (code if "error" in row else 0)
+    doc = status.document(RUN, readings, status.Gate(), router)
+    assert doc["router"]["verdict"] == state and doc["router"]["exit_code"] == code
+    found = findings(readings, router)
+    assert (state != "healthy") == any(line.startswith("router on r:") for line in found), found
+    assert any(line.split()[1] == "router@r" and line.split()[2] == state for line in plain_lines(readings, router))
+    prom = status.prom_text(RUN, readings, now=1.0, router=router)
+    if "error" not in row:
+        assert f'deployctl_status_router_up{{host="r",run="{RUN.name}"}} {int(state == "healthy")}' in prom
+
+
+def test_a_replica_that_does_not_serve_is_not_missing_from_the_router():
+    router = status.judge_router(ROUTER_ROWS["not-listed"][0], [_served(alive=False)])
+    assert router.state == "healthy"

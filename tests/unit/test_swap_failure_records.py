@@ -25,7 +25,7 @@ from deploy.ssh.transport import ExecCancelled, ExecTimedOut
 from deploy.steps import swap_drafter
 from deploy.steps.base import StepContext
 from deploy.steps.converge import would_converge
-from deploy.steps.drafter_swap import RunningServer, SwapDecision, swap_decision
+from deploy.steps.swap_decision import RunningServer, SwapDecision, swap_decision
 from deploy.steps.memory import StepMemory
 from tests.recording import RecordingTransport, Reply
 
