@@ -11,7 +11,9 @@ matches, in a directory every user of the host shares (``/run/lock``, else ``/va
 ``/dev/shm``, ``/tmp``: the first world-writable sticky one), named after the device's real path.
 Two configs that name the same host with different state dirs (or users) therefore contend for the
 GPUs they share: the stop-stale and ``fuser -k`` of one must never hit the other's server.
-A GPU lock file holds its holder's owner JSON, so a refusal names it.
+A GPU lock file holds its holder's owner JSON, so a refusal names it; a holder that may not write it
+(another user's file: written only by its owner, issue 38) leaves the note in ``LOCK.<euid>.owner``
+beside it instead, removed on release.
 
 ``flock(LOCK_EX | LOCK_NB)`` on ``LOCK``; then one JSON line on stdout:
 ``{"acquired": true, "previous": OWNER|null}`` (``previous``: an owner file left by a holder that
@@ -187,6 +189,89 @@ def _write_fd(fd: int, text: str) -> None:
         pass  # the lock holds, only its owner note is missing
 
 
+MAX_NOTES = 16
+
+
+def _note_path(path: str, uid: int) -> str:
+    return "%s.%d.owner" % (path, uid)
+
+
+def _write_note(path: str, text: str):
+    """The owner note of a GPU lock file that is another user's (so never written, issue 38): beside
+    it, a file of this user's own, ``LOCK.<euid>.owner``, created O_EXCL|O_NOFOLLOW (a stale one of
+    ours is replaced; anything else there, planted by another user, is left alone: no note). The path
+    written, or None."""
+    note = _note_path(path, os.geteuid())
+    try:
+        st = os.lstat(note)
+    except FileNotFoundError:
+        st = None
+    except OSError:
+        return None
+    try:
+        if st is not None:
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+                return None  # not a note of ours (a link, a hard link to one of our files): left alone
+            os.unlink(note)
+        fd = os.open(note, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return None
+    try:
+        os.fchmod(fd, 0o644)
+        os.write(fd, text.encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return note
+
+
+def _remove_note(note: str) -> None:
+    try:
+        st = os.lstat(note)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1:
+            os.unlink(note)
+    except OSError:
+        pass
+
+
+def _read_note(note: str):
+    try:
+        fd = os.open(note, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 65536:
+            return None
+        document = host_ops.loads_json(os.read(fd, 65537).decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return document if isinstance(document, dict) else None
+
+
+def _holder(path: str, fd: int):
+    """Who holds a GPU lock: the newest of its own note and the ``LOCK.<uid>.owner`` notes beside it
+    (a holder that could not write the lock file, another user's, wrote one; only a note the uid in
+    its name owns counts)."""
+    found = []
+    holder = _read_fd(fd)
+    if holder is not None:
+        found.append((os.fstat(fd).st_mtime, holder))
+    for note in sorted(glob.glob(glob.escape(path) + ".*.owner"))[:MAX_NOTES]:
+        try:
+            st = os.lstat(note)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and note == _note_path(path, st.st_uid):
+            document = _read_note(note)
+            if document is not None:
+                found.append((st.st_mtime, document))
+    return max(found, key=lambda item: item[0])[1] if found else None
+
+
 def _busy(exc: OSError) -> bool:
     return exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES)
 
@@ -230,6 +315,7 @@ def hold(lock_path: str, owner_json: str, stdin=None, stdout=None, gpu_devices=N
         return 0
     gpu_fds = []  # type: list[int]
     writable = []  # type: list[int]
+    theirs = []  # type: list[str]
     if gpu_devices is not None:
         for device, path in gpu_lock_paths(gpu_devices, directory or shared_dir()):
             try:
@@ -241,7 +327,7 @@ def hold(lock_path: str, owner_json: str, stdin=None, stdout=None, gpu_devices=N
             try:
                 fcntl.flock(gpu_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
-                holder = _read_fd(gpu_fd)
+                holder = _holder(path, gpu_fd)
                 for other in gpu_fds + [gpu_fd, fd]:
                     os.close(other)
                 if not _busy(exc):
@@ -252,10 +338,13 @@ def hold(lock_path: str, owner_json: str, stdin=None, stdout=None, gpu_devices=N
             gpu_fds.append(gpu_fd)
             if mine:
                 writable.append(gpu_fd)
+            else:
+                theirs.append(path)
     previous = _read_owner(owner_path)
     owner["host_pid"] = os.getpid()
     for gpu_fd in writable:
         _write_fd(gpu_fd, json.dumps(owner) + "\n")
+    notes = [n for n in (_write_note(path, json.dumps(owner) + "\n") for path in theirs) if n is not None]
     # the one safe write (an exclusive temporary name; a link planted there is never written through)
     host_ops.replace_file(owner_path, (json.dumps(owner) + "\n").encode("utf-8"), 0o644)
     stdout.write(json.dumps({"acquired": True, "previous": previous}) + "\n")
@@ -276,6 +365,8 @@ def hold(lock_path: str, owner_json: str, stdin=None, stdout=None, gpu_devices=N
                 pass
             for gpu_fd in writable:
                 _write_fd(gpu_fd, "")
+            for note in notes:
+                _remove_note(note)
         for other in gpu_fds + [fd]:
             os.close(other)
     return 0

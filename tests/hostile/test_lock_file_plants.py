@@ -19,6 +19,8 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -424,3 +426,85 @@ def test_a_planted_state_dir_lock_file_is_refused_naming_it(tmp_path, kind, monk
     with pytest.raises(DeployError) as caught:
         acquire_host_lock(Conn(FakeHeld(1, captured.err)), host, {"pid": 1})
     assert caught.value.exit_code == ExitCode.IO and str(lock) in str(caught.value)
+
+
+# -- another user's lock file: the holder's note goes beside it (LOCK.<euid>.owner) ----------------
+
+
+def _note(path: Path) -> Path:
+    return Path(f"{path}.{os.geteuid()}.owner")
+
+
+@pytest.mark.parametrize("content", [b"", b'{"run": "stale", "pid": 1}\n'])
+def test_a_holder_of_another_users_lock_file_is_still_named_through_its_own_note(tmp_path, content):
+    """The lock file is another user's (created by a user since deleted, say): the holder cannot write
+    it, so its note goes to LOCK.<euid>.owner; a contending run names the holder, not a stale note."""
+    dev, shared, state, paths = _layout(tmp_path, 1)
+    _genuine_other(paths[0], content)
+    os.utime(paths[0], (1_000_000_000, 1_000_000_000))  # the stale note is old
+    out = io.StringIO()
+    release = threading.Event()
+
+    class Stdin:
+        """deployctl's channel: silent until the test releases, then "release" and EOF."""
+
+        def __init__(self):
+            self.said = False
+
+        def read(self, n):
+            release.wait(20)
+            if self.said:
+                return b""
+            self.said = True
+            return b"release\n"
+
+    holder = threading.Thread(target=host_lock.hold, args=(str(state / "deployctl.lock"),
+                                                           json.dumps({"run": "holder", "pid": 7})),
+                              kwargs={"stdin": Stdin(), "stdout": out, "gpu_devices": f"{dev}/nvidia*",
+                                      "directory": str(shared)})
+    holder.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert json.loads(out.getvalue())["acquired"] is True
+        assert json.loads(_note(paths[0]).read_text())["run"] == "holder"
+        assert paths[0].read_bytes() == content  # another user's file: never written
+        code, [refused] = _hold(tmp_path / "state-b", f"{dev}/nvidia*", shared)
+        assert code == 0 and refused["acquired"] is False and refused["owner"]["run"] == "holder"
+    finally:
+        release.set()
+        holder.join(20)
+    assert not _note(paths[0]).exists() and paths[0].read_bytes() == content  # removed on release
+
+
+@pytest.mark.parametrize("kind", ["symlink-to-victim", "hardlink-to-victim", "fifo", "directory",
+                                  "symlink-to-other-users-file", "dangling-symlink"])
+def test_a_plant_at_the_note_name_is_never_written_through(tmp_path, kind):
+    dev, shared, state, paths = _layout(tmp_path, 1)
+    _genuine_other(paths[0], b"")
+    victim = PLANTS[kind][0](_note(paths[0]), tmp_path)
+    victim_bytes = victim.read_bytes() if victim is not None else None
+    before = os.lstat(_note(paths[0]))
+    code, [answer] = _hold(state, f"{dev}/nvidia*", shared)
+    assert code == 0 and answer["acquired"] is True  # the lock is taken; only its note is missing
+    after = os.lstat(_note(paths[0]))
+    assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)
+    if victim is not None:
+        assert victim.read_bytes() == victim_bytes
+    assert not (tmp_path / "victim-dir-absent").exists()
+
+
+def test_a_note_whose_name_lies_about_its_owner_is_not_believed(tmp_path):
+    dev, shared, state, paths = _layout(tmp_path, 1)
+    _genuine_other(paths[0], b"")
+    spoof = Path(f"{paths[0]}.0.owner")  # named for root, owned by another user
+    spoof.write_text('{"run": "spoofed", "pid": 1}\n')
+    os.chown(spoof, OTHER_UID, OTHER_UID)
+    theirs = os.open(paths[0], os.O_RDONLY)
+    try:
+        fcntl.flock(theirs, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code, [refused] = _hold(state, f"{dev}/nvidia*", shared)
+        assert refused["acquired"] is False and refused["owner"] is None
+    finally:
+        os.close(theirs)
