@@ -179,12 +179,14 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("interrupted", err=True)
         return _failed(json_verb, printed, ExitCode.INTERRUPTED, "interrupted")
     except Exception as exc:  # a bug: one line by default, the whole traceback with --traceback
+        from deploy.base.secrets import mask_text
+
         if errors.show_tracebacks:
             traceback.print_exception(exc, file=sys.stderr)
-            click.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
+            click.echo(f"internal error: {type(exc).__name__}: {mask_text(str(exc))}", err=True)
         else:
-            click.echo(f"internal error: {type(exc).__name__}: {exc} (run with --traceback)", err=True)
-        return _failed(json_verb, printed, ExitCode.FAILED, f"internal error: {type(exc).__name__}: {exc}")
+            click.echo(f"internal error: {type(exc).__name__}: {mask_text(str(exc))} (run with --traceback)", err=True)
+        return _failed(json_verb, printed, ExitCode.FAILED, f"internal error: {type(exc).__name__}: {mask_text(str(exc))}")
     return int(result or 0)
 
 

@@ -348,6 +348,7 @@ def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: in
     except Interrupted:
         # the server may have opened the session: end it (a refused begin's session is another's: left alone)
         _end_session(url, key, min(60.0, left()))
+        _SIGNALS.update(defer=False, pending=None)
         raise
     if not _succeeded(status, answer):
         summary.update(http_status=status, message=_message(answer))
@@ -406,15 +407,15 @@ def _interrupt(signum, frame) -> None:
 
 
 def _end_session(url: str, key: str | None, timeout: float) -> tuple:
+    """POST /end_weight_update with signals held back until ``_raise_deferred`` (after the caller
+    has noted the answer)."""
     _SIGNALS["defer"] = True
-    try:
-        return http(f"{url}/end_weight_update", {}, key, timeout)
-    finally:
-        _SIGNALS["defer"] = False
+    return http(f"{url}/end_weight_update", {}, key, timeout)
 
 
 def _raise_deferred() -> None:
-    pending, _SIGNALS["pending"] = _SIGNALS["pending"], None
+    pending = _SIGNALS["pending"]
+    _SIGNALS.update(defer=False, pending=None)
     if pending is not None:
         raise Interrupted(pending)
 

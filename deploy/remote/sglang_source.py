@@ -6,6 +6,7 @@ in the doctor's inline program (deploy/facts/doctor.py embeds both) and locally 
 import ast
 import hashlib
 import os
+import stat
 
 #: the largest source file read (0.5.12's server_args.py: 348 KB)
 MAX_SOURCE_BYTES = 4 << 20
@@ -82,8 +83,14 @@ class _Source(object):
             return None
         base = os.path.join(self.package_dir, *parts[1:])
         for path in (base + ".py", os.path.join(base, "__init__.py")):
-            if os.path.isfile(path):
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                continue
+            if stat.S_ISREG(mode):
                 return path
+            # issue 38: a FIFO at srt/server_args.py was "not found"
+            raise Unreadable("%s: not a regular file (%s)" % (path, _kind(mode)))
         return None
 
     def module(self, dotted):
@@ -123,12 +130,30 @@ class _Source(object):
         return None, None
 
 
+def _kind(mode):
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def parse_file(path):
+    # non-blocking and fstat'ed first: a FIFO swapped in after path_of's stat must not hang the doctor
     try:
-        with open(path, "rb") as handle:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise Unreadable("%s: %s" % (path, _error(exc)))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise Unreadable("%s: not a regular file (%s)" % (path, _kind(mode)))
+        with os.fdopen(os.dup(fd), "rb") as handle:
             data = handle.read(MAX_SOURCE_BYTES + 1)
     except OSError as exc:
         raise Unreadable("%s: %s" % (path, _error(exc)))
+    finally:
+        os.close(fd)
     if len(data) > MAX_SOURCE_BYTES:
         raise Unreadable("%s is larger than %d bytes" % (path, MAX_SOURCE_BYTES))
     try:

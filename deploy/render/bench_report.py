@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from deploy.base.secrets import mask_secrets
 from deploy.local.state import ensure_directory, replace_file, state_home
 
 METRICS = (("output_tok_s", "output tok/s", ".1f"), ("accept_length", "accept length", ".2f"),
@@ -404,6 +405,7 @@ def write(doc: dict[str, Any], directory: Path | None = None) -> tuple[Path, Pat
     directory = ensure_directory(directory or state_home() / "bench", "deployctl's bench report folder")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     json_path, html_path = directory / f"report-{stamp}.json", directory / f"report-{stamp}.html"
+    doc = mask_secrets(doc)  # SGLang's API keys never reach a report file (issue 38)
     # the one local write (never through a link planted under the name: issue 44)
     replace_file(json_path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode("utf-8"), "the bench report")
     replace_file(html_path, render_html(doc).encode("utf-8"), "the bench report")

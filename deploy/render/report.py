@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 from deploy.base.errors import ExitCode
 from deploy.facts.gpus import GpuRow
 from deploy.engine.fanout import HostOutcome, exit_code
+from deploy.base.secrets import mask_secrets
 from deploy.base.terminal import safe_line, safe_text
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ stdout_documents = 0
 def print_json(document: Any, stream: TextIO | None = None, *, one_line: bool = False) -> None:
     global stdout_documents
     out = stream or sys.stdout
-    out.write(json.dumps(document, indent=None if one_line else 2, sort_keys=False, default=str) + "\n")
+    # every --json document: SGLang's API keys masked (a plan's argv, a reason, a recorded argv; issue 38)
+    out.write(json.dumps(mask_secrets(document), indent=None if one_line else 2, sort_keys=False, default=str) + "\n")
     out.flush()
     if out is sys.stdout:
         stdout_documents += 1

@@ -108,8 +108,9 @@ class Transport:
         return _host_label(self.host)
 
     # -- what a concrete transport provides ---------------------------------------------------
-    def _exec(self, command: str, *, timeout: float) -> tuple[int, str, str]:
-        """Run the (already wrapped) ``command`` under ``sh``: (exit code, stdout, stderr).
+    def _exec(self, command: str, *, timeout: float, stdin: bytes | None = None) -> tuple[int, str, str]:
+        """Run the (already wrapped) ``command`` under ``sh``: (exit code, stdout, stderr); ``stdin``
+        its input, then EOF (None: none, EOF at once is not promised).
 
         Raises ExecTimedOut when ``timeout`` passes locally, OSError/EOFError when the connection is lost.
         """
@@ -143,13 +144,15 @@ class Transport:
         raise NotImplementedError(f"{type(self).__name__} cannot hold a command open")
 
     # -- what the steps call ------------------------------------------------------------------
-    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
-        """Run ``command`` under ``sh`` on the host; never raises for a non-zero exit."""
+    def run(self, command: str, *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+        """Run ``command`` under ``sh`` on the host; never raises for a non-zero exit. ``stdin``: what
+        it reads (a record to write: never on its command line)."""
         timeout = timeout or self.command_timeout_s
         wrapped = remote_timeout_wrap(command, timeout)
         started = time.monotonic()
         try:
-            exit_code, stdout, stderr = self._exec(wrapped, timeout=timeout + 10)
+            exit_code, stdout, stderr = (self._exec(wrapped, timeout=timeout + 10) if stdin is None
+                                         else self._exec(wrapped, timeout=timeout + 10, stdin=stdin))
         except ExecTimedOut:
             raise StepTimeout(
                 f"{self.label}: command did not finish within {timeout:.0f} s: {command[:200]}"
@@ -170,9 +173,10 @@ class Transport:
         return CommandResult(command=command, exit_code=exit_code, stdout=stdout, stderr=stderr,
                              duration_s=duration)
 
-    def check(self, command: str, *, timeout: float | None = None, what: str = "command") -> CommandResult:
+    def check(self, command: str, *, timeout: float | None = None, what: str = "command",
+              stdin: bytes | None = None) -> CommandResult:
         """Like ``run``, but a non-zero exit is a RemoteCommandFailed naming ``what``."""
-        result = self.run(command, timeout=timeout)
+        result = self.run(command, timeout=timeout, stdin=stdin)
         if not result.ok:
             detail = (result.stderr.strip() or result.stdout.strip())[-800:]
             raise RemoteCommandFailed(
@@ -399,7 +403,7 @@ class HostConnection(Transport):
         self.close()
 
     # -- the wire ---------------------------------------------------------------------------
-    def _exec(self, command: str, *, timeout: float) -> tuple[int, str, str]:
+    def _exec(self, command: str, *, timeout: float, stdin: bytes | None = None) -> tuple[int, str, str]:
         # HOSTILE (issue 22): one channel read within a byte limit (deploy/ssh/bounded_channel.py),
         # not fabric's run(hide=True), which kept a 60 MB nvidia-smi answer whole in memory.
         import paramiko
@@ -415,7 +419,7 @@ class HostConnection(Transport):
             raise ConnectionError(str(exc)) from exc
         try:
             status, out, err = bounded_channel.exec_bounded(channel, command, deadline=time.monotonic() + timeout,
-                                                            cancelled=cancelled)
+                                                            cancelled=cancelled, stdin=stdin)
             if status == -1 and not self._transport_alive(channel):
                 # the channel closed with no exit status and the SSH session is gone: the host (or its sshd)
                 # died mid-command; exit 4, not "the fixer printed no JSON" (exit 5)

@@ -19,7 +19,6 @@ rollback. The server is never recorded as serving a drafter that was not verifie
 from __future__ import annotations
 
 import dataclasses
-import json
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -28,8 +27,8 @@ from pydantic import Field
 from deploy.base.errors import ConnectionFailed, DeployError, Interrupted
 from deploy.facts.drafter_swap import (SENDER, SendSummary, SwapInspection, inspect_command, parse_inspection,
                                       parse_send, send_command)
-from deploy.facts.server import ServerState, deployment_path, parse_server_state
-from deploy.base.shell import quote, quote_path
+from deploy.facts.server import ServerState, deployment_path, parse_server_state, record_stdin
+from deploy.base.shell import quote_path
 from deploy.steps import converge, verify_acceptance
 from deploy.base.terminal import safe_line
 from deploy.steps.base import Action, Command, CommandResult, StepContext, StepOutcome, StepSettings
@@ -102,34 +101,39 @@ def after_action(ctx: StepContext) -> Command:
                                description="read the running server again: the same PID, alive, /health 200")
 
 
-def _record_command(ctx: StepContext, record: dict | None, pid: int | None) -> str:
-    text = quote(json.dumps(record, sort_keys=True)) if record is not None else "'<the deployment record>'"
+def _record_command(ctx: StepContext, pid: int | None) -> str:
     path = quote_path(deployment_path(ctx.paths.root))
-    payload = "printf '%s\\n' " + text
-    return f"pid={pid if pid is not None else '<pid>'}; {_written(ctx, path, payload, 'the deployment record')}"
+    return f"pid={pid if pid is not None else '<pid>'}; {_written(ctx, path, None, 'the deployment record')}"
+
+
+def _record_write(ctx: StepContext, record: dict | None, pid: int | None, **fields: Any) -> Command:
+    """The record on the command's stdin (launch.record_stdin: never on its command line, 1 MiB at most)."""
+    data = record_stdin(record, ctx.host.name, "the deployment record") if record is not None else None
+    return Command(command=_record_command(ctx, pid), stdin=data, stdin_shown="the deployment record (JSON)",
+                   timeout_s=30, what="deployment record", **fields)
 
 
 def mark_action(ctx: StepContext, record: dict | None = None, pid: int | None = None) -> Command:
     """Before the first tensor leaves (issue 38): from here until a verified answer the server's
     drafter is unknown, whatever ends the swap (a signal, a crash of the sender or of deployctl)."""
-    return Command(description="deployment record: swapping (no fingerprint until the swap is verified: a swap cut "
-                               "short by a signal or a crash leaves a server that nothing converges on)",
-                   when="the swap decision is swap, before the first tensor leaves",
-                   command=_record_command(ctx, record, pid), timeout_s=30, what="deployment record")
+    return _record_write(ctx, record, pid,
+                         description="deployment record: swapping (no fingerprint until the swap is verified: a swap "
+                                     "cut short by a signal or a crash leaves a server that nothing converges on)",
+                         when="the swap decision is swap, before the first tensor leaves")
 
 
 def restore_action(ctx: StepContext, record: dict | None = None, pid: int | None = None) -> Command:
-    return Command(description="deployment record: put back as it was (the server refused the swap before any "
-                               "tensor was sent)",
-                   when="the server refused the session before any tensor was sent",
-                   command=_record_command(ctx, record, pid), timeout_s=30, what="deployment record")
+    return _record_write(ctx, record, pid,
+                         description="deployment record: put back as it was (the server refused the swap before any "
+                                     "tensor was sent)",
+                         when="the server refused the session before any tensor was sent")
 
 
 def record_action(ctx: StepContext, record: dict | None = None, pid: int | None = None) -> Command:
-    return Command(description="deployment record: swapped (the served drafter and what was verified) or swap-failed "
-                               "(no fingerprint: nothing converges on a server whose drafter is unknown)",
-                   when="tensors were sent",
-                   command=_record_command(ctx, record, pid), timeout_s=30, what="deployment record")
+    return _record_write(ctx, record, pid,
+                         description="deployment record: swapped (the served drafter and what was verified) or "
+                                     "swap-failed (no fingerprint: nothing converges on a server whose drafter is unknown)",
+                         when="tensors were sent")
 
 
 def state_action(ctx: StepContext) -> Command:

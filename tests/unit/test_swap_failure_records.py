@@ -13,7 +13,6 @@ step runs over tests/recording.py's scripted wire, generated over every kind of 
 from __future__ import annotations
 
 import json
-import shlex
 
 import pytest
 
@@ -117,11 +116,11 @@ def _ctx(conn) -> StepContext:
 def _records(conn: RecordingTransport) -> list[dict]:
     """The deployment records the step wrote, in order (host_ops.py write-file's input)."""
     written = []
-    for command in conn.commands:
+    for command, stdin in zip(conn.commands, conn.stdins):
         if "write-file" not in command:
             continue
-        words = shlex.split(command)
-        written.append(json.loads(words[words.index("%s\\n") + 1]))
+        assert stdin is not None and "drafter_fingerprint" not in command  # the record on stdin, never on the line
+        written.append(json.loads(stdin))
     return written
 
 
