@@ -440,6 +440,15 @@ class HostSession:
         self.report.duration_s = time.monotonic() - self.started
 
 
+def lock_refused_why(exc: DeployError) -> str:
+    """The serving line of a host whose lock was not taken: only a held lock means another deployctl."""
+    if isinstance(exc, LockHeld):
+        return "another deployctl may be changing the host"
+    if exc.exit_code == ExitCode.IO:
+        return "the host lock could not be written; nothing was changed"
+    return "the host lock could not be taken; nothing was changed"
+
+
 def run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, stamp: str,
                 progress: Progress, cancelled: threading.Event, jumps: JumpConnections | None,
                 options: RunOptions | None = None) -> HostReport:
@@ -464,7 +473,7 @@ def run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, stamp:
         except DeployError as exc:
             report.error = exc
             report.steps = [StepRecord(s.name, "not-run") for s in playbook.steps]
-            report.serving = unreached(exc, "another deployctl may be changing the host")
+            report.serving = unreached(exc, lock_refused_why(exc))
             progress(session.host.name, "lock", f"FAILED: {exc}")
             return report
         records, error, failed_at = session.run_steps(playbook.steps)

@@ -199,7 +199,29 @@ def main(argv=None) -> int:
     if len(args) not in (3, 4) or args[0] != MARK:
         sys.stderr.write("usage: host_lock.py %s LOCK_PATH OWNER_JSON [GPU_DEVICES]\n" % MARK)
         return 2
-    return hold(args[1], args[2], gpu_devices=args[3] if len(args) == 4 else None)
+    try:
+        return hold(args[1], args[2], gpu_devices=args[3] if len(args) == 4 else None)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # issue 39: a full disk was reported as a traceback's last line, and the run's headline guessed at
+        # another deployctl; say which filesystem is full and what is left on it (one line, parsed locally)
+        sys.stderr.write(disk_full_line(exc, os.path.dirname(args[1]) or ".") + "\n")
+        return 1
+
+
+#: the one line a full disk prints (deploy/engine/locks.py reads it)
+DISK_FULL = "deployctl-disk-full"
+
+
+def disk_full_line(exc: OSError, directory: str) -> str:
+    free = {"path": directory, "error": "%s: %s" % (exc.strerror or exc, exc.filename or directory)}  # type: dict[str, object]
+    try:
+        st = os.statvfs(directory)
+        free.update(free_bytes=st.f_bavail * st.f_frsize, free_inodes=st.f_favail)
+    except OSError:
+        pass
+    return "%s %s" % (DISK_FULL, json.dumps(free, sort_keys=True))
 
 
 if __name__ == "__main__":
