@@ -43,9 +43,17 @@ def failed_verifications(report: HostReport, memory: StepMemory) -> dict[int, st
     failed: dict[int, str] = {}
     for records, pid in ((report.steps, memory.pid), (report.rollback, memory.rollback_pid)):
         step = next((s for s in records if s.name == "verify-acceptance" and s.status == "failed"), None)
-        if step is not None and isinstance(pid, int):
+        # issue 39: a verification a signal cut short did not fail ("failed verification ... interrupted")
+        if step is not None and isinstance(pid, int) and step.exit_code not in SIGNAL_EXITS:
             failed[pid] = (step.detail.splitlines() or ["failed"])[0][:300]
     return failed
+
+
+def interrupted_verifications(report: HostReport, memory: StepMemory) -> frozenset[int]:
+    """The PIDs whose verify-acceptance a signal stopped in this run (neither verified nor failed)."""
+    return frozenset(pid for records, pid in ((report.steps, memory.pid), (report.rollback, memory.rollback_pid))
+                     if isinstance(pid, int) and any(s.name == "verify-acceptance" and s.status == "failed"
+                                                     and s.exit_code in SIGNAL_EXITS for s in records))
 
 
 def serving_of(report: HostReport, memory: StepMemory, options: RunOptions, state=None,
@@ -86,8 +94,12 @@ def after_interruption(report: HostReport, memory: StepMemory) -> tuple[str, Ser
                     Serving("serving", pid, "verified in this run before the interruption; not read again"))
         why = failed_verifications(report, memory).get(pid)
         ready = any(s.name == "wait-ready" and s.status == "ok" for s in records)
-        state = f"failed verification in this run: {why}" if why else \
-            f"not verified in this run: {'ready' if ready else 'not ready yet'}"
+        if why:
+            state = f"failed verification in this run: {why}"
+        elif pid in interrupted_verifications(report, memory):
+            state = "verification interrupted, not verified in this run"
+        else:
+            state = f"not verified in this run: {'ready' if ready else 'not ready yet'}"
         return (f"SGLang pid {pid} ({whose}, {state}); {NOT_READ}",
                 Serving("unverified", pid, f"{whose}, {state}; interrupted, not read again"))
     stop = next((s for s in records if s.name == "stop-stale" and s.status == "ok"), None)
