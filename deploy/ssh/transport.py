@@ -85,6 +85,48 @@ class ExecCancelled(Exception):
     (mapped to Interrupted): the channel is closed at once, not when the command ends."""
 
 
+#: the first line each command HostConnection sends prints on stderr: the PID of the coreutils ``timeout``
+#: that bounds it (``exec``: the login shell becomes it). timeout moves itself and the command into a process
+#: group of their own (setpgid, unless --foreground), so that PID names the command's whole process group.
+GROUP_MARK = b"deployctl-pgid "
+#: a cancelled command's process group: SIGTERM, then SIGKILL after this long, then give up after as long again
+GROUP_TERM_WAIT_S = 2.0
+
+
+def group_wrap(wrapped: str) -> str:
+    """``wrapped`` (a ``remote_timeout_wrap`` command), announcing its process group first on stderr."""
+    return f"echo {GROUP_MARK.decode().strip()} $$ >&2; exec {wrapped}"
+
+
+def split_group_mark(stderr: bytes) -> tuple[int | None, bytes]:
+    """(process group, the rest of stderr): the mark ``group_wrap`` prints is never part of the answer. It is
+    the first line that has its shape (a login shell's startup files may print before it; the command itself
+    only after it)."""
+    start = 0 if stderr.startswith(GROUP_MARK) else stderr.find(b"\n" + GROUP_MARK, 0, 4096) + 1
+    if start == 0 and not stderr.startswith(GROUP_MARK):
+        return None, stderr
+    end = stderr.find(b"\n", start)
+    if end < 0:
+        return None, stderr  # not whole yet
+    digits = stderr[start + len(GROUP_MARK):end].strip()
+    rest = stderr[:start] + stderr[end + 1:]
+    return (int(digits) if digits.isdigit() and int(digits) > 1 else None), rest
+
+
+def stop_group_command(pgid: int, term_wait_s: float = GROUP_TERM_WAIT_S) -> str:
+    """Stop the process group ``pgid`` and wait until none of it is left: SIGTERM, SIGKILL after ``term_wait_s``;
+    exit 0 when it is gone (or was), 1 when something of it outlived SIGKILL for as long again."""
+    polls = max(1, int(term_wait_s / 0.05))
+    # a member is left while one is not a zombie (a host whose PID 1 reaps no orphans keeps them as zombies)
+    script = (f"g={int(pgid)}; kill -TERM -$g 2>/dev/null || exit 0; i=0; "
+              "left() { kill -0 -$g 2>/dev/null || return 1; command -v ps >/dev/null 2>&1 || return 0; "
+              "ps -eo pgid=,stat= | awk -v g=$g '$1 == g && $2 !~ /^Z/ {f = 1} END {exit !f}'; }; "
+              f"while left; do i=$((i+1)); "
+              f"if [ $i -eq {polls} ]; then kill -KILL -$g 2>/dev/null; fi; "
+              f"if [ $i -ge {2 * polls} ]; then exit 1; fi; sleep 0.05; done")
+    return "sh -c " + shlex.quote(script)
+
+
 class Transport:
     """A connection to one host, as the steps see it.
 
@@ -414,8 +456,9 @@ class HostConnection(Transport):
         except paramiko.SSHException as exc:
             raise ConnectionError(str(exc)) from exc
         try:
-            status, out, err = bounded_channel.exec_bounded(channel, command, deadline=time.monotonic() + timeout,
-                                                            cancelled=cancelled)
+            status, out, err = bounded_channel.exec_bounded(channel, group_wrap(command),
+                                                            deadline=time.monotonic() + timeout, cancelled=cancelled)
+            err = split_group_mark(err)[1]
             if status == -1 and not self._transport_alive(channel):
                 # the channel closed with no exit status and the SSH session is gone: the host (or its sshd)
                 # died mid-command; exit 4, not "the fixer printed no JSON" (exit 5)
@@ -426,7 +469,11 @@ class HostConnection(Transport):
             # time, so the local deadline passing means the host or the network froze (exit 4, not 7)
             raise ConnectionError(self._freeze(f"no answer within {timeout:.0f} s to a command bounded on the "
                                                f"host")) from None
-        except bounded_channel.Cancelled:
+        except bounded_channel.Cancelled as cut:
+            # issue 39: closing the channel alone left the host-side command running (the fix-keys store
+            # 7.3 s after the lock was released, and a restart then failed on its half-written store entry):
+            # its process group ends before this returns, so before the host lock is released
+            self._stop_group(channel, cut.stderr)
             raise ExecCancelled(command) from None
         except bounded_channel.OutputTooLarge as exc:
             raise RemoteOutputError(f"{self.label}: refused the answer of {command[:200]!r}: it {exc} "
@@ -464,11 +511,14 @@ class HostConnection(Transport):
         try:
             # short reads, so Ctrl-C and the local deadline are noticed within 0.1 s
             channel.settimeout(0.1)
-            channel.exec_command(command)
+            channel.exec_command(group_wrap(command))
             pending = line = b""
             while True:
                 if cancelled.is_set():
                     self._end_watch(channel, wait_s=0.5)
+                    # a loop busy in a query (nvidia-smi) reads its stdin's EOF only after it: issue 39 saw
+                    # watch-gpus run 25 s after deployctl exited; its process group ends here, before the lock
+                    self._stop_group(channel, b"")
                     return None, ""
                 if time.monotonic() > deadline:
                     raise ConnectionError(self._freeze(f"no answer within {timeout:.0f} s to a host-side wait "
@@ -490,6 +540,7 @@ class HostConnection(Transport):
                         break
                     if on_line(line.decode("utf-8", "replace")):
                         self._end_watch(channel)
+                        self._stop_group(channel, b"")
                         return None, ""
                 if len(pending) > _MAX_WATCH_LINE or len(line) > _MAX_WATCH_LINE:  # HOSTILE (issue 22)
                     raise RemoteOutputError(f"{self.label}: a host-side loop printed a line of more than "
@@ -502,6 +553,7 @@ class HostConnection(Transport):
             stderr = b""
             while channel.recv_stderr_ready():
                 stderr += channel.recv_stderr(65536)
+            stderr = split_group_mark(stderr)[1]
             status = channel.recv_exit_status()
             if status == -1 and not self._transport_alive(channel):
                 raise ConnectionError("the connection closed before the wait ended (the host or its sshd went away)")
@@ -534,6 +586,34 @@ class HostConnection(Transport):
             return bool(transport is not None and transport.is_active())
         except Exception:  # noqa: BLE001 - a channel without a transport is a dead one
             return False
+
+    def _stop_group(self, channel, stderr: bytes, wait_s: float = 0.5) -> None:
+        """End the process group of the command running on ``channel`` (its mark on stderr: ``stderr`` read so
+        far, else read from the channel, ``wait_s`` at most), unless it has exited already. Sent on a channel
+        of its own; waits until nothing of the group is left (SIGTERM, SIGKILL after GROUP_TERM_WAIT_S).
+        Best effort: a dead connection has taken the command's session with it."""
+        from deploy.ssh import bounded_channel
+
+        try:
+            if channel.status_event.is_set():
+                return
+            deadline = time.monotonic() + wait_s
+            while b"\n" not in stderr and len(stderr) < 256 and time.monotonic() < deadline:
+                if channel.recv_stderr_ready():
+                    stderr += channel.recv_stderr(256)
+                elif channel.status_event.wait(0.02):
+                    return
+            pgid = split_group_mark(stderr)[0]
+            if pgid is None or channel.status_event.is_set():
+                return
+            stopper = self._live().client.get_transport().open_session(timeout=self.ssh.connect_timeout_s)
+            try:
+                bounded_channel.exec_bounded(stopper, stop_group_command(pgid),
+                                             deadline=time.monotonic() + 2 * GROUP_TERM_WAIT_S + 5)
+            finally:
+                stopper.close()
+        except Exception:  # noqa: BLE001 - best effort: the report says what the run knows it left
+            pass
 
     @staticmethod
     def _end_watch(channel, wait_s: float = 3.0) -> None:
