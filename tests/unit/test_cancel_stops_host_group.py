@@ -19,7 +19,8 @@ import pytest
 
 from deploy.base.errors import Interrupted
 from deploy.config.models import Host, SSHSettings
-from deploy.ssh.transport import HostConnection, split_group_mark, stop_group_command
+from deploy.ssh.process_group import split_group_mark, stop_group_command
+from deploy.ssh.transport import HostConnection
 
 HOST = Host(name="h", address="127.0.0.1", state_dir="/var/lib/x")
 
