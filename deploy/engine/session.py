@@ -330,7 +330,8 @@ def gate_summary(gate: dict | None) -> dict | None:
     """What history and the one-line report keep of the gate's verdict (the rounds stay in the JSON report)."""
     if not isinstance(gate, dict):
         return None
-    return {k: gate.get(k) for k in ("outcome", "ratio", "low", "high", "floor", "now_median", "baseline_median")} | {
+    return {k: gate.get(k) for k in ("outcome", "ratio", "low", "high", "floor", "now_median", "baseline_median",
+                                     "drift_ratio")} | {
         "rounds": [len(gate.get("now_rounds") or []), len(gate.get("baseline_rounds") or [])]}
 
 

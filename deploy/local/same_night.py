@@ -71,8 +71,8 @@ class NightVerdict:
     def line(self) -> str:
         parts = [f"output tok/s {self.outcome.upper()}: {self.why}"]
         if self.against_control is not None:
-            parts.append("tonight's control: " + self.against_control.line("new"))
-        parts.append("stored bar: " + self.against_bar.line("new"))
+            parts.append(f"output tok/s {_figures(self.against_control, 'the last good deployment tonight')}")
+        parts.append(f"output tok/s {_figures(self.against_bar, 'the stored bar')}")
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,6 +84,17 @@ class NightVerdict:
                 "against_bar": self.against_bar.to_dict(),
                 "against_control": None if self.against_control is None else self.against_control.to_dict(),
                 "control_vs_bar": None if self.control_vs_bar is None else self.control_vs_bar.to_dict()}
+
+
+def _spread(rounds: Sequence[float]) -> str:
+    return "1 round" if len(rounds) == 1 else f"{len(rounds)} rounds, {min(rounds):.2f}-{max(rounds):.2f}"
+
+
+def _figures(verdict: Verdict, against: str) -> str:
+    interval = f" [{verdict.low:.1%}, {verdict.high:.1%}]" if verdict.low is not None and verdict.high is not None \
+        else " [no interval]"
+    return (f"median {verdict.now_median:.2f} ({_spread(verdict.now_rounds)}) vs {against}, median "
+            f"{verdict.baseline_median:.2f} ({_spread(verdict.baseline_rounds)}): {verdict.ratio:.1%}{interval}")
 
 
 def judge(now: Sequence[float], bar: Sequence[float], floor: float, *, control: Sequence[float] | None = None,

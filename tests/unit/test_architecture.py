@@ -211,6 +211,7 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     ("steps", {
         "deploy.steps": ("__init__", "base", "benchmark", "converge", "doctor", "drafter_swap", "ensure_helper",
                          "failure_cause", "fix_keys", "free_gpus", "launch", "memory", "quarantine", "record_good",
+                         "same_night_control",
                          "regression_gate", "stop_stale", "swap_drafter", "verify_acceptance", "wait_gpus_free",
                          "wait_ready"),
     }),
