@@ -133,7 +133,8 @@ def load_playbook(name_or_path: str) -> Playbook:
     if problems:
         raise ConfigError(f"{path}: invalid playbook ({len(problems)} problem(s))\n" + "\n".join(problems))
     return Playbook(document.name, document.description, path,
-                    tuple(_control_measures_the_benchmark_load(_doctor_knows_the_wait(steps))))
+                    tuple(_control_measures_the_benchmark_load(_doctor_knows_whose_holders_die(
+                        _doctor_knows_the_wait(steps)))))
 
 
 #: what the benchmark's throughput depends on: same-night-control measures with exactly these (issue 39)
@@ -164,3 +165,13 @@ def _doctor_knows_the_wait(steps: list[PlannedStep]) -> list[PlannedStep]:
     threshold = getattr(wait.settings, "threshold_mib", 0)
     return [PlannedStep(s.name, s.settings.model_copy(update={"gpu_threshold_mib": threshold}))
             if s.name == "doctor" and getattr(s.settings, "gpu_threshold_mib", 0) is None else s for s in steps]
+
+
+def _doctor_knows_whose_holders_die(steps: list[PlannedStep]) -> list[PlannedStep]:
+    """The doctor names the GPU holders free-gpus would kill: only the deploy user's, unless free-gpus'
+    ``kill_other_users`` says otherwise (issue 39)."""
+    free = next((s for s in steps if s.name == "free-gpus" and s.settings.enabled), None)
+    if free is None or not getattr(free.settings, "kill_other_users", False):
+        return steps
+    return [PlannedStep(s.name, s.settings.model_copy(update={"kill_other_users": True})) if s.name == "doctor" else s
+            for s in steps]
