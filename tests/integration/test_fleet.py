@@ -575,6 +575,10 @@ def test_node_group_nightly_regression_is_exit_12_rolled_back_or_with_nothing_to
     for host in ("sb1", "sb2"):
         target = good[host]["drafter_path"].replace("~/", f"{sb.host(host).home}/", 1)
         sb.run(host, f"rm -f '{target}/SIMULATION-decode-speed'")
+    # the stand-in reads its decode speed at load: relaunch the good deployment at full speed, so that tonight's
+    # control (same-night-control, before the next stop) measures it as it really is
+    code, doc = cli_json(capsys, "-c", str(path), "nightly", "--force", "--json", *nightly)
+    assert code == 0, summary(doc)
 
     # a new checkpoint at half speed on every node: regression, the group's last good one relaunched:
     # still exit 12 (a regression, as on one host), not 11

@@ -1,0 +1,63 @@
+"""Issue 39 over real sshd: a signal during a host-side command ends its whole process group before the call
+returns (so before the host lock is released). Closing the channel alone left the fix-keys store running 7.3 s
+after the lock was released (a restart at once failed with exit 10) and watch-gpus up to 25 s after deployctl
+exited. Every host-side command goes through these two calls (``run``: the fix-keys store, stop-stale,
+bench_serving, any exec; ``watch``: watch-gpus, watch-health, fleet_ops poll), so they are tested here with
+host-side programs that behave like the worst of them: busy, silent, deaf to stdin's EOF, with a child.
+SIMULATED host (sandbox/)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from deploy.base.errors import Interrupted
+from deploy.config import load_config
+from deploy.ssh.transport import HostConnection
+from tests.integration.helpers import write_config
+
+pytestmark = pytest.mark.sandbox
+
+
+def busy_program(tag: str) -> str:
+    """A parent and its child, silent for a minute, ignoring stdin (the fix-keys store copying a checkpoint,
+    a watch loop inside an nvidia-smi query); ``tag`` in both command lines."""
+    return (f"python3 -c 'import subprocess, time; subprocess.Popen([\"python3\", \"-c\", \"import time; "
+            f"time.sleep(61)\", \"{tag}\"]); time.sleep(61)' {tag}")
+
+
+def left(sandbox, tag: str) -> str:
+    return sandbox.run("sb1", f"pgrep -a -u \"$(id -u)\" -f '{tag}' | grep -v pgrep || true").stdout.strip()
+
+
+@pytest.mark.parametrize("verb", ["run", "watch"])
+def test_a_signal_ends_the_host_side_process_group_before_the_call_returns(clean_sandbox, tmp_path, verb):
+    config = load_config(write_config(clean_sandbox, tmp_path))
+    tag = f"deployctl-test-{uuid.uuid4().hex[:12]}"
+    cancelled = threading.Event()
+    with HostConnection(config.host("sb1"), config.ssh) as conn:
+        conn.cancelled = cancelled
+
+        def signal_when_running():
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and tag not in left(clean_sandbox, tag):
+                time.sleep(0.1)
+            time.sleep(0.3)  # the child is up too
+            cancelled.set()
+
+        threading.Thread(target=signal_when_running, daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(Interrupted):
+            if verb == "run":
+                conn.run(busy_program(tag), timeout=120)
+            else:
+                conn.watch(busy_program(tag), lambda line: False, timeout=120, cancelled=cancelled)
+        took = time.monotonic() - started
+        # the host lock would be released only now: nothing of the command may run on the host any more
+        assert left(clean_sandbox, tag) == "", f"still running after the call returned:\n{left(clean_sandbox, tag)}"
+        assert took < 40
+        # the connection is usable as before
+        assert conn.run("echo ok", timeout=30).stdout == "ok\n"
