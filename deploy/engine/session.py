@@ -331,7 +331,7 @@ def gate_summary(gate: dict | None) -> dict | None:
     if not isinstance(gate, dict):
         return None
     return {k: gate.get(k) for k in ("outcome", "ratio", "low", "high", "floor", "now_median", "baseline_median",
-                                     "drift_ratio")} | {
+                                     "drift_ratio", "against")} | {
         "rounds": [len(gate.get("now_rounds") or []), len(gate.get("baseline_rounds") or [])]}
 
 

@@ -77,6 +77,7 @@ class NightVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {"outcome": self.outcome, "floor": self.floor, "why": self.why, "unchanged": self.unchanged,
+                "against": "the last good deployment tonight" if self.against_control is not None else "the stored bar",
                 "rule": self.rule, "drift_ratio": None if self.drift_ratio is None else round(self.drift_ratio, 5),
                 # the figures of the verdict that decided, as before issue 39 (history, reports)
                 **{k: v for k, v in (self.against_control or self.against_bar).to_dict().items()

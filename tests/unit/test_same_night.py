@@ -217,3 +217,16 @@ def test_a_slower_checkpoint_is_a_regression_against_tonights_control():
     ctx = gate_ctx(rounds(1.25 * 0.85, 2), good, NEW, control=rounds(1.25, 3))  # above the stored bar
     with pytest.raises(Regression, match="the last good deployment is clearly faster tonight"):
         regression_gate.run(ctx)
+
+
+def test_the_plain_report_and_history_say_drift_and_against_what():
+    from deploy.engine.session import gate_summary
+    from deploy.render.report import gate_text
+
+    unchanged = gate_summary(judge(rounds(0.85, 2), rounds(1.0, 1), 0.9, unchanged=True).to_dict())
+    assert unchanged is not None and unchanged["outcome"] == "drift" and unchanged["against"] == "the stored bar"
+    line = gate_text(unchanged)
+    assert line.startswith("DRIFT: now/last good (the stored bar) 8") and "the host's speed 8" in line
+    controlled = gate_summary(judge(rounds(0.85, 2), rounds(1.0, 1), 0.9, control=rounds(1.0, 3)).to_dict())
+    assert controlled is not None and gate_text(controlled).startswith("REGRESSION: now/last good (the last good "
+                                                                       "deployment tonight) 8")
