@@ -61,3 +61,40 @@ def test_a_signal_ends_the_host_side_process_group_before_the_call_returns(clean
         assert took < 40
         # the connection is usable as before
         assert conn.run("echo ok", timeout=30).stdout == "ok\n"
+
+
+def test_ctrl_c_during_the_fix_keys_store_then_a_restart_at_once_succeeds(clean_sandbox, tmp_path, capsys):
+    """The issue's night: Ctrl-C while ``fixer.pyz store`` copies a changed checkpoint into the drafter store;
+    the store kept running after the lock was released and a restart started at once failed with exit 10
+    ("cannot copy ... into the drafter store: No such file or directory")."""
+    import signal
+
+    from deploy.base.errors import ExitCode
+    from tests.integration.helpers import cli_json
+    from tests.integration.test_safe_redeploy import config, deployctl, new_checkpoint, read_until
+
+    path = config(clean_sandbox, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, doc
+    new_checkpoint(clean_sandbox)
+    drafter = clean_sandbox.host("sb1").drafter_dir
+    # 1.5 GB more in the drafter's folder (unwritten extents: no disk I/O to make it): the store's fingerprint and
+    # copy take seconds, as a real drafter's do
+    assert clean_sandbox.run("sb1", f"fallocate -l 1536M {drafter}/padding.bin").returncode == 0
+    try:
+        proc = deployctl("-c", str(path), "restart")
+        try:
+            read_until(proc, "[sb1] fix-keys: start", timeout=120)
+            time.sleep(1.0)
+            assert "fixer.pyz" in left(clean_sandbox, "fixer.pyz")  # the store is running now
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == ExitCode.INTERRUPTED, err
+        assert left(clean_sandbox, "fixer.pyz") == "", left(clean_sandbox, "fixer.pyz")
+        code, doc = cli_json(capsys, "-c", str(path), "restart", "--json")  # at once
+        assert code == 0, doc
+    finally:
+        clean_sandbox.run("sb1", f"rm -f {drafter}/padding.bin; find ~/.deployctl/drafters -name padding.bin -delete")
