@@ -30,7 +30,10 @@ def busy_program(tag: str) -> str:
 
 
 def left(sandbox, tag: str) -> str:
-    return sandbox.run("sb1", f"pgrep -a -u \"$(id -u)\" -f '{tag}' | grep -v pgrep || true").stdout.strip()
+    """The host user's processes whose command line has ``tag``, still running (a zombie left to a PID 1 that
+    reaps no orphans, as this machine's, runs nothing)."""
+    return sandbox.run("sb1", f"pgrep -a -u \"$(id -u)\" -f '{tag}' | grep -v -e pgrep -e '<defunct>' || true"
+                       ).stdout.strip()
 
 
 @pytest.mark.parametrize("verb", ["run", "watch"])
@@ -98,3 +101,35 @@ def test_ctrl_c_during_the_fix_keys_store_then_a_restart_at_once_succeeds(clean_
         assert code == 0, doc
     finally:
         clean_sandbox.run("sb1", f"rm -f {drafter}/padding.bin; find ~/.deployctl/drafters -name padding.bin -delete")
+
+
+def test_ctrl_c_during_wait_gpus_free_leaves_no_watch_gpus_behind(clean_sandbox, tmp_path, capsys):
+    """The issue's other night: SIGINT during wait-gpus-free left the read-only watch-gpus helper running up to
+    25 s after deployctl exited (its loop reads stdin's EOF only between two nvidia-smi queries)."""
+    import signal
+
+    from deploy.base.errors import ExitCode
+    from tests.integration.helpers import cli_json
+    from tests.integration.test_safe_redeploy import config, deployctl, read_until
+
+    path = config(clean_sandbox, tmp_path)
+    code, doc = cli_json(capsys, "-c", str(path), "up", "--json")
+    assert code == 0, doc
+    # every nvidia-smi call on sb1 now takes 3 s (sandbox/sim_nvidia_smi.py: a driver busy tearing a context down)
+    assert clean_sandbox.run("sb1", "echo 3 > ~/.sim/query_delay_s").returncode == 0
+    try:
+        proc = deployctl("-c", str(path), "restart", "--force")
+        try:
+            read_until(proc, "[sb1] wait-gpus-free: start", timeout=120)
+            time.sleep(1.0)  # watch-gpus is inside its first query
+            assert "watch-gpus" in left(clean_sandbox, "watch-gpus")
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == ExitCode.INTERRUPTED, err
+        assert left(clean_sandbox, "watch-gpus") == "", left(clean_sandbox, "watch-gpus")
+        assert left(clean_sandbox, "nvidia-smi") == "", left(clean_sandbox, "nvidia-smi")
+    finally:
+        clean_sandbox.run("sb1", "rm -f ~/.sim/query_delay_s")
