@@ -31,7 +31,7 @@ from deploy.local import history
 from deploy.render.report import print_json
 from deploy.steps import record_good
 from deploy.steps.base import Command, StepContext
-from deploy.steps.drafter_swap import RunningServer, swap_decision
+from deploy.steps.swap_decision import RunningServer, swap_decision
 from deploy.host.deployment import DesiredDeployment
 from deploy.steps.memory import StepMemory
 from tests.recording import RecordingTransport, Reply
