@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             click.echo(f"internal error: {type(exc).__name__}: {mask_text(str(exc))}", err=True)
         else:
             click.echo(f"internal error: {type(exc).__name__}: {mask_text(str(exc))} (run with --traceback)", err=True)
-        return _failed(json_verb, printed, ExitCode.FAILED, f"internal error: {type(exc).__name__}: {exc}")
+        return _failed(json_verb, printed, ExitCode.FAILED, f"internal error: {type(exc).__name__}: {mask_text(str(exc))}")
     return int(result or 0)
 
 

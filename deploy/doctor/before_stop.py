@@ -37,6 +37,8 @@ class StopPlan:
     threshold_mib: int = 0
     #: --replace: a server of another run or not deployctl's on the GPUs may be stopped
     replace: bool = False
+    #: free-gpus' kill_other_users: it kills other users' holders too (never unless the run says so, issue 39)
+    kill_other_users: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class GpuMemory:
         return max(0, self.used_mib - self.ended_mib)
 
 
-def gpu_memory(d: DoctorInput) -> list[GpuMemory] | str:
+def gpu_memory(d: DoctorInput, kill_other_users: bool = False) -> list[GpuMemory] | str:
     """Per GPU: used memory, what the stop would free, who else holds it; the reason when unknown."""
     holders = d.facts.gpu_holders
     smi = d.facts.nvidia_smi
@@ -78,7 +80,8 @@ def gpu_memory(d: DoctorInput) -> list[GpuMemory] | str:
             if proc is None or not proc.visible:
                 others.append(f"pid {app.pid} {app.process_name} (not a process of this host's PID namespace: "
                               "another container's?)")
-            elif holders.uid != 0 and proc.uid != holders.uid:
+            elif proc.uid != holders.uid and not kill_other_users:
+                # free-gpus kills only the deploy user's holders, root's run included (issue 39)
                 others.append(f"pid {app.pid} {app.process_name} (uid {proc.uid}: another user's)")
             elif app.used_mib is None:
                 unknown = True
@@ -88,17 +91,17 @@ def gpu_memory(d: DoctorInput) -> list[GpuMemory] | str:
     return result
 
 
-def gpu_baseline(d: DoctorInput) -> dict[int, int]:
+def gpu_baseline(d: DoctorInput, kill_other_users: bool = False) -> dict[int, int]:
     """GPU index -> MiB that the stop cannot free (held before anything was stopped): what a wait
     for free GPUs, a rollback's included, must not wait for."""
-    memory = gpu_memory(d)
+    memory = gpu_memory(d, kill_other_users)
     if isinstance(memory, str):
         return {}
     return {m.index: m.unaccounted_mib for m in memory if m.unaccounted_mib and not m.unknown}
 
 
 def check_gpu_memory(d: DoctorInput, plan: StopPlan) -> Check:
-    memory = gpu_memory(d)
+    memory = gpu_memory(d, plan.kill_other_users)
     if isinstance(memory, str):
         return Check("gpu-memory", "warn", f"cannot decide whether the stop frees the GPUs: {memory}")
     holders = d.facts.gpu_holders
@@ -127,6 +130,28 @@ def check_gpu_memory(d: DoctorInput, plan: StopPlan) -> Check:
                  + "\n".join(parts),
                  f"end those holders, reset the GPU (nvidia-smi --gpu-reset -i N, as root, nothing else on it), "
                  f"reboot the host, or set wait-gpus-free's threshold_mib to {worst} or more in your playbook")
+
+
+def check_gpu_holders(d: DoctorInput, plan: StopPlan) -> Check:
+    """Every process free-gpus would kill, named (user, pid, command) before anything is stopped, and each holder
+    of another user it leaves alone (issue 39: deploying as root, it SIGKILLed uid 65534's process unnamed)."""
+    holders = d.facts.gpu_holders
+    if holders is None:
+        return Check("gpu-holders", "warn", "cannot decide: the host's facts have no GPU holders")
+    server = holders.server
+    killed: list[str] = []
+    spared: list[str] = []
+    for h in holders.device_holders:
+        if server.pid is not None and (h.pid == server.pid or h.session == server.pid):
+            continue  # the server (and its ranks) stop-stale stops first
+        who = f"pid {h.pid} (user {h.user or '?'}, uid {h.uid if h.uid is not None else '?'}): {(h.cmdline or '?')[:200]}"
+        (killed if h.uid == holders.uid or plan.kill_other_users else spared).append(who)
+    lines = [f"free-gpus would kill {who}" for who in killed] + \
+        [f"left alone (another user's; free-gpus kill_other_users: true to kill it): {who}" for who in spared]
+    if not lines:
+        return Check("gpu-holders", "pass", "free-gpus would kill nothing but the server stop-stale stops")
+    return Check("gpu-holders", "warn" if spared else "pass", f"{len(killed)} process(es) free-gpus would kill, {len(spared)} of other "
+                 "users left alone\n" + "\n".join(lines))
 
 
 #: command lines of model servers (a stand-in SGLang's too): what stop-stale must not take down unasked
@@ -268,5 +293,5 @@ def gpu_placement(d: DoctorInput, options: dict[str, Optional[str]], per_node: i
 def all_checks(d: DoctorInput, plan: StopPlan | None = None) -> list[Check]:
     """The doctor's checks (deploy/doctor/checks.py) and these, in one list."""
     plan = plan or StopPlan()
-    return run_checks(d) + [check_gpu_memory(d, plan), check_other_servers(d, plan), check_extra_args(d),
-                            check_parallelism(d)]
+    return run_checks(d) + [check_gpu_memory(d, plan), check_gpu_holders(d, plan), check_other_servers(d, plan),
+                            check_extra_args(d), check_parallelism(d)]

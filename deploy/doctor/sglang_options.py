@@ -367,11 +367,15 @@ def _parse(args: list[str], options: list[SglangOption], context: Optional[Conte
             problems.append(f"{token}: SGLang prints its help and exits 0; no server starts")
             continue
         if _is_value(token):
-            if previous:
-                shown_before, nargs_before = previous
-                takes = "takes no value" if nargs_before == "0" else f"takes {nargs_before} value(s)"
-                problems.append(f"{shown_before} {token!r}: {shown_before} {takes}, so SGLang's argparse stops on "
-                                f"{token!r} (unrecognized arguments)")
+            if previous and previous[1] == "0":
+                # issue 38: "--enable-metrics yes" was "'yes' is not an option", naming no option
+                given = previous[0]
+                problems.append(f"{given} {token}: {given} takes no value (a switch: give {given} alone to turn it "
+                                f"on, or leave it out); {token!r} would be an unrecognized argument")
+            elif previous:
+                given, nargs_before = previous
+                problems.append(f"{given} {token}: {given} takes {_values_of(nargs_before)}; {token!r} is one more, "
+                                "an unrecognized argument")
             else:
                 problems.append(f"{token!r} is not an option (a value must follow its option)")
             continue
@@ -395,7 +399,9 @@ def _parse(args: list[str], options: list[SglangOption], context: Optional[Conte
             # nothing reads it (0.5.12 to 0.5.23)
             doubts.append(f"{token}: SGLang reads a config file only for '--config FILE' spelled so; the options "
                           "in this one would be ignored")
-        previous = (shown, spec.nargs) if spec.nargs not in ("*", "+", "...", "?", "unknown") else None
+        # the option a stray value after it would be blamed on, as the user spelled it (not after --x=v:
+        # argparse then reads the next word as a word of its own, "is not an option")
+        previous = (name, spec.nargs) if not eq and spec.nargs not in ("*", "+", "...", "unknown") else None
         if eq:
             count, missing = 0, None
             values = [explicit]
@@ -421,6 +427,10 @@ def _parse(args: list[str], options: list[SglangOption], context: Optional[Conte
             doubts += [doubt] if doubt else []
         parsed[canonical] = " ".join(values) if values else None
     return Parsed(parsed, tuple(problems), tuple(doubts))
+
+
+def _values_of(nargs: str) -> str:
+    return "one value" if nargs in ("1", "?") else f"{nargs} values"
 
 
 def context_of(d: DoctorInput) -> Context:

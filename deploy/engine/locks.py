@@ -96,6 +96,24 @@ def parse_host_lock(line: str, source: str) -> dict:
     return document
 
 
+def disk_full(detail: str) -> str | None:
+    """What host_lock.py's full-disk line says (free bytes and inodes of the state dir's filesystem), or None."""
+    marker = "deployctl-disk-full "
+    if not detail.startswith(marker):
+        return None
+    try:
+        document = parse_json(detail[len(marker):])
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    error = str(document.get("error", "no space left on device"))[:200]
+    free, inodes = document.get("free_bytes"), document.get("free_inodes")
+    if isinstance(free, int) and isinstance(inodes, int):
+        return f"{error}; {free / 2**20:.1f} MiB and {inodes} inodes free"
+    return f"{error}; free space unknown"
+
+
 def acquire_host_lock(conn, host: Host, owner: dict):
     """Take the host lock; returns (held command, warning or None). Raises LockHeld (exit 9)."""
     held = conn.hold(host_lock_command(host, owner), timeout=60)
@@ -103,6 +121,11 @@ def acquire_host_lock(conn, host: Host, owner: dict):
         detail = (held.stderr.strip().splitlines() or ["(no output)"])[-1]
         if "refused to use the GPU lock" in detail:  # planted in the shared lock dir: named, nothing written
             raise DeployError(f"{host.name}: cannot take the GPU lock: {detail}", exit_code=ExitCode.IO)
+        full = disk_full(detail)
+        if full is not None:
+            raise DeployError(f"{host.name}: the disk of state_dir {host.state_dir} is full ({full}): cannot write the "
+                              f"host lock {host_lock_path(host)}; nothing was changed. Free space on that "
+                              "filesystem (old drafters in drafters/, logs in logs/) and run again", exit_code=ExitCode.IO)
         if WRITE_FAILURE.search(detail):  # read-only, full, over quota, not ours: exit 10, as documented
             raise DeployError(f"{host.name}: cannot write the host lock {host_lock_path(host)} in state_dir "
                               f"{host.state_dir}: {detail}", exit_code=ExitCode.IO)

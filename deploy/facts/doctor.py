@@ -172,6 +172,16 @@ class RecordedServer(_Strict):
     run: Optional[str]
 
 
+class DeviceHolder(_Strict):
+    """A process holding a GPU device file open (what free-gpus' fuser finds), as the doctor saw it."""
+
+    pid: int
+    uid: Optional[int]
+    user: Optional[str]
+    session: Optional[int]
+    cmdline: Optional[str]
+
+
 class GpuHolderFacts(_Strict):
     """The compute-apps answer (parsed by facts.gpus) and each listed process, read before the stop."""
 
@@ -181,6 +191,8 @@ class GpuHolderFacts(_Strict):
     #: the doctor's own uid: who stop-stale and free-gpus run as
     uid: int
     server: RecordedServer
+    #: every process holding a GPU device file (issue 39; absent from an older doctor program)
+    device_holders: list[DeviceHolder] = []
 
 
 class SglangOption(_Strict):

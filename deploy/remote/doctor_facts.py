@@ -115,13 +115,54 @@ def recorded_server(pidfile, record):
             "run": run if isinstance(run, str) else None}
 
 
-def gpu_holders(program, pidfile, record):
+def device_holders(pattern):
+    """Every process this user can see holding one of the GPU device files open (what free-gpus' fuser finds):
+    pid, uid, user, session, command line. Issue 39: the doctor names each before anything is stopped."""
+    devices = set(os.path.realpath(p) for p in glob.glob(os.path.expanduser(pattern))[:1024])
+    found = []
+    if not devices:
+        return found
+    try:
+        pids = sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
+    except OSError:
+        return found
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            fds = os.listdir("/proc/%d/fd" % pid)
+        except OSError:
+            continue  # gone, or another user's (not readable): fuser cannot see it either
+        held = False
+        for fd in fds:
+            try:
+                if os.readlink("/proc/%d/fd/%s" % (pid, fd)) in devices:
+                    held = True
+                    break
+            except OSError:
+                continue
+        if not held:
+            continue
+        uid = host_ops._uid(pid)
+        try:
+            import pwd
+            user = pwd.getpwuid(uid).pw_name if uid is not None else None
+        except (KeyError, ImportError):
+            user = None
+        found.append({"pid": pid, "uid": uid, "user": user, "session": _session(pid), "cmdline": _cmdline(pid)})
+        if len(found) >= MAX_HOLDERS:
+            break
+    return found
+
+
+def gpu_holders(program, pidfile, record, devices=None):
     """What wait-gpus-free will need and stop-stale/free-gpus would end, read before anything is stopped:
     the compute-apps answer (raw; deployctl parses it strictly) and, per listed pid, whether this user
     can end it (same uid, or root), its session and command line; plus the PID file's server."""
     found = shutil.which(program)
     facts = {"apps": {"exit_code": None, "stdout": "", "stderr": "", "error": None}, "processes": {},
-             "uid": os.getuid(), "server": recorded_server(pidfile, record)}
+             "uid": os.getuid(), "server": recorded_server(pidfile, record),
+             "device_holders": device_holders(devices) if devices else []}
     if found is None:
         facts["apps"]["error"] = "%s not found on PATH" % program
         return facts
@@ -424,7 +465,8 @@ def host_facts(spec):
         "base_model": model_dir(spec["base_model"], tensors=False),
         "drafter": model_dir(spec["drafter"], tensors=True),
         "gpu_holders": gpu_holders(spec.get("nvidia_smi", "nvidia-smi"), os.path.expanduser(spec["pidfile"]),
-                                   os.path.join(os.path.dirname(os.path.expanduser(spec["pidfile"])), "deployment.json")),
+                                   os.path.join(os.path.dirname(os.path.expanduser(spec["pidfile"])), "deployment.json"),
+                                   spec["gpu_devices"]),
         "launch_env": launch_env(spec["launch_env"]) if "launch_env" in spec else None,
     }
 

@@ -385,9 +385,28 @@ def main(argv=None) -> int:
     try:
         return hold(args[1], args[2], gpu_devices=args[3] if len(args) == 4 else None)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            # issue 39: a full disk was reported as a traceback's last line, and the run's headline guessed at
+            # another deployctl; say which filesystem is full and what is left on it (one line, parsed locally)
+            sys.stderr.write(disk_full_line(exc, os.path.dirname(args[1]) or ".") + "\n")
+            return 1
         # one line naming the path (deployctl quotes it: exit 10 for a refusal or a write failure)
         sys.stderr.write("deployctl-host-lock: %s\n" % exc)
         return 1
+
+
+#: the one line a full disk prints (deploy/engine/locks.py reads it)
+DISK_FULL = "deployctl-disk-full"
+
+
+def disk_full_line(exc: OSError, directory: str) -> str:
+    free = {"path": directory, "error": "%s: %s" % (exc.strerror or exc, exc.filename or directory)}  # type: dict[str, object]
+    try:
+        st = os.statvfs(directory)
+        free.update(free_bytes=st.f_bavail * st.f_frsize, free_inodes=st.f_favail)
+    except OSError:
+        pass
+    return "%s %s" % (DISK_FULL, json.dumps(free, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -359,9 +359,12 @@ def gate_text(gate: dict) -> str:
 
     interval = f" [{pct(gate.get('low'))}, {pct(gate.get('high'))}]" if gate.get("low") is not None else " [no interval]"
     rounds = gate.get("rounds") or ["?", "?"]
-    return (f"{str(gate.get('outcome', '?')).upper()}: now/last good {pct(gate.get('ratio'))}{interval}, minimum "
-            f"{pct(gate.get('floor'))} ({rounds[0]} vs {rounds[1]} rounds; regression only when below the minimum "
-            "and the whole 95% interval is below 100%)")
+    against = f" ({gate['against']})" if isinstance(gate.get("against"), str) else ""
+    drift = f"; the host's speed {pct(gate['drift_ratio'])} of the bar's night" \
+        if isinstance(gate.get("drift_ratio"), (int, float)) else ""
+    return (f"{str(gate.get('outcome', '?')).upper()}: now/last good{against} {pct(gate.get('ratio'))}{interval}, "
+            f"minimum {pct(gate.get('floor'))} ({rounds[0]} vs {rounds[1]} rounds; regression only when below the "
+            f"minimum and the whole 95% interval is below 100%){drift}")
 
 
 def _history_field(value, spec=""):

@@ -31,7 +31,12 @@ class DeadlinePassed(Exception):
 
 
 class Cancelled(Exception):
-    """``cancelled`` was set while the command ran (Ctrl-C, SIGTERM, SIGHUP): the caller closes the channel."""
+    """``cancelled`` was set while the command ran (Ctrl-C, SIGTERM, SIGHUP): the caller closes the channel.
+    ``stderr``: what the command printed on stderr until then (its process group's mark, transport.py)."""
+
+    def __init__(self, command: str, stderr: bytes = b""):
+        super().__init__(command)
+        self.stderr = stderr
 
 
 def exec_bounded(channel, command: str, *, deadline: float, limit: int = MAX_OUTPUT_BYTES,
@@ -71,7 +76,7 @@ def exec_bounded(channel, command: str, *, deadline: float, limit: int = MAX_OUT
         if len(err) > limit:
             raise OutputTooLarge("stderr", limit)
         if cancelled is not None and cancelled.is_set():
-            raise Cancelled(command)
+            raise Cancelled(command, bytes(err))
         if not progressed:
             if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
                 if channel.eof_received or channel.closed:

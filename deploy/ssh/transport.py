@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Callable
 
 from deploy.config.models import Host, SSHSettings
 from deploy.ssh.hop import JumpConnections, open_hop
+from deploy.ssh.process_group import GROUP_TERM_WAIT_S, group_wrap, split_group_mark, stop_group_command
 from deploy.base.errors import (DeployError, ConnectionFailed, ExitCode, Interrupted, RemoteCommandFailed,
                            RemoteOutputError, StepTimeout)
 from deploy.ssh.config import (
@@ -418,8 +419,10 @@ class HostConnection(Transport):
         except paramiko.SSHException as exc:
             raise ConnectionError(str(exc)) from exc
         try:
-            status, out, err = bounded_channel.exec_bounded(channel, command, deadline=time.monotonic() + timeout,
-                                                            cancelled=cancelled, stdin=stdin)
+            status, out, err = bounded_channel.exec_bounded(channel, group_wrap(command),
+                                                            deadline=time.monotonic() + timeout, cancelled=cancelled,
+                                                            stdin=stdin)
+            err = split_group_mark(err)[1]
             if status == -1 and not self._transport_alive(channel):
                 # the channel closed with no exit status and the SSH session is gone: the host (or its sshd)
                 # died mid-command; exit 4, not "the fixer printed no JSON" (exit 5)
@@ -430,7 +433,11 @@ class HostConnection(Transport):
             # time, so the local deadline passing means the host or the network froze (exit 4, not 7)
             raise ConnectionError(self._freeze(f"no answer within {timeout:.0f} s to a command bounded on the "
                                                f"host")) from None
-        except bounded_channel.Cancelled:
+        except bounded_channel.Cancelled as cut:
+            # issue 39: closing the channel alone left the host-side command running (the fix-keys store
+            # 7.3 s after the lock was released, and a restart then failed on its half-written store entry):
+            # its process group ends before this returns, so before the host lock is released
+            self._stop_group(channel, cut.stderr)
             raise ExecCancelled(command) from None
         except bounded_channel.OutputTooLarge as exc:
             raise RemoteOutputError(f"{self.label}: refused the answer of {command[:200]!r}: it {exc} "
@@ -468,11 +475,14 @@ class HostConnection(Transport):
         try:
             # short reads, so Ctrl-C and the local deadline are noticed within 0.1 s
             channel.settimeout(0.1)
-            channel.exec_command(command)
+            channel.exec_command(group_wrap(command))
             pending = line = b""
             while True:
                 if cancelled.is_set():
                     self._end_watch(channel, wait_s=0.5)
+                    # a loop busy in a query (nvidia-smi) reads its stdin's EOF only after it: issue 39 saw
+                    # watch-gpus run 25 s after deployctl exited; its process group ends here, before the lock
+                    self._stop_group(channel, b"")
                     return None, ""
                 if time.monotonic() > deadline:
                     raise ConnectionError(self._freeze(f"no answer within {timeout:.0f} s to a host-side wait "
@@ -494,6 +504,7 @@ class HostConnection(Transport):
                         break
                     if on_line(line.decode("utf-8", "replace")):
                         self._end_watch(channel)
+                        self._stop_group(channel, b"")
                         return None, ""
                 if len(pending) > _MAX_WATCH_LINE or len(line) > _MAX_WATCH_LINE:  # HOSTILE (issue 22)
                     raise RemoteOutputError(f"{self.label}: a host-side loop printed a line of more than "
@@ -506,6 +517,7 @@ class HostConnection(Transport):
             stderr = b""
             while channel.recv_stderr_ready():
                 stderr += channel.recv_stderr(65536)
+            stderr = split_group_mark(stderr)[1]
             status = channel.recv_exit_status()
             if status == -1 and not self._transport_alive(channel):
                 raise ConnectionError("the connection closed before the wait ended (the host or its sshd went away)")
@@ -538,6 +550,34 @@ class HostConnection(Transport):
             return bool(transport is not None and transport.is_active())
         except Exception:  # noqa: BLE001 - a channel without a transport is a dead one
             return False
+
+    def _stop_group(self, channel, stderr: bytes, wait_s: float = 0.5) -> None:
+        """End the process group of the command running on ``channel`` (its mark on stderr: ``stderr`` read so
+        far, else read from the channel, ``wait_s`` at most), unless it has exited already. Sent on a channel
+        of its own; waits until nothing of the group is left (SIGTERM, SIGKILL after GROUP_TERM_WAIT_S).
+        Best effort: a dead connection has taken the command's session with it."""
+        from deploy.ssh import bounded_channel
+
+        try:
+            if channel.status_event.is_set():
+                return
+            deadline = time.monotonic() + wait_s
+            while b"\n" not in stderr and len(stderr) < 256 and time.monotonic() < deadline:
+                if channel.recv_stderr_ready():
+                    stderr += channel.recv_stderr(256)
+                elif channel.status_event.wait(0.02):
+                    return
+            pgid = split_group_mark(stderr)[0]
+            if pgid is None or channel.status_event.is_set():
+                return
+            stopper = self._live().client.get_transport().open_session(timeout=self.ssh.connect_timeout_s)
+            try:
+                bounded_channel.exec_bounded(stopper, stop_group_command(pgid),
+                                             deadline=time.monotonic() + 2 * GROUP_TERM_WAIT_S + 5)
+            finally:
+                stopper.close()
+        except Exception:  # noqa: BLE001 - best effort: the report says what the run knows it left
+            pass
 
     @staticmethod
     def _end_watch(channel, wait_s: float = 3.0) -> None:

@@ -53,7 +53,9 @@ def dataset(ctx: StepContext) -> datasets.Dataset:
 
 
 def results_path(ctx: StepContext) -> str:
-    return path_join(ctx.paths.root, "bench", f"bench-{ctx.launch_stamp}-t{ctx.draft_tokens}.jsonl")
+    # same-night-control's rounds (the last good deployment, before the stop) go to a file of their own
+    kind = getattr(ctx.settings, "results_kind", "bench")
+    return path_join(ctx.paths.root, "bench", f"{kind}-{ctx.launch_stamp}-t{ctx.draft_tokens}.jsonl")
 
 
 def load(ctx: StepContext, ds: datasets.Dataset) -> dict:

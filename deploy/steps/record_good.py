@@ -95,7 +95,10 @@ def merge_baselines(previous: dict | None, now: dict, keep: bool, fingerprint: s
     if not rounds_of(now):
         return entries
     mine = {key: now.get(key) for key in BASELINE_FIELDS} | {"bench_settings": now.get("bench_settings"),
-                                                             "drafter_fingerprint": fingerprint}
+                                                             "drafter_fingerprint": fingerprint,
+                                                             # issue 39: each bar with its time (and its load above)
+                                                             "measured_at": datetime.now(timezone.utc).isoformat(
+                                                                 timespec="seconds")}
     existing = throughput_baseline(previous or {}, now.get("bench_settings"))
     if existing is not None and keep and len(rounds_of(existing)) >= min(MIN_ROUNDS, len(rounds_of(mine))):
         return entries
@@ -126,6 +129,14 @@ def with_baselines(metrics: dict, previous: dict | None, keep: bool, fingerprint
     if current is not None:
         out |= {key: current.get(key) for key in (*BASELINE_FIELDS, "bench_settings") if key != "drafter_fingerprint"}
     return out
+
+
+def drift_note(gate: dict | None) -> dict | None:
+    """What the record keeps of a night the gate judged the host's drift (deploy/local/same_night.py)."""
+    if not isinstance(gate, dict) or gate.get("outcome") != "drift":
+        return None
+    return {"night": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ratio": gate.get("drift_ratio"),
+            "unchanged": gate.get("unchanged"), "why": str(gate.get("why", ""))[:400]}
 
 
 def write_command(ctx: StepContext, record: dict, copy_env_from: str | None, shown: str | None = None) -> str:
@@ -191,6 +202,11 @@ def run(ctx: StepContext) -> StepOutcome:
     else:
         # another deployment: its own accept length; the baselines of other datasets stay (bench --dataset)
         metrics = with_baselines(metrics, previous_metrics, inconclusive, fingerprint)
+    drift = drift_note(ctx.memory.gate)
+    if drift is not None:
+        # the host's speed moved since the bar's night: an unchanged deployment keeps its bar, a new one's rounds
+        # tonight became it; either way the record says so
+        metrics["throughput_drift"] = drift
     record = dict(deployment) | {"metrics": metrics,
                                  "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if previous is not None and same_deployment(previous, deployment):

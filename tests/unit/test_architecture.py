@@ -195,9 +195,10 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     }),
     # reaching a host, what it runs, what is kept locally
     ("reach", {
-        "deploy.ssh": ("__init__", "agent", "bounded_channel", "config", "config_eval", "hop", "transport", "trust"),
+        "deploy.ssh": ("__init__", "agent", "bounded_channel", "config", "config_eval", "hop", "process_group", "transport",
+                       "trust"),
         "deploy.host": ("__init__", "deployment", "sglang_argv", "state_layout"),
-        "deploy.local": ("__init__", "datasets", "history", "state", "throughput_gate"),
+        "deploy.local": ("__init__", "datasets", "history", "same_night", "state", "throughput_gate"),
     }),
     # command builders and strict parsers; the doctor"s judgements over them
     ("facts", {
@@ -210,8 +211,8 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     ("steps", {
         "deploy.steps": ("__init__", "base", "benchmark", "converge", "doctor", "ensure_helper",
                          "failure_cause", "fix_keys", "free_gpus", "launch", "memory", "quarantine", "record_good",
-                         "regression_gate", "stop_stale", "swap_decision", "swap_drafter", "verify_acceptance",
-                         "wait_gpus_free", "wait_ready"),
+                         "regression_gate", "same_night_control", "stop_stale", "swap_decision", "swap_drafter",
+                         "verify_acceptance", "wait_gpus_free", "wait_ready"),
     }),
     # the host session, playbooks, locks, fan-out
     ("engine", {

@@ -1,5 +1,5 @@
-"""Issues 38 and 40: the doctor's extra_args messages name the option (main's issue 40 wording), and
-a non-regular file in SGLang's source (deploy/remote/sglang_source.py) is named as such.
+"""Issue 38: the doctor's extra_args messages name the option, and a non-regular file in SGLang's
+source is named as such.
 
 Before: ``--enable-metrics yes`` was refused as "'yes' is not an option (a value must follow its
 option)", naming no option; a FIFO at ``srt/server_args.py`` was reported "not found" (and a FIFO at a
@@ -37,9 +37,8 @@ def test_a_value_after_a_switch_names_the_switch(version, word):
     missed = []
     for o in flags:
         name = o["names"][-1]
-        shown = name if name == o["names"][0] else f"{name} ({o['names'][0]})"
         check = check_extra_args(doctor(version, ["--log-level", "info", name, word]))
-        if check.status != "fail" or f"{shown} {word!r}: {shown} takes no value" not in check.reason \
+        if check.status != "fail" or f"{name} {word}: {name} takes no value" not in check.reason \
                 or "is not an option" in check.reason:
             missed.append((name, check.status, check.reason[:200]))
     assert not missed, missed[:5]
@@ -47,12 +46,12 @@ def test_a_value_after_a_switch_names_the_switch(version, word):
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("args,fragment", [
-    (["--mem-fraction-static", "0.85", "0.9"], "--mem-fraction-static '0.9': --mem-fraction-static takes 1 value(s)"),
-    (["--context-length", "8192", "16384"], "--context-length '16384': --context-length takes 1 value(s)"),
-    (["--mem-frac", "0.8", "extra"], "--mem-frac (--mem-fraction-static) 'extra': --mem-frac (--mem-fraction-static) takes"),
-    (["--enable-metrics", "--log-level", "debug", "verbose"], "--log-level 'verbose': --log-level takes 1 value(s)"),
+    (["--mem-fraction-static", "0.85", "0.9"], "--mem-fraction-static 0.9: --mem-fraction-static takes one value; '0.9' is one more"),
+    (["--context-length", "8192", "16384"], "--context-length 16384: --context-length takes one value"),
+    (["--mem-frac", "0.8", "extra"], "--mem-frac extra: --mem-frac takes one value"),
+    (["--enable-metrics", "--log-level", "debug", "verbose"], "--log-level verbose: --log-level takes one value"),
     (["0.85"], "'0.85' is not an option"),
-    (["--mem-fraction-static=0.85", "0.9"], "--mem-fraction-static '0.9': --mem-fraction-static takes 1 value(s)"),
+    (["--mem-fraction-static=0.85", "0.9"], "'0.9' is not an option"),
 ])
 def test_a_value_after_an_option_that_has_its_value_names_that_option(version, args, fragment):
     check = check_extra_args(doctor(version, args))

@@ -137,7 +137,7 @@ def test_options_sglang_accepts_pass(version, args):
     (["--mem-fraction-static", "lots"], ["'lots'", "invalid float value"]),
     (["--max-running-requests", "4.5"], ["invalid int value"]),
     (["--trust-remote-code=yes"], ["takes no value"]),
-    (["--enable-metrics", "yes"], ["--enable-metrics 'yes'", "takes no value"]),  # names the option (issue 40)
+    (["--enable-metrics", "yes"], ["--enable-metrics yes: --enable-metrics takes no value"]),  # names the option
     (["--tp-size", "2"], ["deployctl sets itself"]), (["--tensor-parallel", "2"], ["deployctl sets itself"]),
 ])
 def test_what_sglang_would_refuse_fails_naming_option_value_and_choices(version, args, fragments):

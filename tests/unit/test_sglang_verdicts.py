@@ -149,7 +149,7 @@ def doctor(version: str, extra_args: list[str], *, plugins: PluginFacts | None =
     (["--context-length", "4x"], ["--context-length '4x'", "human_readable_int"]),
     (["--context-length", "2.5Ki"], ["--context-length '2.5Ki'", "IEC"]),
     (["--sampling-backend", "torch"], ["--sampling-backend 'torch'", "did you mean pytorch?"]),
-    (["--enable-metrics", "yes"], ["--enable-metrics 'yes'", "takes no value"]),
+    (["--enable-metrics", "yes"], ["--enable-metrics yes: --enable-metrics takes no value", "'yes'"]),
     (["--enable-metrics=yes"], ["--enable-metrics", "'yes'", "takes no value"]),
     (["--log-level", "info", "--context-length"], ["--context-length", "expected one argument"]),
     (["--lora-target-modules", "q_prj"], ["--lora-target-modules 'q_prj'", "did you mean q_proj?"]),
@@ -243,7 +243,7 @@ def test_a_config_file_is_judged_key_by_key_reserved_keys_included(tmp_path):
             ("speculative-num-steps: 3\n", ["--speculative-num-steps", "deployctl sets itself"]),
             ("port: 30001\n", ["--port", "deployctl sets itself"]),
             ("model-path: /other\n", ["--model-path", "deployctl sets itself"]),
-            ("enable-metrics: yes-please\n", ["--enable-metrics 'yes-please'"]),
+            ("enable-metrics: yes-please\n", ["--enable-metrics yes-please: --enable-metrics takes no value"]),
             ("lora-paths: [a, b]\n", ["lora-paths", "Unsupported config option"]),
             ("- a\n", ["dictionary at root level"]),
             ("a: [\n", ["is not YAML"])):
