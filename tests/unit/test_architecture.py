@@ -201,7 +201,7 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     }),
     # command builders and strict parsers; the doctor"s judgements over them
     ("facts", {
-        "deploy.facts": ("__init__", "bench", "doctor", "drafter_swap", "fixer", "fuser", "gpus", "helpers",
+        "deploy.facts": ("__init__", "bench", "canary", "doctor", "drafter_swap", "fixer", "fuser", "gpus", "helpers",
                          "host_helper", "inline", "quarantine", "server", "status"),
         "deploy.doctor": ("__init__", "before_stop", "checks", "sglang_options", "speculation", "suspects",
                           "verdict"),
@@ -220,7 +220,7 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     }),
     # run-level phases: router, rolling batches, node groups
     ("fleet", {
-        "deploy.fleet": ("__init__", "doctor", "nodes", "phases", "plan", "rolling", "rollout", "router",
+        "deploy.fleet": ("__init__", "canary", "doctor", "nodes", "phases", "plan", "rolling", "rollout", "router",
                          "router_package", "router_ports", "router_watch"),
     }),
     # the read-only verbs and sweeps

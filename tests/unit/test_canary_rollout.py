@@ -1,0 +1,203 @@
+"""The canary's setting, rollout, phases and reads (issue 43), without SSH: ``rollout: {canary: ...}``
+is strict, the first batch is the canary, its phases are planned, and the reads are parsed strictly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from deploy.base.errors import RemoteOutputError, UsageError
+from deploy.config import load_config
+from deploy.config.models import CanarySpec
+from deploy.facts.canary import combined, interval, parse_instant, side
+from deploy.fleet.phases import HostPhase
+from deploy.fleet.rollout import Rollout
+from deploy.local.canary_gate import Side
+
+BASE = """\
+hosts:
+  - {name: a, address: 10.0.0.1, groups: [g]}
+  - {name: b, address: 10.0.0.2, groups: [g]}
+  - {name: c, address: 10.0.0.3, groups: [g]}
+runs:
+  - name: r
+    group: g
+    base_model: /m
+    drafter: /d
+"""
+
+
+def config(tmp_path: Path, extra: str = "    router: {host: a}\n"):
+    path = tmp_path / "deployctl.yaml"
+    path.write_text(BASE + extra)
+    return load_config(path)
+
+
+@pytest.mark.parametrize("value,seconds", [("10m", 600.0), ("90s", 90.0), ("1h", 3600.0), (120, 120.0),
+                                           ("2.5m", 150.0)])
+def test_a_window_is_a_duration(value, seconds):
+    assert CanarySpec(window=value).window == seconds
+
+
+@pytest.mark.parametrize("fields,fragment", [
+    ({"window": "10 minutes"}, "expected a duration"),
+    ({"window": "-5s"}, "expected a duration"),
+    ({"window": "30s", "interval": 5}, "at least 8 intervals"),
+    ({"replicas": 0}, "greater than or equal to 1"),
+    ({"min_requests": True}, "boolean"),
+    ({"inconclusive": "rollback"}, "'keep' or 'promote'"),
+    ({"tolerance": 0.7}, "less than 0.5"),
+    ({"windw": "10m"}, "Extra inputs"),
+])
+def test_the_canary_setting_is_strict(fields, fragment):
+    with pytest.raises(ValidationError) as exc:
+        CanarySpec(**fields)
+    assert fragment in str(exc.value)
+
+
+def test_a_canary_needs_a_router(tmp_path):
+    with pytest.raises(Exception) as exc:
+        config(tmp_path, "    rollout: {canary: {window: 10m}}\n")
+    assert "'rollout.canary' needs a 'router'" in str(exc.value)
+
+
+def rollout(cfg, verb: str, canary: bool = False, serial: int | None = None) -> Rollout:
+    run = cfg.runs[0]
+    return Rollout.of(run, cfg.hosts_of(run), verb, serial=serial, canary=canary)
+
+
+def names(batches) -> list[list[str]]:
+    return [[h.name for h in b] for b in batches]
+
+
+def test_restart_and_nightly_roll_the_canary_first_up_does_not(tmp_path):
+    cfg = config(tmp_path, "    router: {host: a}\n    rollout: {canary: {replicas: 2, window: 10m}}\n")
+    for verb in ("restart", "nightly"):
+        r = rollout(cfg, verb)
+        assert r.canary is not None and r.canary.replicas == 2
+        assert names(r.batches) == [["a", "b"], ["c"]]
+    assert rollout(cfg, "up").canary is None and names(rollout(cfg, "up").batches) == [["a"], ["b"], ["c"]]
+
+
+def test_canary_flag_takes_the_defaults_and_is_refused_where_it_cannot_be(tmp_path):
+    cfg = config(tmp_path)
+    r = rollout(cfg, "restart", canary=True)
+    assert r.canary == CanarySpec() and names(r.batches) == [["a"], ["b"], ["c"]]
+    assert names(rollout(cfg, "restart", canary=True, serial=2).batches) == [["a"], ["b", "c"]]
+    with pytest.raises(UsageError, match="for restart and nightly"):
+        rollout(cfg, "up", canary=True)
+    with pytest.raises(UsageError, match="has no router"):
+        rollout(config(tmp_path, ""), "restart", canary=True)
+    whole = config(tmp_path, "    router: {host: a}\n    rollout: {canary: {replicas: 3}}\n")
+    with pytest.raises(UsageError, match="at least one other replica"):
+        rollout(whole, "restart")
+
+
+def test_the_canary_phases_sit_around_the_first_batch_and_are_planned(tmp_path):
+    from deploy.engine.playbook import load_playbook
+    from deploy.fleet.plan import plan_fleet
+    from deploy.fleet.rolling import fleet_phases
+
+    cfg = config(tmp_path, "    router: {host: a}\n    rollout: {canary: {window: 2m, interval: 2}}\n")
+    r = rollout(cfg, "restart")
+    playbook = load_playbook("restart")
+    phases = [p.name for p in fleet_phases(r, playbook)]
+    assert phases[:2] == ["pre-flight: router checks, every replica's doctor", "canary: last good of a"]
+    add = phases.index("batch 1/3 (canary) router-add a")
+    assert phases[add + 1].startswith("canary window a: live figures against the other replicas'")
+    assert phases[add + 2].startswith("batch 2/3")
+    assert not any(isinstance(p, HostPhase) and "canary" in p.name for p in fleet_phases(r, playbook)[:2])
+    planned = plan_fleet(cfg, r, playbook, None)
+    window = next(p for p in planned["phases"] if p["phase"].startswith("canary window"))
+    commands = " ".join(c["command"] for c in window["commands"])
+    assert "poll 2 metrics http://10.0.0.1:30000 http://10.0.0.2:30000 http://10.0.0.3:30000" in commands
+    assert any("greedy /generate" in c["description"] for c in window["commands"])  # the rollback's verification
+    assert any("quarantine" in c["description"] and c["host"] == "a" for c in window["commands"])
+    last_good = next(p for p in planned["phases"] if p["phase"] == "canary: last good of a")
+    assert "last-good.json" in last_good["commands"][0]["command"]
+
+
+def metrics(accept: float, requests: int, itl_sum: float, itl_count: int) -> dict:
+    return {"status": 200, "error": None, "lines": [
+        f'sglang:spec_accept_length{{model_name="k",tp_rank="0"}} {accept}',
+        f'sglang:num_requests_total{{model_name="k"}} {requests}',
+        f'sglang:inter_token_latency_seconds_sum{{model_name="k"}} {itl_sum}',
+        f'sglang:inter_token_latency_seconds_count{{model_name="k"}} {itl_count}']}
+
+
+URLS = ["http://c:1", "http://o1:1", "http://o2:1"]
+
+
+def test_an_interval_pairs_the_canary_with_the_others_weighted_by_requests():
+    first = parse_instant({"at": 100.0, "reads": {u: metrics(2.0, 10, 1.0, 100) for u in URLS}}, URLS, "r")
+    second = parse_instant({"at": 105.0, "reads": {"http://c:1": metrics(2.5, 20, 2.0, 200),
+                                                   "http://o1:1": metrics(3.0, 40, 2.0, 300),
+                                                   "http://o2:1": metrics(2.0, 20, 3.0, 200)}}, URLS, "r")
+    got = interval(100.0, first, second, URLS[:1], URLS[1:])
+    assert got.at == 5.0
+    assert got.canary == Side(2.5, 10.0, 0.01)
+    assert got.others.requests == 40.0 and got.others.accept == pytest.approx((3.0 * 30 + 2.0 * 10) / 40)
+    assert got.others.token_s == pytest.approx((0.005 * 30 + 0.02 * 10) / 40)
+
+
+def test_a_restarted_or_idle_replica_gives_no_pair():
+    before = parse_instant({"at": 1.0, "reads": {u: metrics(2.0, 50, 1.0, 100) for u in URLS}}, URLS, "r").readings
+    after = parse_instant({"at": 2.0, "reads": {u: metrics(2.9, 3, 0.1, 10) for u in URLS}}, URLS, "r").readings
+    assert side(before[URLS[0]], after[URLS[0]]).requests == 0.0  # the counter went down: restarted
+    assert side(before[URLS[0]], before[URLS[0]]) == Side(None, 0.0, None)  # idle: the gauge is stale
+    assert combined([Side(None, 0.0, None)]) == Side(None, 0.0, None)
+
+
+def test_without_metrics_the_server_info_average_is_read_but_never_paired():
+    entry = {"status": 404, "error": None, "server_info": {"status": 200, "error": None, "body": json.dumps(
+        {"internal_states": [{"avg_spec_accept_length": 2.7}]})}}
+    instant = parse_instant({"at": 1.0, "reads": {u: entry for u in URLS}}, URLS, "r")
+    reading = instant.readings[URLS[0]]
+    assert reading.source == "server_info" and reading.accept == 2.7 and reading.requests is None
+    assert side(reading, reading).requests == 0.0
+
+
+@pytest.mark.parametrize("line,fragment", [
+    ({"at": 1.0}, "unexpected line"),
+    ({"at": "now", "reads": {}}, "expected a time"),
+    ({"at": 1.0, "reads": {}}, "no read of"),
+    ({"at": 1.0, "reads": {u: {"status": 200, "lines": "x"} for u in URLS}}, "not a list"),
+    ({"at": 1.0, "reads": {u: {"status": 200, "lines": ["sglang:num_requests_total -1"]} for u in URLS}}, ">= 0"),
+    ({"at": 1.0, "reads": {u: {"status": 200, "lines": ["not prometheus"]} for u in URLS}}, "expected a finite number"),
+    ({"at": 1.0, "reads": {u: {"status": 404, "server_info": {"status": 200, "body": "{"}} for u in URLS}},
+     "not JSON"),
+    ({"at": 1.0, "reads": {u: {"status": 404, "server_info": {"status": 200, "body": json.dumps(
+        {"internal_states": [{"avg_spec_accept_length": 0.5}]})}} for u in URLS}}, "expected a number >= 1"),
+    ({"at": 1.0, "reads": {u: "x" for u in URLS}}, "unexpected read"),
+])
+def test_a_read_of_another_shape_is_refused_naming_the_host(line, fragment):
+    with pytest.raises(RemoteOutputError) as exc:
+        parse_instant(line, URLS, "router-host")
+    assert "router-host: canary read" in str(exc.value) and fragment in str(exc.value)
+
+
+def test_the_host_side_read_asks_every_worker_at_once_and_keeps_only_the_canary_series(monkeypatch):
+    from deploy.remote import fleet_ops
+
+    body = "\n".join(["# HELP x", 'sglang:spec_accept_length{a="1"} 2.5', "sglang:other 1",
+                      'sglang:num_requests_total{a="1"} 7', 'sglang:inter_token_latency_seconds_bucket{le="0.1"} 3'])
+    asked = []
+
+    def request(method, url, body_, timeout):
+        asked.append(url)
+        if url.endswith("/metrics") and "nometrics" not in url:
+            return {"status": 200, "body": body, "error": None}
+        if url.endswith("/metrics"):
+            return {"status": 404, "body": "", "error": None}
+        return {"status": 200, "body": '{"internal_states": []}', "error": None}
+
+    monkeypatch.setattr(fleet_ops, "request", request)
+    got = fleet_ops.worker_metrics(["http://a:1", "http://nometrics:1"], 1.0)
+    assert got["reads"]["http://a:1"]["lines"] == ['sglang:spec_accept_length{a="1"} 2.5',
+                                                   'sglang:num_requests_total{a="1"} 7']
+    assert got["reads"]["http://nometrics:1"]["server_info"]["status"] == 200
+    assert sorted(asked) == ["http://a:1/metrics", "http://nometrics:1/metrics", "http://nometrics:1/server_info"]
+    assert fleet_ops._metrics_interval("0.4") is None and fleet_ops._metrics_interval("300") == 300.0
