@@ -147,6 +147,7 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], url_of: Callable[[RunStat
         started = time.monotonic()
         state.data["canary"] = {"hosts": [h.name for h in batch], "others": [h.name for h in others],
                                 "outcome": "watching", "settings": spec.model_dump()}
+        _mark(state, batch, [h.name for h in others], spec)
         try:
             if not other_urls:
                 seen["decision"] = decide([], settings, final=True)
@@ -157,6 +158,8 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], url_of: Callable[[RunStat
             state.progress("*", "canary", "a signal during the window: the canary goes back to its last good drafter")
             _go_back(state, batch, url_of, "a signal came during the canary window", None)
             raise
+        finally:
+            _unmark(state, batch)
         decision: Decision | None = seen["decision"]
         if decision is None:  # the loop ended without a decision: cancelled
             decision = decide(intervals, settings, final=True)
@@ -178,6 +181,43 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], url_of: Callable[[RunStat
     return action
 
 
+def _mark(state: RunState, batch: tuple[Host, ...], others: list[str], spec: CanarySpec) -> None:
+    """canary.json on each canary host for the window, so that ``status`` marks the replica: the running
+    server's PID (read from its PID file) and the window's end by this machine's clock (Unix time)."""
+    import json
+
+    from deploy.facts.helpers import write_file_command
+    from deploy.host.state_layout import StatePaths, canary_path
+    from deploy.base.shell import quote, quote_path
+    from deploy.ssh.transport import HostConnection
+
+    now = time.time()
+    for host in batch:
+        paths = StatePaths(host.state_dir)
+        with HostConnection(host, state.config.ssh, state.jumps) as conn:
+            text = conn.run(f"head -c 64 -- {quote_path(paths.pidfile)} 2>/dev/null; true", timeout=30).stdout.strip()
+            if not text.isdigit():
+                continue  # no PID: no mark (status then shows no canary; the window goes on)
+            mark = {"run": state.run.name, "since": now, "until": now + spec.window + 60, "pid": int(text),
+                    "others": others}
+            conn.check(f"printf '%s\\n' {quote(json.dumps(mark))} | "
+                       + write_file_command(host.python, paths.helper("host_ops.py"), quote_path(canary_path(host.state_dir))),
+                       timeout=30, what="writing the canary mark")
+
+
+def _unmark(state: RunState, batch: tuple[Host, ...]) -> None:
+    from deploy.host.state_layout import canary_path
+    from deploy.base.shell import quote_path
+    from deploy.ssh.transport import HostConnection
+
+    for host in batch:
+        try:
+            with HostConnection(host, state.config.ssh, state.jumps) as conn:
+                conn.run(f"rm -f -- {quote_path(canary_path(host.state_dir))}", timeout=30)
+        except DeployError as exc:  # the mark names the server and its window's end: a stale one is ignored
+            state.progress(host.name, "canary", f"could not remove the canary mark: {str(exc).splitlines()[0][:200]}")
+
+
 def _record(state: RunState, decision, intervals: list, started: float, signal: str | None) -> None:
     entry = state.data["canary"]
     entry["seconds"] = round(time.monotonic() - started, 3)
@@ -190,6 +230,17 @@ def _record(state: RunState, decision, intervals: list, started: float, signal: 
         entry |= {"outcome": decision.outcome, "decision": decision.to_dict(), "line": decision.line()}
     else:
         entry |= {"outcome": "interrupted", "why": signal}
+    # each canary host's history row and plain report line carry the decision in short
+    ratios = {c["figure"]: c["ratio"] for c in (entry.get("decision") or {}).get("comparisons", [])}
+    short = {"outcome": entry["outcome"], "cause": (entry.get("decision") or {}).get("cause"),
+             "acceptance_ratio": ratios.get("acceptance"), "speed_ratio": ratios.get("speed"),
+             "intervals": len(intervals), "seconds": entry["seconds"],
+             "canary_requests": (entry.get("decision") or {}).get("canary_requests"),
+             "others": entry.get("others", []), "why": (entry.get("decision") or {}).get("why") or signal}
+    for name in entry.get("hosts", []):
+        report = state.reports.get(name)
+        if report is not None:
+            report.facts["canary"] = short
 
 
 def _go_back(state: RunState, batch: tuple[Host, ...], url_of: Callable[[RunState, Host], str], why: str,
@@ -261,7 +312,23 @@ def _window_plan(spec: CanarySpec, batch: tuple[Host, ...], playbook):
         calls, at = view.calls, view.router_host
         urls = [worker_url(view.run, view.network(h)) for h in view.config.hosts_of(view.run)]
         back = "the canary goes back to its last good drafter (rolled back, inconclusive with keep, or a signal)"
-        steps: list[tuple[str, Any]] = [(at, calls.workers(True)), (at, calls.watch_metrics(urls, spec.interval, spec.window))]
+        from deploy.base.shell import quote_path
+        from deploy.facts.helpers import write_file_command
+        from deploy.host.state_layout import StatePaths, canary_path
+
+        steps: list[tuple[str, Any]] = [(at, calls.workers(True))]
+        for host in batch:
+            paths = StatePaths(host.state_dir)
+            steps += [(host.name, Command(description="the server's PID, for the canary mark",
+                                          command=f"head -c 64 -- {quote_path(paths.pidfile)} 2>/dev/null; true")),
+                      (host.name, Command(description="the canary mark status reads (canary.json: the run, the server's "
+                                                      "PID, the window's end, the others)",
+                                          command="printf '%s\\n' '<the mark as JSON>' | " + write_file_command(
+                                              host.python, paths.helper("host_ops.py"),
+                                              quote_path(canary_path(host.state_dir)))))]
+        steps.append((at, calls.watch_metrics(urls, spec.interval, spec.window)))
+        steps += [(h.name, Command(description="remove the canary mark", when="the window ended (decided, or a signal)",
+                                   command=f"rm -f -- {quote_path(canary_path(h.state_dir))}")) for h in batch]
         for host in batch:
             url = worker_url(view.run, view.network(host))
             steps += [(at, dataclasses.replace(calls.remove(url, "<worker id>", True), when=back)),

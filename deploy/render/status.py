@@ -67,6 +67,10 @@ def cells(r: HostReading) -> dict[str, str]:
         "configured": {True: "yes", False: "no: " + clean(", ".join(r.differences), 60), None: "-"}[r.configured],
         "detail": clean("; ".join(r.verdict.regressions or r.verdict.lines[:1] or s.notes[:1]), 160),
     }
+    if s.canary is not None:
+        # a replica in its canary window serves a new drafter beside the others (fleet/canary.py)
+        row["detail"] = clean(f"CANARY in its live window, against {', '.join(s.canary['others']) or '-'}"
+                              + (f"; {row['detail']}" if row["detail"] else ""), 160)
     return row
 
 

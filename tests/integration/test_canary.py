@@ -4,7 +4,8 @@ built-in prompts do not have (instructions: sandbox/sim_sglang/.../prompt_kinds.
 
 One fleet `up` per router package, then: a drafter better on the built-in prompts (it passes verify)
 and worse on the live mix is rolled back after its window, quarantined, the other replicas never
-touched, no failed request; then a better drafter is promoted and every replica ends on it."""
+touched, no failed request; a signal mid-window leaves the canary on its last good drafter; then a
+better drafter is promoted and every replica ends on it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import time
 import pytest
 
 from tests.integration.fleet_client import StreamingClient
-from tests.integration.helpers import FAST, cli_json_err, write_config
+from deploy.base.errors import ExitCode
+from tests.integration.helpers import FAST, REPO, cli_json_err, default_sigint, write_config
 from tests.integration.test_fleet import (HOSTS, ROUTER_PORT, ROUTER_PYTHONS, new_checkpoint, router_workers,
                                           server_pid, summary, worker_url)
 
@@ -43,6 +45,51 @@ def kinds_marker(sandbox, host: str, kinds: dict | None) -> None:
     command = (f"printf '%s' '{json.dumps(kinds)}' > {drafter}/SIMULATION-prompt-kinds" if kinds is not None
                else f"rm -f {drafter}/SIMULATION-prompt-kinds")
     assert sandbox.run(host, command).returncode == 0
+
+
+def fingerprint(sandbox, host: str) -> str:
+    """The drafter fingerprint of the deployment the host serves (deployment.json)."""
+    return json.loads(sandbox.run(host, "cat ~/.deployctl/deployment.json").stdout)["drafter_fingerprint"]
+
+
+def interrupted_in_window(path, during) -> str:
+    """``restart`` in a child, SIGINT a few seconds into its canary window (``during()`` called first); its
+    stderr."""
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    proc = subprocess.Popen([sys.executable, "-m", "deploy", "-c", str(path), "restart"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            preexec_fn=default_sigint)
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)
+    reader.start()
+    seen = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=5)
+            except queue.Empty:
+                continue
+            seen.append(line)
+            if "canary window sb1" in line and "start" in line:
+                break
+        else:
+            raise AssertionError("the canary window never started:\n" + "".join(seen[-20:]))
+        during()
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == ExitCode.INTERRUPTED
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=30)
+    return "".join(seen) + "".join(lines.get_nowait() for _ in range(lines.qsize()))
 
 
 def test_a_canary_worse_on_live_traffic_is_rolled_back_and_a_better_one_promoted(clean_sandbox, tmp_path, capsys,
@@ -81,11 +128,32 @@ def test_a_canary_worse_on_live_traffic_is_rolled_back_and_a_better_one_promoted
     reasons = [e["reason"] for e in (quarantine.get("entries") or quarantine).values() if isinstance(e, dict)]
     assert any(r.startswith("canary: live acceptance") for r in reasons), quarantine
     assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in HOSTS)
+    assert fingerprint(sb, "sb1") == fingerprint(sb, "sb2")  # back on the drafter the others kept
 
-    # a drafter better on every kind: promoted, every replica ends on it
+    # a signal mid-window: the canary goes back to its last good drafter (verified) and says so
+    serving = fingerprint(sb, "sb1")
     for host in HOSTS:
         kinds_marker(sb, host, {"*": 1.15})
         new_checkpoint(sb, host)
+    before = {h: server_pid(sb, h) for h in HOSTS}
+    with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=3, max_new_tokens=64,
+                         prompts=LIVE_MIX, pause_s=0.02) as client:
+        def status_marks_the_canary() -> None:
+            code, doc, _ = cli_json_err(capsys, "-c", str(path), "status", "--json")
+            marks = {h["host"]: h.get("canary") for h in doc["hosts"]}
+            assert marks["sb1"] is not None and marks["sb1"]["others"] == ["sb2", "sb3"], marks
+            assert marks["sb2"] is None and marks["sb3"] is None, marks
+
+        rest = interrupted_in_window(path, status_marks_the_canary)
+    assert client.stats.failed == 0, client.stats.errors[:5]
+    assert "a signal during the window: the canary goes back to its last good drafter" in rest, rest[-3000:]
+    assert "previous deployment restored and verified" in rest, rest[-3000:]
+    assert fingerprint(sb, "sb1") == serving and server_pid(sb, "sb1") != before["sb1"]
+    assert {h: server_pid(sb, h) for h in ("sb2", "sb3")} == {h: before[h] for h in ("sb2", "sb3")}
+    assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in HOSTS)
+    assert sb.run("sb1", "test -e ~/.deployctl/canary.json").returncode != 0  # the mark is gone
+
+    # a drafter better on every kind (the one the signal interrupted): promoted, every replica ends on it
     with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=3, max_new_tokens=64,
                          prompts=LIVE_MIX, pause_s=0.02) as client:
         time.sleep(1.0)
@@ -94,5 +162,6 @@ def test_a_canary_worse_on_live_traffic_is_rolled_back_and_a_better_one_promoted
     assert code == 0, summary(doc) + err[-3000:]
     assert client.stats.failed == 0, client.stats.errors[:5]
     assert doc["fleet"]["canary"]["outcome"] == "promote", doc["fleet"]["canary"]
+    assert fingerprint(sb, "sb1") != serving
     assert all(h["outcome"] == "ok" for h in doc["hosts"]), summary(doc)
     assert all(server_pid(sb, h) != old[h] for h in HOSTS)

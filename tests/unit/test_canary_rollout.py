@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from deploy.base.errors import RemoteOutputError, UsageError
 from deploy.config import load_config
-from deploy.config.models import CanarySpec
+from deploy.config.models import CanarySpec, Host
 from deploy.facts.canary import combined, interval, parse_instant, side
 from deploy.fleet.phases import HostPhase
 from deploy.fleet.rollout import Rollout
@@ -201,3 +201,39 @@ def test_the_host_side_read_asks_every_worker_at_once_and_keeps_only_the_canary_
     assert got["reads"]["http://nometrics:1"]["server_info"]["status"] == 200
     assert sorted(asked) == ["http://a:1/metrics", "http://nometrics:1/metrics", "http://nometrics:1/server_info"]
     assert fleet_ops._metrics_interval("0.4") is None and fleet_ops._metrics_interval("300") == 300.0
+
+
+def test_a_canary_hosts_history_row_and_plain_report_line_carry_the_decision():
+    from deploy.engine.records import HostReport
+    from deploy.local.history import records_for
+    from deploy.render.report import plain_report_lines
+
+    report = HostReport(Host(name="a", address="10.0.0.1", gpus=8, state_dir="~/s"))
+    report.facts["canary"] = {"outcome": "roll-back", "cause": "canary: live acceptance", "acceptance_ratio": 0.81,
+                              "speed_ratio": 0.9, "intervals": 24, "seconds": 25.1, "canary_requests": 212.0,
+                              "others": ["b", "c"], "why": "a drop beyond the traffic's noise"}
+    [row] = records_for("restart", "r", [report])
+    assert row["canary"]["cause"] == "canary: live acceptance"
+    line = next(ln for ln in plain_report_lines("restart", [report], "T") if "canary:" in ln)
+    assert line == ("T [a] canary: roll-back after 24 interval(s) (212 requests): acceptance 81.0%, speed 90.0% of "
+                    "b, c; canary: live acceptance; a drop beyond the traffic's noise")
+
+
+@pytest.mark.parametrize("change,marked", [({}, True), ({"pid": 1}, False), ({"until": 50.0}, False),
+                                           ({"others": "b"}, False), ({"since": "now"}, False)])
+def test_status_marks_a_replica_while_its_server_is_in_its_canary_window(change, marked):
+    from tests.unit.test_status import _document
+    from deploy.facts import status as facts
+    from deploy.render.status import cells
+    from deploy.verbs import status
+
+    document = _document("metrics_with_traffic")
+    mark = {"run": "r", "since": 10.0, "until": 1000.0, "pid": document["pid"], "others": ["b", "c"]} | change
+    fact = facts.parse_status(0, json.dumps(document | {"canary": mark, "now": 100.0}) + "\n", "", "gpu-a")
+    assert (fact.canary is not None) is marked
+    reading = status.HostReading(Host(name="a", address="10.0.0.1", gpus=8, state_dir="~/s"), fact, configured=True,
+                                 verdict=status.Verdict("healthy"))
+    assert cells(reading)["detail"].startswith("CANARY in its live window, against b, c") is marked
+    values = status._prom_values(reading, 1.0)
+    assert values["deployctl_status_canary"] == float(marked)
+
