@@ -133,6 +133,8 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
         reports, code = result.reports, int(result.exit_code())
     # a fleet's phases (RunResult), or down behind a router (DownResult: what became of the router)
     phased, stopped = getattr(result, "phases", None) is not None, getattr(result, "router", None)
+    if phased:
+        write_canary_report(result, run.name, progress)
     if as_json:
         document = render.report_document(command, run.name, reports)
         if phased:
@@ -145,6 +147,28 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
         if phased:
             fleet.print_fleet_report(result)
     return code
+
+
+def write_canary_report(result: Any, run_name: str, progress: Any = None) -> str | None:
+    """A canary window ran: its HTML page (deploy/render/canary_report.py), its path kept in
+    ``result.canary["report_html"]``; None when no window ran. A failure to write it is a warning on
+    ``progress``: the page is a record, never a reason to fail the run."""
+    canary = getattr(result, "canary", None)
+    if not canary or not canary.get("intervals") and canary.get("outcome") == "not-run":
+        return None
+    from deploy.local.state import LocalStateError
+    from deploy.render import canary_report
+
+    try:
+        path = str(canary_report.write(canary, run_name))
+    except (OSError, LocalStateError) as exc:
+        if progress is not None:
+            progress("*", "canary", f"WARNING: the canary report was not written: {exc}")
+        return None
+    canary["report_html"] = path
+    if progress is not None:
+        progress("*", "canary", f"report: {path}")
+    return path
 
 
 def with_dataset(playbook, dataset: str | None, config_path) -> Any:

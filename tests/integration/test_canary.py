@@ -139,9 +139,14 @@ def test_a_canary_worse_on_live_traffic_is_rolled_back_and_a_better_one_promoted
     with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=3, max_new_tokens=64,
                          prompts=LIVE_MIX, pause_s=0.02) as client:
         def status_marks_the_canary() -> None:
-            code, doc, _ = cli_json_err(capsys, "-c", str(path), "status", "--json")
-            marks = {h["host"]: h.get("canary") for h in doc["hosts"]}
-            assert marks["sb1"] is not None and marks["sb1"]["others"] == ["sb2", "sb3"], marks
+            # the window's start line comes before the mark is written: read until it is (bounded)
+            deadline = time.monotonic() + 30
+            while True:
+                code, doc, _ = cli_json_err(capsys, "-c", str(path), "status", "--json")
+                marks = {h["host"]: h.get("canary") for h in doc["hosts"]}
+                if marks["sb1"] is not None or time.monotonic() > deadline:
+                    break
+            assert marks["sb1"] is not None and marks["sb1"]["others"] == ["sb2", "sb3"], (marks, doc["hosts"][0])
             assert marks["sb2"] is None and marks["sb3"] is None, marks
 
         rest = interrupted_in_window(path, status_marks_the_canary)

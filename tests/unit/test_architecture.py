@@ -229,7 +229,7 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     }),
     # what a person reads
     ("render", {
-        "deploy.render": ("__init__", "bench_report", "report", "status"),
+        "deploy.render": ("__init__", "bench_report", "canary_report", "report", "status"),
     }),
     # one module per verb, and the package"s entry points
     ("cli", {

@@ -237,3 +237,30 @@ def test_status_marks_a_replica_while_its_server_is_in_its_canary_window(change,
     values = status._prom_values(reading, 1.0)
     assert values["deployctl_status_canary"] == float(marked)
 
+
+
+def test_the_canary_page_charts_the_canary_against_the_others(tmp_path):
+    from types import SimpleNamespace
+
+    from deploy.cli.common import write_canary_report
+    from deploy.local.canary_gate import Settings, decide
+    from tests.unit.test_canary_gate import window
+
+    intervals = window(40, 0.8, 1, speed_ratio=1.0)
+    decision = decide(intervals, Settings(min_requests=100, looks=40))
+    canary = {"hosts": ["a"], "others": ["b", "c"], "outcome": decision.outcome, "action": "rolled back, quarantined",
+              "seconds": 41.0, "decision": decision.to_dict(),
+              "intervals": [{"at": i.at, "canary": {"accept": i.canary.accept, "requests": i.canary.requests,
+                                                    "token_s": i.canary.token_s},
+                             "others": {"accept": i.others.accept, "requests": i.others.requests,
+                                        "token_s": i.others.token_s}} for i in intervals]}
+    from deploy.render.canary_report import render_html, write
+
+    page = render_html(canary, "r<x>", "2026-12-04T15:00:00+00:00")
+    assert page.count("<svg") == 2 and page.count('class="series"') == 4
+    assert "ROLL-BACK" in page and "r&lt;x&gt;" in page and "canary a" in page and "others b, c" in page
+    assert "Hodges-Lehmann" in page
+    path = write(canary, "r", tmp_path)
+    assert path.parent == tmp_path and path.name.startswith("report-") and path.read_text().count("<svg") == 2
+    result = SimpleNamespace(canary={"outcome": "not-run", "intervals": []})
+    assert write_canary_report(result, "r") is None
