@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -264,3 +265,100 @@ def test_the_canary_page_charts_the_canary_against_the_others(tmp_path):
     assert path.parent == tmp_path and path.name.startswith("report-") and path.read_text().count("<svg") == 2
     result = SimpleNamespace(canary={"outcome": "not-run", "intervals": []})
     assert write_canary_report(result, "r") is None
+
+
+class FakeRouter:
+    """The router host as the window uses it: its workers, and the metrics loop fed from ``lines``."""
+
+    def __init__(self, lines, interrupt_after: int | None = None):
+        self.lines, self.interrupt_after = lines, interrupt_after
+        self.host = SimpleNamespace(name="a")
+        self.asked: list = []
+
+    def workers(self):
+        return [{"url": f"http://{n}:1", "is_healthy": True} for n in ("a", "b", "c")]
+
+    def watch_metrics(self, urls, interval, window, observe):
+        self.asked.append((urls, interval, window))
+        for i, line in enumerate(self.lines):
+            if self.interrupt_after is not None and i == self.interrupt_after:
+                raise KeyboardInterrupt
+            if observe(line, 0.0):
+                return
+
+
+def feed(n: int, canary_accept: float, requests: int = 10) -> list[dict]:
+    out = []
+    for i in range(n + 1):
+        wave = 3.0 * (1 + 0.1 * ((i * 7919) % 13) / 13)
+        reads = {f"http://{h}:1": metrics(wave * (canary_accept if h == "a" else 1.0), i * requests, i * 0.1, i * 10)
+                 for h in ("a", "b", "c")}
+        out.append({"at": float(i), "reads": reads})
+    return out
+
+
+def run_window(monkeypatch, lines, inconclusive="keep", interrupt_after=None, outcome="ok"):
+    from deploy.fleet import canary as module
+
+    went_back, marks = [], []
+    router = FakeRouter(lines, interrupt_after)
+    monkeypatch.setattr(module, "open_router", lambda state: router)
+    monkeypatch.setattr(module, "_go_back", lambda state, batch, url_of, why, cause: went_back.append((why, cause)))
+    monkeypatch.setattr(module, "_mark", lambda state, batch, others, spec: marks.append("mark"))
+    monkeypatch.setattr(module, "_unmark", lambda state, batch: marks.append("unmark"))
+    hosts = [Host(name=n, address=f"10.0.0.{i}", gpus=8, state_dir="~/s") for i, n in enumerate("abc", 1)]
+    state = SimpleNamespace(reports={"a": SimpleNamespace(outcome=outcome, facts={})}, data={},
+                            config=SimpleNamespace(hosts_of=lambda run: hosts), run=None,
+                            progress=lambda *a: None)
+    spec = CanarySpec(window=30, interval=1, min_requests=50, inconclusive=inconclusive)
+    action = module._window(spec, (hosts[0],), lambda st, h: f"http://{h.name}:1")
+    return action, state, went_back, marks, router
+
+
+def test_the_window_promotes_a_canary_that_keeps_up(monkeypatch):
+    action, state, went_back, marks, router = run_window(monkeypatch, feed(30, 1.0))
+    assert action(state).startswith("PROMOTED: acceptance")
+    assert went_back == [] and marks == ["mark", "unmark"]
+    assert router.asked == [(["http://a:1", "http://b:1", "http://c:1"], 1.0, 30.0)]
+    assert state.data["canary"]["outcome"] == "promote" and state.data["canary"]["action"] == "promoted"
+    assert state.reports["a"].facts["canary"]["outcome"] == "promote"
+
+
+def test_the_window_rolls_back_a_canary_that_accepts_less(monkeypatch):
+    from deploy.fleet.canary import CanaryRolledBack
+
+    action, state, went_back, marks, _ = run_window(monkeypatch, feed(30, 0.8))
+    with pytest.raises(CanaryRolledBack) as exc:
+        action(state)
+    assert exc.value.exit_code == 12 and "canary: live acceptance" in str(exc.value)
+    assert [cause for _, cause in went_back] == ["canary: live acceptance"]
+    assert state.data["canary"]["action"] == "rolled back, quarantined"
+
+
+@pytest.mark.parametrize("inconclusive", ["keep", "promote"])
+def test_too_little_traffic_is_inconclusive_and_the_setting_says_which_way(monkeypatch, inconclusive):
+    from deploy.fleet.canary import CanaryKept
+
+    action, state, went_back, _, _ = run_window(monkeypatch, feed(30, 0.8, requests=1), inconclusive)
+    if inconclusive == "promote":
+        assert action(state).startswith("PROMOTED (rollout.canary.inconclusive: promote)")
+        assert went_back == []
+        return
+    with pytest.raises(CanaryKept) as exc:
+        action(state)
+    assert exc.value.exit_code == 11 and "nothing quarantined" in str(exc.value)
+    assert [cause for _, cause in went_back] == [None]
+
+
+def test_a_signal_in_the_window_goes_back_to_the_last_good_and_is_raised_again(monkeypatch):
+    action, state, went_back, marks, _ = run_window(monkeypatch, feed(30, 1.0), interrupt_after=5)
+    with pytest.raises(KeyboardInterrupt):
+        action(state)
+    assert went_back == [("a signal came during the canary window", None)] and marks == ["mark", "unmark"]
+    assert state.data["canary"]["outcome"] == "interrupted"
+
+
+def test_no_window_when_the_canary_batch_deployed_nothing_new(monkeypatch):
+    action, state, went_back, marks, router = run_window(monkeypatch, feed(30, 1.0), outcome="converged")
+    assert action(state).startswith("no window: the canary batch did not deploy a new drafter")
+    assert router.asked == [] and marks == [] and went_back == []
