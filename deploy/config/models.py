@@ -383,8 +383,10 @@ class CanarySpec(Strict):
         if self.interval * 8 > self.window:
             raise ValueError(f"window ({self.window:g} s) must hold at least 8 intervals of {self.interval:g} s "
                              "(the decision needs 8 paired intervals)")
-        if self.window / self.interval > 10000:
-            raise ValueError(f"window / interval is {self.window / self.interval:.0f}: at most 10000 reads")
+        if self.window / self.interval > 720:
+            # the decision after each interval sorts every pair's Walsh average: n (n + 1) / 2 of them
+            raise ValueError(f"window / interval is {self.window / self.interval:.0f}: at most 720 intervals "
+                             "(a longer window needs a longer interval)")
         return self
 
 

@@ -170,7 +170,7 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], url_of: Callable[[RunStat
             return f"PROMOTED{how}: {decision.line()}"
         if decision.outcome == "roll-back":
             state.data["canary"]["action"] = "rolled back, quarantined"
-            _go_back(state, batch, url_of, f"{decision.cause}: {decision.line()}", decision.cause)
+            _go_back(state, batch, url_of, decision.line(), decision.cause)
             raise CanaryRolledBack(f"canary {names(batch)} rolled back to its last good drafter ({decision.cause}): "
                                    f"{decision.line()}; the other replicas were not touched")
         state.data["canary"]["action"] = "kept the last good drafter"
@@ -262,7 +262,7 @@ def _go_back(state: RunState, batch: tuple[Host, ...], url_of: Callable[[RunStat
         if listed:
             router.drain(url, router.spec.drain_timeout_s)
         report = state.reports[host.name]
-        report.error = CanaryRolledBack(f"canary: {why}") if cause else CanaryKept(f"canary: {why}")
+        report.error = CanaryRolledBack(f"{cause}: {why}") if cause else CanaryKept(f"canary: {why}")
         new_fingerprint = report.facts.get("drafter_fingerprint")
         held = state.options.held_locks.get(host.name) if state.options.held_locks else None
         with HostConnection(host, state.config.ssh, state.jumps) as conn:

@@ -362,3 +362,9 @@ def test_no_window_when_the_canary_batch_deployed_nothing_new(monkeypatch):
     action, state, went_back, marks, router = run_window(monkeypatch, feed(30, 1.0), outcome="converged")
     assert action(state).startswith("no window: the canary batch did not deploy a new drafter")
     assert router.asked == [] and marks == [] and went_back == []
+
+
+def test_a_window_of_more_than_720_intervals_is_refused():
+    assert CanarySpec(window="1h", interval=5).window == 3600
+    with pytest.raises(ValidationError, match="at most 720 intervals"):
+        CanarySpec(window="1h", interval=1)
