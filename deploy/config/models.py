@@ -344,8 +344,9 @@ _DURATION = re.compile(r"^(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>s|m|h)$")
 
 
 def _duration_s(value: Any) -> Any:
-    """``10m``, ``90s``, ``1h`` or a number of seconds; anything else is left for the type's own error."""
-    if isinstance(value, str):
+    """``10m``, ``90s``, ``1h`` or a number of seconds; anything else is left for the type's own error
+    (a YAML 1.1 non-decimal number, ``0x10``, for Strict's own message)."""
+    if isinstance(value, str) and not isinstance(value, NonDecimalNumber):
         match = _DURATION.match(value.strip())
         if match is None:
             raise ValueError(f"expected a duration such as 90s, 10m or 1h (or seconds as a number), got {value!r}")
