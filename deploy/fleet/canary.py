@@ -305,7 +305,9 @@ def _window_plan(spec: CanarySpec, batch: tuple[Host, ...], playbook):
         import dataclasses
 
         from deploy.engine.plan import plan_failure
+        from deploy.engine.session import step_context
         from deploy.facts.quarantine import update_command
+        from deploy.steps import record_good
         from deploy.fleet.router import worker_url
         from deploy.steps.base import Command
 
@@ -335,7 +337,12 @@ def _window_plan(spec: CanarySpec, batch: tuple[Host, ...], playbook):
                       (at, dataclasses.replace(calls.watch_loads(url), when=back)),
                       (host.name, Command(description="write back the last good record read before the canary's "
                                                       "redeploy", when=back,
-                                          command="<record-good's write of that record>"))]
+                                          command=record_good.write_command(
+                                              step_context(view.network(host), view.run,
+                                                           record_good.Settings(step="record-good"), None, view.stamp,
+                                                           lambda *a: None),
+                                              {"env_file": "<as recorded>"}, None,
+                                              shown="<the last good record read before the canary's redeploy>")))]
             for step, actions in plan_failure(playbook, view.run, view.network(host)):
                 if step.startswith("rollback"):
                     steps += [(host.name, dataclasses.replace(a, when=back)) for a in actions if hasattr(a, "when")]
