@@ -47,6 +47,12 @@ def kinds_marker(sandbox, host: str, kinds: dict | None) -> None:
     assert sandbox.run(host, command).returncode == 0
 
 
+def verified(doc: dict, host: str) -> float:
+    """The accept length verify-acceptance measured on ``host`` in this run (the redeploy's, not the rollback's)."""
+    [entry] = [h for h in doc["hosts"] if h["host"] == host]
+    return {s["step"]: s for s in entry["steps"]}["verify-acceptance"]["data"]["accept_length"]
+
+
 def fingerprint(sandbox, host: str) -> str:
     """The drafter fingerprint of the deployment the host serves (deployment.json)."""
     return json.loads(sandbox.run(host, "cat ~/.deployctl/deployment.json").stdout)["drafter_fingerprint"]
@@ -100,15 +106,16 @@ def test_a_canary_worse_on_live_traffic_is_rolled_back_and_a_better_one_promoted
     path = write_config(sb, tmp_path, run={"env": FAST, "router": router, "rollout": {"canary": CANARY}})
     code, doc, err = cli_json_err(capsys, "-c", str(path), "up", "--json")
     assert code == 0, summary(doc)
+    verified_before = verified(doc, "sb1")
     code, doc, err = cli_json_err(capsys, "-c", str(path), "plan", "restart", "--json")
     assert code == 0
     phases = [p["phase"] for p in doc["fleet"]["phases"]]
     assert phases[1] == "canary: last good of sb1" and any(p.startswith("canary window sb1") for p in phases), phases
 
-    # better on the built-in prompts (verify passes), half the extra tokens on the live mix of instructions
+    # better on the built-in prompts (and on verify's four), half the extra tokens on the live mix of instructions
     old = {h: server_pid(sb, h) for h in HOSTS}
     for host in HOSTS:
-        kinds_marker(sb, host, {"instruct": 0.5, "*": 1.1})
+        kinds_marker(sb, host, {"instruct": 0.5, "*": 1.25})
         new_checkpoint(sb, host)
     with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=3, max_new_tokens=64,
                          prompts=LIVE_MIX, pause_s=0.02) as client:
@@ -122,6 +129,7 @@ def test_a_canary_worse_on_live_traffic_is_rolled_back_and_a_better_one_promoted
     assert canary["decision"]["comparisons"][0]["ratio"] < 0.9, canary
     hosts = {h["host"]: h for h in doc["hosts"]}
     assert "rolled back" in hosts["sb1"]["error"], hosts["sb1"]
+    assert verified(doc, "sb1") > verified_before, (verified(doc, "sb1"), verified_before)  # verify passed, higher
     assert server_pid(sb, "sb1") != old["sb1"]  # relaunched on its last good drafter, verified
     assert {h: server_pid(sb, h) for h in ("sb2", "sb3")} == {h: old[h] for h in ("sb2", "sb3")}  # never touched
     quarantine = json.loads(sb.run("sb1", "cat ~/.deployctl/quarantine.json").stdout)
