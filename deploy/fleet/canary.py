@@ -158,6 +158,15 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], url_of: Callable[[RunStat
             state.progress("*", "canary", "a signal during the window: the canary goes back to its last good drafter")
             _go_back(state, batch, url_of, "a signal came during the canary window", None)
             raise
+        except DeployError as exc:
+            # a read of another shape (strictly refused), the router host lost: nothing judged the new
+            # drafter, so the canary does not stay on it
+            first = str(exc).splitlines()[0][:300]
+            _record(state, None, intervals, started, f"the window's reads failed: {first}", "failed")
+            state.progress("*", "canary", f"the window's reads failed ({first}): the canary goes back to its "
+                                          "last good drafter")
+            _go_back(state, batch, url_of, f"the window's reads failed: {first}", None)
+            raise
         finally:
             _unmark(state, batch)
         decision: Decision | None = seen["decision"]
@@ -218,7 +227,8 @@ def _unmark(state: RunState, batch: tuple[Host, ...]) -> None:
             state.progress(host.name, "canary", f"could not remove the canary mark: {str(exc).splitlines()[0][:200]}")
 
 
-def _record(state: RunState, decision, intervals: list, started: float, signal: str | None) -> None:
+def _record(state: RunState, decision, intervals: list, started: float, signal: str | None,
+            outcome: str = "interrupted") -> None:
     entry = state.data["canary"]
     entry["seconds"] = round(time.monotonic() - started, 3)
     entry["intervals"] = [{"at": round(i.at, 3),
@@ -229,7 +239,7 @@ def _record(state: RunState, decision, intervals: list, started: float, signal: 
     if decision is not None:
         entry |= {"outcome": decision.outcome, "decision": decision.to_dict(), "line": decision.line()}
     else:
-        entry |= {"outcome": "interrupted", "why": signal}
+        entry |= {"outcome": outcome, "why": signal}
     # each canary host's history row and plain report line carry the decision in short
     ratios = {c["figure"]: c["ratio"] for c in (entry.get("decision") or {}).get("comparisons", [])}
     short = {"outcome": entry["outcome"], "cause": (entry.get("decision") or {}).get("cause"),

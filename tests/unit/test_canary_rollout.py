@@ -368,3 +368,14 @@ def test_a_window_of_more_than_720_intervals_is_refused():
     assert CanarySpec(window="1h", interval=5).window == 3600
     with pytest.raises(ValidationError, match="at most 720 intervals"):
         CanarySpec(window="1h", interval=1)
+
+
+def test_a_read_of_another_shape_ends_the_window_on_the_last_good_drafter(monkeypatch):
+    lines = feed(30, 1.0)
+    lines[6] = {"at": 6.0, "reads": {}}
+    action, state, went_back, marks, _ = run_window(monkeypatch, lines)
+    with pytest.raises(RemoteOutputError, match="no read of"):
+        action(state)
+    assert went_back and went_back[0][0].startswith("the window's reads failed: a: canary read: no read of")
+    assert went_back[0][1] is None and marks == ["mark", "unmark"]
+    assert state.data["canary"]["outcome"] == "failed"
