@@ -48,7 +48,8 @@ from typing import Any, Literal
 Outcome = Literal["promote", "roll-back", "inconclusive", "watching"]
 Figure = Literal["acceptance", "speed"]
 
-#: fewer paired intervals than this: no interval at all (the signed-rank interval at ~99.9% needs ~8 pairs)
+#: fewer paired intervals than this: no interval at all, whatever the confidence (at the defaults' one-sided
+#: 1 - 0.01 / 240 the signed-rank interval itself needs about 20 pairs: ``walsh_interval`` says None before)
 MIN_INTERVALS = 8
 #: the cause a quarantine records, per figure
 CAUSES: dict[str, str] = {"acceptance": "canary: live acceptance", "speed": "canary: live speed"}

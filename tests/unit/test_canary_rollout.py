@@ -379,3 +379,16 @@ def test_a_read_of_another_shape_ends_the_window_on_the_last_good_drafter(monkey
     assert went_back and went_back[0][0].startswith("the window's reads failed: a: canary read: no read of")
     assert went_back[0][1] is None and marks == ["mark", "unmark"]
     assert state.data["canary"]["outcome"] == "failed"
+
+
+def test_the_plain_fleet_report_says_the_canary_decision(capsys):
+    from deploy.fleet.phases import PhaseRecord, RunResult
+    from deploy.fleet.plan import fleet_report, print_fleet_report
+
+    canary = {"hosts": ["a"], "others": ["b", "c"], "outcome": "roll-back", "action": "rolled back, quarantined",
+              "line": "acceptance 80.0% [75.0%, 85.0%] over 24 interval(s), 212 canary requests: ROLL-BACK: ..."}
+    result = RunResult([], [PhaseRecord("canary window a", "failed", "x", 1.0, 12)], canary=canary)
+    print_fleet_report(result)
+    out = capsys.readouterr().out
+    assert "canary a against b, c: acceptance 80.0% [75.0%, 85.0%]" in out and "-> rolled back, quarantined" in out
+    assert fleet_report(result)["canary"] is canary
