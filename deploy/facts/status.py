@@ -189,7 +189,8 @@ class HostStatus(_Strict):
     last_good: Optional[Baseline]
     probe: Optional[dict[str, Any]]
     notes: list[str]
-    #: in a canary window now (issue 43): {"run", "since", "until", "others"}; None: not a canary
+    #: in a canary window now (issue 43): {"run", "since", "until", "others"} and, after 10 intervals, the
+    #: window's "acceptance_ratio", "speed_ratio", "intervals", "canary_requests"; None: not a canary
     canary: Optional[dict[str, Any]] = None
 
     @property
@@ -535,4 +536,7 @@ def _canary(document: StatusDocument, notes: list[str]) -> dict[str, Any] | None
         return None
     if pid != document.pid or not document.alive or (document.now is not None and document.now > float(until or 0)):
         return None
-    return {"run": str(mark.get("run", ""))[:200], "since": since, "until": until, "others": others[:64]}
+    figures = {key: mark.get(key) for key in ("acceptance_ratio", "speed_ratio", "intervals", "canary_requests")
+               if isinstance(mark.get(key), (int, float)) and not isinstance(mark.get(key), bool)
+               and math.isfinite(mark[key]) and mark[key] >= 0}
+    return {"run": str(mark.get("run", ""))[:200], "since": since, "until": until, "others": others[:64]} | figures

@@ -139,6 +139,8 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], url_of: Callable[[RunStat
             decision = decide(intervals, settings, final=len(intervals) >= settings.looks)
             if len(intervals) % 10 == 0 or decision.outcome != "watching":
                 state.progress("*", "canary", f"{len(intervals)}/{settings.looks} intervals: {decision.line()}")
+            if len(intervals) % 10 == 0 and decision.outcome == "watching":
+                _update_marks(state, batch, decision)
             if decision.outcome != "watching":
                 seen["decision"] = decision
                 return True
@@ -193,25 +195,55 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], url_of: Callable[[RunStat
 def _mark(state: RunState, batch: tuple[Host, ...], others: list[str], spec: CanarySpec) -> None:
     """canary.json on each canary host for the window, so that ``status`` marks the replica: the running
     server's PID (read from its PID file) and the window's end by this machine's clock (Unix time)."""
-    import json
-
-    from deploy.facts.helpers import write_file_command
-    from deploy.host.state_layout import StatePaths, canary_path
-    from deploy.base.shell import quote, quote_path
+    from deploy.base.shell import quote_path
+    from deploy.host.state_layout import StatePaths
     from deploy.ssh.transport import HostConnection
 
     now = time.time()
+    marks = state.data.setdefault("canary_marks", {})
     for host in batch:
         paths = StatePaths(host.state_dir)
         with HostConnection(host, state.config.ssh, state.jumps) as conn:
             text = conn.run(f"head -c 64 -- {quote_path(paths.pidfile)} 2>/dev/null; true", timeout=30).stdout.strip()
             if not text.isdigit():
                 continue  # no PID: no mark (status then shows no canary; the window goes on)
-            mark = {"run": state.run.name, "since": now, "until": now + spec.window + 60, "pid": int(text),
-                    "others": others}
-            conn.check(f"printf '%s\\n' {quote(json.dumps(mark))} | "
-                       + write_file_command(host.python, paths.helper("host_ops.py"), quote_path(canary_path(host.state_dir))),
-                       timeout=30, what="writing the canary mark")
+            marks[host.name] = {"run": state.run.name, "since": now, "until": now + spec.window + 60,
+                                "pid": int(text), "others": others}
+            _write_mark(conn, host, marks[host.name])
+
+
+def _write_mark(conn, host: Host, mark: dict) -> None:
+    import json
+
+    from deploy.base.shell import quote, quote_path
+    from deploy.facts.helpers import write_file_command
+    from deploy.host.state_layout import StatePaths, canary_path
+
+    conn.check(f"printf '%s\\n' {quote(json.dumps(mark))} | "
+               + write_file_command(host.python, StatePaths(host.state_dir).helper("host_ops.py"),
+                                    quote_path(canary_path(host.state_dir))),
+               timeout=30, what="writing the canary mark")
+
+
+def _update_marks(state: RunState, batch: tuple[Host, ...], decision) -> None:
+    """The mark with the window's figures so far (status and its prom file show them): every 10 intervals.
+    A failed write is said and the window goes on (the mark is a record for status, not the decision)."""
+    from deploy.ssh.transport import HostConnection
+
+    ratios = {c.figure: c.ratio for c in decision.comparisons}
+    figures = {"acceptance_ratio": ratios.get("acceptance"), "speed_ratio": ratios.get("speed"),
+               "intervals": decision.intervals, "canary_requests": decision.canary_requests,
+               "outcome": decision.outcome}
+    for host in batch:
+        mark = state.data.get("canary_marks", {}).get(host.name)
+        if mark is None:
+            continue
+        mark.update(figures)
+        try:
+            with HostConnection(host, state.config.ssh, state.jumps) as conn:
+                _write_mark(conn, host, mark)
+        except DeployError as exc:
+            state.progress(host.name, "canary", f"could not update the canary mark: {str(exc).splitlines()[0][:200]}")
 
 
 def _unmark(state: RunState, batch: tuple[Host, ...]) -> None:
@@ -339,6 +371,14 @@ def _window_plan(spec: CanarySpec, batch: tuple[Host, ...], playbook):
                                               host.python, paths.helper("host_ops.py"),
                                               quote_path(canary_path(host.state_dir)))))]
         steps.append((at, calls.watch_metrics(urls, spec.interval, spec.window)))
+        for host in batch:
+            paths = StatePaths(host.state_dir)
+            steps.append((host.name, Command(description="the canary mark with the window's figures so far (its "
+                                                         "acceptance and speed against the others')",
+                                             when="every 10 intervals while the window watches",
+                                             command="printf '%s\\n' '<the mark as JSON>' | " + write_file_command(
+                                                 host.python, paths.helper("host_ops.py"),
+                                                 quote_path(canary_path(host.state_dir))))))
         steps += [(h.name, Command(description="remove the canary mark", when="the window ended (decided, or a signal)",
                                    command=f"rm -f -- {quote_path(canary_path(h.state_dir))}")) for h in batch]
         for host in batch:

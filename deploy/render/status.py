@@ -69,7 +69,11 @@ def cells(r: HostReading) -> dict[str, str]:
     }
     if s.canary is not None:
         # a replica in its canary window serves a new drafter beside the others (fleet/canary.py)
+        figures = ", ".join(f"{name} {s.canary[key]:.1%}" for key, name in (("acceptance_ratio", "acceptance"),
+                                                                             ("speed_ratio", "speed"))
+                            if isinstance(s.canary.get(key), (int, float)))
         row["detail"] = clean(f"CANARY in its live window, against {', '.join(s.canary['others']) or '-'}"
+                              + (f": {figures} of theirs" if figures else "")
                               + (f"; {row['detail']}" if row["detail"] else ""), 160)
     return row
 

@@ -237,6 +237,28 @@ def test_status_marks_a_replica_while_its_server_is_in_its_canary_window(change,
     assert cells(reading)["detail"].startswith("CANARY in its live window, against b, c") is marked
     values = status._prom_values(reading, 1.0)
     assert values["deployctl_status_canary"] == float(marked)
+    assert values["deployctl_status_canary_acceptance_ratio"] is None
+
+
+def test_status_shows_the_windows_figures_so_far():
+    from tests.unit.test_status import _document
+    from deploy.facts import status as facts
+    from deploy.render.status import cells
+    from deploy.verbs import status
+
+    document = _document("metrics_with_traffic")
+    mark = {"run": "r", "since": 10.0, "until": 1000.0, "pid": document["pid"], "others": ["b"],
+            "acceptance_ratio": 0.912, "speed_ratio": 1.004, "intervals": 20, "canary_requests": 140.0,
+            "outcome": "watching", "speed": -1}
+    fact = facts.parse_status(0, json.dumps(document | {"canary": mark, "now": 100.0}) + "\n", "", "gpu-a")
+    assert fact.canary is not None and fact.canary["acceptance_ratio"] == 0.912 and "speed" not in fact.canary
+    reading = status.HostReading(Host(name="a", address="10.0.0.1", gpus=8, state_dir="~/s"), fact, configured=True,
+                                 verdict=status.Verdict("healthy"))
+    assert cells(reading)["detail"].startswith("CANARY in its live window, against b: acceptance 91.2%, speed 100.4% "
+                                               "of theirs")
+    values = status._prom_values(reading, 1.0)
+    assert values["deployctl_status_canary_acceptance_ratio"] == 0.912
+    assert values["deployctl_status_canary_speed_ratio"] == 1.004
 
 
 
@@ -316,12 +338,17 @@ def run_window(monkeypatch, lines, inconclusive="keep", interrupt_after=None, ou
 
 
 def test_the_window_promotes_a_canary_that_keeps_up(monkeypatch):
+    from deploy.fleet import canary as module
+
+    updates = []
+    monkeypatch.setattr(module, "_update_marks", lambda state, batch, decision: updates.append(decision.intervals))
     action, state, went_back, marks, router = run_window(monkeypatch, feed(30, 1.0))
     assert action(state).startswith("PROMOTED: acceptance")
     assert went_back == [] and marks == ["mark", "unmark"]
     assert router.asked == [(["http://a:1", "http://b:1", "http://c:1"], 1.0, 30.0)]
     assert state.data["canary"]["outcome"] == "promote" and state.data["canary"]["action"] == "promoted"
     assert state.reports["a"].facts["canary"]["outcome"] == "promote"
+    assert updates and all(n % 10 == 0 for n in updates)  # the mark's figures, every 10 intervals while watching
 
 
 def test_the_window_rolls_back_a_canary_that_accepts_less(monkeypatch):
@@ -359,6 +386,7 @@ def test_a_signal_in_the_window_goes_back_to_the_last_good_and_is_raised_again(m
 
 
 def test_no_window_when_the_canary_batch_deployed_nothing_new(monkeypatch):
+    monkeypatch.setattr("deploy.fleet.canary._update_marks", lambda *a: None)
     action, state, went_back, marks, router = run_window(monkeypatch, feed(30, 1.0), outcome="converged")
     assert action(state).startswith("no window: the canary batch did not deploy a new drafter")
     assert router.asked == [] and marks == [] and went_back == []
