@@ -66,9 +66,21 @@ _SIM_SGLANG = _PACKAGE_DIR / "sim_sglang" / "sglang"
 _SIM_NETWORK = _PACKAGE_DIR / "sim_network.c"
 #: the compiled sim_network.c, under the sandbox root (absent: no C compiler, hosts share one stack)
 NETWORK_SHIM = "sim_network.so"
-_MODEL_SOURCES = _PACKAGE_DIR / "model_sources"
+#: the abridged upstream model sources the doctor's tests read (one copy: the sandbox installs them
+#: under a SIMULATED header instead of keeping its own copies, issue 37)
+_MODEL_SOURCES = _PACKAGE_DIR.parent / "tests" / "facts" / "doctor" / "models"
 #: kimi_k25 gains set_eagle3_layers_to_capture in SGLang 0.5.10 (PR #19689)
 _KIMI_HOOK_SINCE = (0, 5, 10)
+
+
+def kimi_k25_source(version: tuple[int, ...]) -> str:
+    """The stand-in's srt/models/kimi_k25.py for SGLang ``version``: upstream's abridged source, marked."""
+    hook = version >= _KIMI_HOOK_SINCE
+    name = "kimi_k25_0.5.10.py" if hook else "kimi_k25_0.5.9.py"
+    body = (_MODEL_SOURCES / name).read_text().split("\n", 1)[1]  # its first line says where it was abridged from
+    return (f"# SIMULATED stand-in (deployctl sandbox TEST DOUBLE) shaped like sglang "
+            f"{'0.5.10+' if hook else '0.5.9'}'s srt/models/kimi_k25.py: "
+            f"{'has the capture hook (PR #19689).' if hook else 'no EAGLE-3 capture hook.'}\n{body}")
 _sshd_children: dict[int, subprocess.Popen] = {}
 
 
@@ -575,8 +587,7 @@ def _install_sglang_version(home: Path, version: str) -> None:
         "Summary: SIMULATED SGLang stand-in (deployctl sandbox TEST DOUBLE)\n")
     (info / "top_level.txt").write_text("sglang\n")
     numbers = tuple(int(x) for x in re.findall(r"\d+", version)[:3])
-    source = "kimi_k25.py" if numbers >= _KIMI_HOOK_SINCE else "kimi_k25.before-0.5.10.py"
-    shutil.copyfile(_MODEL_SOURCES / source, pylib / "sglang" / "srt" / "models" / "kimi_k25.py")
+    (pylib / "sglang" / "srt" / "models" / "kimi_k25.py").write_text(kimi_k25_source(numbers))
     if home.exists():
         st = home.stat()
         _chown_tree(pylib, st.st_uid, st.st_gid)

@@ -11,6 +11,8 @@ in for ``/dev/nvidiaN``. The numbers this script prints come from REAL processes
   holder, e.g. the stand-in SGLang's TP ranks) and is not older than the process, else 512 MiB
   (about one CUDA context). ``~/.sim/alloc/<pid>.<gpu>.util`` likewise gives utilization.gpu.
 - ``~/.sim/driver_failed`` makes it fail the way it does when the driver is gone (exit 9).
+- ``~/.sim/query_delay_s`` (a number of seconds) makes every call take that long first, as a driver busy
+  tearing down a context does (issue 39: a watch loop inside such a query outlived deployctl by 25 s).
 - ``~/.sim/phantom.json`` (``{"3": 512}``: GPU index -> MiB) adds memory that NO listed process
   holds, as a real GPU shows after a leaked CUDA context or with a process of another container:
   memory.used includes it, ``--query-compute-apps`` lists nobody for it, and no kill frees it.
@@ -398,6 +400,16 @@ Supported here:
 """
 
 
+def _delay() -> None:
+    try:
+        with open(os.path.expanduser("~/.sim/query_delay_s")) as f:
+            seconds = float(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return
+    if 0 < seconds <= 600:
+        time.sleep(seconds)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -406,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(HELP.format(driver=DRIVER_VERSION))
             return 0
         config = load_config()
+        _delay()
         if os.path.exists(config["driver_failed_flag"]):
             sys.stdout.write(DRIVER_FAILED + "\n\n")
             return 9

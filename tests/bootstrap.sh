@@ -23,9 +23,15 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 /usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3 python3-venv)
 # headless Chromium renders the bench report in tests/unit/test_bench_report_browser.py (skipped without it);
 # only where the distribution has the package (Debian: chromium; `apt-cache policy chromium`)
-if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 \
-    && apt-cache policy chromium 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-  missing+=(chromium)
+# (a fresh machine's package lists may be empty: read them first, or the package looks absent and the
+# browser tests are skipped without a word)
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if ! apt-cache policy chromium 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 || true
+  fi
+  if apt-cache policy chromium 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+    missing+=(chromium)
+  fi
 fi
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "bootstrap: installing ${missing[*]}" >&2

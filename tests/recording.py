@@ -37,6 +37,8 @@ class RecordingTransport(Transport):
         self.home_dir = home
         self.wrapped: list[str] = []
         self.commands: list[str] = []
+        #: what each command (in ``commands``' order) got on stdin
+        self.stdins: list[bytes | None] = []
         self.timeouts: list[float] = []
         self.uploads: list[tuple[str, bytes]] = []
         self.upload_dirs: list[str] = []
@@ -62,10 +64,11 @@ class RecordingTransport(Transport):
                 return reply
         raise AssertionError(f"unexpected command on {self.host.name}: {command}")
 
-    def _exec(self, command: str, *, timeout: float) -> tuple[int, str, str]:
+    def _exec(self, command: str, *, timeout: float, stdin: bytes | None = None) -> tuple[int, str, str]:
         self.wrapped.append(command)
         plain = self.unwrap(command)
         self.commands.append(plain)
+        self.stdins.append(stdin)
         self.timeouts.append(timeout)
         reply = self._answer(plain)
         if reply.raises is not None:

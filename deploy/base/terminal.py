@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import re
 
+from deploy.base.secrets import mask_text
+
 #: bidi overrides/isolates, line/paragraph separators, BOM (as deploy/base/limits.py refuses in paths)
 _INVISIBLE = "\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff"
 _UNSAFE_LINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_INVISIBLE}]")
@@ -30,13 +32,14 @@ def _escape(match: re.Match) -> str:
 
 
 def safe_line(text: object) -> str:
-    """One line: every control character escaped, newlines included."""
-    return _UNSAFE_LINE.sub(_escape, str(text))
+    """One line: every control character escaped, newlines included; API keys masked (secrets.py)."""
+    return _UNSAFE_LINE.sub(_escape, mask_text(str(text)))
 
 
 def safe_text(text: object) -> str:
-    """Several lines: newlines and tabs kept, every other control character escaped (CR too)."""
-    return _UNSAFE_TEXT.sub(_escape, str(text))
+    """Several lines: newlines and tabs kept, every other control character escaped (CR too); API keys
+    masked (secrets.py)."""
+    return _UNSAFE_TEXT.sub(_escape, mask_text(str(text)))
 
 
 #: ECMA-48 sequences: CSI (ESC [ params final), OSC / DCS / APC / PM / SOS strings (to BEL or ST),

@@ -88,17 +88,23 @@ def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concu
 
     result = bench_sweep.sweep(run_round, playbook, run, runs, hosts, progress)
     table = bench_report.rows(result.rounds)
-    report = bench_report.document(run.name, run.draft_tokens, table, result.serving)
+    report = bench_report.document(run.name, run.draft_tokens, table, result.serving, drafter=run.drafter,
+                                   target=run.base_model, load=bench_sweep.benchmark_load(playbook))
     json_path = html_path = None
     try:
         json_path, html_path = bench_report.write(report)
     except (OSError, LocalStateError) as exc:  # the report is a record, never a reason to fail the benchmark
         progress("*", "bench", f"WARNING: could not write the report: {exc}")
+    codes = [exit_code(reports) for _, reports in result.rounds] + \
+        ([exit_code(result.restore)] if result.restore is not None else [])
+    code = int(result.error.exit_code) if result.error is not None else int(next((c for c in codes if c != 0), 0))
     if as_json:
-        render.print_json(render.bench_document(run.name, result.rounds)
-                          | result.to_dict() | {"report": report["rows"],
-                                                "report_html": str(html_path) if html_path else None,
-                                                "report_json": str(json_path) if json_path else None})
+        document = render.bench_document(run.name, result.rounds)
+        # a sweep refused before its first round (a lock) has no failed round: its code says how it ended
+        render.print_json(document | result.to_dict()
+                          | {"ok": document["ok"] and code == 0, "exit_code": code, "report": report["rows"],
+                             "report_html": str(html_path) if html_path else None,
+                             "report_json": str(json_path) if json_path else None})
     else:
         out = render.console()
         render.bench_table(result.rounds, out)
@@ -108,6 +114,4 @@ def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concu
             out.print(f"report: {html_path} (data: {json_path})", markup=False)
     if result.error is not None:
         raise result.error
-    codes = [exit_code(reports) for _, reports in result.rounds] + \
-        ([exit_code(result.restore)] if result.restore is not None else [])
-    return int(next((c for c in codes if c != 0), 0))
+    return code

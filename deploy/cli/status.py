@@ -111,6 +111,7 @@ def _watch(run, gate, read, interval_s: float, rounds: int | None, as_json: bool
     """Ctrl-C is how a watch ends: exit 0 (the figures were shown; nothing was changed)."""
     import json
 
+    from deploy.base.secrets import mask_secrets
     from deploy.render import report as render
     from deploy.verbs import status
     from deploy.render import status as status_render
@@ -120,7 +121,7 @@ def _watch(run, gate, read, interval_s: float, rounds: int | None, as_json: bool
             def show(read_out) -> None:
                 readings, router = read_out
                 if as_json:
-                    click.echo(json.dumps(status.document(run, readings, gate, router), sort_keys=True))
+                    click.echo(json.dumps(mask_secrets(status.document(run, readings, gate, router)), sort_keys=True))
                 else:
                     for line in status_render.plain_lines(readings, router):
                         click.echo(line)

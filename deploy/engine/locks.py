@@ -35,8 +35,10 @@ HOST_LOCK_SOURCE = Path(__file__).resolve().parents[1] / "remote" / "host_lock.p
 #: an OSError the host printed that means "this file system refuses the write" (EACCES, EPERM,
 #: ENOSPC, EROFS, EDQUOT): the state dir is read-only, full or not the user's, exit 10
 #: ... or a state file that is not a regular file (host_ops.replace_file refuses to replace it, issue 31)
+#: ... or a lock file planted by another user of the host (a symbolic or hard link, a FIFO, a device,
+#: a file swapped while opened: host_lock.py refuses to use it, issue 38)
 WRITE_FAILURE = re.compile(r"\[Errno (13|1|28|30|122)\]|Read-only file system|No space left|Disk quota|Permission denied|"
-                           r"not a regular file; not replaced")
+                           r"not a regular file; not replaced|refused to use the (GPU|host) lock")
 
 
 def owner_info(command: str, run: str) -> dict[str, Any]:
@@ -94,11 +96,36 @@ def parse_host_lock(line: str, source: str) -> dict:
     return document
 
 
+def disk_full(detail: str) -> str | None:
+    """What host_lock.py's full-disk line says (free bytes and inodes of the state dir's filesystem), or None."""
+    marker = "deployctl-disk-full "
+    if not detail.startswith(marker):
+        return None
+    try:
+        document = parse_json(detail[len(marker):])
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    error = str(document.get("error", "no space left on device"))[:200]
+    free, inodes = document.get("free_bytes"), document.get("free_inodes")
+    if isinstance(free, int) and isinstance(inodes, int):
+        return f"{error}; {free / 2**20:.1f} MiB and {inodes} inodes free"
+    return f"{error}; free space unknown"
+
+
 def acquire_host_lock(conn, host: Host, owner: dict):
     """Take the host lock; returns (held command, warning or None). Raises LockHeld (exit 9)."""
     held = conn.hold(host_lock_command(host, owner), timeout=60)
     if held.exit_code not in (None, 0) or not held.first_line:
         detail = (held.stderr.strip().splitlines() or ["(no output)"])[-1]
+        if "refused to use the GPU lock" in detail:  # planted in the shared lock dir: named, nothing written
+            raise DeployError(f"{host.name}: cannot take the GPU lock: {detail}", exit_code=ExitCode.IO)
+        full = disk_full(detail)
+        if full is not None:
+            raise DeployError(f"{host.name}: the disk of state_dir {host.state_dir} is full ({full}): cannot write the "
+                              f"host lock {host_lock_path(host)}; nothing was changed. Free space on that "
+                              "filesystem (old drafters in drafters/, logs in logs/) and run again", exit_code=ExitCode.IO)
         if WRITE_FAILURE.search(detail):  # read-only, full, over quota, not ours: exit 10, as documented
             raise DeployError(f"{host.name}: cannot write the host lock {host_lock_path(host)} in state_dir "
                               f"{host.state_dir}: {detail}", exit_code=ExitCode.IO)
@@ -149,7 +176,7 @@ def local_lock(config_path: Path, run: str, owner: dict, scopes: Sequence[str] =
     the locks already taken; they are taken in sorted order, so two runs never wait on each other."""
     from filelock import FileLock, Timeout
 
-    taken: list[tuple[Any, Path]] = []
+    taken: list[tuple[Any, Path | None]] = []  # (lock, its owner file once this run wrote it)
     try:
         for scope in sorted(set(scopes)):
             path = local_lock_path(config_path, run, scope)
@@ -171,14 +198,17 @@ def local_lock(config_path: Path, run: str, owner: dict, scopes: Sequence[str] =
                                f"{describe_owner(holder if isinstance(holder, dict) else None)} ({path})") from None
             except OSError as exc:
                 raise LocalStateError(f"{path}: cannot take the local lock: {exc.strerror or exc}") from None
-            taken.append((lock, owner_path))
+            taken.append((lock, None))
+            # a link or another user's file planted there is refused (exit 10) and left as it was
             write_regular(owner_path, (json.dumps(owner) + "\n").encode(), "the lock's owner file", append=False)
+            taken[-1] = (lock, owner_path)
         yield
     finally:
-        for lock, owner_path in reversed(taken):
-            try:
-                owner_path.unlink()
-            except OSError:
-                pass
+        for lock, written in reversed(taken):
+            if written is not None:
+                try:
+                    written.unlink()
+                except OSError:
+                    pass
             lock.release()
 

@@ -43,9 +43,17 @@ def failed_verifications(report: HostReport, memory: StepMemory) -> dict[int, st
     failed: dict[int, str] = {}
     for records, pid in ((report.steps, memory.pid), (report.rollback, memory.rollback_pid)):
         step = next((s for s in records if s.name == "verify-acceptance" and s.status == "failed"), None)
-        if step is not None and isinstance(pid, int):
+        # issue 39: a verification a signal cut short did not fail ("failed verification ... interrupted")
+        if step is not None and isinstance(pid, int) and step.exit_code not in SIGNAL_EXITS:
             failed[pid] = (step.detail.splitlines() or ["failed"])[0][:300]
     return failed
+
+
+def interrupted_verifications(report: HostReport, memory: StepMemory) -> frozenset[int]:
+    """The PIDs whose verify-acceptance a signal stopped in this run (neither verified nor failed)."""
+    return frozenset(pid for records, pid in ((report.steps, memory.pid), (report.rollback, memory.rollback_pid))
+                     if isinstance(pid, int) and any(s.name == "verify-acceptance" and s.status == "failed"
+                                                     and s.exit_code in SIGNAL_EXITS for s in records))
 
 
 def serving_of(report: HostReport, memory: StepMemory, options: RunOptions, state=None,
@@ -60,47 +68,59 @@ def serving_of(report: HostReport, memory: StepMemory, options: RunOptions, stat
 
 #: the steps whose result decides what the host serves; interrupted inside one, the run cannot know it
 #: (cut inside free-gpus, the server is stopped or untouched and nothing launched all the same)
-CHANGING_STEPS = ("stop-stale", "launch")
+#: swap-drafter too: cut while its tensors went out, the server's drafter is unknown (issue 38)
+CHANGING_STEPS = ("stop-stale", "launch", "swap-drafter")
 SIGNAL_EXITS = (int(ExitCode.INTERRUPTED), int(ExitCode.TERMINATED), int(ExitCode.HANGUP))
 NOT_READ = "not read again after the interruption"
 
 
-def after_interruption(report: HostReport, memory: StepMemory) -> tuple[str, Serving] | None:
+def after_interruption(report: HostReport, memory: StepMemory, lost: bool = False) -> tuple[str, Serving] | None:
     """(left running, serving) of a host whose run a signal stopped, from what THIS run did, without
     another command on the host: stopped and launched nothing, or the PID it launched (or found
     running as desired) and whether this run verified it. None when the signal cut stop-stale or
     launch short (its command may have finished on the host): only the host can say then.
 
     Before issues 28 and 31: "left running: unknown" though the run knew it had stopped the server and
-    launched nothing, or knew the PID it had verified, while history said ``serving``."""
+    launched nothing, or knew the PID it had verified, while history said ``serving``.
+
+    ``lost``: the same for a run whose connection was lost (issue 39), said as such."""
     records = (*report.steps, *report.rollback)
-    if any(s.name in CHANGING_STEPS and s.status == "failed" and s.exit_code in SIGNAL_EXITS for s in records):
+    cut_short = (int(ExitCode.CONNECTION),) if lost else SIGNAL_EXITS
+    event, cut = ("connection loss", "connection lost") if lost else ("interruption", "interrupted")
+    not_read = f"not read again after the {event}"
+    if any(s.name in CHANGING_STEPS and s.status == "failed" and s.exit_code in cut_short for s in records):
         return None
+    if any(s.name == "swap-drafter" and s.data.get("sent") is True for s in records):
+        return None  # a swap sent tensors and was not verified: never "what it served before"
     verified = verified_pid(report, memory)
     launched = launched_pids(memory)
     pid = memory.rollback_pid if isinstance(memory.rollback_pid, int) else memory.pid
     if isinstance(pid, int) and (pid in launched or memory.converged):
         whose = "launched by this run" if pid in launched else "the server this run found running as desired, untouched"
         if verified == pid:
-            return (f"SGLang pid {pid} ({whose}, verified in this run); {NOT_READ}",
-                    Serving("serving", pid, "verified in this run before the interruption; not read again"))
+            return (f"SGLang pid {pid} ({whose}, verified in this run); {not_read}",
+                    Serving("serving", pid, f"verified in this run before the {event}; not read again"))
         why = failed_verifications(report, memory).get(pid)
         ready = any(s.name == "wait-ready" and s.status == "ok" for s in records)
-        state = f"failed verification in this run: {why}" if why else \
-            f"not verified in this run: {'ready' if ready else 'not ready yet'}"
-        return (f"SGLang pid {pid} ({whose}, {state}); {NOT_READ}",
-                Serving("unverified", pid, f"{whose}, {state}; interrupted, not read again"))
+        if why:
+            state = f"failed verification in this run: {why}"
+        elif pid in interrupted_verifications(report, memory):
+            state = "verification interrupted, not verified in this run"
+        else:
+            state = f"not verified in this run: {'ready' if ready else 'not ready yet'}"
+        return (f"SGLang pid {pid} ({whose}, {state}); {not_read}",
+                Serving("unverified", pid, f"{whose}, {state}; {cut}, not read again"))
     stop = next((s for s in records if s.name == "stop-stale" and s.status == "ok"), None)
     stopped = [p.get("pid") for p in (stop.data.get("processes") or [])] if stop is not None else []
     if stopped:
         listed = ", ".join(str(p) for p in stopped[:8])
-        return (f"nothing: this run stopped the server (pid {listed}) and launched nothing; {NOT_READ}",
-                Serving("nothing", None, "this run stopped the server and launched nothing; interrupted"))
+        return (f"nothing: this run stopped the server (pid {listed}) and launched nothing; {not_read}",
+                Serving("nothing", None, f"this run stopped the server and launched nothing; {cut}"))
     freed = next((s for s in records if s.name == "free-gpus" and s.status == "ok" and s.data.get("killed")), None)
     if freed is not None:
         return None  # it killed GPU holders but stopped no server: only the host can say what still serves
-    return (f"what it served before: this run stopped nothing and launched nothing; {NOT_READ}",
-            Serving("unknown", None, "interrupted before anything was stopped: what served before still does; "
+    return (f"what it served before: this run stopped nothing and launched nothing; {not_read}",
+            Serving("unknown", None, f"{cut} before anything was stopped: what served before still does; "
                                      "not read again"))
 
 

@@ -63,7 +63,7 @@ class Playbook:
                 raise UsageError(f"playbook {self.name!r}, step {step!r}: {problems}") from None
 
         steps = tuple(PlannedStep(s.name, changed(s.settings)) if s.name == step else s for s in self.steps)
-        return Playbook(self.name, self.description, self.path, steps)
+        return Playbook(self.name, self.description, self.path, tuple(_control_measures_the_benchmark_load(list(steps))))
 
 
 def builtin_playbook(name: str):
@@ -132,7 +132,28 @@ def load_playbook(name_or_path: str) -> Playbook:
         steps.append(PlannedStep(name, settings))
     if problems:
         raise ConfigError(f"{path}: invalid playbook ({len(problems)} problem(s))\n" + "\n".join(problems))
-    return Playbook(document.name, document.description, path, tuple(_doctor_knows_the_wait(steps)))
+    return Playbook(document.name, document.description, path,
+                    tuple(_control_measures_the_benchmark_load(_doctor_knows_whose_holders_die(
+                        _doctor_knows_the_wait(steps)))))
+
+
+#: what the benchmark's throughput depends on: same-night-control measures with exactly these (issue 39)
+LOAD_SETTINGS = ("num_prompts", "input_len", "output_len", "max_concurrency", "dataset", "rounds")
+
+
+def _control_measures_the_benchmark_load(steps: list[PlannedStep]) -> list[PlannedStep]:
+    """same-night-control benchmarks the last good deployment with the benchmark step's own load (its
+    prompts, lengths, concurrency, dataset and rounds, ``--dataset`` included): a control under another
+    load would compare nothing. Without a benchmark step it controls nothing and is disabled."""
+    bench = next((s for s in steps if s.name == "benchmark" and s.settings.enabled), None)
+    out = []
+    for s in steps:
+        if s.name == "same-night-control":
+            update = {key: getattr(bench.settings, key) for key in LOAD_SETTINGS} if bench is not None else \
+                {"enabled": False}
+            s = PlannedStep(s.name, s.settings.model_copy(update=update))
+        out.append(s)
+    return out
 
 
 def _doctor_knows_the_wait(steps: list[PlannedStep]) -> list[PlannedStep]:
@@ -144,3 +165,13 @@ def _doctor_knows_the_wait(steps: list[PlannedStep]) -> list[PlannedStep]:
     threshold = getattr(wait.settings, "threshold_mib", 0)
     return [PlannedStep(s.name, s.settings.model_copy(update={"gpu_threshold_mib": threshold}))
             if s.name == "doctor" and getattr(s.settings, "gpu_threshold_mib", 0) is None else s for s in steps]
+
+
+def _doctor_knows_whose_holders_die(steps: list[PlannedStep]) -> list[PlannedStep]:
+    """The doctor names the GPU holders free-gpus would kill: only the deploy user's, unless free-gpus'
+    ``kill_other_users`` says otherwise (issue 39)."""
+    free = next((s for s in steps if s.name == "free-gpus" and s.settings.enabled), None)
+    if free is None or not getattr(free.settings, "kill_other_users", False):
+        return steps
+    return [PlannedStep(s.name, s.settings.model_copy(update={"kill_other_users": True})) if s.name == "doctor" else s
+            for s in steps]

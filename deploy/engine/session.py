@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from deploy.config.models import Config, Host, Run
 from deploy.engine.records import HostReport, Progress, RolledBack, RunOptions, StepRecord
-from deploy.base.errors import DeployError, ExitCode, LockHeld, Regression, ServerDied
+from deploy.base.errors import ConnectionFailed, DeployError, ExitCode, LockHeld, Regression, ServerDied
 from deploy.facts.server import (ServerState, last_good_path, parse_record, parse_server_state, read_record_command,
                                  same_deployment, server_state_command)
 from deploy.host.state_layout import StatePaths
@@ -277,6 +277,14 @@ def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str
         else:
             report.error = RolledBack(f"failed: {first}\n-> {restored}")
         progress(host.name, "rollback", restored)
+    elif isinstance(error, ConnectionFailed):
+        # issue 39: the connection was lost mid-step; the rollback over it cannot work either (the host lock
+        # went with the connection). Exit 4 whatever the rollback could not do, not 1.
+        report.error = ConnectionFailed(
+            f"the connection to {host.name} was lost: {first}\n-> no rollback to the last good deployment "
+            f"({good.get('drafter_path')}) was possible: {str(rb_error).splitlines()[0]}")
+        memory.rollback_failed = True
+        progress(host.name, "rollback", "FAILED: the connection was lost")
     else:
         report.error = DeployError(
             f"failed: {first}\n-> the rollback to the last good deployment ({good.get('drafter_path')}) failed too: "
@@ -322,7 +330,8 @@ def gate_summary(gate: dict | None) -> dict | None:
     """What history and the one-line report keep of the gate's verdict (the rounds stay in the JSON report)."""
     if not isinstance(gate, dict):
         return None
-    return {k: gate.get(k) for k in ("outcome", "ratio", "low", "high", "floor", "now_median", "baseline_median")} | {
+    return {k: gate.get(k) for k in ("outcome", "ratio", "low", "high", "floor", "now_median", "baseline_median",
+                                     "drift_ratio", "against")} | {
         "rounds": [len(gate.get("now_rounds") or []), len(gate.get("baseline_rounds") or [])]}
 
 
@@ -438,13 +447,29 @@ class HostSession:
                     self.report.left_running = f"unknown: {exc}"
             if describe:
                 self.report.serving = serving_of(self.report, self.memory, self.options, state, state_error)
+                lost = isinstance(self.report.cause or self.report.error, ConnectionFailed)
+                if lost and state is None:
+                    # the host cannot be read over the lost connection: say what this run knows it did
+                    known = after_interruption(self.report, self.memory, lost=True)
+                    if known is not None:
+                        self.report.left_running, self.report.serving = known
                 if self.memory.rollback_failed and self.report.error is not None:
-                    self.report.error = DeployError(f"{self.report.error}\n{self.report.serving.headline()}",
-                                                    exit_code=ExitCode.FAILED)
+                    self.report.error = DeployError(
+                        f"{self.report.error}\n{self.report.serving.headline()}",
+                        exit_code=ExitCode.CONNECTION if lost else ExitCode.FAILED)
             if self.held is not None:
                 self.held.close()
             self.conn.close()
         self.report.duration_s = time.monotonic() - self.started
+
+
+def lock_refused_why(exc: DeployError) -> str:
+    """The serving line of a host whose lock was not taken: only a held lock means another deployctl."""
+    if isinstance(exc, LockHeld):
+        return "another deployctl may be changing the host"
+    if exc.exit_code == ExitCode.IO:
+        return "the host lock could not be written; nothing was changed"
+    return "the host lock could not be taken; nothing was changed"
 
 
 def run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, stamp: str,
@@ -471,7 +496,7 @@ def run_on_host(config: Config, playbook: Playbook, run: Run, host: Host, stamp:
         except DeployError as exc:
             report.error = exc
             report.steps = [StepRecord(s.name, "not-run") for s in playbook.steps]
-            report.serving = unreached(exc, "another deployctl may be changing the host")
+            report.serving = unreached(exc, lock_refused_why(exc))
             progress(session.host.name, "lock", f"FAILED: {exc}")
             return report
         records, error, failed_at = session.run_steps(playbook.steps)

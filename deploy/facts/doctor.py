@@ -39,6 +39,7 @@ def doctor_program() -> str:
     fixer = HELPER.parent / "fixer"
     modules = [(f"fixer.{name}", (fixer / f"{name}.py").read_text()) for name in FIXER_MODULES]
     modules += host_ops_modules()  # its server-state code
+    modules.append(("sglang_source", (HELPER.parent / "sglang_source.py").read_text()))  # its static reader
     modules.append(("sglang_cli", (HELPER.parent / "sglang_cli.py").read_text()))  # SGLang's options
     modules.append(("listeners", (HELPER.parent / "listeners.py").read_text()))  # the port listeners' reader
     return inline_program(modules + [("doctor_facts", HELPER.read_text())], "doctor_facts")
@@ -171,6 +172,16 @@ class RecordedServer(_Strict):
     run: Optional[str]
 
 
+class DeviceHolder(_Strict):
+    """A process holding a GPU device file open (what free-gpus' fuser finds), as the doctor saw it."""
+
+    pid: int
+    uid: Optional[int]
+    user: Optional[str]
+    session: Optional[int]
+    cmdline: Optional[str]
+
+
 class GpuHolderFacts(_Strict):
     """The compute-apps answer (parsed by facts.gpus) and each listed process, read before the stop."""
 
@@ -180,6 +191,8 @@ class GpuHolderFacts(_Strict):
     #: the doctor's own uid: who stop-stale and free-gpus run as
     uid: int
     server: RecordedServer
+    #: every process holding a GPU device file (issue 39; absent from an older doctor program)
+    device_holders: list[DeviceHolder] = []
 
 
 class SglangOption(_Strict):
@@ -193,8 +206,25 @@ class SglangOption(_Strict):
     choices: Optional[list[Union[StrictStr, StrictBool, StrictInt, StrictFloat]]]
     #: a list SGLang lets plugins extend (add_*_choices): a value outside it may still be accepted
     open_choices: bool
-    #: the ``type=`` a value is converted by before the choices are checked: str, int, float or other
-    type: Literal["str", "int", "float", "other"]
+    #: the ``type=`` a value is converted by before the choices are checked: str, int, float, json
+    #: (json.loads), orjson (SGLang's json_list_type), human_readable_int, cuda_graph_backend (SGLang's
+    #: own functions, known by their code: deploy/remote/sglang_cli.py KNOWN_TYPE_FUNCTIONS), other (not judged)
+    type: Literal["str", "int", "float", "json", "orjson", "human_readable_int", "cuda_graph_backend",
+                  "cuda_graph_config", "other"]
+    #: the function's name and file when it is not a builtin (for messages)
+    type_function: Optional[str] = None
+    #: what the type function checks against, read from its module (cuda_graph_config: Phase.ALL)
+    type_detail: Optional[list[StrictStr]] = None
+    #: values a run-time condition adds to ``choices`` (0.5.23 --sampling-backend token_oracle under an
+    #: environment variable): not refused, not passed either
+    conditional_choices: Optional[list[Union[StrictStr, StrictBool, StrictInt, StrictFloat]]] = None
+    #: the SGLang environment variable (an EnvBool) that adds them, when the source says so
+    conditional_env: Optional[str] = None
+    #: the source gives choices, computed at run time in a way the reader does not follow (its values
+    #: are not judged: a warning says so)
+    choices_unknown: bool = False
+    #: how SGLang's --config merger treats the option's key (sglang_cli._config_kind)
+    config_kind: Literal["flag", "value", "one", "unsupported"] = "value"
 
     @field_validator("names")
     @classmethod
@@ -221,6 +251,47 @@ class SglangCliFacts(_Strict):
     #: how the read version builds its parser: "literal" (add_argument calls, 0.5.12 and older) or
     #: "dataclass" (add_cli_args_from_dataclass plus literal calls, 0.5.15+)
     layout: Optional[Literal["literal", "dataclass"]]
+
+
+class ConfigFileFacts(_Strict):
+    """The file of ``--config FILE`` in extra_args, read on the host the way SGLang's ConfigArgumentMerger
+    reads it (deploy/remote/doctor_facts.py config_file)."""
+
+    path: str
+    #: why SGLang would stop on it (not found, not a regular file, not YAML, not a mapping ...), else None
+    error: Optional[str]
+    #: the doctor could not read it (PyYAML missing under sglang_python, no permission): cannot decide
+    unreadable: Optional[str] = None
+    #: [key, kind, value]: kind bool (value a bool), list (value the items as str), dict (value
+    #: {"json": json.dumps, "str": str}), scalar (value str(value)), badkey (a key that is not text)
+    items: list[list[Any]] = []
+
+    @field_validator("items")
+    @classmethod
+    def _items(cls, items: list[list[Any]]) -> list[list[Any]]:
+        for item in items:
+            ok = len(item) == 3 and isinstance(item[0], str) and item[1] in ("bool", "list", "dict", "scalar", "badkey")
+            if ok and item[1] == "bool":
+                ok = isinstance(item[2], bool)
+            elif ok and item[1] == "list":
+                ok = isinstance(item[2], list) and all(isinstance(v, str) for v in item[2])
+            elif ok and item[1] == "dict":
+                ok = isinstance(item[2], dict) and set(item[2]) == {"json", "str"} and \
+                    all(isinstance(v, str) for v in item[2].values())
+            elif ok:
+                ok = isinstance(item[2], str)
+            if not ok:
+                raise ValueError(f"a config item must be [key, kind, value] of matching types, got {str(item)[:120]}")
+        return items
+
+
+class PluginFacts(_Strict):
+    """SGLang's plugin entry points installed for sglang_python (the groups srt/plugins/__init__.py loads)."""
+
+    groups: list[str]
+    #: "group: name = value" per entry point found
+    found: list[str]
+    error: Optional[str] = None
 
 
 class SglangRun(_Strict):
@@ -277,6 +348,11 @@ class SglangFacts(_Strict):
     architectures: dict[str, ArchitectureFacts]
     imported_sglang: bool
     cli: Optional[SglangCliFacts]
+    #: --config FILE of extra_args, when it has one (issue 40)
+    config: Optional[ConfigFileFacts] = None
+    plugins: Optional[PluginFacts] = None
+    #: the options' conditional_env variables as the SGLang part's environment has them (None: unset)
+    condition_env: dict[str, Optional[str]] = {}
 
 
 #: the run's env variables that decide which programs the launch finds (their values are paths,
@@ -323,7 +399,7 @@ def doctor_command(host: Host, run: Run, *, run_state: dict[str, Any] | None = N
     # the SGLang part starts the way the launch would: under the run's lookup variables
     spec = host_spec(host, run) | {"sglang": {"python": run.sglang_python, "timeout_s": timeout,
                                               "env": launch_env_spec(run)["env"],
-                                              "spec": {"base_model": run.base_model}}}
+                                              "spec": sglang_spec(run)}}
     if run_state is not None:
         spec["run_state"] = run_state
     program = doctor_program() if script is None else script
@@ -341,7 +417,20 @@ def host_command(host: Host, run: Run, *, script: str | None = None) -> str:
 
 
 def sglang_command(run: Run, architectures: list[str], *, script: str | None = None) -> str:
-    return _inline(run.sglang_python, "sglang", {"architectures": architectures}, script)
+    return _inline(run.sglang_python, "sglang", {"architectures": architectures} | _config_spec(run), script)
+
+
+def _config_spec(run: Run) -> dict[str, Any]:
+    """The file SGLang's prepare_server_args would merge: the value after the exact token ``--config``
+    (only that spelling triggers the merge, in 0.5.12 to 0.5.23)."""
+    args = list(run.extra_args)
+    if "--config" in args and args.index("--config") + 1 < len(args):
+        return {"config": args[args.index("--config") + 1]}
+    return {}
+
+
+def sglang_spec(run: Run) -> dict[str, Any]:
+    return {"base_model": run.base_model} | _config_spec(run)
 
 
 def _parse(model: type[BaseModel], result, source: str, what: str):

@@ -7,12 +7,12 @@ JSON line is a RemoteOutputError naming the host.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploy.base.errors import RemoteOutputError
+from deploy.base.limits import parse_json
 from deploy.base.shell import quote, quote_path
 
 SENDER = "drafter_swap.py"
@@ -91,7 +91,7 @@ def _one_json(output: str, host: str, what: str) -> Any:
         raise RemoteOutputError(f"{host}: {what} printed {len(lines)} lines, expected one JSON line: "
                                 f"{cap(output, 300)!r}")
     try:
-        return json.loads(lines[0])
+        return parse_json(lines[0])  # 64 levels at most: a deep line is a RemoteOutputError, not a RecursionError
     except ValueError:
         raise RemoteOutputError(f"{host}: {what} printed {cap(lines[0], 300)!r}, expected JSON") from None
 

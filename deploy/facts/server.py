@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deploy.base.limits import parse_json
-from deploy.base.errors import RemoteOutputError
+from deploy.base.errors import DeployError, ExitCode, RemoteOutputError
 from deploy.base.shell import quote, quote_path
 from deploy.facts.helpers import helper_python
 # the deployment's identity is spelled once, next to the desired deployment it is compared with
@@ -112,6 +112,22 @@ def parse_record(output: str, source: str, what: str) -> dict | None:
 
 #: a record is a few KB; read one byte more than this to know it is over
 MAX_RECORD_BYTES = 1 << 20
+
+
+#: the launch's record placeholder for the PID only the host knows (the launch script fills it in)
+PID_MARK = "__PID__"
+
+
+def record_stdin(record: dict, host: str, what: str, *, pid_mark: bool = False) -> bytes:
+    """A record as the bytes a write reads on stdin (issue 38: never on a command line, where another
+    user of the host reads it, ``--admin-api-key`` included, in /proc/*/cmdline, and where over 128 KiB
+    the exec failed: "connection lost"). At most MAX_RECORD_BYTES, what the readers read back (1 MiB):
+    a larger one is refused naming it, nothing written (exit 10)."""
+    data = (json.dumps(record | {"pid": PID_MARK} if pid_mark else record, sort_keys=True) + "\n").encode()
+    if len(data) > MAX_RECORD_BYTES:
+        raise DeployError(f"{host}: {what} would be {len(data)} bytes, over the {MAX_RECORD_BYTES} bytes deployctl "
+                          "reads back: not written (nothing changed)", exit_code=ExitCode.IO)
+    return data
 
 
 def read_record_command(path: str) -> str:

@@ -212,17 +212,22 @@ def _mark(state: RunState, batch: tuple[Host, ...], others: list[str], spec: Can
             _write_mark(conn, host, marks[host.name])
 
 
-def _write_mark(conn, host: Host, mark: dict) -> None:
-    import json
-
-    from deploy.base.shell import quote, quote_path
+def mark_command(host: Host) -> str:
+    """The mark's write: host_ops' replace_file of canary.json, the mark on stdin (records never go on a
+    command line, issue 38)."""
+    from deploy.base.shell import quote_path
     from deploy.facts.helpers import write_file_command
     from deploy.host.state_layout import StatePaths, canary_path
 
-    conn.check(f"printf '%s\\n' {quote(json.dumps(mark))} | "
-               + write_file_command(host.python, StatePaths(host.state_dir).helper("host_ops.py"),
-                                    quote_path(canary_path(host.state_dir))),
-               timeout=30, what="writing the canary mark")
+    return write_file_command(host.python, StatePaths(host.state_dir).helper("host_ops.py"),
+                              quote_path(canary_path(host.state_dir)))
+
+
+def _write_mark(conn, host: Host, mark: dict) -> None:
+    from deploy.facts.server import record_stdin
+
+    conn.check(mark_command(host), timeout=30, what="writing the canary mark",
+               stdin=record_stdin(mark, host.name, "the canary mark"))
 
 
 def _update_marks(state: RunState, batch: tuple[Host, ...], decision) -> None:
@@ -310,8 +315,8 @@ def _go_back(state: RunState, batch: tuple[Host, ...], url_of: Callable[[RunStat
         with HostConnection(host, state.config.ssh, state.jumps) as conn:
             ctx = step_context(host, state.run, record_good.Settings(step="record-good"), conn, state.stamp,
                                state.progress)
-            conn.check(record_good.write_command(ctx, kept[host.name], None), timeout=60,
-                       what="restoring the last good record")
+            write = record_good.write_action(ctx, kept[host.name], None)  # the record on stdin (issue 38)
+            conn.check(write.command, timeout=60, what="restoring the last good record", stdin=write.stdin)
             memory = StepMemory(host_lock=held.held if held is not None else None)
             roll_back(report, state.playbook, state.run, conn, state.stamp, state.progress, memory, threading.Event())
             if cause and new_fingerprint and not memory.rollback_failed:
@@ -357,7 +362,6 @@ def _window_plan(spec: CanarySpec, batch: tuple[Host, ...], playbook):
         urls = [worker_url(view.run, view.network(h)) for h in view.config.hosts_of(view.run)]
         back = "the canary goes back to its last good drafter (rolled back, inconclusive with keep, or a signal)"
         from deploy.base.shell import quote_path
-        from deploy.facts.helpers import write_file_command
         from deploy.host.state_layout import StatePaths, canary_path
 
         steps: list[tuple[str, Any]] = [(at, calls.workers(True))]
@@ -367,32 +371,28 @@ def _window_plan(spec: CanarySpec, batch: tuple[Host, ...], playbook):
                                           command=f"head -c 64 -- {quote_path(paths.pidfile)} 2>/dev/null; true")),
                       (host.name, Command(description="the canary mark status reads (canary.json: the run, the server's "
                                                       "PID, the window's end, the others)",
-                                          command="printf '%s\\n' '<the mark as JSON>' | " + write_file_command(
-                                              host.python, paths.helper("host_ops.py"),
-                                              quote_path(canary_path(host.state_dir)))))]
+                                          command=mark_command(view.network(host)),
+                                          stdin_shown="the canary mark (JSON)"))]
         steps.append((at, calls.watch_metrics(urls, spec.interval, spec.window)))
         for host in batch:
-            paths = StatePaths(host.state_dir)
             steps.append((host.name, Command(description="the canary mark with the window's figures so far (its "
                                                          "acceptance and speed against the others')",
                                              when="every 10 intervals while the window watches",
-                                             command="printf '%s\\n' '<the mark as JSON>' | " + write_file_command(
-                                                 host.python, paths.helper("host_ops.py"),
-                                                 quote_path(canary_path(host.state_dir))))))
+                                             command=mark_command(view.network(host)),
+                                             stdin_shown="the canary mark (JSON)")))
         steps += [(h.name, Command(description="remove the canary mark", when="the window ended (decided, or a signal)",
                                    command=f"rm -f -- {quote_path(canary_path(h.state_dir))}")) for h in batch]
         for host in batch:
             url = worker_url(view.run, view.network(host))
             steps += [(at, dataclasses.replace(calls.remove(url, "<worker id>", True), when=back)),
                       (at, dataclasses.replace(calls.watch_loads(url), when=back)),
-                      (host.name, Command(description="write back the last good record read before the canary's "
-                                                      "redeploy", when=back,
-                                          command=record_good.write_command(
-                                              step_context(view.network(host), view.run,
-                                                           record_good.Settings(step="record-good"), None, view.stamp,
-                                                           lambda *a: None),
-                                              {"env_file": "<as recorded>"}, None,
-                                              shown="<the last good record read before the canary's redeploy>")))]
+                      (host.name, dataclasses.replace(
+                          record_good.write_action(step_context(view.network(host), view.run,
+                                                                record_good.Settings(step="record-good"), None,
+                                                                view.stamp, lambda *a: None),
+                                                   {"env_file": "<as recorded>"}, None,
+                                                   shown="the last good record read before the canary's redeploy"),
+                          description="write back the last good record read before the canary's redeploy", when=back))]
             for step, actions in plan_failure(playbook, view.run, view.network(host)):
                 if step.startswith("rollback"):
                     steps += [(host.name, dataclasses.replace(a, when=back)) for a in actions if hasattr(a, "when")]

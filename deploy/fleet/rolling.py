@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deploy.config.models import Host
@@ -77,6 +77,18 @@ def probe_actions(host: Host, run, stamp: str):
                          timeout_s=600, when=when))
 
 
+def fixer_not_uploaded(helpers: Mapping[str, str | None]) -> str | None:
+    """Why the fingerprint probe is not sent to a host, or None. A fresh host has no key fixer yet
+    (ensure-helper uploads it in the redeploy): asking it for the fingerprint only got python's
+    "can't open file .../helpers/fixer.pyz", which read like a failure. The doctor's read just
+    before says which helpers are there (their sha256, None when absent)."""
+    from deploy.steps.fix_keys import FIXER
+
+    if helpers.get(FIXER) is None:
+        return "fixer not on the host yet; uploading it with the redeploy"
+    return None
+
+
 def _unchanged(state: RunState, host: Host) -> tuple[str, str]:
     """("unchanged"|"swap"|"redeploy", why): would the playbook only converge on ``host``, or swap its
     drafter in place? Read-only: the doctor's command (SGLang's version, the running server and its
@@ -96,7 +108,11 @@ def _unchanged(state: RunState, host: Host) -> tuple[str, str]:
         facts, sglang, why = facts_of(conn.run(doctor.command, timeout=doctor.timeout_s), host, state.run)
         if sglang is None or sglang.version is None or facts.run_state is None:
             return "redeploy", f"SGLang's version is unknown ({why or sglang and sglang.version_error})"
-        server = snapshot_of(facts.run_state, facts.python.version, host.name, host.state_dir).server
+        snapshot = snapshot_of(facts.run_state, facts.python.version, host.name, host.state_dir)
+        fresh = fixer_not_uploaded(snapshot.helpers)
+        if fresh is not None:
+            return "redeploy", fresh
+        server = snapshot.server
         result = conn.run(fingerprint_call.command, timeout=fingerprint_call.timeout_s)
         fingerprint = parse_fingerprint(result.exit_code, result.stdout, result.stderr, host.name).fingerprint
         from deploy.doctor.speculation import draft_quantization_flag
@@ -120,7 +136,7 @@ def _swaps_in_place(state: RunState, desired, server) -> str | None:
     memory are judged by the step), or None. A swap keeps the server serving (SGLang's weight-update
     session), so such a replica stays in the router; its swap-drafter step decides for good, and a
     refusal or failure takes it out and drains it before the reload (``_leave_for_reload``)."""
-    from deploy.steps.drafter_swap import RunningServer, swap_decision
+    from deploy.steps.swap_decision import RunningServer, swap_decision
 
     step = next((s for s in state.playbook.steps if s.name == "swap-drafter" and s.settings.enabled), None)
     if step is None:

@@ -32,8 +32,23 @@ def env_hash(env: dict[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+#: ``drafter_update.how`` of a record whose server holds a drafter nobody verified (issue 38): a swap
+#: whose tensors went out (``swapping``, written before the first one leaves) and whose outcome was
+#: not verified (``swap-failed``: another weight_version, an unreadable answer, a signal, a crash).
+#: Such a server is never "already running as desired" and never the last good deployment.
+UNKNOWN_DRAFTER = ("swapping", "swap-failed")
+UNKNOWN_DRAFTER_WORDS = "drafter unknown (a drafter swap into this server was not verified)"
+
+
+def drafter_unknown(record: dict | None) -> bool:
+    update = record.get("drafter_update") if isinstance(record, dict) else None
+    return isinstance(update, dict) and update.get("how") in UNKNOWN_DRAFTER
+
+
 def identity(record: dict | None) -> dict | None:
-    if not isinstance(record, dict):
+    """The fields that make two deployments the same server; None for no record or a record whose
+    server's drafter is unknown (equal to nothing, itself included)."""
+    if not isinstance(record, dict) or drafter_unknown(record):
         return None
     return {k: record.get(k) for k in IDENTITY}
 
@@ -66,7 +81,10 @@ class DesiredDeployment:
         if not isinstance(recorded, dict):
             return ["no deployment recorded"]
         want = self.record()
-        return [key.replace("_", " ") for key in fields if want.get(key) != recorded.get(key)]
+        changed = [key.replace("_", " ") for key in fields if want.get(key) != recorded.get(key)]
+        if "drafter_fingerprint" in fields and drafter_unknown(recorded):
+            changed = [c for c in changed if c != "drafter fingerprint"] + [UNKNOWN_DRAFTER_WORDS]
+        return changed
 
     def with_drafter(self, path: str | None, fingerprint: str | None) -> DesiredDeployment:
         """This deployment with another drafter in its argv's drafter slot (the one ``sglang_argv``

@@ -15,6 +15,7 @@ from typing import Any
 
 from deploy.base.limits import parse_json
 from deploy.local.state import LocalStateError, check_state_root, ensure_directory, read_regular, require_not_directory, state_home
+from deploy.base.secrets import mask_secrets
 from deploy.local.state import write_regular
 
 FIELDS = ("time", "verb", "run", "host", "sglang_version", "drafter_fingerprint", "draft_tokens", "accept_length",
@@ -67,7 +68,7 @@ def append(rows: Iterable[dict[str, Any]], path: Path | None = None) -> None:
     from filelock import FileLock, Timeout
 
     path = path or history_path()
-    text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+    text = "".join(json.dumps(mask_secrets(row), sort_keys=True) + "\n" for row in rows)
     if not text:
         return
     ensure_directory(path.parent)

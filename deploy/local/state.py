@@ -122,20 +122,34 @@ def write_regular(path: Path, data: bytes, what: str, *, append: bool) -> None:
     """Write (or append) ``data`` to the regular file ``path``, created 0600.
 
     O_NONBLOCK: opening a FIFO with no reader fails at once (ENXIO) instead of blocking forever;
-    a FIFO with a reader, a device or a directory is refused after fstat, before any byte.
+    O_NOFOLLOW: a symbolic link planted there is never written through (issue 38); no O_TRUNC at
+    the open: the file is fstat'ed first and must be a regular file with one name (a hard link to
+    another file would be truncated through it) owned by this user, else refused by name before
+    any byte; only then is it truncated (``append=False``).
     """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_APPEND if append else 0)
     try:
         fd = os.open(path, flags, 0o600)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LocalStateError(f"{path}: {what} is a symbolic link; not written through it: move it away") from None
         if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
             require_not_directory(path, what)
         if exc.errno in (errno.ENXIO, errno.EISDIR):
             raise LocalStateError(f"{path}: {what} is not a regular file (a FIFO or directory); move it away") from None
         raise LocalStateError(f"{path}: cannot write {what}: {_reason(exc)}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise LocalStateError(f"{path}: {what} is not a regular file (a FIFO, device or socket); move it away")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise LocalStateError(f"{path}: {what} is not a regular file ({_kind(st.st_mode)}); move it away")
+        if st.st_nlink != 1:
+            raise LocalStateError(f"{path}: {what} is a hard link ({st.st_nlink} names); not written through it: "
+                                  "move it away")
+        if st.st_uid != os.geteuid():
+            raise LocalStateError(f"{path}: {what} belongs to uid {st.st_uid}, not this user ({os.geteuid()}); "
+                                  "not written: move it away")
+        if not append:
+            os.ftruncate(fd, 0)
         view = memoryview(data)
         while view:
             written = os.write(fd, view)

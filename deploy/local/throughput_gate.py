@@ -99,12 +99,54 @@ def moses_rank(n: int, m: int, z: float = Z_95) -> int:
     return max(0, k)
 
 
-def decide(now: Sequence[float], baseline: Sequence[float], floor: float) -> Verdict:
-    """The verdict on throughput rounds ``now`` against the last good deployment's ``baseline`` rounds."""
-    if not now or not baseline:
-        raise ValueError("decide needs at least one round on each side")
-    if any(not (isinstance(x, (int, float)) and math.isfinite(x) and x > 0) for x in (*now, *baseline)):
-        raise ValueError("throughput rounds must be finite numbers > 0")
+class TooFewRounds(ValueError):
+    """Too few benchmark rounds measured a throughput: the harness failed, the gate cannot judge (issue 38:
+    one 0.00 round used to discard the other three and a 12x slowdown passed as "inconclusive")."""
+
+
+def _usable(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def usable_rounds(rounds: Sequence[object]) -> tuple[list[float], list[str]]:
+    """(the rounds that measured a throughput, why each other one did not): a round with no output
+    (0.00 tok/s), a negative, non-finite or non-numeric figure is that round's harness failure; it
+    never takes the other rounds with it."""
+    valid, failed = [], []
+    for number, value in enumerate(rounds, 1):
+        if _usable(value):
+            valid.append(float(value))  # type: ignore[arg-type]
+        else:
+            what = "no output (0 tok/s)" if value == 0 and not isinstance(value, bool) else f"{str(value)[:40]!r}"
+            failed.append(f"round {number}: {what}")
+    return valid, failed
+
+
+def rounds_needed(asked: int) -> int:
+    """Usable rounds the gate needs of ``asked``: all of them up to MIN_ROUNDS, MIN_ROUNDS of more."""
+    return max(1, min(asked, MIN_ROUNDS))
+
+
+def require_rounds(rounds: Sequence[object]) -> list[float]:
+    """The usable rounds, or TooFewRounds naming the failed ones when fewer than ``rounds_needed``."""
+    valid, failed = usable_rounds(rounds)
+    needed = rounds_needed(len(rounds))
+    if len(valid) < needed:
+        raise TooFewRounds(f"{len(valid)} of {len(rounds)} benchmark round(s) measured a throughput "
+                           f"({'; '.join(failed[:8]) or 'none recorded'}); the gate needs {needed}: "
+                           "a benchmark harness failure, not a verdict")
+    return valid
+
+
+def decide(now: Sequence[object], baseline: Sequence[object], floor: float) -> Verdict:
+    """The verdict on throughput rounds ``now`` against the last good deployment's ``baseline`` rounds.
+
+    ``now`` as measured, failed rounds included: a failed round is dropped on its own, and too few usable
+    ones raise TooFewRounds (never "inconclusive"). ``baseline``: the last good record's usable rounds."""
+    now = require_rounds(now)
+    baseline, _ = usable_rounds(baseline)
+    if not baseline:
+        raise TooFewRounds("the last good record holds no usable throughput round")
     diffs = sorted(math.log(a) - math.log(b) for a in now for b in baseline)
     ratio = math.exp(statistics.median(diffs))
     k = moses_rank(len(now), len(baseline)) if min(len(now), len(baseline)) >= MIN_ROUNDS else 0

@@ -115,13 +115,54 @@ def recorded_server(pidfile, record):
             "run": run if isinstance(run, str) else None}
 
 
-def gpu_holders(program, pidfile, record):
+def device_holders(pattern):
+    """Every process this user can see holding one of the GPU device files open (what free-gpus' fuser finds):
+    pid, uid, user, session, command line. Issue 39: the doctor names each before anything is stopped."""
+    devices = set(os.path.realpath(p) for p in glob.glob(os.path.expanduser(pattern))[:1024])
+    found = []
+    if not devices:
+        return found
+    try:
+        pids = sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
+    except OSError:
+        return found
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            fds = os.listdir("/proc/%d/fd" % pid)
+        except OSError:
+            continue  # gone, or another user's (not readable): fuser cannot see it either
+        held = False
+        for fd in fds:
+            try:
+                if os.readlink("/proc/%d/fd/%s" % (pid, fd)) in devices:
+                    held = True
+                    break
+            except OSError:
+                continue
+        if not held:
+            continue
+        uid = host_ops._uid(pid)
+        try:
+            import pwd
+            user = pwd.getpwuid(uid).pw_name if uid is not None else None
+        except (KeyError, ImportError):
+            user = None
+        found.append({"pid": pid, "uid": uid, "user": user, "session": _session(pid), "cmdline": _cmdline(pid)})
+        if len(found) >= MAX_HOLDERS:
+            break
+    return found
+
+
+def gpu_holders(program, pidfile, record, devices=None):
     """What wait-gpus-free will need and stop-stale/free-gpus would end, read before anything is stopped:
     the compute-apps answer (raw; deployctl parses it strictly) and, per listed pid, whether this user
     can end it (same uid, or root), its session and command line; plus the PID file's server."""
     found = shutil.which(program)
     facts = {"apps": {"exit_code": None, "stdout": "", "stderr": "", "error": None}, "processes": {},
-             "uid": os.getuid(), "server": recorded_server(pidfile, record)}
+             "uid": os.getuid(), "server": recorded_server(pidfile, record),
+             "device_holders": device_holders(devices) if devices else []}
     if found is None:
         facts["apps"]["error"] = "%s not found on PATH" % program
         return facts
@@ -424,7 +465,8 @@ def host_facts(spec):
         "base_model": model_dir(spec["base_model"], tensors=False),
         "drafter": model_dir(spec["drafter"], tensors=True),
         "gpu_holders": gpu_holders(spec.get("nvidia_smi", "nvidia-smi"), os.path.expanduser(spec["pidfile"]),
-                                   os.path.join(os.path.dirname(os.path.expanduser(spec["pidfile"])), "deployment.json")),
+                                   os.path.join(os.path.dirname(os.path.expanduser(spec["pidfile"])), "deployment.json"),
+                                   spec["gpu_devices"]),
         "launch_env": launch_env(spec["launch_env"]) if "launch_env" in spec else None,
     }
 
@@ -495,6 +537,97 @@ def sglang_options(package_dir):
     return sglang_cli.read_options(package_dir)
 
 
+#: the largest --config file read (SGLang reads any size; a config of options is a few KiB)
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_ITEMS = 4096
+#: what the items may weigh in the facts document (the SGLang part's output is read up to 1 MiB)
+MAX_CONFIG_JSON = 256 << 10
+MAX_PLUGINS = 64
+#: the entry point groups SGLang loads plugins from (srt/plugins/__init__.py, 0.5.12 to 0.5.23): a
+#: general plugin may extend a choice list (add_quantization_method_choices and the like)
+PLUGIN_GROUPS = ("sglang.srt.plugins", "sglang.srt.platforms")
+
+
+def config_file(path):
+    """``--config FILE`` read as SGLang's ConfigArgumentMerger reads it (srt/server_args_config_parser.py,
+    0.5.23 srt/utils/server_args_config_parser.py): a .yaml/.yml name, the file there, ``yaml.safe_load``,
+    a mapping at the root; each item as the merger turns it into argv (the doctor judges those)."""
+    facts = {"path": path, "error": None, "unreadable": None, "items": []}
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in (".yaml", ".yml"):
+        facts["error"] = "Config file must be YAML format, got: %s" % (suffix or "no suffix")
+        return facts
+    if not os.path.exists(path):
+        facts["error"] = "Config file not found: %s" % path
+        return facts
+    if not os.path.isfile(path):
+        facts["error"] = "%s is not a regular file" % path
+        return facts
+    try:
+        import yaml
+    except ImportError as exc:
+        facts["unreadable"] = "PyYAML is not importable under this python (%s)" % _error(exc)
+        return facts
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        facts["error"] = "cannot read %s: %s" % (path, _error(exc))
+        return facts
+    if len(data) > MAX_CONFIG_BYTES:
+        facts["unreadable"] = "%s is larger than %d bytes" % (path, MAX_CONFIG_BYTES)
+        return facts
+    try:
+        loaded = yaml.safe_load(data.decode("utf-8"))
+    except Exception as exc:  # yaml.YAMLError, UnicodeDecodeError: SGLang stops on both
+        facts["error"] = "%s is not YAML: %s" % (path, _error(exc)[:300])
+        return facts
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        facts["error"] = "Config file must contain a dictionary at root level"
+        return facts
+    for key, value in list(loaded.items())[:MAX_CONFIG_ITEMS]:
+        if not isinstance(key, str):
+            facts["items"].append([str(key)[:200], "badkey", str(key)[:200]])
+        elif isinstance(value, bool):
+            facts["items"].append([key, "bool", value])
+        elif isinstance(value, list):
+            facts["items"].append([key, "list", [str(item) for item in value]])
+        elif isinstance(value, dict):
+            try:
+                as_json = json.dumps(value)
+            except (TypeError, ValueError) as exc:
+                as_json = "\x00" + _error(exc)
+            facts["items"].append([key, "dict", {"json": as_json, "str": str(value)}])
+        else:
+            facts["items"].append([key, "scalar", str(value)])
+    if len(loaded) > MAX_CONFIG_ITEMS or len(json.dumps(facts["items"])) > MAX_CONFIG_JSON:
+        facts["items"] = []
+        facts["unreadable"] = "%s sets more than %d options or %d bytes of values" % (path, MAX_CONFIG_ITEMS,
+                                                                                     MAX_CONFIG_JSON)
+    return facts
+
+
+def plugin_entry_points():
+    """The entry points SGLang's load_plugins would find for this python (importlib.metadata, stdlib)."""
+    facts = {"groups": list(PLUGIN_GROUPS), "found": [], "error": None}
+    try:
+        import importlib.metadata as metadata
+        everything = metadata.entry_points()
+        for group in PLUGIN_GROUPS:
+            if hasattr(everything, "select"):
+                found = everything.select(group=group)
+            else:  # Python 3.8, 3.9: a dict of group -> entry points
+                found = everything.get(group, ())
+            for entry in found:
+                if len(facts["found"]) < MAX_PLUGINS:
+                    facts["found"].append("%s: %s = %s" % (group, entry.name[:200], entry.value[:200]))
+    except Exception as exc:
+        facts["error"] = _error(exc)
+    return facts
+
+
 def sglang_facts(spec):
     import importlib.util
 
@@ -531,6 +664,12 @@ def sglang_facts(spec):
             for arch in archs:
                 facts["architectures"][str(arch)] = resolve_hook(classes, str(arch))
     facts["cli"] = sglang_options(facts["package_dir"]) if facts["package_dir"] else None
+    if isinstance(spec.get("config"), str):
+        facts["config"] = config_file(spec["config"])  # as SGLang opens it: no ~ expansion
+    facts["plugins"] = plugin_entry_points()
+    # the variables that add choices at parse time (its environment is the launch's, less the run's env file)
+    names = set(o.get("conditional_env") for o in (facts["cli"] or {}).get("options") or () if o.get("conditional_env"))
+    facts["condition_env"] = dict((n, os.environ[n][:200] if n in os.environ else None) for n in sorted(names)[:16])
     facts["imported_sglang"] = "sglang" in sys.modules
     return facts
 

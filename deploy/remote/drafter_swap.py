@@ -3,7 +3,7 @@
 Runs ON the GPU host (shipped as a helper). Standard library only at import; the real sender
 imports torch, safetensors and sglang lazily, under the run's ``sglang_python``.
 
-``inspect --running DIR --new DIR``: what the swap decision compares (deploy/steps/drafter_swap.py):
+``inspect --running DIR --new DIR``: what the swap decision compares (deploy/steps/swap_decision.py):
 each drafter's config.json, tensor names with dtype and shape, data bytes, and the sha256 of its
 draft vocabulary map (``d2t``, ``t2d``); and the GPUs' used/total memory (nvidia-smi). One JSON line.
 
@@ -12,7 +12,8 @@ session, read from the 0.5.21 - 0.5.23 wheels (srt/entrypoints/http_server.py,
 srt/managers/scheduler_components/weight_updater.py, srt/managers/tp_worker.py):
 ``POST /begin_weight_update {"selector": "draft"}``, ``POST /update_weights_from_tensor`` with one
 payload per TP rank (rank r deserializes entry r only), the drafter fingerprint as ``weight_version``
-and ``flush_cache: true``, then ``POST /end_weight_update`` (always, once begin succeeded), then
+and ``flush_cache: true``, then ``POST /end_weight_update`` (always, once begin succeeded or was cut
+short by a signal), then
 ``GET /model_info``'s ``weight_version``. The admin key, when the server was launched with
 ``--admin-api-key``, is read from the host's deployment record (it is in the launch argv), so it
 never appears on a command line. One JSON line: the summary the step parses strictly.
@@ -32,12 +33,14 @@ import base64
 import hashlib
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from http.client import HTTPException
 
 SIM_FORMAT = "deployctl-sim-drafter/1"
 MAX_CONFIG = 1 << 20
@@ -51,8 +54,20 @@ MARKERS = ("crash-during-load", "crash-on-generate", "accept-nothing", "decode-s
 IGNORED_CONFIG_KEYS = ("_name_or_path", "transformers_version")
 
 
+MAX_ANSWER_DEPTH = 64
+MAX_WEIGHT_VERSION = 256
+
+
 class Failure(Exception):
     pass
+
+
+class Interrupted(BaseException):
+    """SIGTERM, SIGINT or SIGHUP while sending: end the session, say so in the summary (issue 38)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.name = signal.Signals(signum).name
 
 
 def _files(model_dir: str) -> list:
@@ -150,7 +165,7 @@ def inspect(running: str, new: str) -> dict:
     for key, path in (("running", running), ("new", new)):
         try:
             out[key] = drafter_facts(path)
-        except (OSError, ValueError, KeyError, TypeError, Failure) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, Failure) as exc:
             out[key] = {"error": f"{path}: {exc}"}
     out["gpus"], out["gpu_error"] = gpu_memory()
     return out
@@ -165,7 +180,9 @@ def admin_key(state_dir: str) -> str | None:
     try:
         with open(os.path.join(state_dir, "deployment.json"), "rb") as f:
             argv = json.loads(f.read(MAX_CONFIG)).get("argv") or []
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    if not isinstance(argv, list):
         return None
     for i, arg in enumerate(argv):
         if arg == "--admin-api-key" and i + 1 < len(argv):
@@ -175,30 +192,69 @@ def admin_key(state_dir: str) -> str | None:
     return None
 
 
+def _depth(value) -> int:
+    """How deep a parsed JSON value nests (iterative: a deep one must not recurse here either)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            if deepest > MAX_ANSWER_DEPTH:
+                return deepest
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_answer(raw: bytes, complete: bool = True):
+    """An HTTP answer's body: JSON (at most MAX_ANSWER_DEPTH levels) or its text, 500 characters.
+
+    Strict about what it reads: a body cut at MAX_ANSWER bytes, JSON nested deeper than 64 levels
+    (a RecursionError in json.loads: the sender died with a traceback, issue 38) or not JSON at all
+    is returned as a description (a str), never as a structure the caller could mistake for an answer."""
+    if not complete:
+        return "an answer of more than %d bytes (not read)" % MAX_ANSWER
+    text = raw.decode("utf-8", "replace")
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return "a JSON answer nested more than %d levels deep" % MAX_ANSWER_DEPTH
+    except ValueError:
+        return text[:500]
+    if _depth(value) > MAX_ANSWER_DEPTH:
+        return "a JSON answer nested more than %d levels deep" % MAX_ANSWER_DEPTH
+    return value
+
+
 def http(url: str, body, key: str | None, timeout: float) -> tuple:
-    """(status, JSON answer or text); status 0 when nothing came back."""
+    """(status, JSON answer or text); status 0 when nothing (readable) came back."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")
     request.add_header("Content-Type", "application/json")
     if key:
         request.add_header("Authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
-            status, raw = answer.status, answer.read(MAX_ANSWER)
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read(MAX_ANSWER)
-    except (OSError, ValueError) as exc:
-        return 0, f"{type(exc).__name__}: {exc}"
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw.decode("utf-8", "replace")[:500]
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                status, raw = answer.status, answer.read(MAX_ANSWER + 1)
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, exc.read(MAX_ANSWER + 1)
+    except (OSError, ValueError, HTTPException) as exc:
+        # refused, reset, timed out, not HTTP at all (BadStatusLine), a body cut short (IncompleteRead)
+        return 0, f"{type(exc).__name__}: {exc}"[:500]
+    if not isinstance(status, int):
+        return 0, "no HTTP status"
+    return status, parse_answer(raw[:MAX_ANSWER], len(raw) <= MAX_ANSWER)
 
 
 def _message(answer) -> str:
     if isinstance(answer, dict):
-        return str(answer.get("message") or answer.get("error") or answer.get("detail") or answer)[:500]
+        text = answer.get("message") or answer.get("error") or answer.get("detail") or answer
+        return str(text)[:500]
     return str(answer)[:500]
+
+
+def _succeeded(status: int, answer) -> bool:
+    return status == 200 and isinstance(answer, dict) and answer.get("success") is True
 
 
 def _flush_when_idle(url: str, key: str | None, wait_s: float) -> bool:
@@ -252,13 +308,19 @@ def sglang_payloads(model_dir: str, tp: int, base_gpu_id: int) -> tuple:
     return entries, len(cpu), keep
 
 
+def new_summary() -> dict:
+    return {"ok": False, "stage": "prepare", "sent": False, "ended": False, "format": None,
+            "http_status": None, "message": "", "weight_version": None, "tensors": 0, "seconds": 0.0,
+            "flushed": False}
+
+
 def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: int, state_dir: str,
-         timeout: float) -> dict:
+         timeout: float, summary: dict | None = None) -> dict:
+    """One weight-update session; ``summary`` (the caller's, so that a signal or a crash still
+    reports how far it got: ``sent`` is set before the first tensor leaves) is filled in."""
     started = time.monotonic()
     deadline = started + timeout
-    summary: dict = {"ok": False, "stage": "prepare", "sent": False, "ended": False, "format": None,
-                     "http_status": None, "message": "", "weight_version": None, "tensors": 0, "seconds": 0.0,
-                     "flushed": False}
+    summary = new_summary() if summary is None else summary
 
     def left() -> float:
         return max(1.0, deadline - time.monotonic())
@@ -281,8 +343,14 @@ def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: in
         return summary
     summary["tensors"] = count
     summary["stage"] = "begin"
-    status, answer = http(f"{url}/begin_weight_update", {"selector": "draft"}, key, min(60.0, left()))
-    if status != 200 or not (isinstance(answer, dict) and answer.get("success") is True):
+    try:
+        status, answer = http(f"{url}/begin_weight_update", {"selector": "draft"}, key, min(60.0, left()))
+    except Interrupted:
+        # the server may have opened the session: end it (a refused begin's session is another's: left alone)
+        _end_session(url, key, min(60.0, left()))
+        _SIGNALS.update(defer=False, pending=None)
+        raise
+    if not _succeeded(status, answer):
         summary.update(http_status=status, message=_message(answer))
         return summary
     updated = False
@@ -293,7 +361,7 @@ def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: in
                               {"serialized_named_tensors": entries, "selector": "draft",
                                "weight_version": weight_version, "flush_cache": True}, key, left())
         summary.update(http_status=status, message=_message(answer))
-        updated = status == 200 and isinstance(answer, dict) and answer.get("success") is True
+        updated = _succeeded(status, answer)
         summary["flushed"] = updated
         if not updated and summary["message"].startswith(NOT_FLUSHED):
             # 0.5.23 weight_updater.flush_cache_after_weight_update: the weights WERE loaded (and the
@@ -303,8 +371,9 @@ def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: in
             updated, summary["flushed"] = True, _flush_when_idle(url, key, min(FLUSH_WAIT_S, left()))
     finally:
         keep = None  # noqa: F841 - the server has copied the tensors (or failed): release them
-        end_status, end_answer = http(f"{url}/end_weight_update", {}, key, min(60.0, left()))
-        summary["ended"] = end_status == 200 and isinstance(end_answer, dict) and end_answer.get("success") is True
+        end_status, end_answer = _end_session(url, key, min(60.0, left()))
+        summary["ended"] = _succeeded(end_status, end_answer)
+        _raise_deferred()  # a signal during the end: reported now, the session ended
     if not updated:
         return summary
     if not summary["ended"]:
@@ -315,8 +384,80 @@ def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: in
     if status != 200 or not isinstance(model, dict):
         summary.update(http_status=status, message=_message(model))
         return summary
-    summary["weight_version"] = model.get("weight_version")
+    version = model.get("weight_version")
+    if not isinstance(version, str) or len(version) > MAX_WEIGHT_VERSION:
+        summary.update(http_status=status, message="/model_info's weight_version is not a string of at most %d "
+                       "characters: %s" % (MAX_WEIGHT_VERSION, str(version)[:200]))
+        return summary
+    summary["weight_version"] = version
     summary.update(ok=True, stage="done", http_status=200, message="Success")
+    return summary
+
+
+#: while the session is being ended a signal is held back (the end must not be cut short) and
+#: raised once it has ended
+_SIGNALS = {"defer": False, "pending": None}
+
+
+def _interrupt(signum, frame) -> None:
+    if _SIGNALS["defer"]:
+        _SIGNALS["pending"] = _SIGNALS["pending"] or signum
+        return
+    raise Interrupted(signum)
+
+
+def _end_session(url: str, key: str | None, timeout: float) -> tuple:
+    """POST /end_weight_update with signals held back until ``_raise_deferred`` (after the caller
+    has noted the answer)."""
+    _SIGNALS["defer"] = True
+    return http(f"{url}/end_weight_update", {}, key, timeout)
+
+
+def _raise_deferred() -> None:
+    pending = _SIGNALS["pending"]
+    _SIGNALS.update(defer=False, pending=None)
+    if pending is not None:
+        raise Interrupted(pending)
+
+
+def _ignore_signals() -> None:
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        try:
+            signal.signal(signum, signal.SIG_IGN)
+        except (ValueError, OSError):
+            pass  # not the main thread (a test calling send): nothing was installed
+
+
+def run_send(args, as_process: bool = False) -> dict:
+    """send, with SIGTERM/SIGINT/SIGHUP turned into Interrupted and any crash into the summary:
+    the one JSON line always says whether tensors went out (deployctl then marks the record).
+
+    ``as_process`` (``main``): the signals stay ignored afterwards, so nothing cuts the summary's
+    write; called in-process (the tests), the caller's handlers come back, so a SIG_IGN never leaks
+    into the caller and the children it starts (a leaked SIGTERM SIG_IGN made later tests' child
+    processes unkillable by SIGTERM)."""
+    summary = new_summary()
+    _SIGNALS.update(defer=False, pending=None)
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        try:
+            previous[signum] = signal.signal(signum, _interrupt)
+        except (ValueError, OSError):
+            pass  # not the main thread: nothing is installed, nothing to restore
+    try:
+        send(args.url.rstrip("/"), args.drafter, args.weight_version, args.tp, args.base_gpu_id,
+             args.state_dir, args.timeout, summary)
+    except Interrupted as exc:
+        summary.update(ok=False, message="interrupted by %s at %s" % (exc.name, summary["stage"]))
+    except Exception as exc:  # noqa: BLE001 - reported in the summary, never a traceback
+        summary.update(ok=False, message="the sender failed at %s: %s: %s" % (summary["stage"], type(exc).__name__,
+                                                                              str(exc)[:300]))
+    finally:
+        if as_process:
+            _ignore_signals()
+        else:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
     return summary
 
 
@@ -339,8 +480,7 @@ def main(argv=None) -> int:
     if args.verb == "inspect":
         out = inspect(args.running, args.new)
     else:
-        out = send(args.url.rstrip("/"), args.drafter, args.weight_version, args.tp, args.base_gpu_id,
-                   args.state_dir, args.timeout)
+        out = run_send(args, as_process=True)
         out["seconds"] = round(time.monotonic() - started, 3)
     sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
     return 0

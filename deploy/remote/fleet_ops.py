@@ -57,14 +57,12 @@ import urllib.request
 
 try:  # imported locally, as deploy.remote.fleet_ops
     from .listeners import listeners, socket_owners
-    from .state_files import process_start_time
+    from .state_files import not_started_by_us
 except ImportError:  # sent inline with listeners.py and state_files.py, or run as a file next to them
     from listeners import listeners, socket_owners  # type: ignore[no-redef]
-    from state_files import process_start_time  # type: ignore[no-redef]
+    from state_files import not_started_by_us  # type: ignore[no-redef]
 
 MAX_BODY = 1 << 20
-#: /proc's btime is whole seconds: a start time may read up to a second late (host_ops START_SLACK_S)
-START_SLACK_S = 1.0
 #: the same marks as deploy/fleet/router_package.py ROUTER_CMDLINE_MARKS (a unit test keeps them equal)
 ROUTER_CMDLINE_MARKS = ("sglang_router", "sglang::router", "smg.launch_router", "smg::router")
 
@@ -154,34 +152,15 @@ def _is_router(pid: int) -> bool:
     return state not in ("Z", "X") and any(mark in cmd for mark in ROUTER_CMDLINE_MARKS)
 
 
-def _real_uid(pid: int):
-    try:
-        with open("/proc/%d/status" % pid) as handle:
-            for line in handle.read(8192).splitlines():
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _not_ours(pid: int, pidfile: str):
     """Why the router process ``pid`` is not provably the one deployctl started and wrote ``pidfile``
     for, or None: another user's (round 4, issue 38: `down` SIGTERMed another user's process whose
     command line named the router), or started after the PID file was written (a PID reused)."""
-    owner = _real_uid(pid)
-    if owner != os.getuid():
-        return "owned by uid %s, not the deploy user (uid %d)" % (owner, os.getuid())
     try:
         written = os.lstat(os.path.expanduser(pidfile)).st_mtime
     except OSError:
         return "its PID file is gone"
-    started = process_start_time(pid)
-    if started is None:
-        return "its start time is unreadable"
-    if started > written + START_SLACK_S:
-        return "it started %.0f s after its PID file was written (a PID reused)" % (started - written)
-    return None
+    return not_started_by_us(pid, written, "its PID file")
 
 
 def _legacy_pidfile(pidfile: str):

@@ -81,30 +81,88 @@ def gpu_lock_paths(pattern: str, directory: str):
             for device in devices]
 
 
-def _open_shared(path: str) -> int:
-    """Open (or create, mode 0666 so every user can lock it) a lock file in the shared directory;
-    never through a link (another user may plant one) and only a regular file."""
-    flags = os.O_CLOEXEC | os.O_NOFOLLOW
+class Refused(OSError):
+    """A lock file that is not one deployctl may use: printed as one line naming it, deployctl exits 10."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _refuse(path: str, why: str) -> Refused:
+    return Refused("refused to use the GPU lock %s: %s; not a regular file of its own, nothing written" % (path, why))
+
+
+def _check_shared(path: str, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse(path, "it is %s" % _kind(st.st_mode))
+    if st.st_nlink != 1:
+        # `ln VICTIM /run/lock/deployctl-gpu-....lock`: writing the owner note would truncate VICTIM
+        raise _refuse(path, "it is a hard link (%d names)" % st.st_nlink)
+
+
+def _open_shared(path: str):
+    """Open (or create, mode 0666 so every user can lock it) a lock file in the shared directory:
+    ``(fd, writable)``. Another user of the host may plant anything there (a symbolic or hard link
+    to a file root owns, a FIFO, a device), so: never through a link (O_NOFOLLOW), never blocking
+    (O_NONBLOCK), never truncated at open, fstat'ed before use: a regular file with one name, else
+    Refused naming it. Only a file of our own effective uid is ever written (the owner note); another
+    deployctl user's lock file is flocked read-only (the GPUs stay contended) and never written. A
+    second O_RDWR open must be the very file the first one checked (st_dev/st_ino), else Refused."""
+    flags = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     for _ in range(3):
-        for mode in (os.O_RDWR, os.O_RDONLY):
-            try:
-                fd = os.open(path, flags | mode)
-            except FileNotFoundError:
-                break
-            except PermissionError:
-                continue
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                raise OSError("%s is not a regular file" % path)
-            return fd
-        else:
-            raise PermissionError("cannot open %s" % path)
         try:
-            fd = os.open(path, flags | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
-        except FileExistsError:
-            continue  # another run created it in between: open that one
-        os.fchmod(fd, 0o666)  # the umask must not keep other users from locking the same GPU
-        return fd
+            seen = os.lstat(path)
+        except FileNotFoundError:
+            try:
+                fd = os.open(path, flags | os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                continue  # another run created it in between: open that one
+            os.fchmod(fd, 0o666)  # the umask must not keep other users from locking the same GPU
+            return fd, True
+        _check_shared(path, seen)  # a FIFO or device is refused before it is even opened
+        try:
+            fd = os.open(path, flags | os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _refuse(path, "it is a symbolic link") from None
+            raise
+        try:
+            first = os.fstat(fd)
+            _check_shared(path, first)
+            if (first.st_dev, first.st_ino) != (seen.st_dev, seen.st_ino):
+                raise _refuse(path, "it was replaced while it was opened")
+            if first.st_uid != os.geteuid():
+                return fd, False  # another user's lock: flock it, never write it
+            try:
+                second_fd = os.open(path, flags | os.O_RDWR)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise _refuse(path, "it was replaced by a symbolic link while it was opened") from None
+                if exc.errno in (errno.EACCES, errno.EPERM):
+                    return fd, False
+                if exc.errno == errno.ENOENT:
+                    raise _refuse(path, "it was removed while it was opened") from None
+                raise
+            second = os.fstat(second_fd)
+            if (second.st_dev, second.st_ino) != (first.st_dev, first.st_ino):
+                os.close(second_fd)
+                raise _refuse(path, "it was replaced while it was opened")
+            os.close(fd)
+            return second_fd, True
+        except BaseException:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+            raise
     raise OSError("cannot open %s" % path)
 
 
@@ -117,15 +175,41 @@ def _read_fd(fd: int):
 
 
 def _write_fd(fd: int, text: str) -> None:
+    """The owner note of a GPU lock file this process opened writable (its own, one name): fstat'ed
+    again first, a file that gained a name since (a hard link) is left alone."""
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+            return
         os.ftruncate(fd, 0)
         os.pwrite(fd, text.encode(), 0)
     except OSError:
-        pass  # opened read-only (another user's file): the lock holds, only its owner note is missing
+        pass  # the lock holds, only its owner note is missing
 
 
 def _busy(exc: OSError) -> bool:
     return exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES)
+
+
+def _open_state_lock(lock_path: str) -> int:
+    """The state dir's lock file, created 0600: never through a link, never blocking on a FIFO, a
+    regular file or Refused naming it (it is only flocked, never written)."""
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refused("refused to use the host lock %s: it is a symbolic link; not a regular file, "
+                          "nothing written" % lock_path) from None
+        if exc.errno in (errno.EISDIR, errno.ENXIO):
+            raise Refused("refused to use the host lock %s: it is %s; not a regular file, nothing written"
+                          % (lock_path, "a directory" if exc.errno == errno.EISDIR else "a socket")) from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise Refused("refused to use the host lock %s: it is %s; not a regular file, nothing written"
+                      % (lock_path, _kind(mode)))
+    return fd
 
 
 def hold(lock_path: str, owner_json: str, stdin=None, stdout=None, gpu_devices=None, directory=None) -> int:
@@ -135,7 +219,7 @@ def hold(lock_path: str, owner_json: str, stdin=None, stdout=None, gpu_devices=N
     owner = json.loads(owner_json)
     state_dir = os.path.dirname(lock_path) or "."
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = _open_state_lock(lock_path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -145,9 +229,15 @@ def hold(lock_path: str, owner_json: str, stdin=None, stdout=None, gpu_devices=N
         stdout.flush()
         return 0
     gpu_fds = []  # type: list[int]
+    writable = []  # type: list[int]
     if gpu_devices is not None:
         for device, path in gpu_lock_paths(gpu_devices, directory or shared_dir()):
-            gpu_fd = _open_shared(path)
+            try:
+                gpu_fd, mine = _open_shared(path)
+            except BaseException:
+                for other in gpu_fds + [fd]:
+                    os.close(other)
+                raise
             try:
                 fcntl.flock(gpu_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -160,9 +250,11 @@ def hold(lock_path: str, owner_json: str, stdin=None, stdout=None, gpu_devices=N
                 stdout.flush()
                 return 0
             gpu_fds.append(gpu_fd)
+            if mine:
+                writable.append(gpu_fd)
     previous = _read_owner(owner_path)
     owner["host_pid"] = os.getpid()
-    for gpu_fd in gpu_fds:
+    for gpu_fd in writable:
         _write_fd(gpu_fd, json.dumps(owner) + "\n")
     # the one safe write (an exclusive temporary name; a link planted there is never written through)
     host_ops.replace_file(owner_path, (json.dumps(owner) + "\n").encode("utf-8"), 0o644)
@@ -182,7 +274,7 @@ def hold(lock_path: str, owner_json: str, stdin=None, stdout=None, gpu_devices=N
                 os.unlink(owner_path)
             except OSError:
                 pass
-            for gpu_fd in gpu_fds:
+            for gpu_fd in writable:
                 _write_fd(gpu_fd, "")
         for other in gpu_fds + [fd]:
             os.close(other)
@@ -199,7 +291,31 @@ def main(argv=None) -> int:
     if len(args) not in (3, 4) or args[0] != MARK:
         sys.stderr.write("usage: host_lock.py %s LOCK_PATH OWNER_JSON [GPU_DEVICES]\n" % MARK)
         return 2
-    return hold(args[1], args[2], gpu_devices=args[3] if len(args) == 4 else None)
+    try:
+        return hold(args[1], args[2], gpu_devices=args[3] if len(args) == 4 else None)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            # issue 39: a full disk was reported as a traceback's last line, and the run's headline guessed at
+            # another deployctl; say which filesystem is full and what is left on it (one line, parsed locally)
+            sys.stderr.write(disk_full_line(exc, os.path.dirname(args[1]) or ".") + "\n")
+            return 1
+        # one line naming the path (deployctl quotes it: exit 10 for a refusal or a write failure)
+        sys.stderr.write("deployctl-host-lock: %s\n" % exc)
+        return 1
+
+
+#: the one line a full disk prints (deploy/engine/locks.py reads it)
+DISK_FULL = "deployctl-disk-full"
+
+
+def disk_full_line(exc: OSError, directory: str) -> str:
+    free = {"path": directory, "error": "%s: %s" % (exc.strerror or exc, exc.filename or directory)}  # type: dict[str, object]
+    try:
+        st = os.statvfs(directory)
+        free.update(free_bytes=st.f_bavail * st.f_frsize, free_inodes=st.f_favail)
+    except OSError:
+        pass
+    return "%s %s" % (DISK_FULL, json.dumps(free, sort_keys=True))
 
 
 if __name__ == "__main__":

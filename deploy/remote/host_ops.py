@@ -39,10 +39,11 @@ import time
 
 if __package__:  # imported locally, as deploy.remote.host_ops
     from .state_files import (MAX_JSON_DEPTH, MAX_RECORD_BYTES, cmd_write_file, last_line, loads_json,
-                              process_start_time, read_regular, record_time, replace_file)
+                              not_started_by_us, read_regular, record_time, replace_file)
 else:  # the installed helper and the inline programs carry state_files beside it (deploy/facts/helpers.py)
     from state_files import (MAX_JSON_DEPTH, MAX_RECORD_BYTES, cmd_write_file, last_line,  # type: ignore[no-redef]
-                             loads_json, process_start_time, read_regular, record_time, replace_file)
+                             loads_json, not_started_by_us, read_regular, record_time,
+                             replace_file)
 
 PYTHON_EXE = re.compile(r"^python3(\.\d+)?$")
 
@@ -223,24 +224,10 @@ def find_recorded_server(record, uid: int, recorded_at=None) -> int | None:
     return None
 
 
-#: /proc's btime is whole seconds: the start time it gives may read up to a second late
-START_SLACK_S = 1.0
-
-
 def not_the_recorded_server(pid: int, recorded_at) -> str | None:
     """Why the process ``pid`` (whose command line is the recorded argv) is still not provably the
-    server launch recorded, or None: another user owns it, or it started after the record was
-    written (a PID reused after a reboot by a same-looking command, issue 31)."""
-    owner = real_uid(pid)
-    if owner != os.getuid():
-        return "owned by uid %s, not the deploy user (uid %d)" % (owner, os.getuid())
-    if recorded_at is not None:
-        started = process_start_time(pid)
-        if started is None:
-            return "its start time is unreadable"
-        if started > recorded_at + START_SLACK_S:
-            return "it started %.0f s after the deployment record was written" % (started - recorded_at)
-    return None
+    server launch recorded, or None (state_files.not_started_by_us: the one rule)."""
+    return not_started_by_us(pid, recorded_at, "the deployment record")
 
 
 def check_server_pid(pidfile: str, record, expect: str = "sglang", recorded_at=None) -> dict:

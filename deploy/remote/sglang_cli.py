@@ -18,192 +18,47 @@ Each option carries its option strings, how many values it takes (argparse ``nar
 the source spells them, its choices and value type. Whatever this reader cannot follow (another
 layout, a computed option name, an ``Arg`` built elsewhere) makes the whole read fail with the
 reason: the doctor then cannot decide (a warning), it never refuses an option it did not find.
-Choices computed at run time (a set extended by an environment variable, a registry's keys) are
-reported as unknown (None); a module-level list that SGLang lets plugins extend
-(``add_*_choices``) is reported with ``open_choices``.
+Choices are followed where the source allows (sglang_source._Value: a function's returned list, a
+class attribute, an Enum's member names); the values an ``if envs.NAME.get():`` adds are reported
+apart (``conditional_choices``, ``conditional_env``); choices computed in any other way are
+reported as unknown (``choices`` None, ``choices_unknown``); a list that SGLang lets plugins extend
+(``add_*_choices``, a registry an imported plugin extends) is reported with ``open_choices``. The
+value type: str, int, float, json (json.loads) or one of SGLang's own functions known by name and
+code (KNOWN_TYPE_FUNCTIONS), else other (issue 40).
 """
 
 import ast
 import os
 
-#: the largest source file read (0.5.12's server_args.py: 348 KB)
-MAX_SOURCE_BYTES = 4 << 20
-#: files one read may parse (0.5.23: server_args.py, argparse_actions, choices, utils/common, 12 field modules)
-MAX_FILES = 64
-MAX_TOTAL_BYTES = 16 << 20
-MAX_DEPTH = 12
+if __package__:  # imported locally, as deploy.remote.sglang_cli
+    from .sglang_source import (MAX_CHOICES, MAX_DEPTH, MAX_NAME_CHARS, Unreadable, _Dynamic, _error,  # noqa: F401
+                                _FunctionScope, _Source, _Value, _dotted, _plain, fingerprint, parse_file)
+else:  # sent inline: deploy/facts/doctor.py embeds sglang_source as a top-level module
+    from sglang_source import (MAX_CHOICES, MAX_DEPTH, MAX_NAME_CHARS, Unreadable, _Dynamic,  # type: ignore[no-redef]  # noqa: F401
+                               _error, _FunctionScope, _Source, _Value, _dotted, _plain, fingerprint, parse_file)
+
 #: bounds on what goes into the facts document (the SGLang part's output is read up to 1 MiB;
 #: 0.5.23: 531 options, the longest choice list 60 values, about 60 KB of JSON)
 MAX_OPTIONS = 4096
-MAX_CHOICES = 1024
-MAX_NAME_CHARS = 200
 #: argparse actions that take no value
 _NO_VALUE_ACTIONS = ("store_true", "store_false", "store_const", "append_const", "count", "help", "version")
 _ARG_FIELDS = ("help", "choices", "aliases", "cli_name", "type_parser", "nargs", "required", "action",
                "action_kwargs", "const", "no_cli")
-_TYPES = {"str": "str", "int": "int", "float": "float"}
-_MUTATORS = ("append", "extend", "insert", "add", "update")
+_TYPES = {"str": "str", "int": "int", "float": "float", "json.loads": "json"}
+#: SGLang's own ``type=`` functions, known by name and by the shape of their code (_fingerprint: the
+#: statements without docstring and message texts), each judged in deploy/doctor/sglang_options.py as
+#: the function does. A function of that name with another body is "other": its values are not judged.
+#: (0.5.12, 0.5.15, 0.5.23: srt/utils/common.py; parse_cuda_graph_backend_arg: model_executor/cuda_graph_config.py)
+KNOWN_TYPE_FUNCTIONS = {
+    ("human_readable_int", "d6720e0729948b03"): "human_readable_int",
+    ("json_list_type", "8180111a37cfd738"): "orjson",  # orjson.loads: JSON without NaN or Infinity
+    ("nullable_str", "f6134078a29ba5f1"): "str",
+    ("parse_cuda_graph_backend_arg", "1bc80d36357b1459"): "cuda_graph_backend",
+    ("parse_cuda_graph_config_arg", "543dabd6902a9631"): "cuda_graph_config",
+    ("parse_cuda_graph_config_arg", "9ac76ac46d8753b6"): "cuda_graph_config",
+}
 #: Annotated metadata of arg_utils that is not an Arg (any other call might return one: unreadable)
 _MARKERS = ("NS", "Derived")
-
-
-class Unreadable(Exception):
-    """The source does not have a shape this reader follows."""
-
-
-class _Dynamic(Exception):
-    """A value computed at run time."""
-
-
-def _error(exc):
-    return "%s: %s" % (type(exc).__name__, exc)
-
-
-class _Module(object):
-    """One parsed source file: its top-level assignments, imports and classes."""
-
-    def __init__(self, dotted, path, tree):
-        self.dotted, self.path, self.tree = dotted, path, tree
-        self.assigns, self.imports, self.classes, self.mutated = {}, {}, {}, set()
-        package = dotted if path.endswith("__init__.py") else dotted.rpartition(".")[0]
-        for node in tree.body:
-            if isinstance(node, ast.Assign):
-                for target in node.targets:
-                    if isinstance(target, ast.Name):
-                        self.assigns[target.id] = node.value
-            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-                self.assigns[node.target.id] = node.value
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")
-                    parts = parts[:len(parts) - (node.level - 1)] if node.level > 1 else parts
-                    base = ".".join(parts + ([node.module] if node.module else []))
-                for alias in node.names:
-                    self.imports[alias.asname or alias.name] = (base, alias.name)
-            elif isinstance(node, ast.ClassDef):
-                self.classes[node.name] = node
-        for node in ast.walk(tree):
-            # a list some function extends at run time: plugins register more choices (add_*_choices)
-            # (0.5.15: ``def add_quantization_method_choices(c): QUANTIZATION_CHOICES.extend(c)``;
-            # 0.5.23: ``add_quantization_method_choices = QUANTIZATION_CHOICES.extend``)
-            if isinstance(node, ast.Attribute) and node.attr in _MUTATORS and isinstance(node.value, ast.Name):
-                self.mutated.add(node.value.id)
-            elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
-                self.mutated.add(node.target.id)
-
-
-class _Source(object):
-    """The installed package's modules, parsed on demand (bounded in number and size)."""
-
-    def __init__(self, package_dir):
-        self.package_dir = package_dir
-        self.modules = {}
-        self.total_bytes = 0
-
-    def path_of(self, dotted):
-        parts = dotted.split(".")
-        if parts[0] != "sglang" or len(parts) < 2:
-            return None
-        base = os.path.join(self.package_dir, *parts[1:])
-        for path in (base + ".py", os.path.join(base, "__init__.py")):
-            if os.path.isfile(path):
-                return path
-        return None
-
-    def module(self, dotted):
-        if dotted in self.modules:
-            return self.modules[dotted]
-        path = self.path_of(dotted)
-        if path is None:
-            self.modules[dotted] = None
-            return None
-        if len(self.modules) >= MAX_FILES:
-            raise Unreadable("more than %d source files to follow" % MAX_FILES)
-        tree, size = parse_file(path)
-        self.total_bytes += size
-        if self.total_bytes > MAX_TOTAL_BYTES:
-            raise Unreadable("more than %d bytes of source to follow" % MAX_TOTAL_BYTES)
-        self.modules[dotted] = _Module(dotted, path, tree)
-        return self.modules[dotted]
-
-    def lookup(self, module, name, depth=0):
-        """(module, node) of ``name`` as seen from ``module``: a top-level assignment or class, followed
-        through ``from sglang... import`` lines; (None, None) when it is not in SGLang's own source."""
-        if depth > MAX_DEPTH:
-            return None, None
-        if name in module.classes:
-            return module, module.classes[name]
-        if name in module.assigns:
-            return module, module.assigns[name]
-        if name in module.imports:
-            dotted, original = module.imports[name]
-            other = self.module(dotted)
-            if other is None:
-                other = self.module(dotted + "." + original)  # ``from package import submodule``
-                return (other, other.tree) if other is not None else (None, None)
-            return self.lookup(other, original, depth + 1)
-        return None, None
-
-
-def parse_file(path):
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_SOURCE_BYTES + 1)
-    except OSError as exc:
-        raise Unreadable("%s: %s" % (path, _error(exc)))
-    if len(data) > MAX_SOURCE_BYTES:
-        raise Unreadable("%s is larger than %d bytes" % (path, MAX_SOURCE_BYTES))
-    try:
-        return ast.parse(data.decode("utf-8", "replace"), filename=path), len(data)
-    except (SyntaxError, ValueError) as exc:
-        raise Unreadable("%s does not parse under this Python: %s" % (path, _error(exc)))
-
-
-class _Value(object):
-    """Static evaluation of the small expressions SGLang spells choices, names and nargs with."""
-
-    def __init__(self, source, module, local=None, local_mutated=()):
-        self.source, self.module, self.local, self.local_mutated = source, module, local or {}, local_mutated
-        self.open = False
-
-    def eval(self, node, depth=0):
-        if depth > MAX_DEPTH:
-            raise _Dynamic("too deep")
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-            return [self.eval(e, depth + 1) for e in node.elts]
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            left, right = self.eval(node.left, depth + 1), self.eval(node.right, depth + 1)
-            if isinstance(left, list) and isinstance(right, list):
-                return left + right
-            if isinstance(left, str) and isinstance(right, str):
-                return left + right
-            raise _Dynamic("+ of %s and %s" % (type(left).__name__, type(right).__name__))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-                node.func.id in ("list", "tuple", "sorted", "set") and len(node.args) == 1 and not node.keywords:
-            value = self.eval(node.args[0], depth + 1)
-            if not isinstance(value, list):
-                raise _Dynamic("%s() of a non-list" % node.func.id)
-            return value
-        if isinstance(node, ast.Name):
-            if node.id in self.local:
-                if node.id in self.local_mutated:
-                    raise _Dynamic("%s is changed at run time" % node.id)
-                return self.eval(self.local[node.id], depth + 1)
-            module, found = self.source.lookup(self.module, node.id)
-            if found is None or isinstance(found, (ast.ClassDef, ast.Module)):
-                raise _Dynamic(node.id)
-            if node.id in module.mutated or node.id in self.module.mutated:  # extended where defined or imported
-                self.open = True
-            return _Value(self.source, module).eval_into(found, self, depth + 1)
-        raise _Dynamic(type(node).__name__)
-
-    def eval_into(self, node, outer, depth):
-        value = self.eval(node, depth)
-        outer.open = outer.open or self.open
-        return value
 
 
 def _constant(value, node, what):
@@ -215,24 +70,45 @@ def _constant(value, node, what):
 
 
 def _choices(value, node):
-    """(choices, open): a list of plain values, or None when computed at run time."""
-    if node is None:
-        return None, False
-    value.open = False
+    """(choices, open, conditional): a list of plain values, or None when computed at run time; the
+    values a run-time condition adds (accepted only when it holds)."""
+    if node is None or isinstance(node, ast.Constant) and node.value is None:
+        return None, False, []
+    value.open, value.conditional = False, []
     try:
         found = value.eval(node)
     except _Dynamic:
-        return None, False
-    if not isinstance(found, list) or not all(isinstance(c, (str, int, float, bool)) and c is not None for c in found):
-        return None, False
-    if len(found) > MAX_CHOICES or any(isinstance(c, str) and len(c) > MAX_NAME_CHARS for c in found):
-        return None, False  # not a list of choices argparse users type: unknown, so never checked
-    return found, value.open
+        return None, True, []  # computed at run time: None with open set means "unknown" (see _option callers)
+    if not _plain(found) or not _plain(value.conditional):
+        return None, True, []  # not a list of choices argparse users type: unknown, so never checked
+    return found, value.open, [c for c in value.conditional if c not in found]
 
 
-def _option(names, nargs, choices=None, open_choices=False, value_type="str"):
-    return {"names": list(names), "nargs": nargs, "choices": choices, "open_choices": bool(open_choices),
-            "type": value_type if choices is not None or nargs != "0" else "str"}
+def _config_kind(action_node, nargs):
+    """How SGLang's ConfigArgumentMerger treats the option's key in a --config file: "flag" (a
+    _StoreTrueAction: ``key: true`` adds the flag), "value" (a _StoreAction: ``--key value``), "one"
+    (another action taking one value, nargs None: 0.5.23 passes ``--key value``, 0.5.15 and older
+    refuse the key), "unsupported" (refused: "Unsupported config option"). ``nargs``: the option's
+    (an action's own default included; "1" stands for None here)."""
+    if action_node is None or isinstance(action_node, ast.Constant) and action_node.value in (None, "store"):
+        return "value"
+    if isinstance(action_node, ast.Constant) and action_node.value == "store_true":
+        return "flag"
+    if isinstance(action_node, ast.Constant) and action_node.value not in ("append", "extend"):
+        return "unsupported"
+    return "one" if nargs == "1" else "unsupported"
+
+
+def _option(names, nargs, choices=None, open_choices=False, value_type=("str", None), conditional=(),
+            config_kind="value", choices_unknown=False):
+    label, function = value_type[:2]
+    return {"conditional_env": None, "config_kind": config_kind, "choices_unknown": bool(choices_unknown) and choices is None,
+            "names": list(names), "nargs": nargs, "choices": choices,
+            "open_choices": bool(open_choices) and choices is not None,
+            "type": label if choices is not None or nargs != "0" else "str",
+            "type_function": function if choices is not None or nargs != "0" else None,
+            "conditional_choices": list(conditional) if choices is not None and conditional else None,
+            "type_detail": value_type[2] if len(value_type) > 2 and (choices is not None or nargs != "0") else None}
 
 
 def _nargs_text(value):
@@ -243,15 +119,6 @@ def _nargs_text(value):
     if value in ("?", "*", "+", "..."):
         return value
     return "unknown"
-
-
-def _dotted(node):
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        inner = _dotted(node.value)
-        return inner + "." + node.attr if inner else None
-    return None
 
 
 def _action_nargs(source, module, node):
@@ -290,12 +157,31 @@ def _action(source, module, value, node, explicit_nargs):
     return _action_nargs(source, module, node) or "unknown", False
 
 
-def _type_name(node, has_parser):
-    if has_parser:
-        return "other"
-    if node is None:
-        return "str"
-    return _TYPES.get(_dotted(node) or "", "other")
+def _type_of(source, module, node):
+    """(label, function name) of a ``type=`` / ``type_parser=``: str, int, float, json (json.loads), one of
+    SGLang's own functions this reader knows (KNOWN_TYPE_FUNCTIONS), else other (not judged)."""
+    if node is None or isinstance(node, ast.Constant) and node.value is None:
+        return "str", None
+    name = _dotted(node) or ""
+    if name in _TYPES:
+        return _TYPES[name], None if name in ("str", "int", "float") else name
+    if not name or "." in name:
+        return "other", name or None
+    try:
+        found_module, found = source.lookup(module, name)
+    except Unreadable:
+        return "other", name
+    if isinstance(found, ast.FunctionDef):
+        label = KNOWN_TYPE_FUNCTIONS.get((name, fingerprint(found)))
+        where = "%s (sglang/%s)" % (name, os.path.relpath(found_module.path, source.package_dir))
+        if label == "cuda_graph_config":  # its phases: Phase.ALL of its own module
+            try:
+                phases = _Value(source, found_module).class_attribute("Phase", "ALL", 0)
+            except (_Dynamic, Unreadable):
+                return "other", where
+            return (label, where, phases) if _plain(phases) else ("other", where)
+        return (label or "other"), where
+    return "other", name
 
 
 def literal_call(source, module, value, call):
@@ -321,8 +207,12 @@ def literal_call(source, module, value, call):
         nargs, negated = nargs or "1", False
     if negated:
         names += ["--no-" + n[2:] for n in names if n.startswith("--")]
-    choices, open_choices = _choices(value, kwargs.get("choices"))
-    return _option(names, nargs, choices, open_choices, _type_name(kwargs.get("type"), False))
+    choices, open_choices, conditional = _choices(value, kwargs.get("choices"))
+    option = _option(names, nargs, choices, open_choices, _type_of(source, module, kwargs.get("type")), conditional,
+                     _config_kind(kwargs.get("action"), nargs), choices is None and open_choices)
+    envs = set(value.condition_env.get(c) for c in option["conditional_choices"] or ())
+    option["conditional_env"] = envs.pop() if len(envs) == 1 and None not in envs else None
+    return option
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,10 +319,13 @@ def field_option(source, module, field, annotation):
         nargs, negated = _action(source, module, value, meta["action"], nargs)
         if negated:
             names += ["--no-" + n[2:] for n in names if n.startswith("--")]
-        choices, open_choices = _choices(value, extra.get("choices"))
-        return _option(names, nargs, choices, open_choices, _type_name(extra.get("type"), False))
+        choices, open_choices, conditional = _choices(value, extra.get("choices"))
+        return _option(names, nargs, choices, open_choices, _type_of(source, module, extra.get("type")), conditional,
+                       _config_kind(meta["action"], nargs), choices is None and open_choices)
     inner = _unwrap_optional(items[0])
-    choices, open_choices = _choices(value, meta.get("choices"))
+    choices, open_choices, conditional = _choices(value, meta.get("choices"))
+    unknown = choices is None and open_choices
+    parser_type = _type_of(source, module, meta["type_parser"]) if has_parser else None
     if choices == []:  # ``if arg_meta.choices:`` / ``arg_meta.choices or literal_vals``: empty is none
         choices = None
     if isinstance(inner, ast.Subscript):
@@ -442,17 +335,22 @@ def field_option(source, module, field, annotation):
             if choices is None and ("choices" not in meta or _is_empty_list(meta["choices"])):
                 choices, open_choices = (literal if len(literal) == len(inner_items) else None), False
             first = type(literal[0]).__name__ if literal else "str"
-            return _option(names, "1", choices, open_choices, _type_name(None, has_parser) if has_parser else
-                           _TYPES.get(first, "str"))
+            return _option(names, "1", choices, open_choices, parser_type or _inferred(first), conditional,
+                           choices_unknown=choices is None)
         if inner_base in ("list", "List") and not has_parser:
             element = _unwrap_optional(inner_items[0]) if inner_items else None
             return _option(names, explicit_nargs or "+", choices, open_choices,
-                           _TYPES.get(_dotted(element) or "", "str") if element is not None else "str")
+                           _inferred(_dotted(element) if element is not None else "str"), conditional,
+                           choices_unknown=unknown)
     if _dotted(inner) == "bool":
-        return _option(names, "0")
-    # _infer_type_func: str, int, float; anything else is parsed as str
-    value_type = "other" if has_parser else _TYPES.get(_dotted(inner) or "", "str")
-    return _option(names, explicit_nargs or "1", choices, open_choices, value_type)
+        return _option(names, "0", config_kind="flag")
+    return _option(names, explicit_nargs or "1", choices, open_choices, parser_type or _inferred(_dotted(inner)),
+                   conditional, choices_unknown=unknown)
+
+
+def _inferred(name):
+    """arg_utils' _infer_type_func: str, int, float; anything else is parsed as str."""
+    return (name, None) if name in ("str", "int", "float") else ("str", None)
 
 
 def class_fields(source, module, cls, depth=0):
@@ -552,6 +450,22 @@ def dataclass_options(source, module, call):
 
 # ---------------------------------------------------------------------------------------------
 
+def _env_conditions(function):
+    """call node -> NAME for the calls under ``if envs.NAME.get():`` (0.5.23: ``sampling_backend_choices.add(
+    "token_oracle")`` when SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE is set: SGLang's EnvBool)."""
+    found = {}
+    for node in ast.walk(function):
+        test = node.test if isinstance(node, ast.If) else None
+        if isinstance(test, ast.Call) and not test.args and isinstance(test.func, ast.Attribute) and \
+                test.func.attr == "get" and isinstance(test.func.value, ast.Attribute) and \
+                _dotted(test.func.value.value) == "envs":
+            for statement in node.body:
+                for inner in ast.walk(statement):
+                    if isinstance(inner, ast.Call):
+                        found[inner] = test.func.value.attr
+    return found
+
+
 def _add_cli_args(module):
     """``ServerArgs.add_cli_args``: the function launch_server's parser is built by."""
     cls = module.classes.get("ServerArgs")
@@ -564,7 +478,8 @@ def _add_cli_args(module):
 
 def read_options(package_dir):
     """SGLang's options from ``package_dir`` (the ``sglang`` package directory): the facts document
-    ``{"file", "options": [{"names", "nargs", "choices", "open_choices", "type"}] | None, "error",
+    ``{"file", "options": [{"names", "nargs", "choices", "open_choices", "type", "type_function",
+    "conditional_choices"}] | None, "error",
     "layout": "literal" | "dataclass" | None}``."""
     path = os.path.join(package_dir, "srt", "server_args.py")
     result = {"file": path, "options": None, "error": None, "layout": None}
@@ -575,13 +490,20 @@ def read_options(package_dir):
             raise Unreadable("%s: not found" % path)
         function = _add_cli_args(module)
         local = {}
-        local_mutated = set()
+        local_mutated = {}
+        conditions = _env_conditions(function)
         for node in ast.walk(function):
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 local[node.targets[0].id] = node.value
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                     isinstance(node.func.value, ast.Name) and node.func.attr in ("add", "append", "extend", "update"):
-                local_mutated.add(node.func.value.id)
+                name = node.func.value.id
+                single = node.func.attr in ("add", "append") and len(node.args) == 1 and not node.keywords and \
+                    isinstance(node.args[0], ast.Constant)
+                if single and local_mutated.get(name, []) is not None:
+                    local_mutated[name] = local_mutated.get(name, []) + [(node.args[0].value, conditions.get(node))]
+                else:
+                    local_mutated[name] = None
         value = _Value(source, module, local, local_mutated)
         options, layout = [], "literal"
         calls = sorted((n for n in ast.walk(function) if isinstance(n, ast.Call)),

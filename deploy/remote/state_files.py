@@ -62,6 +62,39 @@ def process_start_time(pid: int):
         return None
 
 
+#: /proc's btime is whole seconds: the start time it gives may read up to a second late
+START_SLACK_S = 1.0
+
+
+def process_uid(pid: int):
+    """The real uid of ``pid`` (/proc/PID/status ``Uid:``), None when unreadable."""
+    text, _ = read_regular("/proc/%d/status" % pid, 65536)
+    for line in (text or "").splitlines():
+        if line.startswith("Uid:"):
+            try:
+                return int(line.split()[1])
+            except (ValueError, IndexError):
+                return None
+    return None
+
+
+def not_started_by_us(pid: int, written_at, what: str):
+    """Why the live process ``pid`` is not provably the one a file of ours was written for (None:
+    it is): another user's process, or one that started after ``what`` was written at
+    ``written_at`` (a PID reused after a reboot, issue 31). The server's record (host_ops) and a
+    router's PID file (fleet_ops, issues 38 and 44) are judged by this one rule."""
+    owner = process_uid(pid)
+    if owner != os.getuid():
+        return "owned by uid %s, not the deploy user (uid %d)" % (owner, os.getuid())
+    if written_at is not None:
+        started = process_start_time(pid)
+        if started is None:
+            return "its start time is unreadable"
+        if started > written_at + START_SLACK_S:
+            return "it started %.0f s after %s was written" % (started - written_at, what)
+    return None
+
+
 def record_time(path: str):
     """deployment.json's mtime: launch writes it after the server started, so the recorded server
     started before it. None when there is no regular record file."""

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from deploy.base.errors import ExitCode
 from deploy.facts.gpus import GpuRow
-from deploy.engine.fanout import HostOutcome
+from deploy.engine.fanout import HostOutcome, exit_code
+from deploy.base.secrets import mask_secrets
 from deploy.base.terminal import safe_line, safe_text
 
 if TYPE_CHECKING:
@@ -30,10 +31,26 @@ def console(stream: TextIO | None = None) -> Console:
     return Console(file=stream or sys.stdout, highlight=False, soft_wrap=True)
 
 
-def print_json(document: Any, stream: TextIO | None = None) -> None:
+#: how many documents print_json wrote to stdout in this process: deploy/cli/main.py prints an error
+#: document for a failing ``--json`` verb only when the verb printed none (its own is the outcome)
+stdout_documents = 0
+
+
+def print_json(document: Any, stream: TextIO | None = None, *, one_line: bool = False) -> None:
+    global stdout_documents
     out = stream or sys.stdout
-    out.write(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n")
+    # every --json document: SGLang's API keys masked (a plan's argv, a reason, a recorded argv; issue 38)
+    out.write(json.dumps(mask_secrets(document), indent=None if one_line else 2, sort_keys=False, default=str) + "\n")
     out.flush()
+    if out is sys.stdout:
+        stdout_documents += 1
+
+
+def error_document(command: str, exit_code: int, message: str) -> dict:
+    """What a ``--json`` verb prints when it ends before its own document: a config error, a usage
+    error, a lock refusal, an interruption, an internal error (docs/exit-codes.md). One line: it
+    may end ``status --watch --json``'s one document per line."""
+    return {"command": command, "ok": False, "exit_code": int(exit_code), "error": message}
 
 
 def _holders_text(row: GpuRow) -> str:
@@ -270,6 +287,24 @@ def bench_table(rounds, out: Console) -> None:
     out.print(table)
 
 
+def logs_document(run_name: str, outcomes: Sequence[HostOutcome[str]], log_path) -> dict:
+    """``logs --json``: each host's log path and last lines, or its error. The lines are a server's
+    log (and whatever its requests made it print): terminal sequences are stripped, as in a
+    message quoting a log tail, so a script reads the words (json.dumps escapes any control left)."""
+    from deploy.base.terminal import strip_escapes
+
+    hosts = []
+    for outcome in outcomes:
+        entry: dict[str, Any] = {"host": outcome.host.name, "path": log_path(outcome.host), "ok": outcome.ok}
+        if outcome.error is not None:
+            entry |= {"exit_code": int(outcome.error.exit_code), "error": str(outcome.error)}
+        else:
+            entry |= {"exit_code": 0, "lines": strip_escapes(outcome.value or "").splitlines()}
+        hosts.append(entry)
+    return {"command": "logs", "run": run_name, "ok": all(o.ok for o in outcomes),
+            "exit_code": int(exit_code(outcomes)), "hosts": hosts}
+
+
 def doctor_document(results) -> dict:
     """``results``: [(host name, [check dicts])]; the shape `deployctl doctor --json` promises."""
     return {"hosts": [{"host": name, "ok": all(c["status"] != "fail" for c in checks), "checks": checks}
@@ -338,9 +373,12 @@ def gate_text(gate: dict) -> str:
 
     interval = f" [{pct(gate.get('low'))}, {pct(gate.get('high'))}]" if gate.get("low") is not None else " [no interval]"
     rounds = gate.get("rounds") or ["?", "?"]
-    return (f"{str(gate.get('outcome', '?')).upper()}: now/last good {pct(gate.get('ratio'))}{interval}, minimum "
-            f"{pct(gate.get('floor'))} ({rounds[0]} vs {rounds[1]} rounds; regression only when below the minimum "
-            "and the whole 95% interval is below 100%)")
+    against = f" ({gate['against']})" if isinstance(gate.get("against"), str) else ""
+    drift = f"; the host's speed {pct(gate['drift_ratio'])} of the bar's night" \
+        if isinstance(gate.get("drift_ratio"), (int, float)) else ""
+    return (f"{str(gate.get('outcome', '?')).upper()}: now/last good{against} {pct(gate.get('ratio'))}{interval}, "
+            f"minimum {pct(gate.get('floor'))} ({rounds[0]} vs {rounds[1]} rounds; regression only when below the "
+            f"minimum and the whole 95% interval is below 100%){drift}")
 
 
 def _history_field(value, spec=""):

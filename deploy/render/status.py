@@ -136,10 +136,22 @@ def blocks(readings: Sequence[HostReading], title: str, router: RouterReading | 
     return grid
 
 
-def title(run_name: str, gate) -> str:
+#: the watch's title line: a terminal of 80 columns shows it whole (issue 39: it was ~105 and clipped)
+TITLE_WIDTH = 80
+
+
+def title(run_name: str, gate, width: int = TITLE_WIDTH) -> str:
+    """``run NAME, YYYY-MM-DD HH:MM:SS UTC; live / last good, min A% / T%`` in at most ``width`` columns: a
+    long run name is shortened (with "...") before anything else is left out."""
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    return (f"deployctl status, run {clean(run_name)} ({stamp}); accept / tok/s: live / last good; "
-            f"minimum {gate.min_accept_fraction:.0%} / {gate.min_throughput_fraction:.0%}")
+    tail = (f", {stamp}; live / last good, min {gate.min_accept_fraction:.0%} / "
+            f"{gate.min_throughput_fraction:.0%}")
+    name = clean(run_name, 400)
+    room = max(width - len("run ") - len(tail), 8)
+    if len(name) > room:
+        name = name[:room - 3] + "..."
+    text = f"run {name}{tail}"
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def plain_lines(readings: Sequence[HostReading], router: RouterReading | None = None) -> list[str]:

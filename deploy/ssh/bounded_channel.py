@@ -31,22 +31,40 @@ class DeadlinePassed(Exception):
 
 
 class Cancelled(Exception):
-    """``cancelled`` was set while the command ran (Ctrl-C, SIGTERM, SIGHUP): the caller closes the channel."""
+    """``cancelled`` was set while the command ran (Ctrl-C, SIGTERM, SIGHUP): the caller closes the channel.
+    ``stderr``: what the command printed on stderr until then (its process group's mark, transport.py)."""
+
+    def __init__(self, command: str, stderr: bytes = b""):
+        super().__init__(command)
+        self.stderr = stderr
 
 
 def exec_bounded(channel, command: str, *, deadline: float, limit: int = MAX_OUTPUT_BYTES,
-                 cancelled=None) -> tuple[int, bytes, bytes]:
+                 cancelled=None, stdin: bytes | None = None) -> tuple[int, bytes, bytes]:
     """Run ``command`` on the open session ``channel``: (exit status, stdout, stderr), each at most ``limit``.
 
-    Raises OutputTooLarge, DeadlinePassed or Cancelled (``cancelled``: a threading.Event, checked at
-    every poll, so a signal reaches a running bench_serving or fix-keys within 0.05 s instead of when
-    the command ends; the channel is left to the caller to close).
+    ``stdin``: sent to the command, then EOF (a record written on the host travels here, never on a
+    command line another user reads in /proc/*/cmdline, nor into ARG_MAX: issue 38); sent as the
+    channel's window allows, between reads, so a command that answers before it has read all of it
+    never deadlocks against us. Raises OutputTooLarge, DeadlinePassed or Cancelled (``cancelled``: a
+    threading.Event, checked at every poll, so a signal reaches a running bench_serving or fix-keys
+    within 0.05 s instead of when the command ends; the channel is left to the caller to close).
     """
     channel.settimeout(0.05)
     channel.exec_command(command)
     out, err = bytearray(), bytearray()
+    pending = memoryview(stdin) if stdin is not None else None
     while True:
         progressed = False
+        if pending is not None:
+            if not pending:
+                channel.shutdown_write()
+                pending = None
+            elif channel.send_ready():
+                pending = pending[channel.send(pending[:1 << 15]):]
+                progressed = True
+            elif channel.exit_status_ready():
+                pending = None  # it ended without reading the rest: its answer says why
         if channel.recv_ready():
             out += channel.recv(1 << 16)
             progressed = True
@@ -58,7 +76,7 @@ def exec_bounded(channel, command: str, *, deadline: float, limit: int = MAX_OUT
         if len(err) > limit:
             raise OutputTooLarge("stderr", limit)
         if cancelled is not None and cancelled.is_set():
-            raise Cancelled(command)
+            raise Cancelled(command, bytes(err))
         if not progressed:
             if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
                 if channel.eof_received or channel.closed:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Callable
 
 from deploy.config.models import Host, SSHSettings
 from deploy.ssh.hop import JumpConnections, open_hop
+from deploy.ssh.process_group import GROUP_TERM_WAIT_S, group_wrap, split_group_mark, stop_group_command
 from deploy.base.errors import (DeployError, ConnectionFailed, ExitCode, Interrupted, RemoteCommandFailed,
                            RemoteOutputError, StepTimeout)
 from deploy.ssh.config import (
@@ -108,8 +109,9 @@ class Transport:
         return _host_label(self.host)
 
     # -- what a concrete transport provides ---------------------------------------------------
-    def _exec(self, command: str, *, timeout: float) -> tuple[int, str, str]:
-        """Run the (already wrapped) ``command`` under ``sh``: (exit code, stdout, stderr).
+    def _exec(self, command: str, *, timeout: float, stdin: bytes | None = None) -> tuple[int, str, str]:
+        """Run the (already wrapped) ``command`` under ``sh``: (exit code, stdout, stderr); ``stdin``
+        its input, then EOF (None: none, EOF at once is not promised).
 
         Raises ExecTimedOut when ``timeout`` passes locally, OSError/EOFError when the connection is lost.
         """
@@ -143,13 +145,15 @@ class Transport:
         raise NotImplementedError(f"{type(self).__name__} cannot hold a command open")
 
     # -- what the steps call ------------------------------------------------------------------
-    def run(self, command: str, *, timeout: float | None = None) -> CommandResult:
-        """Run ``command`` under ``sh`` on the host; never raises for a non-zero exit."""
+    def run(self, command: str, *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+        """Run ``command`` under ``sh`` on the host; never raises for a non-zero exit. ``stdin``: what
+        it reads (a record to write: never on its command line)."""
         timeout = timeout or self.command_timeout_s
         wrapped = remote_timeout_wrap(command, timeout)
         started = time.monotonic()
         try:
-            exit_code, stdout, stderr = self._exec(wrapped, timeout=timeout + 10)
+            exit_code, stdout, stderr = (self._exec(wrapped, timeout=timeout + 10) if stdin is None
+                                         else self._exec(wrapped, timeout=timeout + 10, stdin=stdin))
         except ExecTimedOut:
             raise StepTimeout(
                 f"{self.label}: command did not finish within {timeout:.0f} s: {command[:200]}"
@@ -170,9 +174,10 @@ class Transport:
         return CommandResult(command=command, exit_code=exit_code, stdout=stdout, stderr=stderr,
                              duration_s=duration)
 
-    def check(self, command: str, *, timeout: float | None = None, what: str = "command") -> CommandResult:
+    def check(self, command: str, *, timeout: float | None = None, what: str = "command",
+              stdin: bytes | None = None) -> CommandResult:
         """Like ``run``, but a non-zero exit is a RemoteCommandFailed naming ``what``."""
-        result = self.run(command, timeout=timeout)
+        result = self.run(command, timeout=timeout, stdin=stdin)
         if not result.ok:
             detail = (result.stderr.strip() or result.stdout.strip())[-800:]
             raise RemoteCommandFailed(
@@ -399,7 +404,7 @@ class HostConnection(Transport):
         self.close()
 
     # -- the wire ---------------------------------------------------------------------------
-    def _exec(self, command: str, *, timeout: float) -> tuple[int, str, str]:
+    def _exec(self, command: str, *, timeout: float, stdin: bytes | None = None) -> tuple[int, str, str]:
         # HOSTILE (issue 22): one channel read within a byte limit (deploy/ssh/bounded_channel.py),
         # not fabric's run(hide=True), which kept a 60 MB nvidia-smi answer whole in memory.
         import paramiko
@@ -414,8 +419,10 @@ class HostConnection(Transport):
         except paramiko.SSHException as exc:
             raise ConnectionError(str(exc)) from exc
         try:
-            status, out, err = bounded_channel.exec_bounded(channel, command, deadline=time.monotonic() + timeout,
-                                                            cancelled=cancelled)
+            status, out, err = bounded_channel.exec_bounded(channel, group_wrap(command),
+                                                            deadline=time.monotonic() + timeout, cancelled=cancelled,
+                                                            stdin=stdin)
+            err = split_group_mark(err)[1]
             if status == -1 and not self._transport_alive(channel):
                 # the channel closed with no exit status and the SSH session is gone: the host (or its sshd)
                 # died mid-command; exit 4, not "the fixer printed no JSON" (exit 5)
@@ -426,7 +433,11 @@ class HostConnection(Transport):
             # time, so the local deadline passing means the host or the network froze (exit 4, not 7)
             raise ConnectionError(self._freeze(f"no answer within {timeout:.0f} s to a command bounded on the "
                                                f"host")) from None
-        except bounded_channel.Cancelled:
+        except bounded_channel.Cancelled as cut:
+            # issue 39: closing the channel alone left the host-side command running (the fix-keys store
+            # 7.3 s after the lock was released, and a restart then failed on its half-written store entry):
+            # its process group ends before this returns, so before the host lock is released
+            self._stop_group(channel, cut.stderr)
             raise ExecCancelled(command) from None
         except bounded_channel.OutputTooLarge as exc:
             raise RemoteOutputError(f"{self.label}: refused the answer of {command[:200]!r}: it {exc} "
@@ -464,11 +475,14 @@ class HostConnection(Transport):
         try:
             # short reads, so Ctrl-C and the local deadline are noticed within 0.1 s
             channel.settimeout(0.1)
-            channel.exec_command(command)
+            channel.exec_command(group_wrap(command))
             pending = line = b""
             while True:
                 if cancelled.is_set():
                     self._end_watch(channel, wait_s=0.5)
+                    # a loop busy in a query (nvidia-smi) reads its stdin's EOF only after it: issue 39 saw
+                    # watch-gpus run 25 s after deployctl exited; its process group ends here, before the lock
+                    self._stop_group(channel, b"")
                     return None, ""
                 if time.monotonic() > deadline:
                     raise ConnectionError(self._freeze(f"no answer within {timeout:.0f} s to a host-side wait "
@@ -490,6 +504,7 @@ class HostConnection(Transport):
                         break
                     if on_line(line.decode("utf-8", "replace")):
                         self._end_watch(channel)
+                        self._stop_group(channel, b"")
                         return None, ""
                 if len(pending) > _MAX_WATCH_LINE or len(line) > _MAX_WATCH_LINE:  # HOSTILE (issue 22)
                     raise RemoteOutputError(f"{self.label}: a host-side loop printed a line of more than "
@@ -502,6 +517,7 @@ class HostConnection(Transport):
             stderr = b""
             while channel.recv_stderr_ready():
                 stderr += channel.recv_stderr(65536)
+            stderr = split_group_mark(stderr)[1]
             status = channel.recv_exit_status()
             if status == -1 and not self._transport_alive(channel):
                 raise ConnectionError("the connection closed before the wait ended (the host or its sshd went away)")
@@ -534,6 +550,34 @@ class HostConnection(Transport):
             return bool(transport is not None and transport.is_active())
         except Exception:  # noqa: BLE001 - a channel without a transport is a dead one
             return False
+
+    def _stop_group(self, channel, stderr: bytes, wait_s: float = 0.5) -> None:
+        """End the process group of the command running on ``channel`` (its mark on stderr: ``stderr`` read so
+        far, else read from the channel, ``wait_s`` at most), unless it has exited already. Sent on a channel
+        of its own; waits until nothing of the group is left (SIGTERM, SIGKILL after GROUP_TERM_WAIT_S).
+        Best effort: a dead connection has taken the command's session with it."""
+        from deploy.ssh import bounded_channel
+
+        try:
+            if channel.status_event.is_set():
+                return
+            deadline = time.monotonic() + wait_s
+            while b"\n" not in stderr and len(stderr) < 256 and time.monotonic() < deadline:
+                if channel.recv_stderr_ready():
+                    stderr += channel.recv_stderr(256)
+                elif channel.status_event.wait(0.02):
+                    return
+            pgid = split_group_mark(stderr)[0]
+            if pgid is None or channel.status_event.is_set():
+                return
+            stopper = self._live().client.get_transport().open_session(timeout=self.ssh.connect_timeout_s)
+            try:
+                bounded_channel.exec_bounded(stopper, stop_group_command(pgid),
+                                             deadline=time.monotonic() + 2 * GROUP_TERM_WAIT_S + 5)
+            finally:
+                stopper.close()
+        except Exception:  # noqa: BLE001 - best effort: the report says what the run knows it left
+            pass
 
     @staticmethod
     def _end_watch(channel, wait_s: float = 3.0) -> None:

@@ -11,6 +11,7 @@ from deploy.steps import (
     quarantine,
     record_good,
     regression_gate,
+    same_night_control,
     stop_stale,
     swap_drafter,
     verify_acceptance,
@@ -20,6 +21,6 @@ from deploy.steps import (
 
 REGISTRY = {
     module.NAME: module
-    for module in (doctor, ensure_helper, fix_keys, converge, quarantine, swap_drafter, stop_stale, free_gpus, wait_gpus_free, launch,
+    for module in (doctor, ensure_helper, fix_keys, converge, quarantine, same_night_control, swap_drafter, stop_stale, free_gpus, wait_gpus_free, launch,
                    wait_ready, verify_acceptance, benchmark, regression_gate, record_good)
 }

@@ -24,6 +24,7 @@ import statistics
 from pydantic import Field
 
 from deploy.local import datasets
+from deploy.local.throughput_gate import rounds_needed, usable_rounds
 from deploy.base.errors import BenchmarkHarnessFailed, DeployError, ExitCode
 from deploy.facts.bench import parse_bench_result
 from deploy.facts.helpers import helper_state_command, parse_helper_state
@@ -52,7 +53,9 @@ def dataset(ctx: StepContext) -> datasets.Dataset:
 
 
 def results_path(ctx: StepContext) -> str:
-    return path_join(ctx.paths.root, "bench", f"bench-{ctx.launch_stamp}-t{ctx.draft_tokens}.jsonl")
+    # same-night-control's rounds (the last good deployment, before the stop) go to a file of their own
+    kind = getattr(ctx.settings, "results_kind", "bench")
+    return path_join(ctx.paths.root, "bench", f"{kind}-{ctx.launch_stamp}-t{ctx.draft_tokens}.jsonl")
 
 
 def load(ctx: StepContext, ds: datasets.Dataset) -> dict:
@@ -170,8 +173,17 @@ def run(ctx: StepContext) -> StepOutcome:
         if number > 1:
             ctx.progress(f"round {number} of {ctx.settings.rounds}")
         results.append(one_round(ctx, ds, number))
+    # a round that produced no output is that round's harness failure: dropped on its own, never
+    # taking the other rounds with it; too few left is the harness's failure (issue 38)
+    _, failed = usable_rounds([r.output_tok_s if r.output_tokens > 0 else 0 for r in results])
+    results = [r for r in results if r.output_tok_s > 0 and r.output_tokens > 0]
+    if len(results) < rounds_needed(ctx.settings.rounds):
+        raise BenchmarkHarnessFailed(f"{ctx.host.name}: {len(results)} of {ctx.settings.rounds} benchmark round(s) "
+                                     f"measured a throughput ({'; '.join(failed[:8])}); at least "
+                                     f"{rounds_needed(ctx.settings.rounds)} are needed")
     figures = medians(results)
     data = {"draft_tokens": ctx.draft_tokens, **figures, "output_tok_s_rounds": [r.output_tok_s for r in results],
+            **({"failed_rounds": failed} if failed else {}),
             "results_file": results_path(ctx), **ds.identity(), "dataset_uploaded": uploaded,
             "settings": load(ctx, ds)}
     if ds.is_file:

@@ -28,6 +28,8 @@ class Settings(StepSettings):
     replace: bool = False
     #: GPU memory the stop must free to; default: the playbook's wait-gpus-free threshold_mib (else 0)
     gpu_threshold_mib: Optional[int] = Field(default=None, ge=0)
+    #: free-gpus' kill_other_users (the playbook loader copies it): whose GPU holders the stop ends
+    kill_other_users: bool = False
 
 
 def action(ctx: StepContext, script: str | None = "<deploy/remote/doctor_facts.py>") -> Command:
@@ -56,7 +58,8 @@ def diagnose(conn, ctx_host, run, *, fix_keys_will_run: bool, settings=None):
 
     facts, sglang, why = read_doctor_facts(conn, ctx_host, run)
     plan = StopPlan(threshold_mib=getattr(settings, "gpu_threshold_mib", None) or 0,
-                    replace=bool(getattr(settings, "replace", False)))
+                    replace=bool(getattr(settings, "replace", False)),
+                    kill_other_users=bool(getattr(settings, "kill_other_users", False)))
     checks = all_checks(DoctorInput(ctx_host, run, run.draft_tokens, facts, sglang, fix_keys_will_run=fix_keys_will_run,
                                     sglang_error=why), plan)
     return checks, (sglang.version if sglang else None)
@@ -111,10 +114,11 @@ def run(ctx: StepContext) -> StepOutcome:
     facts, sglang, why = facts_of(ctx.execute(action(ctx, script=None)), ctx.host, ctx.run)
     given = DoctorInput(ctx.host, ctx.run, ctx.run.draft_tokens, facts, sglang,
                         fix_keys_will_run=ctx.settings.fix_keys_will_run, sglang_error=why)
-    plan = StopPlan(threshold_mib=ctx.settings.gpu_threshold_mib or 0, replace=ctx.settings.replace)
+    plan = StopPlan(threshold_mib=ctx.settings.gpu_threshold_mib or 0, replace=ctx.settings.replace,
+                    kill_other_users=ctx.settings.kill_other_users)
     checks = all_checks(given, plan)
     # memory no process the stop ends holds, per GPU: wait-gpus-free (a rollback's too) never waits for it
-    ctx.memory.gpu_baseline_mib = gpu_baseline(given)
+    ctx.memory.gpu_baseline_mib = gpu_baseline(given, plan.kill_other_users)
     version = sglang.version if sglang else None
     if version:
         ctx.memory.sglang_version = version  # fix-keys and converge reuse it: no command of their own

@@ -8,6 +8,10 @@ fingerprint, and every later night exited 13. Now the cause is typed, from the s
 - the checkpoint's (quarantined after a new deployment): it crashed or failed to load (the server
   died, whichever step noticed), it never became ready (wait-ready timed out or /health answered
   an error), its acceptance was below the threshold (verify-acceptance), a conclusive regression;
+- the checkpoint's refusals before anything was launched (issue 39: recorded as "host" before): its
+  tensor names SGLang would not load (fix-keys' verification), a checkpoint that cannot be read
+  (exit 6), and a quarantined fingerprint refused (exit 13); named the checkpoint's, never
+  quarantined (again) for it: nothing was launched;
 - the benchmark harness's: any other failure of the ``benchmark`` step (``BenchmarkHarnessFailed``,
   a timeout): reported as such, nothing quarantined, the deployment stays when this run verified it;
 - the host's: everything else (connection, lock, GPUs never freed, a launch command that could not
@@ -24,8 +28,8 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
-from deploy.base.errors import (BenchmarkHarnessFailed, ConnectionFailed, DeployError, Interrupted, LockHeld, Regression,
-                           ServerDied, ServerUnhealthy, StepTimeout, VerificationFailed)
+from deploy.base.errors import (BenchmarkHarnessFailed, ConnectionFailed, DeployError, ExitCode, Interrupted, LockHeld,
+                                Quarantined, Regression, ServerDied, ServerUnhealthy, StepTimeout, VerificationFailed)
 
 
 class Cause(str, Enum):
@@ -35,10 +39,18 @@ class Cause(str, Enum):
     REGRESSION = "regression"
     HARNESS = "benchmark-harness"
     HOST = "host"
+    #: the checkpoint's, refused before anything was launched (issue 39)
+    INVALID = "checkpoint-invalid"
+    QUARANTINED = "checkpoint-quarantined"
     INTERRUPTED = "interrupted"
 
     @property
     def checkpoints_fault(self) -> bool:
+        return self in CHECKPOINT_CAUSES or self in CHECKPOINT_REFUSALS
+
+    @property
+    def quarantines(self) -> bool:
+        """A failure of a launched deployment that quarantines its fingerprint (not a refusal before the launch)."""
         return self in CHECKPOINT_CAUSES
 
     def describe(self) -> str:
@@ -49,11 +61,15 @@ class Cause(str, Enum):
             Cause.REGRESSION: "the checkpoint's: a conclusive regression against the last good deployment",
             Cause.HARNESS: "the benchmark harness's, not the checkpoint's",
             Cause.HOST: "the host's or the connection's, not the checkpoint's",
+            Cause.INVALID: "the checkpoint's: SGLang would not load it as it is (its tensors, names or files)",
+            Cause.QUARANTINED: "the checkpoint's: its fingerprint is quarantined on this host (it failed here before)",
             Cause.INTERRUPTED: "interrupted by a signal",
         }[self]
 
 
 CHECKPOINT_CAUSES = frozenset({Cause.CRASHED, Cause.NOT_READY, Cause.ACCEPTANCE, Cause.REGRESSION})
+#: the checkpoint's, found before a launch: reported as the checkpoint's, not quarantined for it
+CHECKPOINT_REFUSALS = frozenset({Cause.INVALID, Cause.QUARANTINED})
 
 
 def failure_cause(step: str, error: DeployError) -> Cause:
@@ -63,6 +79,12 @@ def failure_cause(step: str, error: DeployError) -> Cause:
         return Cause.INTERRUPTED
     if isinstance(error, (ConnectionFailed, LockHeld)):
         return Cause.HOST
+    if isinstance(error, Quarantined):
+        return Cause.QUARANTINED
+    if error.exit_code == ExitCode.CHECKPOINT or (step == "fix-keys" and isinstance(error, VerificationFailed)):
+        # exit 6 is only ever the checkpoint's (not safetensors, truncated, unreadable); fix-keys' verification
+        # failing is SGLang refusing the checkpoint's tensor names or shapes
+        return Cause.INVALID
     if isinstance(error, ServerDied):
         # engine.session.died: the launched server is gone, whatever step noticed (a crash on load, on generate)
         return Cause.CRASHED

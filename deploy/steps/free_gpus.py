@@ -19,15 +19,18 @@ CONVERGE_SKIPS = True
 
 
 class Settings(StepSettings):
-    pass
+    #: also kill other users' processes holding the GPUs (issue 39: never unless the run says so; the doctor
+    #: names every process this step would kill before anything is stopped)
+    kill_other_users: bool = False
 
 
 def command(ctx: StepContext) -> str:
-    return kill_command(ctx.host.gpu_devices)
+    return kill_command(ctx.host.gpu_devices, ctx.settings.kill_other_users)
 
 
 def action(ctx: StepContext) -> Command:
-    return Command(description=f"kill every process holding {ctx.host.gpu_devices}", command=command(ctx),
+    whose = "every process" if ctx.settings.kill_other_users else "the deploy user's processes"
+    return Command(description=f"kill {whose} holding {ctx.host.gpu_devices}", command=command(ctx),
                    timeout_s=ctx.timeout(60))
 
 
@@ -39,7 +42,9 @@ def run(ctx: StepContext) -> StepOutcome:
     result = ctx.execute(action(ctx))
     killed = parse_kill_result(result.exit_code, result.stdout, result.stderr, ctx.host.name, ctx.host.gpu_devices)
     pids, denied = killed.pids, killed.not_permitted
-    for line in denied:
+    for line in denied + killed.other_users:
         ctx.progress(line)
-    detail = f"killed {len(pids)} holder(s): {' '.join(map(str, pids))}" if pids else "no process held the GPUs"
-    return StepOutcome("ok", detail, {"killed": pids, "not_permitted": denied})
+    detail = f"killed {len(pids)} holder(s): {' '.join(map(str, pids))}" if pids else "no process of ours held the GPUs"
+    if killed.other_users:
+        detail += f"; {len(killed.other_users)} of other users left alone (kill_other_users)"
+    return StepOutcome("ok", detail, {"killed": pids, "not_permitted": denied, "other_users": killed.other_users})

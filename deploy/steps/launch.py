@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from deploy.config.models import Host, Run
 from deploy.base.errors import RemoteOutputError
 from deploy.facts.helpers import write_file_command
-from deploy.facts.server import deployment_path
+from deploy.facts.server import PID_MARK, deployment_path, record_stdin  # noqa: F401 (record_stdin re-exported)
 from deploy.host.sglang_argv import PATH_POSITIONS, speculative_plan
 from deploy.host.deployment import DesiredDeployment, desired_deployment
 from deploy.base.shell import path_join, quote, quote_path
@@ -92,25 +92,16 @@ def prune_logs_command(ctx: StepContext) -> str:
             f"| sort -r | tail -n +{KEEP_LOGS + 1} | while IFS= read -r f; do rm -f -- \"$f\"; done ); true")
 
 
-PID_MARK = "__PID__"
-
-
-def record_with_pid(record: dict) -> str:
-    """A printf format writing ``record`` as JSON with the launched PID (printf's argument) in it."""
-    text = json.dumps(record | {"pid": PID_MARK}, sort_keys=True)
-    return text.replace("\\", "\\\\").replace("%", "%%").replace(f'"{PID_MARK}"', "%s") + "\\n"
-
-
-def _written(ctx: StepContext, path: str, payload: str, what: str) -> str:
-    """``payload`` into ``path`` through host_ops.py write-file (a temporary name created exclusively,
-    renamed over a regular file only: a full disk leaves the old file, a FIFO or device there is
-    refused, never replaced).
+def _written(ctx: StepContext, path: str, payload: str | None, what: str) -> str:
+    """``payload``'s output (None: the command's own stdin) into ``path`` through host_ops.py
+    write-file (a temporary name created exclusively, renamed over a regular file only: a full disk
+    leaves the old file, a FIFO or device there is refused, never replaced).
 
     The message names the path as printf's argument: a quoted path inside a double-quoted echo
     would let a path holding ``"`` or ``$`` break out of the quoting.
     """
     writer = write_file_command(ctx.host.python, ctx.paths.helper("host_ops.py"), path)
-    return (f"{{ {payload} | {writer}; }} "
+    return (f"{{ {payload + ' | ' if payload is not None else ''}{writer}; }} "
             f"|| {{ printf 'cannot write %s %s (server pid %s)\\n' {quote(what)} {path} \"$pid\" >&2; "
             f"exit 1; }}")
 
@@ -132,7 +123,9 @@ def command(ctx: StepContext, argv: list[str], record: dict) -> str:
     pidfile = quote_path(ctx.paths.pidfile)
     deployment = quote_path(deployment_path(ctx.paths.root))
     pid_payload = "printf '%s\\n' \"$pid\""
-    record_payload = f"printf {quote(record_with_pid(record))} \"$pid\""
+    # the record comes on the script's stdin (record_stdin), its PID filled in here: the server's
+    # own stdin is /dev/null, nothing before this line reads it
+    record_payload = f"sed 's/\"{PID_MARK}\"/'\"$pid\"'/g'"
     return (
         f"mkdir -p -m 700 -- {quote_path(ctx.paths.logs)} && ln -sfn -- {name} {quote_path(ctx.paths.latest_log)} || exit 1; "
         f"cd -- {quote_path(ctx.paths.root)} || exit 1; {env}"
@@ -162,6 +155,9 @@ def launch_action(ctx: StepContext, launched_at: str = "<launch time>") -> Comma
                                f"keep the newest {KEEP_LOGS} logs; with --speculative-draft-model-quantization "
                                "unquant when the doctor found a quantized target and an unquantized drafter",
                    command=command(ctx, argv, launch_record(ctx, launched_at)), argv=argv,
+                   stdin=record_stdin(launch_record(ctx, launched_at), ctx.host.name, "the deployment record",
+                                      pid_mark=True),
+                   stdin_shown="the deployment record (JSON, its PID filled in on the host)",
                    timeout_s=ctx.timeout(60), what="launching SGLang")
 
 

@@ -71,6 +71,8 @@ class StepMemory:
     # -- verification, benchmark, record-good ---------------------------------------------------------
     verify: dict[str, Any] | None = None
     bench: dict[str, Any] | None = None
+    #: same-night-control (issue 39): the last good deployment's rounds measured tonight, before the stop
+    control: dict[str, Any] | None = None
     #: the throughput gate's verdict (deploy/local/throughput_gate.py): record-good keeps the bar when inconclusive
     gate: dict[str, Any] | None = None
     last_good: dict[str, Any] | None = None

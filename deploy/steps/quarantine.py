@@ -89,7 +89,7 @@ def failure_entry(verb: str, run_name: str, failed_step: str, error: DeployError
     if not fingerprint or memory.converged or not memory.launched:
         return None
     cause = failure_cause(failed_step, error)
-    if not cause.checkpoints_fault:
+    if not cause.quarantines:
         return None
     snapshot = memory.snapshot
     good = getattr(snapshot, "last_good", None) or {}

@@ -15,14 +15,14 @@ gate verdict (deploy/local/throughput_gate.py) keeps the previous bar for that d
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 from datetime import datetime, timezone
 
-from deploy.facts.server import last_good_env_path, last_good_path, parse_record, read_record_command, same_deployment
+from deploy.facts.server import (last_good_env_path, last_good_path, parse_record, read_record_command, record_stdin,
+                                 same_deployment)
 from deploy.facts.helpers import write_file_command
-from deploy.base.shell import quote, quote_path
+from deploy.base.shell import quote_path
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 
 NAME = "record-good"
@@ -90,11 +90,15 @@ def merge_baselines(previous: dict | None, now: dict, keep: bool, fingerprint: s
     one has enough rounds for the gate. Baselines of other datasets are never touched."""
     from deploy.local.throughput_gate import MIN_ROUNDS
 
-    entries = throughput_baselines(previous or {})
+    # at most MAX_BASELINES, the newest (a record grown by hand to 10,000 is trimmed when written)
+    entries = throughput_baselines(previous or {})[-MAX_BASELINES:]
     if not rounds_of(now):
         return entries
     mine = {key: now.get(key) for key in BASELINE_FIELDS} | {"bench_settings": now.get("bench_settings"),
-                                                             "drafter_fingerprint": fingerprint}
+                                                             "drafter_fingerprint": fingerprint,
+                                                             # issue 39: each bar with its time (and its load above)
+                                                             "measured_at": datetime.now(timezone.utc).isoformat(
+                                                                 timespec="seconds")}
     existing = throughput_baseline(previous or {}, now.get("bench_settings"))
     if existing is not None and keep and len(rounds_of(existing)) >= min(MIN_ROUNDS, len(rounds_of(mine))):
         return entries
@@ -127,6 +131,14 @@ def with_baselines(metrics: dict, previous: dict | None, keep: bool, fingerprint
     return out
 
 
+def drift_note(gate: dict | None) -> dict | None:
+    """What the record keeps of a night the gate judged the host's drift (deploy/local/same_night.py)."""
+    if not isinstance(gate, dict) or gate.get("outcome") != "drift":
+        return None
+    return {"night": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ratio": gate.get("drift_ratio"),
+            "unchanged": gate.get("unchanged"), "why": str(gate.get("why", ""))[:400]}
+
+
 def write_command(ctx: StepContext, record: dict, copy_env_from: str | None, shown: str | None = None) -> str:
     """Copy the env file first (when it is not last-good.env already), then the record.
 
@@ -140,8 +152,9 @@ def write_command(ctx: StepContext, record: dict, copy_env_from: str | None, sho
         env = f"rm -f -- {quote_path(target)} && "
     else:
         env = ""
-    text = shown if shown is not None else json.dumps(record, sort_keys=True)
-    return f"{env}printf '%s\\n' {quote(text)} | {write_file_command(ctx.host.python, helper, path)}"
+    # the record itself comes on stdin (write_action): 10,000 baselines on this command line were over
+    # ARG_MAX ("connection lost" every night), and another user read the admin key in /proc/*/cmdline
+    return f"{env}{write_file_command(ctx.host.python, helper, path)}"
 
 
 def read_action(ctx: StepContext) -> Command:
@@ -152,7 +165,9 @@ def read_action(ctx: StepContext) -> Command:
 def write_action(ctx: StepContext, record: dict, copy_env_from: str | None, shown: str | None = None) -> Command:
     return Command(description="record this deployment (and its env file) as the last good one",
                    when="it is not recorded as the last good one already, with these numbers",
-                   command=write_command(ctx, record, copy_env_from, shown), what="recording the last good deployment")
+                   command=write_command(ctx, record, copy_env_from, shown), what="recording the last good deployment",
+                   stdin=None if shown is not None else record_stdin(record, ctx.host.name, "the last good record"),
+                   stdin_shown=shown or "the last good record (JSON)")
 
 
 def plan(ctx: StepContext) -> list[Command]:
@@ -187,6 +202,11 @@ def run(ctx: StepContext) -> StepOutcome:
     else:
         # another deployment: its own accept length; the baselines of other datasets stay (bench --dataset)
         metrics = with_baselines(metrics, previous_metrics, inconclusive, fingerprint)
+    drift = drift_note(ctx.memory.gate)
+    if drift is not None:
+        # the host's speed moved since the bar's night: an unchanged deployment keeps its bar, a new one's rounds
+        # tonight became it; either way the record says so
+        metrics["throughput_drift"] = drift
     record = dict(deployment) | {"metrics": metrics,
                                  "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     if previous is not None and same_deployment(previous, deployment):

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 
 from pydantic import Field
 
-from deploy.base.errors import Regression
+from deploy.base.errors import BenchmarkHarnessFailed, Regression
 from deploy.facts.server import last_good_path, parse_record, read_record_command, same_deployment
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 from deploy.steps.record_good import measurements, rounds_of, throughput_baseline, throughput_baselines
-from deploy.local.throughput_gate import Verdict, decide
+from deploy.local.throughput_gate import TooFewRounds
+from deploy.local.same_night import NightVerdict, judge
 
 NAME = "regression-gate"
 
@@ -64,15 +65,19 @@ class Comparison:
 
     regressions: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
-    throughput: Verdict | None = None
+    throughput: NightVerdict | None = None
 
     @property
     def inconclusive(self) -> bool:
         return self.throughput is not None and self.throughput.outcome == "inconclusive"
 
     @property
+    def drift(self) -> bool:
+        return self.throughput is not None and self.throughput.outcome == "drift"
+
+    @property
     def compared(self) -> bool:
-        return any(" vs last good " in line for line in self.lines)
+        return self.throughput is not None or any(" vs last good " in line for line in self.lines)
 
 
 def _compare_accept(now: dict, good: dict, fraction: float, out: Comparison) -> None:
@@ -92,7 +97,18 @@ def _compare_accept(now: dict, good: dict, fraction: float, out: Comparison) -> 
         out.regressions.append(line)
 
 
-def _compare_throughput(now: dict, good: dict, fraction: float, out: Comparison) -> None:
+def _control_rounds(control: dict | None, now: dict) -> list[float] | None:
+    """Tonight's rounds of the last good deployment, when measured at now's load (same-night-control)."""
+    if not isinstance(control, dict) or not control.get("measured", True):
+        return None
+    if control.get("settings") != now.get("bench_settings"):
+        return None
+    rounds = rounds_of(control)
+    return rounds or None
+
+
+def _compare_throughput(now: dict, good: dict, fraction: float, out: Comparison, control: dict | None = None,
+                        unchanged: bool = False) -> None:
     if now.get("output_tok_s") is None or not throughput_baselines(good):
         out.lines.append(f"output tok/s: not compared (not measured "
                          f"{'now' if now.get('output_tok_s') is None else 'for the last good one'})")
@@ -105,19 +121,28 @@ def _compare_throughput(now: dict, good: dict, fraction: float, out: Comparison)
         out.lines.append(f"output tok/s: not compared (no comparable baseline: the last good one was measured on "
                          f"{known}; now {_load(now.get('bench_settings'))})")
         return
-    verdict = decide(rounds_of(now), rounds_of(baseline), fraction)
+    measured = now.get("output_tok_s_rounds")
+    # as measured, failed rounds included: decide drops each on its own and refuses too few (TooFewRounds;
+    # rounds_of would swap a list with one failed round for the single median figure: issue 38)
+    tonight = measured if isinstance(measured, list) and measured else [now.get("output_tok_s")]
+    # issue 39: judged against the last good deployment measured tonight; the stored bar tells the host's drift
+    verdict = judge(tonight, rounds_of(baseline), fraction, control=_control_rounds(control, now),
+                    unchanged=unchanged)
     out.throughput = verdict
-    line = verdict.line("output tok/s")
+    line = verdict.line()
     out.lines.append(line)
     if verdict.outcome == "regression":
         out.regressions.append(line)
 
 
-def compare(now: dict, good: dict, accept_fraction: float, throughput_fraction: float) -> Comparison:
-    """Every comparison of this run's measurements with the last good record's metrics; pure."""
+def compare(now: dict, good: dict, accept_fraction: float, throughput_fraction: float, control: dict | None = None,
+            unchanged: bool = False) -> Comparison:
+    """Every comparison of this run's measurements with the last good record's metrics; pure. ``control``: the
+    last good deployment's rounds tonight (same-night-control); ``unchanged``: the drafter fingerprint is the
+    last good one's (never a slowdown of the checkpoint)."""
     out = Comparison()
     _compare_accept(now, good, accept_fraction, out)
-    _compare_throughput(now, good, throughput_fraction, out)
+    _compare_throughput(now, good, throughput_fraction, out, control, unchanged)
     return out
 
 
@@ -135,7 +160,13 @@ def run(ctx: StepContext) -> StepOutcome:
     if metrics.get("draft_tokens") != ctx.draft_tokens:
         return StepOutcome("ok", f"last good record was measured at {metrics.get('draft_tokens')} draft tokens, "
                                  f"not {ctx.draft_tokens}: not compared", {"now": now})
-    found = compare(now, metrics, ctx.settings.min_accept_fraction, ctx.settings.min_throughput_fraction)
+    fingerprint = (ctx.memory.deployment or {}).get("drafter_fingerprint") or ctx.memory.drafter_fingerprint
+    unchanged = bool(fingerprint) and fingerprint == good.get("drafter_fingerprint")
+    try:
+        found = compare(now, metrics, ctx.settings.min_accept_fraction, ctx.settings.min_throughput_fraction,
+                        control=ctx.memory.control, unchanged=unchanged)
+    except TooFewRounds as exc:
+        raise BenchmarkHarnessFailed(f"{ctx.host.name}: throughput gate: {exc}") from None
     data = {"now": now, "last_good": metrics, "comparisons": found.lines,
             "same_as_last_good": same_deployment(good, ctx.memory.deployment)}
     if found.throughput is not None:
@@ -150,4 +181,7 @@ def run(ctx: StepContext) -> StepOutcome:
     if found.inconclusive:
         return StepOutcome("ok", "INCONCLUSIVE (no rollback, no quarantine; the previous bar is kept): "
                                  + "; ".join(found.lines), data)
+    if found.drift:
+        return StepOutcome("ok", "HOST DRIFT, not the checkpoint (the deployment stays; the bar is measured again "
+                                 "tonight): " + "; ".join(found.lines), data)
     return StepOutcome("ok", "; ".join(found.lines), data)

@@ -1,7 +1,7 @@
 """swap-drafter: put a new drafter into the running server instead of reloading the target.
 
 Opt in (``drafter_update: swap`` on the run, ``restart --swap-drafter``; ``--reload`` refuses it):
-not yet seen on real GPUs. ``drafter_swap.swap_decision`` says swap or reload, and why; on reload
+not yet seen on real GPUs. ``swap_decision.swap_decision`` says swap or reload, and why; on reload
 this step does nothing and the playbook's stop/free/launch steps run as always.
 
 A swap, through SGLang's weight-update session (0.5.21+, deploy/remote/drafter_swap.py under the
@@ -19,19 +19,20 @@ rollback. The server is never recorded as serving a drafter that was not verifie
 from __future__ import annotations
 
 import dataclasses
-import json
 from datetime import datetime, timezone
 from typing import Any, Literal
 
 from pydantic import Field
 
-from deploy.base.errors import DeployError
-from deploy.facts.drafter_swap import SENDER, SwapInspection, inspect_command, parse_inspection, parse_send, send_command
-from deploy.facts.server import ServerState, deployment_path, parse_server_state
-from deploy.base.shell import quote, quote_path
+from deploy.base.errors import ConnectionFailed, DeployError, Interrupted
+from deploy.facts.drafter_swap import (SENDER, SendSummary, SwapInspection, inspect_command, parse_inspection,
+                                      parse_send, send_command)
+from deploy.facts.server import ServerState, deployment_path, parse_server_state, record_stdin
+from deploy.base.shell import quote_path
 from deploy.steps import converge, verify_acceptance
-from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings
-from deploy.steps.drafter_swap import RunningServer, SwapDecision, base_gpu_id, swap_decision
+from deploy.base.terminal import safe_line
+from deploy.steps.base import Action, Command, CommandResult, StepContext, StepOutcome, StepSettings
+from deploy.steps.swap_decision import RunningServer, SwapDecision, base_gpu_id, swap_decision
 from deploy.steps.launch import _written, desired, env_path
 
 NAME = "swap-drafter"
@@ -100,15 +101,39 @@ def after_action(ctx: StepContext) -> Command:
                                description="read the running server again: the same PID, alive, /health 200")
 
 
-def record_action(ctx: StepContext, record: dict | None = None, pid: int | None = None) -> Command:
-    text = quote(json.dumps(record, sort_keys=True)) if record is not None else "'<the deployment record>'"
+def _record_command(ctx: StepContext, pid: int | None) -> str:
     path = quote_path(deployment_path(ctx.paths.root))
-    payload = "printf '%s\\n' " + text
-    return Command(description="deployment record: swapped (the served drafter and what was verified) or swap-failed "
-                               "(no fingerprint: nothing converges on a server whose drafter is unknown)",
-                   when="tensors were sent",
-                   command=f"pid={pid if pid is not None else '<pid>'}; {_written(ctx, path, payload, 'the deployment record')}",
-                   timeout_s=30, what="deployment record")
+    return f"pid={pid if pid is not None else '<pid>'}; {_written(ctx, path, None, 'the deployment record')}"
+
+
+def _record_write(ctx: StepContext, record: dict | None, pid: int | None, **fields: Any) -> Command:
+    """The record on the command's stdin (launch.record_stdin: never on its command line, 1 MiB at most)."""
+    data = record_stdin(record, ctx.host.name, "the deployment record") if record is not None else None
+    return Command(command=_record_command(ctx, pid), stdin=data, stdin_shown="the deployment record (JSON)",
+                   timeout_s=30, what="deployment record", **fields)
+
+
+def mark_action(ctx: StepContext, record: dict | None = None, pid: int | None = None) -> Command:
+    """Before the first tensor leaves (issue 38): from here until a verified answer the server's
+    drafter is unknown, whatever ends the swap (a signal, a crash of the sender or of deployctl)."""
+    return _record_write(ctx, record, pid,
+                         description="deployment record: swapping (no fingerprint until the swap is verified: a swap "
+                                     "cut short by a signal or a crash leaves a server that nothing converges on)",
+                         when="the swap decision is swap, before the first tensor leaves")
+
+
+def restore_action(ctx: StepContext, record: dict | None = None, pid: int | None = None) -> Command:
+    return _record_write(ctx, record, pid,
+                         description="deployment record: put back as it was (the server refused the swap before any "
+                                     "tensor was sent)",
+                         when="the server refused the session before any tensor was sent")
+
+
+def record_action(ctx: StepContext, record: dict | None = None, pid: int | None = None) -> Command:
+    return _record_write(ctx, record, pid,
+                         description="deployment record: swapped (the served drafter and what was verified) or "
+                                     "swap-failed (no fingerprint: nothing converges on a server whose drafter is unknown)",
+                         when="tensors were sent")
 
 
 def state_action(ctx: StepContext) -> Command:
@@ -122,8 +147,8 @@ def plan(ctx: StepContext) -> list[Action]:
     decision = decide(ctx)
     if decision.path == "reload":
         return [dataclasses.replace(state_action(ctx), when="never in this run: the steps below reload")]
-    return [state_action(ctx), inspect_action(ctx), send_action(ctx), after_action(ctx),
-            *verify_acceptance.plan(_verify_ctx(ctx)), record_action(ctx)]
+    return [state_action(ctx), inspect_action(ctx), mark_action(ctx), send_action(ctx), restore_action(ctx),
+            after_action(ctx), *verify_acceptance.plan(_verify_ctx(ctx)), record_action(ctx)]
 
 
 def _state(ctx: StepContext) -> ServerState:
@@ -156,48 +181,79 @@ def run(ctx: StepContext) -> StepOutcome:
     return _swap(ctx, state, decision)
 
 
+def sender_died(result: CommandResult) -> str:
+    """Why the sender printed no summary, in one line: its exit status and its last line that says
+    something (a traceback's last line, not the ``^^^^`` under it), sanitised and cut."""
+    code = result.exit_code
+    how = f"the sender exited with code {code}" + (" (killed: SIGKILL, e.g. out of memory)" if code in (137, -9) else "")
+    words = [line.strip() for line in (result.stderr or "").splitlines()
+             if line.strip() and not set(line.strip()) <= set("^~ ") and not line.startswith((" ", "Traceback"))]
+    return how + (f"; its last words: {safe_line(words[-1])[:200]!r}" if words else ", with no output")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _marked(record: dict[str, Any], how: str, fingerprint: str | None, **more: Any) -> dict[str, Any]:
+    """The running record with its drafter unknown (no fingerprint, ``drafter_update.how``: swapping or
+    swap-failed; deploy/host/deployment.py UNKNOWN_DRAFTER): its argv, PID and launched_argv stay,
+    which stop and the PID check compare."""
+    return record | {"drafter_fingerprint": None,
+                     "drafter_update": {"how": how, "at": _now(), "from": record.get("drafter_fingerprint"),
+                                        "to": fingerprint, **more}}
+
+
+def _failed(ctx: StepContext, state: ServerState, fingerprint: str | None, why: str,
+            verified: dict[str, Any]) -> StepOutcome:
+    # The server may hold the new drafter, the old one or a mix: nothing may converge on it.
+    assert state.record is not None
+    ctx.execute(record_action(ctx, _marked(state.record, "swap-failed", fingerprint, why=why), state.pid))
+    ctx.memory.verify = None
+    ctx.progress(f"swap failed verification: {why}; reloading the new drafter")
+    return _reload(ctx, f"the swap failed verification: {why}", {"sent": True, "verified": verified})
+
+
+#: errors after which no further command is sent: the swapping mark on the host says what is known
+_STOPS = (Interrupted, ConnectionFailed)
+
+
 def _swap(ctx: StepContext, state: ServerState, decision: SwapDecision) -> StepOutcome:
     assert state.record is not None
     wanted = desired(ctx)
     fingerprint = wanted.drafter_fingerprint
     ctx.progress(f"swapping the drafter into pid {state.pid}: {decision.reason}")
-    summary = parse_send(ctx.execute(send_action(ctx)).stdout, ctx.host.name)
+    ctx.execute(mark_action(ctx, _marked(state.record, "swapping", fingerprint), state.pid))
+    try:
+        # its exit status is judged here, not by check(): a dead sender is an unknown outcome, not exit 1
+        sent = ctx.execute(dataclasses.replace(send_action(ctx), what=None))
+        if sent.exit_code != 0:
+            return _failed(ctx, state, fingerprint, f"the swap's outcome is unknown: {sender_died(sent)}", {})
+        summary = parse_send(sent.stdout, ctx.host.name)
+    except _STOPS:
+        raise
+    except DeployError as exc:
+        # the sender outlived its bound, or printed what is not its summary: tensors may have gone
+        # out, the server's drafter is unknown
+        return _failed(ctx, state, fingerprint, f"the swap's outcome is unknown: {str(exc).splitlines()[0][:300]}",
+                       {})
     if not summary.sent:
         # refused before any tensor was sent (version, key, session): the server is as it was
+        ctx.execute(restore_action(ctx, state.record, state.pid))
         why = f"the server refused the swap at {summary.stage} (HTTP {summary.http_status}: {summary.message})"
         return _reload(ctx, why, {"sent": False})
-    failures = []
-    if not summary.ok:
-        failures.append(f"{summary.stage} failed (HTTP {summary.http_status}: {summary.message})")
-    elif summary.weight_version != fingerprint:
-        failures.append(f"/model_info reports weight_version {summary.weight_version!r}, not {fingerprint!r}")
     verified: dict[str, Any] = {"weight_version": summary.weight_version, "format": summary.format,
                                 "tensors": summary.tensors, "send_s": summary.seconds, "cache_flushed": summary.flushed}
-    if not failures:
-        after = parse_server_state(ctx.execute(after_action(ctx)).stdout, ctx.host.name)
-        if after.pid != state.pid or not after.healthy:
-            failures.append(f"the server is not the one swapped into (pid {state.pid} -> {after.pid}, "
-                            f"alive {after.alive}, /health {after.status})")
-        verified["pid"] = after.pid
-    if not failures:
-        try:
-            outcome = verify_acceptance.run(_verify_ctx(ctx))
-            verified["accept_length"] = outcome.data.get("accept_length")
-        except DeployError as exc:
-            failures.append(str(exc).splitlines()[0])
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    previous = state.record.get("drafter_fingerprint")
+    try:
+        failures = _verify(ctx, state, summary, fingerprint, verified)
+    except _STOPS:
+        raise
+    except DeployError as exc:
+        failures = [f"verifying the swap failed: {str(exc).splitlines()[0][:300]}"]
     if failures:
-        why = "; ".join(failures)
-        # The server may hold the new drafter, the old one or a mix: nothing may converge on it.
-        marked = state.record | {"drafter_fingerprint": None,
-                                 "drafter_update": {"how": "swap-failed", "at": now, "from": previous,
-                                                    "to": fingerprint, "why": why}}
-        ctx.execute(record_action(ctx, marked, state.pid))
-        ctx.memory.verify = None
-        ctx.progress(f"swap failed verification: {why}; reloading the new drafter")
-        return _reload(ctx, f"the swap failed verification: {why}", {"sent": True, "verified": verified})
-    update = {"how": "swapped", "at": now, "from": previous, "to": fingerprint,
+        return _failed(ctx, state, fingerprint, "; ".join(failures), verified)
+    previous = state.record.get("drafter_fingerprint")
+    update = {"how": "swapped", "at": _now(), "from": previous, "to": fingerprint,
               "verified": verified}
     record = wanted.record() | {"pid": state.pid, "log": state.record.get("log"), "launched_at": state.record.get("launched_at"),
                         "launched_argv": state.record.get("launched_argv") or state.record.get("argv"),
@@ -209,3 +265,25 @@ def _swap(ctx: StepContext, state: ServerState, decision: SwapDecision) -> StepO
     return StepOutcome("ok", f"swapped into pid {state.pid} in {summary.seconds:.1f} s: weight_version "
                              f"{str(fingerprint)[:12]}, accept length {verified.get('accept_length')}, no restart",
                        {"path": "swap", "reason": decision.reason, "pid": state.pid, "verified": verified})
+
+
+def _verify(ctx: StepContext, state: ServerState, summary: SendSummary, fingerprint: str | None,
+            verified: dict[str, Any]) -> list[str]:
+    """What is wrong with a swap whose tensors went out (empty: verified, as after a launch)."""
+    if not summary.ok:
+        return [f"{summary.stage} failed (HTTP {summary.http_status}: {summary.message})"]
+    if summary.weight_version != fingerprint:
+        return [f"/model_info reports weight_version {summary.weight_version!r}, not {fingerprint!r}"]
+    after = parse_server_state(ctx.execute(after_action(ctx)).stdout, ctx.host.name)
+    verified["pid"] = after.pid
+    if after.pid != state.pid or not after.healthy:
+        return [f"the server is not the one swapped into (pid {state.pid} -> {after.pid}, "
+                f"alive {after.alive}, /health {after.status})"]
+    try:
+        outcome = verify_acceptance.run(_verify_ctx(ctx))
+        verified["accept_length"] = outcome.data.get("accept_length")
+    except _STOPS:
+        raise
+    except DeployError as exc:
+        return [str(exc).splitlines()[0]]
+    return []

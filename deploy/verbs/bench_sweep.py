@@ -55,6 +55,16 @@ def has_step(playbook, name: str) -> bool:
     return any(s.name == name for s in playbook.steps)
 
 
+def benchmark_load(playbook) -> dict[str, Any]:
+    """The benchmark step's load (prompts, concurrency, lengths, rounds) as the sweep runs it: the
+    report's header names it even when no round measured anything."""
+    step = next((s for s in playbook.steps if s.name == "benchmark"), None)
+    if step is None:
+        return {}
+    keys = ("num_prompts", "max_concurrency", "output_len", "input_len", "rounds", "dataset")
+    return {key: getattr(step.settings, key, None) for key in keys}
+
+
 def round_playbook(playbook, run: Run, configured: Run):
     """The playbook of one round: a sweep value is never recorded as the last good deployment."""
     if run.draft_tokens == configured.draft_tokens or not has_step(playbook, "record-good"):

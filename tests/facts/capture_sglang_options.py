@@ -9,7 +9,10 @@ For each ``sglang-<version>-*.whl`` it stores two things:
 * ``sglang/srt/...``: the source files SGLang builds ``launch_server``'s parser from, as the wheel
   has them: ``srt/server_args.py`` and, where the version has them, ``srt/arg_groups/arg_utils.py``
   (``Arg``, ``add_cli_args_from_dataclass``), ``argparse_actions.py``, ``choices.py`` and
-  ``fields/*.py`` (0.5.2x keeps the ServerArgs fields there). The doctor's reader
+  ``fields/*.py`` (0.5.2x keeps the ServerArgs fields there), and the files the value checks follow:
+  ``utils/common.py`` (``human_readable_int``, ``json_list_type``), ``model_executor/cuda_graph_config.py``,
+  ``parser/reasoning_parser_names.py`` and ``function_call/parser_names.py`` (0.5.23's parser lists),
+  ``kv_canary/consts.py`` (``RealKvHashMode``: 0.5.15 under ``sglang/jit_kernel``, 0.5.23 ``sglang/kernels/ops``). The doctor's reader
   (deploy/remote/sglang_cli.py) reads these with ``ast``; tests/unit/test_sglang_options.py runs it here.
 * ``expected.json``: the options of the REAL parser, by an independent method: the wheel's own
   ``ServerArgs.add_cli_args(argparse.ArgumentParser())`` executed, with SGLang's own
@@ -46,7 +49,11 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(__file__).resolve().parent / "sglang_options"
 #: the files the parser is built from (their paths inside the wheel)
 PARSER_FILES = re.compile(r"^sglang/srt/(server_args\.py|arg_groups/(arg_utils|argparse_actions|choices|field_order)\.py"
-                          r"|arg_groups/fields/[A-Za-z0-9_]+\.py)$")
+                          r"|arg_groups/fields/[A-Za-z0-9_]+\.py"
+                          # the type= functions and run-time choice lists the reader follows (issue 40)
+                          r"|utils/common\.py|model_executor/cuda_graph_config\.py|parser/reasoning_parser_names\.py"
+                          r"|function_call/parser_names\.py)$"
+                          r"|^sglang/(kernels/ops|jit_kernel)/kv_canary/consts\.py$")  # RealKvHashMode (0.5.23, 0.5.15)
 #: third-party packages SGLang's modules import at module level: stubs while the real parser is built
 STUBBED = ("torch torchvision torchao transformers numpy triton packaging psutil requests zmq huggingface_hub "
            "safetensors fastapi uvicorn orjson aiohttp setproctitle sgl_kernel flashinfer einops tqdm PIL pydantic "
@@ -59,10 +66,12 @@ REAL_MODULES = ("sglang.srt.server_args", "sglang.srt.arg_groups.arg_utils", "sg
 RUN_TIME = "computed at run time"
 
 # The real-parser builder, run under --python (a Python with msgspec) as a separate process.
-BUILDER = r'''
+# (capture_sglang_verdicts.py runs BUILD_PARSER with more real modules, then parses argvs with it.)
+BUILD_PARSER = r'''
 import argparse, importlib.abc, importlib.machinery, json, os, sys, types
 ROOT, STUBBED, REAL, RUN_TIME = sys.argv[1], set(sys.argv[2].split(",")), tuple(sys.argv[3].split(",")), sys.argv[4]
-PACKAGES = ("sglang", "sglang.srt", "sglang.srt.arg_groups")
+#: packages whose __init__ is not run (it imports the runtime): the builder's own, plus argv[5]
+PACKAGES = ("sglang", "sglang.srt", "sglang.srt.arg_groups") + tuple(filter(None, (sys.argv[5:6] or [""])[0].split(",")))
 ABSENT = {"npu", "hpu", "xpu", "musa", "mlu", "mps"}  # torch.npu etc.: SGLang probes hasattr(torch, ...)
 KEEP = {"__wrapped__", "__signature__", "__origin__", "__args__", "__parameters__", "__qualname__", "__annotations__",
         "__dataclass_fields__", "__struct_fields__", "__get__", "__set_name__", "__class_getitem__",
@@ -140,6 +149,8 @@ sys.meta_path.insert(0, Finder())
 from sglang.srt.server_args import ServerArgs
 parser = argparse.ArgumentParser()
 ServerArgs.add_cli_args(parser)
+'''
+LIST_OPTIONS = r'''
 out = []
 for action in parser._actions:
     if action.option_strings in ([], ["-h", "--help"]):
@@ -152,6 +163,7 @@ for action in parser._actions:
     out.append({"names": list(action.option_strings), "nargs": action.nargs, "choices": choices})
 json.dump(out, sys.stdout, indent=None)
 '''
+BUILDER = BUILD_PARSER + LIST_OPTIONS
 
 
 def real_parser(python: str, tree: Path) -> list[dict]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import stat
 from pathlib import Path
 from typing import Callable
@@ -25,26 +24,9 @@ from deploy.base.errors import ExitCode
 from deploy.local.state import LocalStateError, replace_file
 from deploy.render import bench_report
 from deploy.verbs import status
+from tests.hostile.test_safe_writes import _char_device, _socket
 
 NOBODY = 65534
-
-
-def _socket(path: Path) -> None:
-    cwd = os.getcwd()
-    os.chdir(path.parent)  # AF_UNIX paths are at most 108 bytes
-    try:
-        sock = socket.socket(socket.AF_UNIX)
-        sock.bind(path.name)
-        sock.close()
-    finally:
-        os.chdir(cwd)
-
-
-def _device(path: Path) -> None:
-    try:  # a /dev/null of the scratch dir (major 1, minor 3); needs CAP_MKNOD
-        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
-    except PermissionError:
-        pytest.skip("mknod needs CAP_MKNOD")
 
 
 #: name -> (plant(at, victim_dir), words the refusal must say)
@@ -60,7 +42,7 @@ PLANTS: dict[str, tuple[Callable[[Path, Path], None], str]] = {
     "hardlink-to-victim": (lambda at, v: os.link(v / "passwd", at), "hard link"),
     "fifo": (lambda at, v: os.mkfifo(at), "a FIFO"),
     "socket": (lambda at, v: _socket(at), "a socket"),
-    "device": (lambda at, v: _device(at), "a character device"),
+    "device": (lambda at, v: _char_device(at), "a character device"),
     "directory": (lambda at, v: at.mkdir(), "a directory"),
 }
 

@@ -24,7 +24,8 @@ from deploy.remote import fleet_ops
 
 NOBODY = 65534
 #: a stand-in router process: its command line carries a router mark; it listens when asked
-LISTENER = ("import socket, sys, time\n"
+LISTENER = ("import signal, socket, sys, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a router dies on SIGTERM, whatever it inherited\n"
             "s = socket.socket()\n"
             "s.bind(('127.0.0.1', 0)); s.listen()\n"
             "print(s.getsockname()[1], flush=True)\n"

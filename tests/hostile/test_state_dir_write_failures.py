@@ -128,3 +128,34 @@ def test_helper_upload_failure_mapping(exc, code):
     with pytest.raises(DeployError) as caught:
         Failing(host).upload("/srv/d/helpers", [(b"x", "/srv/d/helpers/host_ops.py", 0o600)])
     assert caught.value.exit_code == code and "host_ops.py" in str(caught.value)
+
+
+@pytest.mark.parametrize("how", ["full-inodes", "full"])
+def test_a_full_state_dir_says_the_disk_is_full_which_path_and_what_is_free(tmpfs, how):
+    """Issue 39: the lock on a full disk was exit 10 with a traceback's last line, and the host's headline said
+    "another deployctl may be changing the host"."""
+    from deploy.engine.session import lock_refused_why
+
+    state = tmpfs("size=1m,nr_inodes=1") if how == "full-inodes" else tmpfs("size=64k")
+    if how == "full":
+        _fill(state)
+    held = _run_lock_helper(state)
+    if held.exit_code == 0:
+        pytest.skip("tmpfs still had room for the lock file's inode and owner file")
+    assert "Traceback" not in held.stderr
+    host = Host(name="gpu-a", address="10.0.0.1").model_copy(update={"state_dir": str(state)})
+    with pytest.raises(DeployError) as caught:
+        acquire_host_lock(Conn(held), host, {"pid": 1})
+    text = str(caught.value)
+    assert caught.value.exit_code == ExitCode.IO
+    assert f"the disk of state_dir {state} is full" in text and "MiB and" in text and "inodes free" in text, text
+    assert "another deployctl" not in lock_refused_why(caught.value)
+    assert "could not be written" in lock_refused_why(caught.value)
+
+
+def test_only_a_held_lock_is_blamed_on_another_deployctl():
+    from deploy.base.errors import LockHeld
+    from deploy.engine.session import lock_refused_why
+
+    assert "another deployctl" in lock_refused_why(LockHeld("locked by ..."))
+    assert "another deployctl" not in lock_refused_why(RemoteOutputError("the host lock helper printed 'x'"))

@@ -107,6 +107,8 @@ def test_failing_doctor_keeps_the_running_server(clean_sandbox, tmp_path, capsys
         ("gpu-devices", {"host": {"gpu_devices": "~/nodev/nvidia*"}}, None, "matches no file"),
         ("state-dir", {"host": {"min_free_mib": 10 ** 12}}, None, "min_free_mib"),
         ("target-capture", {}, kimi_on_059, "KimiK25ForConditionalGeneration"),
+        # issue 40: a value the option's type refuses, through the host's reading of SGLang's options
+        ("extra-args", {"run": {"extra_args": ["--context-length", "4x"]}}, None, "--context-length '4x'"),
     ]
     for check, overrides, toggle, fragment in cases:
         config = yaml.safe_load(base.read_text())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import time
 
 import pytest
@@ -115,7 +116,8 @@ def test_swap_keeps_the_pid_reports_the_fingerprint_and_serves_the_new_drafter(c
     assert verified["accept_length"] >= 1.5
     assert record(clean_sandbox, "last-good.json")["drafter_update"]["how"] == "swapped"
     assert history.read()[-1]["drafter_update"]["how"] == "swapped"
-    assert "sandbox-admin" not in json.dumps(swap)  # the key never reaches a report
+    assert "sandbox-admin" not in json.dumps(doc)  # the key never reaches a report (issue 38: masked, ***)
+    assert "--admin-api-key ***" in json.dumps(doc) or '"--admin-api-key", "***"' in json.dumps(doc)
 
     # the swapped server is what this run wants: a plain restart converges on it (same PID)
     code, doc = cli_json(capsys, "--config", str(path), "restart", "--json")
@@ -246,3 +248,81 @@ def test_behind_a_router_a_swap_stays_in_rotation_and_a_refused_one_is_drained_f
     assert server_pid(sb, "sb3") != pids["sb3"]
     assert client.stats.failed == 0, client.stats.errors[:5]
     assert sorted(w["url"] for w in router_workers(sb)) == sorted(worker_url(sb, h) for h in hosts)
+
+
+def answers(sandbox, overrides: dict | None) -> None:
+    """The stand-in's hostile-answer knob (~/.sim/answers.json, launch_server.answer_override)."""
+    command = (f"printf '%s' {shlex.quote(json.dumps(overrides))} > ~/.sim/answers.json" if overrides
+               else "rm -f ~/.sim/answers.json")
+    assert sandbox.run("sb1", command).returncode == 0
+
+
+@pytest.mark.parametrize("path,answer", [("/model_info", {"body": "deep"}),
+                                         ("/end_weight_update", {"body": "deep"}),
+                                         ("/model_info", {"body": '{"weight_version": 12345}'})],
+                         ids=["model-info-deep", "end-deep", "model-info-weight-version-int"])
+def test_an_unreadable_answer_after_the_tensors_went_out_ends_on_a_verified_reload(clean_sandbox, tmp_path, capsys,
+                                                                                  path, answer):
+    """Issue 38: before, exit 1 ("drafter swap failed with exit code 1: ^^^^") or 5, deployment.json
+    still naming the old drafter, "untouched by this run", and the next restart "already running as
+    desired" on a server holding new, unverified weights."""
+    config_path = config(clean_sandbox, tmp_path, drafter_update="swap")
+    code, doc = cli_json(capsys, "--config", str(config_path), "up", "--json")
+    assert code == 0, doc
+    new_checkpoint(clean_sandbox, "2")
+    answers(clean_sandbox, {path: answer})
+    try:
+        code, doc = cli_json(capsys, "--config", str(config_path), "restart", "--json")
+    finally:
+        answers(clean_sandbox, None)
+    assert code == 0, doc
+    steps = steps_of(doc)
+    swap = steps["swap-drafter"]
+    assert swap["data"]["path"] == "reload" and swap["data"]["sent"] is True, swap
+    assert "the swap failed verification" in swap["detail"] and "^^^" not in swap["detail"]
+    assert steps["launch"]["status"] == "ok" and steps["verify-acceptance"]["status"] == "ok"
+    now = record(clean_sandbox)
+    assert now["drafter_fingerprint"] == steps["fix-keys"]["data"]["fingerprint"] and "drafter_update" not in now
+    assert "untouched" not in json.dumps(doc["hosts"][0].get("serving"))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_signal_during_the_update_leaves_a_server_nothing_converges_on(clean_sandbox, tmp_path, capsys, signum):
+    """SIGTERM (or SIGKILL: no report at all) to deployctl while the tensors are in flight: exit 143,
+    deployment.json says the drafter is unknown (``swapping``), the report does not say "untouched",
+    and the next restart with the OLD drafter reloads instead of "already running as desired"."""
+    from tests.integration.test_safe_redeploy import deployctl, read_until
+
+    config_path = config(clean_sandbox, tmp_path, drafter_update="swap")
+    code, doc = cli_json(capsys, "--config", str(config_path), "up", "--json")
+    assert code == 0, doc
+    old = record(clean_sandbox)
+    weights = f"{clean_sandbox.host('sb1').drafter_dir}/model.safetensors"
+    assert clean_sandbox.run("sb1", f"cp {weights} {weights}.old").returncode == 0
+    new_checkpoint(clean_sandbox, "2")
+    answers(clean_sandbox, {"/update_weights_from_tensor": {"body": '{"success": true, "message": "Success"}',
+                                                            "sleep": 20}})
+    proc = deployctl("--config", str(config_path), "restart")
+    try:
+        read_until(proc, "swapping the drafter into pid")
+        time.sleep(2)  # the sender is inside /update_weights_from_tensor (the stand-in sleeps 20 s)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        answers(clean_sandbox, None)
+    assert proc.returncode == (143 if signum == signal.SIGTERM else -signal.SIGKILL), err
+    assert "untouched" not in err and "Traceback" not in err
+    marked = record(clean_sandbox)
+    assert marked["drafter_fingerprint"] is None and marked["drafter_update"]["how"] in ("swapping", "swap-failed")
+    assert marked["pid"] == old["pid"]
+    # the old drafter back: the server holds weights nobody verified, so it is reloaded, not "as desired"
+    assert clean_sandbox.run("sb1", f"mv {weights}.old {weights}").returncode == 0
+    code, doc = cli_json(capsys, "--config", str(config_path), "restart", "--json")
+    assert code == 0, doc
+    steps = steps_of(doc)
+    assert steps["converge"]["data"]["converged"] is False and "drafter unknown" in steps["converge"]["detail"]
+    assert steps["launch"]["status"] == "ok" and steps["launch"]["data"]["pid"] != old["pid"]
+    now = record(clean_sandbox)
+    assert now["drafter_fingerprint"] == steps["fix-keys"]["data"]["fingerprint"] and "drafter_update" not in now

@@ -238,6 +238,7 @@ def test_plan_changes_nothing_on_the_host(clean_sandbox, tmp_path, capsys):
 
 
 def test_logs_shows_the_latest_server_log(clean_sandbox, tmp_path, capsys):
+    """Also `logs --json` (issue 42) over the same deploy: the host's log path and its lines."""
     from deploy.cli.main import main
 
     path = one_host_config(clean_sandbox, tmp_path)
@@ -246,6 +247,12 @@ def test_logs_shows_the_latest_server_log(clean_sandbox, tmp_path, capsys):
     assert main(["-c", str(path), "logs", "-n", "200"]) == 0
     out = capsys.readouterr().out
     assert "==> sb1:" in out and "The server is fired up and ready to roll!" in out
+    [header] = [line for line in out.splitlines() if line.startswith("==> sb1:")]
+    code, doc = cli_json(capsys, "-c", str(path), "logs", "--json", "-n", "200")
+    assert code == 0 and doc["ok"] is True and doc["exit_code"] == 0
+    [host] = doc["hosts"]
+    assert host["host"] == "sb1" and header == f"==> sb1: {host['path']} <=="
+    assert any("The server is fired up and ready to roll!" in line for line in host["lines"]) and len(host["lines"]) <= 200
 
 
 def test_logs_follow_streams_and_stops_on_ctrl_c(clean_sandbox, tmp_path, capsys):

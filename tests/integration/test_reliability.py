@@ -4,6 +4,7 @@ deployment, or refused before anything was stopped. SIMULATED GPUs and SGLang (s
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -180,6 +181,35 @@ def test_two_state_dirs_on_one_host_contend_for_its_gpus(clean_sandbox, tmp_path
             first.kill()
     assert first.returncode == 0
     serving_pid(clean_sandbox)
+
+
+def test_a_hard_link_planted_at_a_gpu_lock_is_refused_and_its_target_kept(clean_sandbox, tmp_path, capsys):
+    """Issue 38: `ln VICTIM /run/lock/deployctl-gpu-<sha24>.lock` by another user of the host made `down`
+    truncate VICTIM (the lock's owner note was written through the link). Refused, exit 10 naming it."""
+    from deploy.remote import host_lock
+
+    h = clean_sandbox.host("sb1")
+    path = config(clean_sandbox, tmp_path)
+    [(_, lock), *_] = host_lock.gpu_lock_paths(h.gpu_glob, host_lock.shared_dir())
+    victim = f"{os.path.dirname(lock)}/deployctl-test-victim-{os.getpid()}-{h.user}"
+    import pwd
+
+    if os.path.lexists(lock):
+        os.unlink(lock)  # as root here: the lock file may be an earlier run's (of any user)
+    with open(victim, "wb") as planted:
+        planted.write(b"keep me\n")
+    os.chown(victim, pwd.getpwnam(h.user).pw_uid, pwd.getpwnam(h.user).pw_gid)  # the deploy user's own file
+    os.link(victim, lock)
+    try:
+        code, doc = cli_json(capsys, "-c", str(path), "down", "--json")
+        assert code == ExitCode.IO, json.dumps(doc, indent=1)
+        assert lock in doc["hosts"][0]["error"] and "hard link" in doc["hosts"][0]["error"]
+        with open(victim, "rb") as kept:
+            assert kept.read() == b"keep me\n"
+        assert os.stat(victim).st_nlink == 2
+    finally:
+        for name in (lock, victim):
+            os.unlink(name)
 
 
 def test_disjoint_hosts_of_one_run_proceed_in_parallel(clean_sandbox, tmp_path, capsys):

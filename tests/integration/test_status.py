@@ -154,13 +154,13 @@ def test_watch_redraws_in_place_on_a_tmux_terminal(clean_sandbox, tmp_path, caps
 
         def redrawn() -> bool:
             screen = pane()
-            lines = [ln for ln in screen.splitlines() if "deployctl status, run" in ln]
+            lines = [ln for ln in screen.splitlines() if "live / last good, min" in ln]
             if len(lines) == 1:  # one table on the screen: redrawn in place, never scrolled
                 stamps.add(lines[0])
             return len(stamps) >= 2 and str(pid) in screen and "healthy" in screen
 
         wait_until(redrawn, timeout=60, interval=0.2, what="two redraws of the table in place")
-        assert pane().count("deployctl status, run") == 1
+        assert pane().count("live / last good, min") == 1
         subprocess.run(tmux + ["send-keys", "-t", session, "C-c"], check=True)
         wait_until(lambda: "EXIT=0" in pane(), timeout=20, what="exit 0 after Ctrl-C")
     finally:

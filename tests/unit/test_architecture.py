@@ -183,9 +183,9 @@ def test_no_product_file_over_700_lines():
 FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     # pure leaves and the host-side programs: import nothing above
     ("base", {
-        "deploy.base": ("__init__", "errors", "limits", "shell", "signals", "terminal"),
+        "deploy.base": ("__init__", "errors", "limits", "secrets", "shell", "signals", "terminal"),
         "deploy.remote": ("__init__", "doctor_facts", "drafter_swap", "fleet_ops", "host_lock", "host_ops",
-                          "listeners", "quarantine", "server_status", "sglang_cli", "state_files"),
+                          "listeners", "quarantine", "server_status", "sglang_cli", "sglang_source", "state_files"),
         "deploy.remote.fixer": ("__init__", "__main__", "checkpoint", "cli", "config", "conversion", "errors",
                                 "fileio", "header", "loader", "plan", "rename", "restoration", "sidecar", "store"),
     }),
@@ -195,9 +195,10 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     }),
     # reaching a host, what it runs, what is kept locally
     ("reach", {
-        "deploy.ssh": ("__init__", "agent", "bounded_channel", "config", "config_eval", "hop", "transport", "trust"),
+        "deploy.ssh": ("__init__", "agent", "bounded_channel", "config", "config_eval", "hop", "process_group", "transport",
+                       "trust"),
         "deploy.host": ("__init__", "deployment", "sglang_argv", "state_layout"),
-        "deploy.local": ("__init__", "canary_gate", "datasets", "history", "state", "throughput_gate"),
+        "deploy.local": ("__init__", "canary_gate", "datasets", "history", "same_night", "state", "throughput_gate"),
     }),
     # command builders and strict parsers; the doctor"s judgements over them
     ("facts", {
@@ -208,10 +209,10 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     }),
     # one module per playbook step
     ("steps", {
-        "deploy.steps": ("__init__", "base", "benchmark", "converge", "doctor", "drafter_swap", "ensure_helper",
+        "deploy.steps": ("__init__", "base", "benchmark", "converge", "doctor", "ensure_helper",
                          "failure_cause", "fix_keys", "free_gpus", "launch", "memory", "quarantine", "record_good",
-                         "regression_gate", "stop_stale", "swap_drafter", "verify_acceptance", "wait_gpus_free",
-                         "wait_ready"),
+                         "regression_gate", "same_night_control", "stop_stale", "swap_decision", "swap_drafter",
+                         "verify_acceptance", "wait_gpus_free", "wait_ready"),
     }),
     # the host session, playbooks, locks, fan-out
     ("engine", {

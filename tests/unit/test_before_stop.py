@@ -314,3 +314,63 @@ def test_the_sandbox_nvidia_smi_reports_memory_no_listed_process_holds(tmp_path,
                           capture_output=True, text=True, env=env, timeout=30)
     assert [int(x) for x in gpus.stdout.split()] == used
     assert apps.stdout == ""  # nobody holds it
+
+
+# --- issue 39: another user's GPU holder is never killed unasked, and the doctor names every one ----------
+
+import os  # noqa: E402
+
+from deploy.doctor.before_stop import check_gpu_holders  # noqa: E402
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a process of another user (uid 65534) needs root")
+
+
+def device_holder(host: Host, device: Path, user: int | None) -> int:
+    """A process holding ``device`` open: opened here and inherited, so uid 65534 needs no path to it."""
+    fd = os.open(device, os.O_RDONLY)
+    try:
+        kwargs = {"user": user, "group": user} if user is not None else {}
+        proc = subprocess.Popen(["sleep", "60"], pass_fds=(fd,), **kwargs)
+    finally:
+        os.close(fd)
+    host.procs.append(proc)
+    return proc.pid
+
+
+@needs_root
+def test_deploying_as_root_another_users_gpu_memory_is_not_the_stops_to_free(host):
+    """Before issue 39 root "could end" any process, so the doctor passed; free-gpus then SIGKILLed it."""
+    theirs = subprocess.Popen(["sleep", "60"], user=65534, group=65534)
+    host.procs.append(theirs)
+    host.hold(3, 2048, theirs.pid)
+    check = check_gpu_memory(host.given(), StopPlan())
+    assert check.status == "fail" and f"pid {theirs.pid} python3 (uid 65534: another user's)" in check.reason
+    assert check_gpu_memory(host.given(), StopPlan(kill_other_users=True)).status == "pass"
+
+
+@needs_root
+def test_the_doctor_names_every_process_free_gpus_would_kill_and_each_it_leaves_alone(host):
+    device = host.root / "dev" / "nvidia2"
+    mine, theirs = device_holder(host, device, None), device_holder(host, device, 65534)
+    check = check_gpu_holders(host.given(), StopPlan())
+    assert check.status == "warn", check
+    assert f"free-gpus would kill pid {mine} (user root, uid 0): sleep 60" in check.reason
+    assert f"left alone (another user's; free-gpus kill_other_users: true to kill it): pid {theirs} (user nobody, " \
+           f"uid 65534)" in check.reason
+    told = check_gpu_holders(host.given(), StopPlan(kill_other_users=True))
+    assert told.status == "pass" and f"free-gpus would kill pid {theirs} (user nobody, uid 65534)" in told.reason
+
+
+def test_the_server_stop_stale_stops_is_not_listed_and_nothing_held_passes(host):
+    check = check_gpu_holders(host.given(), StopPlan())
+    assert check.status == "pass" and "would kill nothing" in check.reason
+    pid = device_holder(host, host.root / "dev" / "nvidia0", None)
+    host.our_server(pid)
+    assert "would kill nothing" in check_gpu_holders(host.given(), StopPlan()).reason
+
+
+def test_free_gpus_kill_other_users_reaches_the_doctor():
+    from deploy.engine.playbook import load_playbook
+
+    doctor = next(s for s in load_playbook("up").steps if s.name == "doctor")
+    assert doctor.settings.kill_other_users is False

@@ -1,8 +1,8 @@
 """The sweep report opens in a real headless Chromium (Debian's ``chromium``) with its charts.
 
-Two renders: ``--dump-dom`` (the DOM the browser built: the SVG charts, their lines and points,
-the best value ringed) and ``--screenshot`` (a PNG that is not blank: the chart's pixels are
-there). Offline: every network feature of Chromium is off, and the page needs none. Skipped, with
+Renders: ``--dump-dom`` (the DOM the browser built: the SVG charts, their lines and points,
+the best value ringed; the verdict and what was measured at the top) and ``--screenshot`` (a PNG
+that is not blank: the chart's pixels are there; two hosts whose lines coincide both stay visible). Offline: every network feature of Chromium is off, and the page needs none. Skipped, with
 the reason, where Chromium is missing (tests/bootstrap.sh installs it).
 """
 
@@ -20,6 +20,7 @@ import pytest
 
 from deploy.render import bench_report
 from tests.unit.test_bench_datasets import bench_report_rounds
+from tests.unit.test_bench_report import overlapping_doc, overlapping_rounds
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tests/bootstrap.sh installs "
@@ -110,3 +111,72 @@ def test_the_screenshot_shows_the_chart(page, tmp_path):
     keep = os.environ.get("DEPLOYCTL_KEEP_SCREENSHOT")
     if keep:
         shutil.copy(shot, keep)
+
+
+@pytest.fixture(scope="module")
+def overlap_page(tmp_path_factory) -> Path:
+    """Issue 42's page: three hosts, two of them measuring exactly the same, one failed round."""
+    return bench_report.write(overlapping_doc(), tmp_path_factory.mktemp("overlap"))[1]
+
+
+def test_the_browser_shows_the_verdict_and_what_was_measured_first(overlap_page, tmp_path):
+    result = chromium(tmp_path, "--dump-dom", overlap_page.as_uri())
+    dom = result.stdout
+    assert result.returncode == 0, result.stderr[-2000:]
+    body = dom.split("<body>", 1)[1]
+    # the page's first words after its title: the verdict, then what was measured, then the charts
+    assert re.match(r"\s*<h1>[^<]*</h1>\s*<p class=\"verdict\">3 draft tokens gave 2.1x the throughput of the "
+                    r"configured 4 on h200-a and h200-b", body), body[:400]
+    assert body.index('class="verdict"') < body.index('class="measured"') < body.index('class="charts"')
+    measured = dict(re.findall(r"<dt>([^<]*)</dt><dd>([^<]*)</dd>", dom))
+    assert {k: measured[k] for k in ("drafter", "target", "SGLang", "concurrency")} == {
+        "drafter": "/data/drafters/kimi-k25-eagle3-5ep", "target": "/data/models/Kimi-K2.5", "SGLang": "0.5.23",
+        "concurrency": "8"}
+    assert measured["prompts"].startswith("64 from builtin") and measured["rounds"].startswith("1 per")
+    # per chart: three host groups, three direct labels; every empty cell says why
+    assert dom.count('<g class="host"') == 3 * len(bench_report.CHARTS)
+    assert dom.count('class="direct-label"') == 3 * len(bench_report.CHARTS)
+    assert "1 round: no interval" in dom and "round failed: nothing measured" in dom and "not gated" in dom
+
+
+def test_two_hosts_whose_lines_coincide_both_stay_visible(tmp_path):
+    """One chart alone on a page (its plot area at a known place): h200-a and h200-b measured the
+    same, so h200-b's line lies on h200-a's. h200-a's colour must still show inside the plot (h200-b's
+    dashes, the markers side by side), and each host's name at its line's end, in its colour."""
+    svg = bench_report.chart_svg("output_tok_s", "output tok/s", bench_report.rows(overlapping_rounds()))
+    page = tmp_path / "chart.html"
+    page.write_text(f"<!DOCTYPE html><html><body style='margin:0'>{svg}</body></html>")
+    shot = tmp_path / "chart.png"
+    result = chromium(tmp_path, f"--screenshot={shot}", "--window-size=460,290", page.as_uri())
+    assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
+    width, height, rows = _png_pixels(shot.read_bytes())
+    channels = len(rows[0]) // width
+
+    def count(colour: str, x0: int, x1: int) -> int:
+        rgb = tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))
+        return sum(1 for row in rows[34:220] for x in range(x0, x1) if tuple(row[x * channels:x * channels + 3]) == rgb)
+
+    plot = {c: count(c, 60, 356) for c in bench_report.COLOURS[:3]}
+    labels = {c: count(c, 360, 460) for c in bench_report.COLOURS[:3]}
+    assert all(n > 60 for n in plot.values()), plot  # the hidden one too
+    assert all(n > 20 for n in labels.values()), labels
+    keep = os.environ.get("DEPLOYCTL_KEEP_SCREENSHOT")
+    if keep:
+        shutil.copy(shot, Path(keep).with_name("chart-" + Path(keep).name))
+
+
+def test_the_whole_page_screenshot(overlap_page, tmp_path):
+    """The page as a reader sees it (DEPLOYCTL_KEEP_SCREENSHOT=FILE keeps it): not blank, the verdict
+    block at the top (its dark border), every host's colour drawn."""
+    shot = tmp_path / "page.png"
+    result = chromium(tmp_path, f"--screenshot={shot}", "--window-size=1000,1700", overlap_page.as_uri())
+    assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
+    width, height, rows = _png_pixels(shot.read_bytes())
+    channels = len(rows[0]) // width
+    pixels = {tuple(row[i:i + 3]) for row in rows for i in range(0, len(row), channels)}
+    assert all(tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) in pixels for c in bench_report.COLOURS[:3])
+    border = (0x55, 0x55, 0x55)  # p.verdict's left border, above the charts
+    assert any(tuple(row[x * channels:x * channels + 3]) == border for row in rows[90:220] for x in range(20, 34))
+    keep = os.environ.get("DEPLOYCTL_KEEP_SCREENSHOT")
+    if keep:
+        shutil.copy(shot, Path(keep).with_name("page-" + Path(keep).name))

@@ -15,7 +15,13 @@ REPO = Path(__file__).resolve().parents[2]
 DECLARED = [Requirement(r) for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]]
 
 #: the first fixed release of each advisory
-FIXED = {"filelock": ("3.20.1", "CVE-2025-68146, UnixFileLock"), "paramiko": ("5.0.0", "CVE-2026-44405")}
+FIXED = {
+    "filelock": ("3.20.1", "CVE-2025-68146, UnixFileLock"),
+    "paramiko": ("5.0.0", "CVE-2026-44405"),
+    # paramiko's dependency, declared directly so the floor is ours (issue 42)
+    "cryptography": ("48.0.1", "CVE-2026-26007, GHSA-537c-gmf6-5ccf"),
+    "click": ("8.3.3", "CVE-2026-7246"),
+}
 
 
 @pytest.mark.parametrize("name", sorted(FIXED))

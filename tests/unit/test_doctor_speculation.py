@@ -396,8 +396,9 @@ def test_the_stand_in_models_each_effect(tmp_path):
     pylib = tmp_path / "pylib"
     shutil_copy = __import__("shutil").copytree
     shutil_copy(SIM / "sglang", pylib / "sglang")
-    (pylib / "sglang" / "srt" / "models" / "kimi_k25.py").write_text(
-        (SIM.parent / "model_sources" / "kimi_k25.py").read_text())
+    from sandbox.hosts import kimi_k25_source
+
+    (pylib / "sglang" / "srt" / "models" / "kimi_k25.py").write_text(kimi_k25_source((0, 5, 10)))
     repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", STAND_IN], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": f"{pylib}:{repo}", "SGLANG_SIM_IMPORT_SECONDS": "0"})

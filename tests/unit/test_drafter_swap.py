@@ -15,7 +15,7 @@ from deploy.base.errors import RemoteOutputError
 from deploy.facts.drafter_swap import DrafterFacts, GpuMemory, SwapInspection, parse_inspection, parse_send
 from deploy.remote import drafter_swap as sender
 from deploy.host.deployment import DesiredDeployment, desired_deployment
-from deploy.steps.drafter_swap import RunningServer, has_admin_key, swap_decision
+from deploy.steps.swap_decision import RunningServer, has_admin_key, swap_decision
 from sandbox import drafter as drafter_mod
 from tests.fixtures_ckpt import make_sglang_drafter
 
@@ -302,3 +302,37 @@ def test_a_swapped_replica_never_leaves_and_a_refused_leave_stops_with_the_serve
     error = leave_router_before_stop(planned("stop-stale"), HOST, StepMemory(leave_router=last, drafter_update={}),
                                      lambda *a: None)
     assert error is not None and error.exit_code == ExitCode.USAGE and "nothing was stopped" in str(error)
+
+
+def test_the_stand_ins_model_update_lock_holds_new_requests_while_a_session_call_waits(ls):
+    """SGLang's RWLock (srt/utils/aio_rwlock.py, 0.5.21 - 0.5.23) is writer-preferring: a session call
+    waits for the request in flight, and a request that arrives meanwhile waits for the call."""
+    import threading
+    import time
+
+    gate = ls.ModelUpdateLock()
+    order: list[str] = []
+    gate.acquire_reader()  # a request in flight
+
+    def session_call():
+        gate.acquire_writer()
+        order.append("call")
+        time.sleep(0.1)
+        gate.release_writer()
+
+    def new_request():
+        gate.acquire_reader()
+        order.append("new request")
+        gate.release_reader()
+
+    writer = threading.Thread(target=session_call)
+    writer.start()
+    time.sleep(0.1)  # the call waits for the request in flight
+    late = threading.Thread(target=new_request)
+    late.start()
+    time.sleep(0.1)
+    assert order == []  # neither the call nor the new request got in while the old request runs
+    gate.release_reader()
+    writer.join(5)
+    late.join(5)
+    assert order == ["call", "new request"]

@@ -69,3 +69,22 @@ def test_cut_inside_a_step_that_changes_the_host_needs_the_hosts_answer(step):
                               exit_code=int(ExitCode.TERMINATED)))
     # only the host can say: None, and HostSession.close reads the server's state
     assert after_interruption(HostReport(HOST, steps=records), StepMemory()) is None
+
+
+@pytest.mark.parametrize("code", [ExitCode.INTERRUPTED, ExitCode.TERMINATED, ExitCode.HANGUP])
+def test_an_interrupted_verify_says_interrupted_not_failed(code):
+    """Issue 39: a signal during verify-acceptance was reported "failed verification in this run: ... interrupted"."""
+    from deploy.engine.outcome import failed_verifications
+
+    records = [StepRecord(n, "ok", data=dict(DATA.get(n, {}))) for n in UP[:UP.index("verify-acceptance")]]
+    records.append(StepRecord("verify-acceptance", "failed", detail="h: interrupted", exit_code=int(code)))
+    memory = StepMemory(pid=5151, launched=True)
+    report = HostReport(HOST, steps=records)
+    left = after_interruption(report, memory)
+    assert left is not None
+    assert "failed" not in left[0] and "failed" not in left[1].detail, left
+    assert "verification interrupted" in left[0] and left[1].state == "unverified"
+    assert failed_verifications(report, memory) == {}
+    # a verification that really failed still says so
+    records[-1] = StepRecord("verify-acceptance", "failed", detail="h: accept length 1.40 < 1.50", exit_code=8)
+    assert failed_verifications(HostReport(HOST, steps=records), memory) == {5151: "h: accept length 1.40 < 1.50"}

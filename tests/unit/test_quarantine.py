@@ -166,3 +166,25 @@ def test_restart_and_nightly_check_the_quarantine_before_the_stop(name, has):
     assert ("quarantine" in steps) == has
     if has:
         assert steps.index("converge") < steps.index("quarantine") < steps.index("stop-stale")
+
+
+@pytest.mark.parametrize("step,error,cause", [
+    # issue 39: a checkpoint with wrong tensor names was recorded "failure_cause: host"
+    ("fix-keys", VerificationFailed("SGLang would not load the drafter /d fully: SGLang 0.5.21 would drop 2 tensor(s)"),
+     Cause.INVALID),
+    ("fix-keys", RemoteCommandFailed("not safetensors", exit_code=ExitCode.CHECKPOINT), Cause.INVALID),
+    ("doctor", RemoteCommandFailed("no config.json", exit_code=ExitCode.CHECKPOINT), Cause.INVALID),
+    # ... and so was every exit-13 refusal of a quarantined checkpoint
+    ("quarantine", Quarantined("kimi-a: fingerprint abab... quarantined"), Cause.QUARANTINED),
+    # the host's faults stay the host's
+    ("fix-keys", RemoteCommandFailed("cannot copy: No space left", exit_code=ExitCode.IO), Cause.HOST),
+    ("doctor", VerificationFailed("gpu-memory: GPU 3 held"), Cause.HOST),
+])
+def test_the_checkpoints_own_refusals_name_the_checkpoint_not_the_host(step, error, cause):
+    found = failure_cause(step, error)
+    assert found is cause
+    assert found.checkpoints_fault == (cause is not Cause.HOST)
+    assert found.describe().startswith("the checkpoint's") == (cause is not Cause.HOST)
+    # refused before any launch: never (re)quarantined for it
+    memory = StepMemory(drafter_fingerprint=FP, drafter_path="/s/d", launched=True, snapshot=snapshot(None))
+    assert quarantine.failure_entry("nightly", "r", step, error, memory, "T") is None

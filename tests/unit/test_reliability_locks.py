@@ -162,8 +162,9 @@ def test_gpu_lock_files_are_shared_by_every_user_and_never_followed(tmp_path):
     dev, shared = _devices(tmp_path, 1), tmp_path / "lock"
     shared.mkdir()
     [(device, path)] = [p for p in host_lock.gpu_lock_paths(f"{dev}/nvidia0", str(shared))]
-    fd = host_lock._open_shared(path)
+    fd, writable = host_lock._open_shared(path)
     os.close(fd)
+    assert writable  # created by this user: its owner note may be written
     assert os.stat(path).st_mode & 0o777 == 0o666
     os.unlink(path)
     os.symlink(tmp_path / "victim", path)  # planted by another user of the host

@@ -522,3 +522,48 @@ def test_wait_ready_reports_server_died_with_the_log_tail():
     with pytest.raises(ServerDied) as exc:
         wait_ready.run(wait_ctx(conn))
     assert "server died" in str(exc.value) and "CUDA out of memory" in str(exc.value) and exc.value.exit_code == 1
+
+
+def test_a_connection_lost_mid_step_is_exit_4_whatever_the_rollback_could_not_do():
+    """Issue 39: a connection lost mid-step ended as exit 1 (the rollback over the dead connection failed too)."""
+    from deploy.base.errors import ConnectionFailed
+    from deploy.config.models import Config
+    from deploy.engine.records import HostReport
+    from deploy.engine.session import HostSession
+    from deploy.facts.server import RunSnapshot, ServerState
+
+    playbook = load_playbook("nightly")
+    names = [s.name for s in playbook.steps]
+    lost = ConnectionFailed("h: the host stopped answering during wait-ready (no answer for 10 s)")
+    records = [StepRecord(n, "ok", data={"processes": [{"pid": 4242}]} if n == "stop-stale" else {})
+               for n in names[:names.index("wait-ready")]]
+    records.append(StepRecord("wait-ready", "failed", detail=str(lost), exit_code=int(lost.exit_code)))
+    assert should_roll_back(playbook, records, names.index("wait-ready"), lost, RunOptions(), threading.Event())
+
+    class DeadConnection:
+        def check(self, *a, **k):
+            raise ConnectionFailed("h: not connected")
+
+        run = check
+
+        def close(self):
+            pass
+
+    config = Config.model_validate({"hosts": [HOST.model_dump()], "runs": [RUN.model_dump()]})
+    session = HostSession(config, HOST, RUN, jumps=None, options=RunOptions(), progress=lambda *a: None,
+                          cancelled=threading.Event(), stamp="s")
+    session.conn = DeadConnection()  # type: ignore[assignment]
+    good = {"drafter_path": "/s/drafters/good", "drafter_fingerprint": "cd" * 32}
+    session.memory = StepMemory(pid=5151, launched=True, host_lock=SimpleNamespace(running=False),
+                                snapshot=RunSnapshot(0.0, "3.11", {}, ServerState(None, False, None, None, None), good))
+    session.report = HostReport(HOST, steps=records, error=lost)
+    session.roll_back(playbook)  # its first step is refused: the host lock went with the connection
+    assert session.report.error.exit_code == ExitCode.CONNECTION, session.report.error
+    session.close()
+    error = session.report.error
+    assert error.exit_code == ExitCode.CONNECTION == 4, error
+    text = str(error)
+    assert "the connection to h was lost" in text and "no rollback" in text
+    # the headline says what this run knows it did, not only "unknown"
+    assert "pid 5151" in text and "launched by this run" in text and "connection lost" in text, text
+    assert session.report.serving.state == "unverified" and session.report.serving.pid == 5151

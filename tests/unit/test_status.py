@@ -521,3 +521,22 @@ def test_the_router_is_judged_next_to_its_replicas(name):
 def test_a_replica_that_does_not_serve_is_not_missing_from_the_router():
     router = status.judge_router(ROUTER_ROWS["not-listed"][0], [_served(alive=False)])
     assert router.state == "healthy"
+
+
+@pytest.mark.parametrize("run_name", ["kimi-k25-eagle3", "r", "a-very-long-run-name-" * 6, "x\x1b[2Jy" * 20])
+@pytest.mark.parametrize("fractions", [(0.9, 0.9), (0.95, 0.875), (1.0, 1.0)])
+def test_the_watch_title_fits_80_columns_and_is_drawn_whole(run_name, fractions):
+    """Issue 39: the title line was ~105 columns and clipped on an 80-column terminal."""
+    from rich.console import Console
+
+    from deploy.render.status import title
+
+    text = title(run_name, status.Gate(*fractions))
+    assert len(text) <= 80, text
+    assert f"min {fractions[0]:.0%} / {fractions[1]:.0%}" in text and "live / last good" in text and "UTC" in text
+    assert "\x1b" not in text
+    if len(run_name) < 20:
+        assert f"run {run_name}," in text
+    console = Console(file=io.StringIO(), width=80, force_terminal=False, color_system=None)
+    console.print(table([], text, 80))
+    assert text in console.file.getvalue().splitlines()[0]

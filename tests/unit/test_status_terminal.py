@@ -52,7 +52,7 @@ def test_watch_redraws_one_table_in_place_on_a_terminal_and_ctrl_c_exits_0(tmp_p
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(set(titles)) < 3:  # bounded: three redraws or a minute
             screen = pane()
-            found = [ln for ln in screen.splitlines() if "deployctl status, run r" in ln]
+            found = [ln for ln in screen.splitlines() if "run r, " in ln and "live / last good" in ln]
             assert len(found) <= 1, screen  # never two tables on the screen: redrawn, not appended
             if found and "dead-1" in screen and "unreachable" in screen:
                 titles.append(found[0])
@@ -64,7 +64,7 @@ def test_watch_redraws_one_table_in_place_on_a_terminal_and_ctrl_c_exits_0(tmp_p
             time.sleep(0.1)
         screen = pane()
         assert "EXIT=0" in screen and "status --watch: stopped (Ctrl-C)" in screen, screen
-        assert screen.count("deployctl status, run r") == 1 and "Traceback" not in screen, screen
+        assert screen.count("live / last good, min") == 1 and "Traceback" not in screen, screen
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True)
 

@@ -76,14 +76,14 @@ def test_tilde_resolves_with_the_remote_home_and_uploads_need_absolute_paths(tmp
 
 
 def test_free_gpus_reports_the_pids_fuser_killed():
-    conn = RecordingTransport(HOST, [Reply(r"exec fuser -k", exit_code=0, stdout=" 4242 4243m 4242",
+    conn = RecordingTransport(HOST, [Reply(r"fuser", exit_code=0, stdout="4242 4243 ",
                                            stderr="/home/x/dev/nvidia0:\n")])
     outcome = free_gpus.run(ctx(free_gpus, conn))
     assert outcome.data["killed"] == [4242, 4243] and conn.commands == [free_gpus.command(ctx(free_gpus, None))]
 
 
 def test_free_gpus_with_no_device_files_is_an_error_not_free():
-    conn = RecordingTransport(HOST, [Reply(r"exec fuser -k", exit_code=NO_DEVICE_FILES,
+    conn = RecordingTransport(HOST, [Reply(r"fuser", exit_code=NO_DEVICE_FILES,
                                            stderr="no GPU device files match /dev/nvidia*\n")])
     with pytest.raises(RemoteCommandFailed) as exc:
         free_gpus.run(ctx(free_gpus, conn))

@@ -165,3 +165,15 @@ def test_the_build_ignores_no_package(installed):
     _, work, _ = installed
     log = (work.parent / "build.log").read_text()
     assert "would be ignored" not in log and "is absent from the `packages` configuration" not in log, log[-3000:]
+
+
+def test_the_wheel_ships_the_license(installed):
+    """Issue 42: the wheel's metadata says Apache-2.0 and carries the LICENSE text (PEP 639's
+    dist-info/licenses/)."""
+    venv, _, _ = installed
+    site = Path(glob.glob(str(venv / "lib" / "python*" / "site-packages"))[0])
+    [info] = site.glob("deployctl-*.dist-info")
+    metadata = (info / "METADATA").read_text()
+    assert "License-Expression: Apache-2.0" in metadata.splitlines(), metadata[:2000]
+    assert "License-File: LICENSE" in metadata.splitlines()
+    assert (info / "licenses" / "LICENSE").read_text() == (REPO / "LICENSE").read_text()

@@ -790,6 +790,24 @@ def accept_factor() -> float:
     return value if 0.0 < value <= 1.0 else 1.0
 
 
+def answer_override(path: str) -> tuple[int, bytes, float] | None:
+    """The hostile-answer knob (issue 38): ``~/.sim/answers.json`` (beside the sim config) maps an
+    HTTP path to ``{"status": 200, "body": TEXT or "deep", "sleep": S}``: the request is handled as
+    usual (a weight update really loads), then, after S seconds, answered with TEXT (``deep``: JSON
+    nested 100,000 levels) instead. No file, a bad one or another path: None."""
+    config = os.environ.get("SGLANG_SIM_CONFIG") or os.path.expanduser("~/.sim/config.json")
+    try:
+        with open(os.path.join(os.path.dirname(config), "answers.json"), encoding="utf-8") as handle:
+            entry = json.loads(handle.read(1 << 20)).get(path)
+        if not isinstance(entry, dict):
+            return None
+        body = entry.get("body", "")
+        raw = (b"[" * 100_000 + b"]" * 100_000) if body == "deep" else str(body).encode()
+        return int(entry.get("status", 200)), raw, float(entry.get("sleep", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
 def _prom_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -1119,6 +1137,15 @@ class Handler(BaseHTTPRequestHandler):
     def _json(self, code: int, obj) -> None:
         self._send(code, json.dumps(obj).encode())
 
+    def _json_or_override(self, path: str, code: int, obj) -> None:
+        override = answer_override(path)
+        if override is None:
+            self._json(code, obj)
+            return
+        status, raw, sleep = override
+        time.sleep(max(0.0, min(sleep, 60.0)))
+        self._send(status, raw)
+
     def _body(self) -> dict | None:
         length = int(self.headers.get("content-length") or 0)
         data = self.rfile.read(length) if length else b""
@@ -1150,7 +1177,7 @@ class Handler(BaseHTTPRequestHandler):
         if path in ("/health", "/health_generate") and method == "GET":
             self._send(200 if self._healthy() else 503)
         elif path in ("/model_info", "/get_model_info") and method == "GET":
-            self._json(200, engine.model_info())
+            self._json_or_override(path, 200, engine.model_info())
         elif path in ("/server_info", "/get_server_info") and method == "GET":
             self._json(200, engine.server_info())
         elif path == "/v1/models" and method == "GET":
@@ -1174,7 +1201,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(405, {"detail": "Method Not Allowed"})
             else:
                 code, answer = engine.weight_updates.handle(path, body, self.headers.get("Authorization"))
-                self._json(code, answer)
+                self._json_or_override(path, code, answer)
         elif path == "/metrics" and method == "GET" and engine.args.enable_metrics:
             self._send(200, engine.metrics().encode(), "text/plain; version=0.0.4")
         elif path in ("/generate", "/v1/completions", "/v1/chat/completions") and method == "POST":

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from deploy.config.models import Run
 from deploy.facts.drafter_swap import SwapInspection
-from deploy.host.deployment import SWAP_SAME, DesiredDeployment
+from deploy.host.deployment import SWAP_SAME, DesiredDeployment, drafter_unknown
 
 SWAP_SINCE = (0, 5, 21)
 ADMIN_FLAG = "--admin-api-key"
@@ -104,8 +104,7 @@ def swap_decision(run: Run, desired: DesiredDeployment, running: RunningServer |
         return SwapDecision("reload", "no deployment is recorded on this host")
     if desired.differences(record, ("run",)):
         return SwapDecision("reload", f"the host runs run {record.get('run')!r}'s deployment, not this run's")
-    update = record.get("drafter_update")
-    if isinstance(update, dict) and update.get("how") == "swap-failed":
+    if drafter_unknown(record):  # swap-failed, or swapping: a swap cut short (a signal, a crash)
         return SwapDecision("reload", "a swap failed on this server before: which drafter it holds is unknown")
     if not running.alive or running.health != 200:
         return SwapDecision("reload", "the recorded server is not serving "
