@@ -77,17 +77,18 @@ def doctor_override(ignore_doctor: bool, replace: bool = False, retry_failed: bo
 
 
 def rollout_of(config: Config, run: Run, verb: str, host_names, serial: int | None = None,
-               allow_downtime: bool = False, playbook: str | None = None) -> Rollout:
+               allow_downtime: bool = False, playbook: str | None = None, canary: bool = False) -> Rollout:
     """The verb's one rollout value (deploy/fleet/rollout.py): its plan and its run take the same."""
     from deploy.fleet.rollout import Rollout
 
     return Rollout.of(run, config.hosts_of(run), verb, tuple(host_names or ()), serial=serial,
-                      allow_downtime=allow_downtime, playbook=playbook)
+                      allow_downtime=allow_downtime, playbook=playbook, canary=canary)
 
 
 def execute(globals_, command: str, default_playbook: str, run_name, host_names, draft_tokens, playbook_name,
             dry_run: bool, as_json: bool, overrides: dict | None = None, force: bool = False,
-            no_rollback: bool = False, serial: int | None = None, allow_downtime: bool = False) -> int:
+            no_rollback: bool = False, serial: int | None = None, allow_downtime: bool = False,
+            canary: bool = False) -> int:
     """up, restart, down and plan: load, resolve the rollout, plan or run the playbook, render."""
     from deploy import fleet
     from deploy.render import report as render
@@ -99,7 +100,7 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
     run, hosts = run_and_hosts(config, run_name, host_names, draft_tokens)
     name = playbook_name or default_playbook
     verb = name if command == "plan" and name in ("up", "restart", "down") else command
-    rollout = rollout_of(config, run, verb, host_names, serial, allow_downtime, playbook=name)
+    rollout = rollout_of(config, run, verb, host_names, serial, allow_downtime, playbook=name, canary=canary)
     playbook = load_playbook(name)
     for step, updates in (overrides or {}).items():
         playbook = playbook.with_settings(step, **updates)
@@ -132,6 +133,8 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
         reports, code = result.reports, int(result.exit_code())
     # a fleet's phases (RunResult), or down behind a router (DownResult: what became of the router)
     phased, stopped = getattr(result, "phases", None) is not None, getattr(result, "router", None)
+    if phased:
+        write_canary_report(result, run.name, progress)
     if as_json:
         document = render.report_document(command, run.name, reports)
         if phased:
@@ -144,6 +147,28 @@ def execute(globals_, command: str, default_playbook: str, run_name, host_names,
         if phased:
             fleet.print_fleet_report(result)
     return code
+
+
+def write_canary_report(result: Any, run_name: str, progress: Any = None) -> str | None:
+    """A canary window ran: its HTML page (deploy/render/canary_report.py), its path kept in
+    ``result.canary["report_html"]``; None when no window ran. A failure to write it is a warning on
+    ``progress``: the page is a record, never a reason to fail the run."""
+    canary = getattr(result, "canary", None)
+    if not canary or not canary.get("intervals") and canary.get("outcome") == "not-run":
+        return None
+    from deploy.local.state import LocalStateError
+    from deploy.render import canary_report
+
+    try:
+        path = str(canary_report.write(canary, run_name))
+    except (OSError, LocalStateError) as exc:
+        if progress is not None:
+            progress("*", "canary", f"WARNING: the canary report was not written: {exc}")
+        return None
+    canary["report_html"] = path
+    if progress is not None:
+        progress("*", "canary", f"report: {path}")
+    return path
 
 
 def with_dataset(playbook, dataset: str | None, config_path) -> Any:

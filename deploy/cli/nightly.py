@@ -74,7 +74,7 @@ def command(globals_, run_name, host_names, playbook_name, force, no_rollback, m
     """Lock, converge to the drafter now at the configured path, verify, benchmark, gate, roll back on failure."""
     from deploy import fleet
     from deploy.render import report as render
-    from deploy.cli.common import rollout_of, run_and_hosts, with_dataset
+    from deploy.cli.common import rollout_of, run_and_hosts, with_dataset, write_canary_report
     from deploy.engine.run import exit_code, run_locked
     from deploy.engine.playbook import load_playbook
 
@@ -103,6 +103,7 @@ def command(globals_, run_name, host_names, playbook_name, force, no_rollback, m
                                 rollback=not no_rollback, force=force,
                                 runner=rollout.runner(config, playbook, progress))
             reports = result.reports
+            write_canary_report(result, run.name, progress)
         else:
             reports = run_locked(globals_.config_path, config, "nightly", playbook, run, hosts, progress,
                                  rollback=not no_rollback, force=force)

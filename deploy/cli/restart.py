@@ -18,6 +18,10 @@ from deploy.cli.common import doctor_override, execute
 @options.reload_drafter
 @options.no_rollback()
 @options.fleet
+@click.option("--canary", is_flag=True,
+              help="Behind a router: the first batch serves live traffic beside the others for the run's "
+                   "rollout.canary window (default 10m) and is promoted or rolled back on its live acceptance "
+                   "and speed (docs/fleets.md).")
 @click.pass_obj
 def command(globals_, ignore_doctor: bool, replace: bool, retry_failed: bool, drafter_update: str | None,
             **kw) -> int:

@@ -340,6 +340,62 @@ class RouterSpec(Strict):
         return args
 
 
+_DURATION = re.compile(r"^(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>s|m|h)$")
+
+
+def _duration_s(value: Any) -> Any:
+    """``10m``, ``90s``, ``1h`` or a number of seconds; anything else is left for the type's own error
+    (a YAML 1.1 non-decimal number, ``0x10``, for Strict's own message)."""
+    if isinstance(value, str) and not isinstance(value, NonDecimalNumber):
+        match = _DURATION.match(value.strip())
+        if match is None:
+            raise ValueError(f"expected a duration such as 90s, 10m or 1h (or seconds as a number), got {value!r}")
+        return float(match["value"]) * {"s": 1, "m": 60, "h": 3600}[match["unit"]]
+    return value
+
+
+class CanarySpec(Strict):
+    """The first batch of a roll behind a router serves live traffic beside the others for ``window``
+    before the roll goes on (docs/fleets.md, the canary; deploy/local/canary_gate.py decides)."""
+
+    #: the canary batch: this many replicas, the first of the run's hosts
+    replicas: Annotated[int, Field(ge=1, le=4096)] = 1
+    #: how long the canary serves live traffic at most ("10m", "90s" or seconds)
+    window: Annotated[float, Field(gt=0, le=86400)] = 600
+    #: every replica's figures are read at the same instants, this far apart
+    interval: Annotated[float, Field(ge=0.5, le=300)] = 5
+    #: the canary's finished requests before any decision
+    min_requests: Annotated[int, Field(ge=1, le=10_000_000)] = 200
+    #: a drop smaller than this is not worth a rollback (a canary within it is promoted)
+    tolerance: Annotated[float, Field(gt=0, lt=0.5)] = 0.05
+    #: the chance of a wrong call over one window on an unchanged drafter, at most
+    alpha: Annotated[float, Field(gt=0, lt=0.5)] = 0.01
+    #: too little traffic to tell by the end of the window: keep the last good drafter (the canary
+    #: goes back to it, not quarantined) or promote the new one
+    inconclusive: Literal["keep", "promote"] = "keep"
+
+    @field_validator("window", "interval", mode="before")
+    @classmethod
+    def _durations(cls, value: Any) -> Any:
+        return _duration_s(value)
+
+    @model_validator(mode="after")
+    def _interval_within_window(self) -> CanarySpec:
+        if self.interval * 8 > self.window:
+            raise ValueError(f"window ({self.window:g} s) must hold at least 8 intervals of {self.interval:g} s "
+                             "(the decision needs 8 paired intervals)")
+        if self.window / self.interval > 720:
+            # the decision after each interval sorts every pair's Walsh average: n (n + 1) / 2 of them
+            raise ValueError(f"window / interval is {self.window / self.interval:.0f}: at most 720 intervals "
+                             "(a longer window needs a longer interval)")
+        return self
+
+
+class RolloutSpec(Strict):
+    #: restart and nightly behind a router: the first batch is a canary judged on live traffic
+    canary: CanarySpec | None = None
+
+
 class Run(Strict):
     name: Name
     hosts: list[Name] = Field(default_factory=list)
@@ -375,6 +431,8 @@ class Run(Strict):
     #: it into the running server (SGLang 0.5.21+ weight-update session; not yet seen on real GPUs,
     #: docs/drafter-swap.md); restart --swap-drafter / --reload override it per command
     drafter_update: Literal["reload", "swap"] = "reload"
+    #: how restart and nightly roll behind the router: ``{canary: {...}}`` (docs/fleets.md)
+    rollout: RolloutSpec | None = None
 
     @field_validator("env")
     @classmethod
@@ -396,6 +454,9 @@ class Run(Strict):
             raise ValueError("'nodes' names a host twice")
         if self.nodes and self.router is not None:
             raise ValueError("'router' in front of a multi-node server ('nodes') is not supported yet")
+        if self.rollout is not None and self.rollout.canary is not None and self.router is None:
+            raise ValueError("'rollout.canary' needs a 'router': the canary serves live traffic through it beside "
+                             "the replicas that keep the last good drafter")
         if self.nodes and len(self.nodes) < 2:
             raise ValueError("'nodes' needs at least 2 hosts (one host is 'hosts: [NAME]')")
         if self.eagle_topk > 1 and self.speculative_num_steps is None:

@@ -38,7 +38,7 @@ from deploy.base.limits import parse_json
 from deploy.base.errors import RemoteOutputError
 from deploy.facts.helpers import helper_python, host_ops_modules
 from deploy.facts.inline import inline_program
-from deploy.host.state_layout import deployment_path, last_good_path
+from deploy.host.state_layout import canary_path, deployment_path, last_good_path
 from deploy.base.shell import path_join, quote, quote_path
 
 REMOTE = Path(__file__).resolve().parents[1] / "remote"
@@ -61,6 +61,7 @@ def status_command(python: str, state_dir: str, base_url: str, *, window_s: floa
     program = status_program() if script is None else script
     args = ["--pidfile", quote_path(path_join(state_dir, "server.pid")),
             "--record", quote_path(deployment_path(state_dir)), "--last-good", quote_path(last_good_path(state_dir)),
+            "--canary", quote_path(canary_path(state_dir)),
             "--base", quote(base_url), "--window", f"{window_s:g}", "--timeout", f"{timeout_s:g}"]
     if probe:
         args += ["--probe", str(probe), "--concurrency", "0", "--max-new-tokens", "0"]
@@ -131,6 +132,10 @@ class StatusDocument(_Strict):
     probe: Optional[ProbeAnswer]
     #: --probe was asked for but not sent: the server generated tokens in the window
     probe_skipped: bool = False
+    #: canary.json: the replica is a canary (fleet/canary.py), while its server is the one named
+    canary: Optional[dict[str, Any]] = None
+    #: the host's clock when it read (Unix time): a canary mark's window is judged by it
+    now: Optional[float] = None
 
 
 # -- the fact --------------------------------------------------------------------------------------
@@ -184,6 +189,9 @@ class HostStatus(_Strict):
     last_good: Optional[Baseline]
     probe: Optional[dict[str, Any]]
     notes: list[str]
+    #: in a canary window now (issue 43): {"run", "since", "until", "others"} and, after 10 intervals, the
+    #: window's "acceptance_ratio", "speed_ratio", "intervals", "canary_requests"; None: not a canary
+    canary: Optional[dict[str, Any]] = None
 
     @property
     def serving(self) -> bool:
@@ -510,4 +518,25 @@ def parse_status(exit_code: int, stdout: str, stderr: str, source: str) -> HostS
         drafter_fingerprint=_optional(deployment or {}, "drafter_fingerprint", str),
         drafter_path=_optional(deployment or {}, "drafter_path", str), draft_tokens=tokens,
         sglang_version=_optional(deployment or {}, "sglang_version", str),
-        live=live, last_good=_baseline(good, deployment), probe=probe, notes=notes)
+        live=live, last_good=_baseline(good, deployment), probe=probe, notes=notes,
+        canary=_canary(document, notes))
+
+
+def _canary(document: StatusDocument, notes: list[str]) -> dict[str, Any] | None:
+    """The canary mark, when it names the running server and its window has not passed (a mark left by a
+    deployctl killed mid-window names a server that is gone, or a time that passed)."""
+    mark = document.canary
+    if mark is None:
+        return None
+    since, until, pid = mark.get("since"), mark.get("until"), mark.get("pid")
+    others = mark.get("others")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (since, until, pid)) or \
+            not isinstance(others, list) or not all(isinstance(o, str) for o in others):
+        notes.append("canary.json is not a canary mark of this deployctl's: ignored")
+        return None
+    if pid != document.pid or not document.alive or (document.now is not None and document.now > float(until or 0)):
+        return None
+    figures = {key: mark.get(key) for key in ("acceptance_ratio", "speed_ratio", "intervals", "canary_requests")
+               if isinstance(mark.get(key), (int, float)) and not isinstance(mark.get(key), bool)
+               and math.isfinite(mark[key]) and mark[key] >= 0}
+    return {"run": str(mark.get("run", ""))[:200], "since": since, "until": until, "others": others[:64]} | figures

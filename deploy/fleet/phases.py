@@ -94,6 +94,8 @@ class RunResult:
     phases: list[PhaseRecord]
     error: DeployError | None = None
     rotation: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the canary's window (fleet/canary.py): its figures against the others', the decision and why
+    canary: dict[str, Any] | None = None
 
     def exit_code(self) -> ExitCode:
         for report in self.reports:
@@ -246,7 +248,8 @@ def _run_phases(state: RunState, hosts: Sequence[Host], phases: Sequence[Phase],
             report = HostReport(host, steps=[StepRecord(s.name, "not-run") for s in state.playbook.steps])
             report.warnings.append("not redeployed: the run stopped before this host's batch (it was left as it was)")
         reports.append(report)
-    return RunResult(reports, records, error if not any(r.error for r in reports) else None, state.rotation)
+    return RunResult(reports, records, error if not any(r.error for r in reports) else None, state.rotation,
+                     state.data.get("canary"))
 
 
 @dataclass

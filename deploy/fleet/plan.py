@@ -182,6 +182,8 @@ def fleet_report(result) -> dict[str, Any]:
             entry["note"] = "taken out, not put back"
         rotation[host] = entry
     document: dict[str, Any] = {"phases": [p.to_dict() for p in result.phases], "rotation": rotation}
+    if getattr(result, "canary", None) is not None:
+        document["canary"] = result.canary
     if result.error is not None:
         document["error"] = str(result.error)
         document["exit_code"] = int(result.error.exit_code)
@@ -197,6 +199,12 @@ def print_fleet_report(result) -> None:
         window = entry.get("out_of_rotation_s")
         click.echo(f"  {host}: out of rotation {window:.2f} s" if window is not None else
                    f"  {host}: {safe_line(entry.get('note'))}")
+    canary = getattr(result, "canary", None)
+    if canary is not None:
+        click.echo(safe_line(f"  canary {', '.join(canary.get('hosts', []))} against "
+                             f"{', '.join(canary.get('others', [])) or '-'}: "
+                             f"{canary.get('line') or canary.get('why') or canary.get('outcome')}"
+                             + (f" -> {canary['action']}" if canary.get("action") else ""))[:600])
     if result.error is not None:
         click.echo(f"error: {safe_text(result.error)}", err=True)
 

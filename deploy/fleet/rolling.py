@@ -427,8 +427,14 @@ def fleet_phases(rollout, playbook) -> list[Phase]:
         phases.append(RunPhase("pre-flight: router checks, every replica's doctor", _preflight(hosts),
                                plan=_preflight_plan(hosts)))
     groups = rollout.batches
+    canary = None
+    if has_router and rollout.canary is not None:
+        from deploy.fleet.canary import canary_phases
+
+        canary = canary_phases(rollout.canary, groups[0], playbook, url_of)
+        phases.append(canary[0])
     for i, batch in enumerate(groups, 1):
-        tag = f"batch {i}/{len(groups)}"
+        tag = f"batch {i}/{len(groups)}" + (" (canary)" if canary is not None and i == 1 else "")
         names = ",".join(h.name for h in batch)
         if probe:
             phases.append(RunPhase(f"{tag} check unchanged {names}", _probe(batch, rollout.allow_downtime),
@@ -441,6 +447,8 @@ def fleet_phases(rollout, playbook) -> list[Phase]:
         if has_router:
             phases.append(RunPhase(f"{tag} router-add {names}", _said_in_place(batch, _add(batch)), always=True,
                                    plan=_join_plan(batch)))
+        if canary is not None and i == 1:
+            phases.append(canary[1])
     if has_router:
         phases.append(RunPhase("router end-to-end", _final(hosts), plan=_join_plan(hosts, end_to_end=True)))
     return phases

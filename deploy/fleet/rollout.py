@@ -12,7 +12,10 @@ its run refuses (tests/unit/test_rollout.py generates the combinations). What it
 - the ``--host`` rules: a node group is one server, ``--host`` cannot pick one node (nor can
   ``--serial`` split it);
 - the playbook the router survives: ``stop-stale --scope user`` spares a router running on a
-  replica host.
+  replica host;
+- the canary (``restart``/``nightly`` behind a router, with ``rollout.canary`` or ``--canary``): the
+  first batch is the canary's ``replicas`` hosts, judged on live traffic before the others roll
+  (fleet/canary.py); refused when no other replica would serve beside it to compare with.
 
 What it cannot know without a connection stays a run-time check, in plan and run alike: a batch
 that would take the router's last HEALTHY worker out (fleet/rolling.py, exit 2) depends on what the
@@ -29,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from deploy.base.errors import UsageError
 
 if TYPE_CHECKING:
-    from deploy.config.models import Host, Run
+    from deploy.config.models import CanarySpec, Host, Run
     from deploy.engine.playbook import Playbook
 
 Shape = Literal["hosts", "fleet", "nodes"]
@@ -51,6 +54,24 @@ def check_serial(serial: int, hosts: Sequence[Host], run: Run, allow_downtime: b
     if run.router is not None and serial >= len(hosts) > 1 and not allow_downtime:
         raise UsageError(f"--serial {serial} takes all {len(hosts)} replica(s) of run {run.name!r} out of the "
                          "router at once: nothing would serve; use a smaller --serial or --allow-downtime")
+
+
+def canary_of(run: Run, verb: str, asked: bool) -> CanarySpec | None:
+    """The canary settings a roll uses: ``restart`` and ``nightly`` (or their plans) behind a router, with
+    the run's ``rollout.canary`` or ``--canary`` (then the defaults when the run sets none)."""
+    from deploy.config.models import CanarySpec
+
+    spec = run.rollout.canary if run.rollout is not None else None
+    if asked and run.router is None:
+        raise UsageError(f"--canary: run {run.name!r} has no router; a canary serves live traffic through it "
+                         "beside the replicas that keep the last good drafter")
+    if asked and spec is None:
+        spec = CanarySpec()
+    if verb not in ("restart", "nightly"):
+        if asked:
+            raise UsageError(f"--canary is for restart and nightly, not {verb}")
+        return None
+    return spec if run.router is not None else None
 
 
 def router_spared(playbook: Playbook, run: Run) -> Playbook:
@@ -81,12 +102,18 @@ class Rollout:
     allow_downtime: bool
     #: every host of the run is selected (``down`` of the whole run stops its router too)
     whole: bool
+    #: the canary's settings: the first batch is judged on live traffic (fleet/canary.py); None: no canary
+    canary: CanarySpec | None = None
 
     @classmethod
     def of(cls, run: Run, run_hosts: Sequence[Host], verb: str, host_names: Sequence[str] = (),
-           serial: int | None = None, allow_downtime: bool = False, playbook: str | None = None) -> Rollout:
+           serial: int | None = None, allow_downtime: bool = False, playbook: str | None = None,
+           canary: bool = False) -> Rollout:
         """``run_hosts``: every host of the run; ``host_names``: ``--host`` (already known to be the
-        run's); ``playbook``: the playbook's name when it is not the verb's own (``plan down``)."""
+        run's); ``playbook``: the playbook's name when it is not the verb's own (``plan down``);
+        ``canary``: ``--canary`` (the run's ``rollout.canary`` settings, else their defaults)."""
+        if canary:
+            canary_of(run, verb, True)  # --canary where no canary can be: refused whatever the shape
         hosts = tuple(h for h in run_hosts if not host_names or h.name in host_names)
         whole = {h.name for h in hosts} == {h.name for h in run_hosts}
         down = verb == "down" or playbook == "down"
@@ -103,10 +130,17 @@ class Rollout:
         checked = serial or default_serial(run, hosts)
         if serial is not None:
             check_serial(checked, hosts, run, allow_downtime)
-        return cls(verb, run, hosts, "fleet", checked, serial is not None, allow_downtime, whole)
+        spec = canary_of(run, verb, canary)
+        if spec is not None and spec.replicas >= len(run_hosts):
+            raise UsageError(f"the canary of run {run.name!r} is {spec.replicas} replica(s) of {len(run_hosts)}: "
+                             "at least one other replica must serve the last good drafter beside it to compare with")
+        return cls(verb, run, hosts, "fleet", checked, serial is not None, allow_downtime, whole, spec)
 
     @property
     def batches(self) -> list[tuple[Host, ...]]:
+        if self.canary is not None:
+            n = self.canary.replicas
+            return [self.hosts[:n]] + batches(self.hosts[n:], self.serial)
         return batches(self.hosts, self.serial)
 
     @property

@@ -222,6 +222,13 @@ class RouterCalls:
                         timeout=self.spec.drain_timeout_s + 30,
                         description=f"requests in flight on {url}, every 0.1 s until none (one host-side loop)")
 
+    def watch_metrics(self, urls: list[str], interval_s: float, window_s: float) -> Command:
+        """Every worker's /metrics (or /server_info) at the same instants, every ``interval_s``, on one
+        channel (the canary's window, fleet/canary.py decides on each line); bounded beyond the window."""
+        return self.ops("poll", f"{interval_s:g}", "metrics", *urls, "--timeout", "5", timeout=window_s + 60,
+                        description=f"every replica's /metrics at the same instants, every {interval_s:g} s, for "
+                                    f"the canary's window (at most {window_s:g} s; one host-side loop)")
+
     def start(self, workers: list[str], log_name: str, package: RouterPackage | None = None) -> Command:
         label = package.label if package is not None else "the router"
         return Command(description=f"start {label} detached (setsid nohup), PID file and log in the state dir",
@@ -478,6 +485,11 @@ class RouterHost:
         if ended.exit_code is not None:
             raise RouterError(f"{self.host.name}: {call.what} ended (exit {ended.exit_code}) before deployctl "
                               f"decided: {strip_escapes(ended.stderr.strip())[-300:]}")
+
+    def watch_metrics(self, urls: list[str], interval_s: float, window_s: float,
+                      observe: Callable[[dict, float], bool]) -> None:
+        """The canary's reads (``RouterCalls.watch_metrics``) until ``observe`` returns True."""
+        self._poll(self.calls.watch_metrics(urls, interval_s, window_s), observe)
 
     def wait_members(self, expected: set[str], pid: int | None = None, absent: frozenset[str] = frozenset(),
                      out_only: bool = False) -> float:

@@ -97,6 +97,12 @@ def last_good_path(state_dir: str) -> str:
     return path_join(state_dir, "last-good.json")
 
 
+def canary_path(state_dir: str) -> str:
+    """Written while the host's replica is in a canary window (fleet/canary.py), removed after it; ``status``
+    marks the replica while its server is the one named and the window has not passed."""
+    return path_join(state_dir, "canary.json")
+
+
 def last_good_env_path(state_dir: str) -> str:
     return path_join(state_dir, "last-good.env")
 

@@ -45,6 +45,8 @@ def records_for(verb: str, run: str, reports: Sequence, started_at: datetime | N
             "serving": report.serving.state if getattr(report, "serving", None) is not None else None,
             # "swapped" (into the running server, with what was verified) or "reloaded" and why (issue 29)
             "drafter_update": facts.get("drafter_update"),
+            # a canary host's live window (issue 43, fleet/canary.py): decision, cause, ratios to the others
+            "canary": facts.get("canary"),
         })
     return rows
 

@@ -27,12 +27,17 @@ host: that is where the router reaches the workers from, so what works here work
         listener clashes with which bind address is decided by deployctl (fleet/router_ports.py)
     fleet_ops.py poll SECONDS request GET URL [--timeout S]
     fleet_ops.py poll SECONDS members PIDFILE WORKERS_URL [--timeout S]
+    fleet_ops.py poll SECONDS metrics URL [URL ...] [--timeout S]
         one JSON line every SECONDS (0.05-5) until stdin reaches EOF (deployctl decided and shut its
         side of the channel), stdout is closed, or the command's own bound (coreutils timeout) ends it: ``request``'s answer, or
         {"state": {"pid", "alive"} of the router PIDFILE names, "workers": GET WORKERS_URL's answer}. deployctl's waits on
         the router (membership, a worker's drain) decide on each line as it comes: one interpreter
         and one SSH channel per wait, where a command per poll started ~25 of each for one smg drain
-        settle (issue 26: 800 such starts were a sixth of the test suite's host CPU)
+        settle (issue 26: 800 such starts were a sixth of the test suite's host CPU).
+        ``metrics`` (the canary's window, issue 43; SECONDS 0.5-300): {"at": epoch seconds, "reads":
+        {URL: {"status", "error", "lines": [the CANARY_SERIES lines of its /metrics]}}}, every worker read
+        at the same instant (one thread each); a worker whose /metrics is not 200 (no --enable-metrics)
+        gets "server_info": its GET /server_info answer instead
 
 Sent inline with listeners.py and state_files.py (deploy/facts/inline.py); run as a file, it imports them
 from beside it. A router PID file names the router only when its process is provably the one deployctl
@@ -307,12 +312,59 @@ def poll(interval: float, once) -> int:
             return 0
 
 
+#: the series the canary reads (SGLang 0.5.23 srt/metrics/collector.py): the accept length gauge (set at each
+#: decode log line), the finished requests and generated tokens counters, the per-token latency histogram's
+#: sum and count (inter_token_latency_seconds; time_per_output_token_seconds in older releases)
+CANARY_SERIES = ("sglang:spec_accept_length", "sglang:num_requests_total", "sglang:generation_tokens_total",
+                 "sglang:inter_token_latency_seconds_sum", "sglang:inter_token_latency_seconds_count",
+                 "sglang:time_per_output_token_seconds_sum", "sglang:time_per_output_token_seconds_count")
+
+
+def _series_name(line: str) -> str:
+    return line.split("{", 1)[0].split(" ", 1)[0]
+
+
+def worker_metrics(urls, timeout: float) -> dict:
+    """Every worker's figures at one instant: one thread per worker, each bounded by ``timeout``."""
+    import threading
+    import time
+
+    reads = {}
+
+    def one(url: str) -> None:
+        got = request("GET", url + "/metrics", None, timeout)
+        entry = {"status": got["status"], "error": got["error"]}
+        if got["status"] == 200:
+            entry["lines"] = [ln for ln in got["body"].splitlines() if _series_name(ln) in CANARY_SERIES][:64]
+        else:
+            entry["server_info"] = _cut(request("GET", url + "/server_info", None, timeout))
+        reads[url] = entry
+
+    at = time.time()
+    threads = [threading.Thread(target=one, args=(url,), daemon=True) for url in urls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(2 * timeout + 1)
+    for url in urls:
+        reads.setdefault(url, {"status": None, "error": "no answer within the read's bound", "lines": []})
+    return {"at": at, "reads": reads}
+
+
 def _poll_interval(text: str):
     try:
         value = float(text)
     except ValueError:
         return None
     return value if 0.05 <= value <= 5 else None
+
+
+def _metrics_interval(text: str):
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.5 <= value <= 300 else None
 
 
 def main(argv) -> int:
@@ -339,10 +391,13 @@ def main(argv) -> int:
         return poll(_poll_interval(argv[1]), lambda: _cut(request("GET", argv[4], None, timeout)))
     elif len(argv) == 5 and argv[0] == "poll" and argv[2] == "members" and _poll_interval(argv[1]) is not None:
         return poll(_poll_interval(argv[1]), lambda: members(argv[3], argv[4], timeout))
+    elif len(argv) >= 4 and argv[0] == "poll" and argv[2] == "metrics" and _metrics_interval(argv[1]) is not None:
+        urls = argv[3:]
+        return poll(_metrics_interval(argv[1]), lambda: worker_metrics(urls, min(timeout, 10.0)))
     else:
         sys.stderr.write("usage: fleet_ops.py request METHOD URL [BODY] | router-packages | stop-router PIDFILE | "
                          "router-state PIDFILE URL | reach URL... | ports PIDFILE PORT... | "
-                         "poll SECONDS (request GET URL | members PIDFILE WORKERS_URL)\n")
+                         "poll SECONDS (request GET URL | members PIDFILE WORKERS_URL | metrics URL...)\n")
         return 2
     sys.stdout.write(json.dumps(out) + "\n")
     return 0

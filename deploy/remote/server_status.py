@@ -154,6 +154,7 @@ def cmd_status(args) -> dict:
     document = {"schema": 1, "pid": pid, "alive": running, "pidfile": text[:40],
                 "uptime_s": _status_uptime(pid) if running and pid is not None else None,
                 "record": host_ops._read_json_file(args.record), "last_good": host_ops._read_json_file(args.last_good),
+                "canary": host_ops._read_json_file(args.canary) if args.canary else None, "now": time.time(),
                 "health": None, "reads": [], "probe": None, "probe_skipped": False}  # type: Dict[str, Any]
     if not running:
         return document
@@ -184,6 +185,7 @@ def main(argv=None) -> int:
     parser.add_argument("--pidfile", required=True)
     parser.add_argument("--record", required=True)
     parser.add_argument("--last-good", required=True)
+    parser.add_argument("--canary", default="", help="the canary mark (fleet/canary.py), read when present")
     parser.add_argument("--base", required=True, help="http://HOST:PORT of the server")
     parser.add_argument("--window", type=float, default=2.0, help="seconds between the two reads")
     parser.add_argument("--timeout", type=float, default=5.0, help="one GET's timeout")

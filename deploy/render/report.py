@@ -340,6 +340,9 @@ def plain_report_lines(command: str, reports, stamp: str) -> list[str]:
         gate = facts.get("throughput_gate")
         if isinstance(gate, dict):
             lines.append(f"{stamp} [{report.host.name}] throughput gate: {gate_text(gate)}")
+        canary = facts.get("canary")
+        if isinstance(canary, dict):
+            lines.append(f"{stamp} [{report.host.name}] canary: {canary_text(canary)}")
         for warning in report.warnings:
             lines.append(f"{stamp} [{report.host.name}] warning: {safe_line(warning)}")
         if report.error is not None:
@@ -350,6 +353,17 @@ def plain_report_lines(command: str, reports, stamp: str) -> list[str]:
         if serving is not None and (report.error is not None or serving.state != "serving"):
             lines.append(f"{stamp} [{report.host.name}] serving: {safe_line(serving.headline())}")
     return lines
+
+
+def canary_text(canary: dict) -> str:
+    """A canary host's live window in one line (fleet/canary.py's short form)."""
+    def pct(value) -> str:
+        return f"{value:.1%}" if isinstance(value, (int, float)) else "-"
+    return safe_line(f"{canary.get('outcome')} after {canary.get('intervals')} interval(s) "
+                     f"({canary.get('canary_requests') or 0:.0f} requests): acceptance {pct(canary.get('acceptance_ratio'))}, "
+                     f"speed {pct(canary.get('speed_ratio'))} of {', '.join(canary.get('others') or []) or 'the others'}"
+                     + (f"; {canary['cause']}" if canary.get("cause") else "")
+                     + (f"; {canary['why']}" if canary.get("why") else ""))
 
 
 def gate_text(gate: dict) -> str:

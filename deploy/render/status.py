@@ -67,6 +67,14 @@ def cells(r: HostReading) -> dict[str, str]:
         "configured": {True: "yes", False: "no: " + clean(", ".join(r.differences), 60), None: "-"}[r.configured],
         "detail": clean("; ".join(r.verdict.regressions or r.verdict.lines[:1] or s.notes[:1]), 160),
     }
+    if s.canary is not None:
+        # a replica in its canary window serves a new drafter beside the others (fleet/canary.py)
+        figures = ", ".join(f"{name} {s.canary[key]:.1%}" for key, name in (("acceptance_ratio", "acceptance"),
+                                                                             ("speed_ratio", "speed"))
+                            if isinstance(s.canary.get(key), (int, float)))
+        row["detail"] = clean(f"CANARY in its live window, against {', '.join(s.canary['others']) or '-'}"
+                              + (f": {figures} of theirs" if figures else "")
+                              + (f"; {row['detail']}" if row["detail"] else ""), 160)
     return row
 
 

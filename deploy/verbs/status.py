@@ -348,6 +348,9 @@ PROM_METRICS = {
     "deployctl_status_running_requests": "Requests the server is running.",
     "deployctl_status_queued_requests": "Requests waiting in the server's queue.",
     "deployctl_status_uptime_seconds": "Seconds since the server process started.",
+    "deployctl_status_canary": "1 while the replica is a canary in its live window (restart/nightly --canary).",
+    "deployctl_status_canary_acceptance_ratio": "A canary's live accept length over the other replicas' (its window so far).",
+    "deployctl_status_canary_speed_ratio": "A canary's live output speed over the other replicas' (its window so far).",
     "deployctl_status_timestamp_seconds": "When deployctl read these figures (Unix time).",
 }
 
@@ -369,6 +372,9 @@ def _prom_values(r: HostReading, now: float) -> dict[str, float | None]:
             "deployctl_status_running_requests": None if s.live.running is None else float(s.live.running),
             "deployctl_status_queued_requests": None if s.live.queued is None else float(s.live.queued),
             "deployctl_status_uptime_seconds": s.uptime_s,
+            "deployctl_status_canary": float(s.canary is not None),
+            "deployctl_status_canary_acceptance_ratio": (s.canary or {}).get("acceptance_ratio"),
+            "deployctl_status_canary_speed_ratio": (s.canary or {}).get("speed_ratio"),
         }
     return values
 

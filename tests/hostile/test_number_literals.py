@@ -143,6 +143,8 @@ def _nested_models(model, path: tuple, seen=()) -> list:
 
 #: what a nested model needs in BASE to be valid at all
 NESTED_BASE = {("runs", 0, "router"): {"host": "gpu-a"}, ("runs", 0, "timeouts"): {}}
+#: what the run around a nested model needs (a canary needs a router)
+NESTED_RUN = {("runs", 0, "rollout", "canary"): {"router": {"host": "gpu-a"}}}
 
 
 def _nested_cases():
@@ -162,9 +164,10 @@ def test_the_schema_walk_reaches_the_router_port():
 @pytest.mark.parametrize("name,path,field,word", NESTED_CASES, ids=[c[0] for c in NESTED_CASES])
 def test_nested_config_number_not_decimal(tmp_path, capsys, name, path, field, word):
     document = copy.deepcopy(BASE)
+    document["runs"][0].update(NESTED_RUN.get(path, {}))
     cursor = document
     for part in path[:-1]:
-        cursor = cursor[part]
+        cursor = cursor[part] if isinstance(part, int) else cursor.setdefault(part, {})
     cursor[path[-1]] = dict(NESTED_BASE.get(path, {}), **{field: "__PLACEHOLDER__"})
     data = dump(document).replace(b"'__PLACEHOLDER__'", word.encode()).replace(b"__PLACEHOLDER__", word.encode())
     config = tmp_path / "deployctl.yaml"

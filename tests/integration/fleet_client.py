@@ -22,10 +22,11 @@ class ClientStats:
     timeline: list[tuple[float, float, bool]] = field(default_factory=list)
 
 
-def stream_once(address: str, port: int, max_new_tokens: int = 32, timeout: float = 30) -> tuple[bool, str]:
+def stream_once(address: str, port: int, max_new_tokens: int = 32, timeout: float = 30,
+                text: str = "rolling restart probe") -> tuple[bool, str]:
     conn = http.client.HTTPConnection(address, port, timeout=timeout)
     try:
-        body = json.dumps({"text": "rolling restart probe", "stream": True,
+        body = json.dumps({"text": text, "stream": True,
                            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}})
         conn.request("POST", "/generate", body=body, headers={"content-type": "application/json"})
         resp = conn.getresponse()
@@ -50,9 +51,14 @@ def stream_once(address: str, port: int, max_new_tokens: int = 32, timeout: floa
 
 
 class StreamingClient:
-    def __init__(self, address: str, port: int, concurrency: int = 2, max_new_tokens: int = 32):
+    def __init__(self, address: str, port: int, concurrency: int = 2, max_new_tokens: int = 32,
+                 prompts: tuple[str, ...] = ("rolling restart probe",), pause_s: float = 0.0):
+        """``prompts``: cycled, one per request (the canary tests' live mix); ``pause_s``: each client's
+        pause between requests (steady traffic at a bounded rate)."""
         self.address, self.port = address, port
         self.concurrency, self.max_new_tokens = concurrency, max_new_tokens
+        self.prompts, self.pause_s = prompts, pause_s
+        self._sent = 0
         self.stats = ClientStats()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -61,7 +67,10 @@ class StreamingClient:
     def _loop(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            ok, why = stream_once(self.address, self.port, self.max_new_tokens)
+            with self._lock:
+                text = self.prompts[self._sent % len(self.prompts)]
+                self._sent += 1
+            ok, why = stream_once(self.address, self.port, self.max_new_tokens, text=text)
             with self._lock:
                 self.stats.timeline.append((started, time.monotonic(), ok))
                 if ok:
@@ -69,6 +78,8 @@ class StreamingClient:
                 else:
                     self.stats.failed += 1
                     self.stats.errors.append(why)
+            if self.pause_s:
+                self._stop.wait(self.pause_s)
 
     def __enter__(self) -> "StreamingClient":
         for i in range(self.concurrency):

@@ -32,7 +32,7 @@ def busy_program(tag: str) -> str:
 def left(sandbox, tag: str) -> str:
     """The host user's processes whose command line has ``tag``, still running (a zombie left to a PID 1 that
     reaps no orphans, as this machine's, runs nothing)."""
-    return sandbox.run("sb1", f"pgrep -a -u \"$(id -u)\" -f '{tag}' | grep -v -e pgrep -e '<defunct>' || true"
+    return sandbox.run("sb1", f"pgrep -a -u $(id -u) -f '{tag}' | grep -v -e '[p]grep' -e '<defunct>' || true"
                        ).stdout.strip()
 
 

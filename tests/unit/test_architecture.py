@@ -198,11 +198,11 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
         "deploy.ssh": ("__init__", "agent", "bounded_channel", "config", "config_eval", "hop", "process_group", "transport",
                        "trust"),
         "deploy.host": ("__init__", "deployment", "sglang_argv", "state_layout"),
-        "deploy.local": ("__init__", "datasets", "history", "same_night", "state", "throughput_gate"),
+        "deploy.local": ("__init__", "canary_gate", "datasets", "history", "same_night", "state", "throughput_gate"),
     }),
     # command builders and strict parsers; the doctor"s judgements over them
     ("facts", {
-        "deploy.facts": ("__init__", "bench", "doctor", "drafter_swap", "fixer", "fuser", "gpus", "helpers",
+        "deploy.facts": ("__init__", "bench", "canary", "doctor", "drafter_swap", "fixer", "fuser", "gpus", "helpers",
                          "host_helper", "inline", "quarantine", "server", "status"),
         "deploy.doctor": ("__init__", "before_stop", "checks", "sglang_options", "speculation", "suspects",
                           "verdict"),
@@ -221,7 +221,7 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     }),
     # run-level phases: router, rolling batches, node groups
     ("fleet", {
-        "deploy.fleet": ("__init__", "doctor", "nodes", "phases", "plan", "rolling", "rollout", "router",
+        "deploy.fleet": ("__init__", "canary", "doctor", "nodes", "phases", "plan", "rolling", "rollout", "router",
                          "router_package", "router_ports", "router_watch"),
     }),
     # the read-only verbs and sweeps
@@ -230,7 +230,7 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     }),
     # what a person reads
     ("render", {
-        "deploy.render": ("__init__", "bench_report", "report", "status"),
+        "deploy.render": ("__init__", "bench_report", "canary_report", "report", "status"),
     }),
     # one module per verb, and the package"s entry points
     ("cli", {

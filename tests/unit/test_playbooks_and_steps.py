@@ -324,7 +324,7 @@ def test_doctor_plan_is_one_command_and_sends_the_helper_inline():
 STEP_FILES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "steps").glob("*.py"))
 #: not steps: what steps share (base, the typed memory), and swap_decision (pure, no host: swap-drafter and plan ask it)
 #: memory.py (typed step memory), failure_cause.py (the typed failure classification the steps and the engine
-#: share, issue 28) and drafter_swap.py (the swap decision, issue 29) are not steps
+#: share, issue 28) and swap_decision.py (the swap decision, issue 29) are not steps
 NOT_STEPS = ("base.py", "memory.py", "__init__.py", "swap_decision.py", "failure_cause.py")
 
 

@@ -75,6 +75,8 @@ badness and a rollback to the previous drafter's bytes really cures it):
                                  weights are garbage would give);
   SIMULATION-decode-speed        a float F in (0, 10]: each decode step takes 1/F as long (F 0.5:
                                  half the output throughput, an injectable regression).
+  SIMULATION-prompt-kinds        a JSON object {kind: factor}: this drafter's acceptance per prompt kind
+                                 (srt/speculative/prompt_kinds.py: traffic-dependent acceptance, issue 43).
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from sglang.srt.layers.quantization import QUANTIZATION_CHOICES
 from sglang.srt.managers.weight_update import WEIGHT_UPDATE_PATHS, WeightUpdater
-from sglang.srt.speculative import pitfalls
+from sglang.srt.speculative import pitfalls, prompt_kinds
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 SIM_STEP_S = 0.0195  # one simulated decode step of a large MoE target at TP8
@@ -439,6 +441,8 @@ class Speculation:
     simulated_accept: float | None = None
     #: positions the drafter drafts well at (its window); later steps accept only the bonus token
     draft_window: int | None = None
+    #: SIMULATION-prompt-kinds: this drafter's extra-token factor per prompt kind (prompt_kinds.py)
+    kind_factors: dict = field(default_factory=dict)
     #: the draft and target config.json the server launched with (a weight update keeps them)
     draft_config: dict = field(default_factory=dict)
     target_config: dict = field(default_factory=dict)
@@ -459,7 +463,7 @@ def drafter_markers(draft_dir: str) -> dict[str, str]:
     return found
 
 
-MARKERS = ("crash-during-load", "crash-on-generate", "accept-nothing", "decode-speed")
+MARKERS = ("crash-during-load", "crash-on-generate", "accept-nothing", "decode-speed", "prompt-kinds")
 
 
 def read_drafter_markers(markers: dict[str, str], spec: "Speculation") -> None:
@@ -481,6 +485,9 @@ def read_drafter_markers(markers: dict[str, str], spec: "Speculation") -> None:
         if not 0 < factor <= 10:
             raise ValueError(f"SIMULATION-decode-speed must be in (0, 10], got {speed!r}")
         spec.step_s = SIM_STEP_S / factor
+    kinds = marker("prompt-kinds")
+    if kinds is not None:
+        spec.kind_factors = prompt_kinds.parse_marker(kinds)
 
 
 def analyse_speculation(args: argparse.Namespace, version: str) -> Speculation:
@@ -817,6 +824,10 @@ class MetricsState:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.requests = 0
+        #: sglang:inter_token_latency_seconds (a histogram: the decode time per output token, per request)
+        self.itl_sum = 0.0
+        self.itl_count = 0
+        self.itl_buckets = [0] * len(ITL_BUCKETS)
         self.created = time.time()
         self._v = 0.5
 
@@ -824,10 +835,19 @@ class MetricsState:
         if accept is not None:
             self.accept_length, self.accept_rate = accept, rate
 
-    def finished(self, prompt_tokens: int, completion_tokens: int) -> None:
+    def finished(self, prompt_tokens: int, completion_tokens: int, decode_s: float = 0.0) -> None:
         self.prompt_tokens += prompt_tokens
         self.generation_tokens += completion_tokens
         self.requests += 1
+        if completion_tokens > 1 and decode_s > 0:
+            # SGLang observes one inter-token gap per streamed output chunk; the stand-in observes the
+            # request's mean gap once per output token (the histogram's mean is what deployctl reads)
+            gap = decode_s / completion_tokens
+            self.itl_sum += gap * completion_tokens
+            self.itl_count += completion_tokens
+            for i, bound in enumerate(ITL_BUCKETS):
+                if gap <= bound:
+                    self.itl_buckets[i] += completion_tokens
 
     def decayed(self, accepted: int, factor: float) -> int:
         if factor >= 1.0 or accepted <= 1:
@@ -859,7 +879,17 @@ class MetricsState:
             # prometheus_client: a Counter exposes NAME_total and NAME_created
             out += [f"# HELP {base}_total {doc}", f"# TYPE {base}_total counter",
                     f"{base}_total{tokenizer} {float(value)}", f"{base}_created{tokenizer} {self.created}"]
+        metric = "sglang:inter_token_latency_seconds"
+        out += [f"# HELP {metric} Histogram of inter-token latency in seconds.", f"# TYPE {metric} histogram"]
+        for bound, count in zip(ITL_BUCKETS, self.itl_buckets):
+            out.append(f'{metric}_bucket{{le="{bound}",model_name="{name}"}} {float(count)}')
+        out += [f'{metric}_bucket{{le="+Inf",model_name="{name}"}} {float(self.itl_count)}',
+                f"{metric}_count{tokenizer} {float(self.itl_count)}", f"{metric}_sum{tokenizer} {self.itl_sum}"]
         return "\n".join(out) + "\n"
+
+
+#: sglang:inter_token_latency_seconds' bucket bounds (a subset of SGLang's, srt/metrics/collector.py)
+ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.2)
 
 
 class Engine:
@@ -881,6 +911,7 @@ class Engine:
         self.avg_accept: float | None = None
         self.last_gen_throughput = 0.0
         self._u = seed % 1.0
+        self._w = (seed * 7.0) % 1.0
         self.metrics_state = MetricsState()
         self.weight_version = args.weight_version
         self.weight_updates = WeightUpdater(self, version)
@@ -888,7 +919,7 @@ class Engine:
     def swap_draft(self, names: list[str], digest: str, markers: dict[str, str]) -> None:
         """Load a new drafter's tensors into the running draft model (SGLang's draft runners call
         the draft model's own load_weights): acceptance follows from the same rules as a launch."""
-        fresh = dataclasses.replace(self.spec, accept_p=0.0, collapse_reason=None, debug=[],
+        fresh = dataclasses.replace(self.spec, accept_p=0.0, collapse_reason=None, debug=[], kind_factors={},
                                     crash_during_load=False, crash_on_generate=False, step_s=SIM_STEP_S)
         fresh = draft_weights_effect(fresh, self.args, self.version, names, digest, markers)
         if self.args.log_level.lower() == "debug":
@@ -942,8 +973,11 @@ class Engine:
         self.interval_steps = 0
         self.interval_tokens = 0
 
-    def generate(self, prompt_tokens: int, max_new_tokens: int, emit=None) -> tuple[str, dict]:
-        """One request; ``emit(text_so_far)`` (streaming) is called as the simulated time passes."""
+    def generate(self, prompt_tokens: int, max_new_tokens: int, emit=None, text: str = "") -> tuple[str, dict]:
+        """One request; ``emit(text_so_far)`` (streaming) is called as the simulated time passes. ``text``:
+        the prompt, whose kind scales the drafter's acceptance (prompt_kinds.py; token ids: instruct, 1.0)."""
+        kind = prompt_kinds.kind_of(text) if text else "instruct"
+        kind_factor = prompt_kinds.factor(kind, self.spec.kind_factors)
         with self.lock:
             self.running += 1
             self.total_tokens_in_use += prompt_tokens
@@ -957,7 +991,11 @@ class Engine:
         try:
             while produced < max_new_tokens:
                 with self.lock:
-                    k = self.metrics_state.decayed(self._accepted_this_step(prompt_tokens + produced), decay)
+                    k = self._accepted_this_step(prompt_tokens + produced)
+                    if self.spec.enabled and self.spec.simulated_accept is None:
+                        self._w = (self._w + 0.5698402909980532) % 1.0
+                        k = prompt_kinds.scaled(k, kind_factor, self.spec.draft_tokens, self._w)
+                    k = self.metrics_state.decayed(k, decay)
                     steps += 1
                     produced += k
                     self.total_tokens_in_use += k
@@ -989,7 +1027,7 @@ class Engine:
                 self.running -= 1
                 self.total_tokens_in_use = max(0, self.total_tokens_in_use - prompt_tokens - produced)
         with self.lock:
-            self.metrics_state.finished(prompt_tokens, max_new_tokens)
+            self.metrics_state.finished(prompt_tokens, max_new_tokens, steps * self.spec.step_s)
         text = " ".join(FILLER[(i * 7 + prompt_tokens) % len(FILLER)] for i in range(max_new_tokens))
         meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": "length", "length": max_new_tokens},
                 "prompt_tokens": prompt_tokens, "completion_tokens": max_new_tokens,
@@ -1202,11 +1240,11 @@ class Handler(BaseHTTPRequestHandler):
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
                 results = []
                 for item in prompt:
-                    text, meta = engine.generate(_words(item), n)
+                    text, meta = engine.generate(_words(item), n, text=item)
                     results.append({"text": text, "meta_info": meta})
                 self._json(200, results)
                 return
-            text, meta = engine.generate(_words(prompt), n)
+            text, meta = engine.generate(_words(prompt), n, text=prompt if isinstance(prompt, str) else "")
             self._json(200, {"text": text, "meta_info": meta})
             return
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
@@ -1252,7 +1290,8 @@ class Handler(BaseHTTPRequestHandler):
         def emit(text: str) -> None:
             chunk(b"data: " + json.dumps({"text": text, "meta_info": {"id": rid}}).encode() + b"\n\n")
 
-        text, meta = engine.generate(_words(body.get("text", "")), n, emit=emit)
+        prompt = body.get("text", "")
+        text, meta = engine.generate(_words(prompt), n, emit=emit, text=prompt if isinstance(prompt, str) else "")
         chunk(b"data: " + json.dumps({"text": text, "meta_info": meta}).encode() + b"\n\n")
         chunk(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")

@@ -1,0 +1,407 @@
+"""The canary: the first batch of a roll behind the router, judged on live traffic (issue 43).
+
+Every gate before it judges a drafter on prompts deployctl chose; acceptance depends on what is
+generated, so a drafter retrained on another data mix can pass verify and the benchmark gate and
+still accept less on what users send. With ``rollout.canary`` (or ``restart --canary``) the roll is:
+
+1. ``canary: last good of X`` (before anything changes): each canary host's last good record is
+   read; a host without one is refused (exit 8, nothing changed): the canary could not go back.
+2. the first batch is redeployed as any batch (out of the router, drained, the playbook: doctor,
+   verify, the benchmark gate if the playbook has one, record-good; back into the router).
+3. ``canary window``: for up to ``window`` seconds every replica's own figures are read at the same
+   instants, every ``interval`` (one host-side loop on the router host, fleet_ops.py poll metrics),
+   and deploy/local/canary_gate.decide judges the canary's intervals against the others' after each:
+   - **promote**: the roll goes on with the next batches;
+   - **roll back** (its live acceptance, or speed, is below the others' beyond the traffic's noise):
+     each canary replica leaves the router and is drained (the others serve, never below N-1), its
+     last good record (read in 1.) is written back, its last good deployment relaunched and verified
+     (the session's own rollback, deploy/engine/session.py roll_back), the new drafter's fingerprint
+     quarantined on it with the cause ("canary: live acceptance" or "canary: live speed"), and it is
+     put back into the router; exit 12, the later batches are not touched;
+   - **inconclusive** at the end of the window: ``rollout.canary.inconclusive`` says which way:
+     ``keep`` (the default) goes back to the last good one as above but quarantines nothing (exit
+     11); ``promote`` goes on;
+   - a signal during the window (Ctrl-C, SIGTERM) rolls the canary back as for a rollback, without
+     a quarantine, says so, then stops as the signal asks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from deploy.base.errors import DeployError, ExitCode, Regression
+from deploy.config.models import CanarySpec, Host
+from deploy.fleet.phases import RunPhase, RunState, open_router
+
+
+class CanaryRefused(DeployError):
+    """A canary host has no last good deployment to go back to: refused before anything changed (exit 8,
+    like the fleet's pre-flight)."""
+    exit_code = ExitCode.VERIFY
+
+
+class CanaryRolledBack(Regression):
+    """The canary's live figures were below the others': rolled back to its last good (exit 12)."""
+
+
+class CanaryKept(DeployError):
+    """The canary window could not tell (or a signal came): the canary went back to its last good (exit 11)."""
+    exit_code = ExitCode.ROLLED_BACK
+
+
+def names(hosts: Sequence[Host]) -> str:
+    return ",".join(h.name for h in hosts)
+
+
+def canary_phases(spec: CanarySpec, batch: tuple[Host, ...], playbook,
+                  url_of: Callable[[RunState, Host], str]) -> tuple[RunPhase, RunPhase]:
+    """(the phase before the canary's batch, the window after its router-add); ``url_of``: a replica's
+    worker URL as the router reaches it (fleet/rolling.py)."""
+    return (RunPhase(f"canary: last good of {names(batch)}", _keep_last_good(batch), plan=_keep_plan(batch)),
+            RunPhase(f"canary window {names(batch)}: live figures against the other replicas' (at most "
+                     f"{spec.window:g} s, every {spec.interval:g} s)", _window(spec, batch, url_of),
+                     plan=_window_plan(spec, batch, playbook)))
+
+
+# -- before: what the canary would go back to ------------------------------------------------------
+
+
+def _keep_last_good(batch: tuple[Host, ...]):
+    def action(state: RunState) -> str:
+        from deploy.facts.server import parse_record, read_record_command
+        from deploy.host.state_layout import last_good_path
+        from deploy.ssh.transport import HostConnection
+
+        kept: dict[str, dict] = {}
+        missing = []
+        for host in batch:
+            path = last_good_path(host.state_dir)
+            with HostConnection(host, state.config.ssh, state.jumps) as conn:
+                record = parse_record(conn.run(read_record_command(path), timeout=60).stdout, host.name, path)
+            if record is None:
+                missing.append(host.name)
+            else:
+                kept[host.name] = record
+        if missing:
+            raise CanaryRefused(f"canary: no last good deployment is recorded on {', '.join(missing)}: the canary "
+                                  "could not go back to one; nothing was changed (deploy it once without the canary)")
+        state.data["canary_last_good"] = kept
+        return "the canary goes back to: " + "; ".join(f"{n} {r.get('drafter_path')}" for n, r in kept.items())
+    return action
+
+
+def _keep_plan(batch: tuple[Host, ...]):
+    def plan(view) -> list[tuple[str, Any]]:
+        from deploy.facts.server import read_record_command
+        from deploy.host.state_layout import last_good_path
+        from deploy.steps.base import Command
+
+        return [(h.name, Command(description="read the last good deployment the canary would go back to (none: "
+                                             "refused, exit 8, nothing changed)",
+                                 command=read_record_command(last_good_path(h.state_dir)))) for h in batch]
+    return plan
+
+
+# -- the window ----------------------------------------------------------------------------------
+
+
+def _window(spec: CanarySpec, batch: tuple[Host, ...], url_of: Callable[[RunState, Host], str]):
+    def action(state: RunState) -> str:
+        from deploy.facts.canary import interval, parse_instant
+        from deploy.local.canary_gate import Decision, Settings, decide
+
+        outcomes = {h.name: state.reports[h.name].outcome for h in batch if h.name in state.reports}
+        if len(outcomes) != len(batch) or any(o != "ok" for o in outcomes.values()):
+            state.data["canary"] = {"hosts": [h.name for h in batch], "outcome": "not-run",
+                                    "why": f"the canary batch did not deploy a new drafter ({outcomes})"}
+            return f"no window: the canary batch did not deploy a new drafter ({', '.join(f'{k} {v}' for k, v in outcomes.items())})"
+        router = open_router(state)
+        ours = {h.name for h in batch}
+        canary_urls = [url_of(state, h) for h in batch]
+        healthy = {w["url"] for w in router.workers() if w["is_healthy"]}
+        others = [h for h in state.config.hosts_of(state.run) if h.name not in ours and url_of(state, h) in healthy]
+        other_urls = [url_of(state, h) for h in others]
+        settings = Settings(tolerance=spec.tolerance, alpha=spec.alpha, min_requests=spec.min_requests,
+                            looks=max(1, int(spec.window // spec.interval)))
+        intervals: list = []
+        seen: dict[str, Any] = {"previous": None, "start": None, "decision": None}
+
+        def observe(line: dict, arrived: float) -> bool:
+            instant = parse_instant(line, canary_urls + other_urls, router.host.name)
+            if seen["previous"] is None:
+                seen["previous"], seen["start"] = instant, instant.at
+                return False
+            intervals.append(interval(seen["start"], seen["previous"], instant, canary_urls, other_urls))
+            seen["previous"] = instant
+            decision = decide(intervals, settings, final=len(intervals) >= settings.looks)
+            if len(intervals) % 10 == 0 or decision.outcome != "watching":
+                state.progress("*", "canary", f"{len(intervals)}/{settings.looks} intervals: {decision.line()}")
+            if len(intervals) % 10 == 0 and decision.outcome == "watching":
+                _update_marks(state, batch, decision)
+            if decision.outcome != "watching":
+                seen["decision"] = decision
+                return True
+            return False
+
+        started = time.monotonic()
+        state.data["canary"] = {"hosts": [h.name for h in batch], "others": [h.name for h in others],
+                                "outcome": "watching", "settings": spec.model_dump()}
+        _mark(state, batch, [h.name for h in others], spec)
+        try:
+            if not other_urls:
+                seen["decision"] = decide([], settings, final=True)
+            else:
+                router.watch_metrics(canary_urls + other_urls, spec.interval, spec.window, observe)
+        except KeyboardInterrupt:
+            _record(state, None, intervals, started, "a signal during the window")
+            state.progress("*", "canary", "a signal during the window: the canary goes back to its last good drafter")
+            _go_back(state, batch, url_of, "a signal came during the canary window", None)
+            raise
+        except DeployError as exc:
+            # a read of another shape (strictly refused), the router host lost: nothing judged the new
+            # drafter, so the canary does not stay on it
+            first = str(exc).splitlines()[0][:300]
+            _record(state, None, intervals, started, f"the window's reads failed: {first}", "failed")
+            state.progress("*", "canary", f"the window's reads failed ({first}): the canary goes back to its "
+                                          "last good drafter")
+            _go_back(state, batch, url_of, f"the window's reads failed: {first}", None)
+            raise
+        finally:
+            _unmark(state, batch)
+        decision: Decision | None = seen["decision"]
+        if decision is None:  # the loop ended without a decision: cancelled
+            decision = decide(intervals, settings, final=True)
+        _record(state, decision, intervals, started, None)
+        if decision.outcome == "promote" or (decision.outcome == "inconclusive" and spec.inconclusive == "promote"):
+            how = "" if decision.outcome == "promote" else " (rollout.canary.inconclusive: promote)"
+            state.data["canary"]["action"] = "promoted"
+            return f"PROMOTED{how}: {decision.line()}"
+        if decision.outcome == "roll-back":
+            state.data["canary"]["action"] = "rolled back, quarantined"
+            _go_back(state, batch, url_of, decision.line(), decision.cause)
+            raise CanaryRolledBack(f"canary {names(batch)} rolled back to its last good drafter ({decision.cause}): "
+                                   f"{decision.line()}; the other replicas were not touched")
+        state.data["canary"]["action"] = "kept the last good drafter"
+        _go_back(state, batch, url_of, f"canary inconclusive: {decision.why}", None)
+        raise CanaryKept(f"canary {names(batch)} inconclusive at the end of its window ({decision.why}): back on its "
+                         "last good drafter (rollout.canary.inconclusive: keep); nothing quarantined; the other "
+                         "replicas were not touched")
+    return action
+
+
+def _mark(state: RunState, batch: tuple[Host, ...], others: list[str], spec: CanarySpec) -> None:
+    """canary.json on each canary host for the window, so that ``status`` marks the replica: the running
+    server's PID (read from its PID file) and the window's end by this machine's clock (Unix time)."""
+    from deploy.base.shell import quote_path
+    from deploy.host.state_layout import StatePaths
+    from deploy.ssh.transport import HostConnection
+
+    now = time.time()
+    marks = state.data.setdefault("canary_marks", {})
+    for host in batch:
+        paths = StatePaths(host.state_dir)
+        with HostConnection(host, state.config.ssh, state.jumps) as conn:
+            text = conn.run(f"head -c 64 -- {quote_path(paths.pidfile)} 2>/dev/null; true", timeout=30).stdout.strip()
+            if not text.isdigit():
+                continue  # no PID: no mark (status then shows no canary; the window goes on)
+            marks[host.name] = {"run": state.run.name, "since": now, "until": now + spec.window + 60,
+                                "pid": int(text), "others": others}
+            _write_mark(conn, host, marks[host.name])
+
+
+def mark_command(host: Host) -> str:
+    """The mark's write: host_ops' replace_file of canary.json, the mark on stdin (records never go on a
+    command line, issue 38)."""
+    from deploy.base.shell import quote_path
+    from deploy.facts.helpers import write_file_command
+    from deploy.host.state_layout import StatePaths, canary_path
+
+    return write_file_command(host.python, StatePaths(host.state_dir).helper("host_ops.py"),
+                              quote_path(canary_path(host.state_dir)))
+
+
+def _write_mark(conn, host: Host, mark: dict) -> None:
+    from deploy.facts.server import record_stdin
+
+    conn.check(mark_command(host), timeout=30, what="writing the canary mark",
+               stdin=record_stdin(mark, host.name, "the canary mark"))
+
+
+def _update_marks(state: RunState, batch: tuple[Host, ...], decision) -> None:
+    """The mark with the window's figures so far (status and its prom file show them): every 10 intervals.
+    A failed write is said and the window goes on (the mark is a record for status, not the decision)."""
+    from deploy.ssh.transport import HostConnection
+
+    ratios = {c.figure: c.ratio for c in decision.comparisons}
+    figures = {"acceptance_ratio": ratios.get("acceptance"), "speed_ratio": ratios.get("speed"),
+               "intervals": decision.intervals, "canary_requests": decision.canary_requests,
+               "outcome": decision.outcome}
+    for host in batch:
+        mark = state.data.get("canary_marks", {}).get(host.name)
+        if mark is None:
+            continue
+        mark.update(figures)
+        try:
+            with HostConnection(host, state.config.ssh, state.jumps) as conn:
+                _write_mark(conn, host, mark)
+        except DeployError as exc:
+            state.progress(host.name, "canary", f"could not update the canary mark: {str(exc).splitlines()[0][:200]}")
+
+
+def _unmark(state: RunState, batch: tuple[Host, ...]) -> None:
+    from deploy.host.state_layout import canary_path
+    from deploy.base.shell import quote_path
+    from deploy.ssh.transport import HostConnection
+
+    for host in batch:
+        try:
+            with HostConnection(host, state.config.ssh, state.jumps) as conn:
+                conn.run(f"rm -f -- {quote_path(canary_path(host.state_dir))}", timeout=30)
+        except DeployError as exc:  # the mark names the server and its window's end: a stale one is ignored
+            state.progress(host.name, "canary", f"could not remove the canary mark: {str(exc).splitlines()[0][:200]}")
+
+
+def _record(state: RunState, decision, intervals: list, started: float, signal: str | None,
+            outcome: str = "interrupted") -> None:
+    entry = state.data["canary"]
+    entry["seconds"] = round(time.monotonic() - started, 3)
+    entry["intervals"] = [{"at": round(i.at, 3),
+                           "canary": {"accept": i.canary.accept, "requests": i.canary.requests,
+                                      "token_s": i.canary.token_s},
+                           "others": {"accept": i.others.accept, "requests": i.others.requests,
+                                      "token_s": i.others.token_s}} for i in intervals]
+    if decision is not None:
+        entry |= {"outcome": decision.outcome, "decision": decision.to_dict(), "line": decision.line()}
+    else:
+        entry |= {"outcome": outcome, "why": signal}
+    # each canary host's history row and plain report line carry the decision in short
+    ratios = {c["figure"]: c["ratio"] for c in (entry.get("decision") or {}).get("comparisons", [])}
+    short = {"outcome": entry["outcome"], "cause": (entry.get("decision") or {}).get("cause"),
+             "acceptance_ratio": ratios.get("acceptance"), "speed_ratio": ratios.get("speed"),
+             "intervals": len(intervals), "seconds": entry["seconds"],
+             "canary_requests": (entry.get("decision") or {}).get("canary_requests"),
+             "others": entry.get("others", []), "why": (entry.get("decision") or {}).get("why") or signal}
+    for name in entry.get("hosts", []):
+        report = state.reports.get(name)
+        if report is not None:
+            report.facts["canary"] = short
+
+
+def _go_back(state: RunState, batch: tuple[Host, ...], url_of: Callable[[RunState, Host], str], why: str,
+             cause: str | None) -> None:
+    """Each canary replica: out of the router and drained, its last good record written back, its last good
+    deployment relaunched and verified, the new fingerprint quarantined (``cause``), back into the router."""
+    from deploy.engine.session import roll_back, step_context
+    from deploy.ssh.transport import HostConnection
+    from deploy.steps import record_good
+    from deploy.steps.memory import StepMemory
+
+    router = open_router(state)
+    kept = state.data.get("canary_last_good", {})
+    for host in batch:
+        url = url_of(state, host)
+        listed = [w for w in router.workers() if w["url"] == url]
+        for w in listed:
+            state.rotation.setdefault(host.name, {})["out"] = router.remove(w["url"], settle=False)
+        if listed:
+            router.drain(url, router.spec.drain_timeout_s)
+        report = state.reports[host.name]
+        report.error = CanaryRolledBack(f"{cause}: {why}") if cause else CanaryKept(f"canary: {why}")
+        new_fingerprint = report.facts.get("drafter_fingerprint")
+        held = state.options.held_locks.get(host.name) if state.options.held_locks else None
+        with HostConnection(host, state.config.ssh, state.jumps) as conn:
+            ctx = step_context(host, state.run, record_good.Settings(step="record-good"), conn, state.stamp,
+                               state.progress)
+            write = record_good.write_action(ctx, kept[host.name], None)  # the record on stdin (issue 38)
+            conn.check(write.command, timeout=60, what="restoring the last good record", stdin=write.stdin)
+            memory = StepMemory(host_lock=held.held if held is not None else None)
+            roll_back(report, state.playbook, state.run, conn, state.stamp, state.progress, memory, threading.Event())
+            if cause and new_fingerprint and not memory.rollback_failed:
+                _quarantine(state, conn, host, new_fingerprint, cause, why, report)
+        if report.outcome in ("rolled-back", "regression"):
+            router.settled()
+            if url not in {w["url"] for w in router.workers()}:
+                router.add(url)
+            state.rotation.setdefault(host.name, {})["in"] = time.monotonic()
+
+
+def _quarantine(state: RunState, conn, host: Host, fingerprint: str, cause: str, why: str, report) -> None:
+    from datetime import datetime, timezone
+
+    from deploy.facts.quarantine import parse_update, update_command
+
+    entry = {"failed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "verb": state.options.command,
+             "run": state.run.name, "exit_code": int(ExitCode.REGRESSION), "reason": f"{cause}: {why[:300]}",
+             "drafter_path": report.facts.get("drafter_path")}
+    try:
+        parse_update(conn.check(update_command(host.python, host.state_dir, "add", fingerprint, entry), timeout=30,
+                                what="quarantine").stdout, host.name)
+    except DeployError as exc:
+        report.warnings.append(f"could not update the quarantine record: {exc}")
+        return
+    note = f"quarantined drafter fingerprint {fingerprint[:16]} on this host ({cause})"
+    report.warnings.append(note)
+    state.progress(host.name, "quarantine", note)
+
+
+def _window_plan(spec: CanarySpec, batch: tuple[Host, ...], playbook):
+    def plan(view) -> list[tuple[str, Any]]:
+        import dataclasses
+
+        from deploy.engine.plan import plan_failure
+        from deploy.engine.session import step_context
+        from deploy.facts.quarantine import update_command
+        from deploy.steps import record_good
+        from deploy.fleet.router import worker_url
+        from deploy.steps.base import Command
+
+        calls, at = view.calls, view.router_host
+        urls = [worker_url(view.run, view.network(h)) for h in view.config.hosts_of(view.run)]
+        back = "the canary goes back to its last good drafter (rolled back, inconclusive with keep, or a signal)"
+        from deploy.base.shell import quote_path
+        from deploy.host.state_layout import StatePaths, canary_path
+
+        steps: list[tuple[str, Any]] = [(at, calls.workers(True))]
+        for host in batch:
+            paths = StatePaths(host.state_dir)
+            steps += [(host.name, Command(description="the server's PID, for the canary mark",
+                                          command=f"head -c 64 -- {quote_path(paths.pidfile)} 2>/dev/null; true")),
+                      (host.name, Command(description="the canary mark status reads (canary.json: the run, the server's "
+                                                      "PID, the window's end, the others)",
+                                          command=mark_command(view.network(host)),
+                                          stdin_shown="the canary mark (JSON)"))]
+        steps.append((at, calls.watch_metrics(urls, spec.interval, spec.window)))
+        for host in batch:
+            steps.append((host.name, Command(description="the canary mark with the window's figures so far (its "
+                                                         "acceptance and speed against the others')",
+                                             when="every 10 intervals while the window watches",
+                                             command=mark_command(view.network(host)),
+                                             stdin_shown="the canary mark (JSON)")))
+        steps += [(h.name, Command(description="remove the canary mark", when="the window ended (decided, or a signal)",
+                                   command=f"rm -f -- {quote_path(canary_path(h.state_dir))}")) for h in batch]
+        for host in batch:
+            url = worker_url(view.run, view.network(host))
+            steps += [(at, dataclasses.replace(calls.remove(url, "<worker id>", True), when=back)),
+                      (at, dataclasses.replace(calls.watch_loads(url), when=back)),
+                      (host.name, dataclasses.replace(
+                          record_good.write_action(step_context(view.network(host), view.run,
+                                                                record_good.Settings(step="record-good"), None,
+                                                                view.stamp, lambda *a: None),
+                                                   {"env_file": "<as recorded>"}, None,
+                                                   shown="the last good record read before the canary's redeploy"),
+                          description="write back the last good record read before the canary's redeploy", when=back))]
+            for step, actions in plan_failure(playbook, view.run, view.network(host)):
+                if step.startswith("rollback"):
+                    steps += [(host.name, dataclasses.replace(a, when=back)) for a in actions if hasattr(a, "when")]
+            steps += [(host.name, Command(description="quarantine the new drafter's fingerprint on this host, with the "
+                                                      "cause (canary: live acceptance, or canary: live speed)",
+                                          when="the canary is rolled back (not when inconclusive or on a signal)",
+                                          command=update_command(host.python, host.state_dir, "add", "<the new fingerprint>",
+                                                                 {"reason": "<cause>: <the decision>"},
+                                                                 script="<deploy/remote/quarantine.py>"))),
+                      (at, dataclasses.replace(calls.add(url, True), when=back + "; it serves its last good one again"))]
+        return steps
+    return plan
