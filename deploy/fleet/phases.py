@@ -104,6 +104,12 @@ class RunResult:
         return ExitCode(self.error.exit_code) if self.error is not None else ExitCode.OK
 
 
+#: first lines whose following lines are deployctl's own and belong on the progress line too: the
+#: router's log tail (router_watch.py) and the fleet pre-flight's problems (rolling.py PreflightFailed).
+#: Not a server's log tail ("Last 50 lines of ...:"): SGLang's, often a Python traceback
+QUOTED_AFTER = ("its log ends:", "each keeps serving what it served:")
+
+
 class Barrier:
     """Run-level phases as barriers: a phase runs ``work`` on each of its host sessions in parallel,
     and the next phase starts only when every one has finished; the first failing phase stops the
@@ -160,7 +166,7 @@ class Barrier:
         # keeps them on the progress line too (the one line on stderr under --json: issue 37 found it
         # ending at the colon), joined and bounded. A host phase's failure says only where the run
         # stopped (``said``): a server's log tail stays in the report (SGLang's, often a traceback).
-        quoted = lines[1:31] if first.rstrip().endswith(":") else []
+        quoted = lines[1:31] if first.rstrip().endswith(QUOTED_AFTER) else []
         shown = first[:300] + "".join(f" | {line[:300]}" for line in quoted)
         self.progress("*", name, f"FAILED: {shown[:4000]}" if said is None else f"FAILED: {said}")
 
