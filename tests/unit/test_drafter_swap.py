@@ -354,38 +354,16 @@ def planned(name: str):
     return PlannedStep(name, REGISTRY[name].Settings(step=name))
 
 
-def test_a_replica_kept_for_a_swap_leaves_the_router_once_before_anything_stops_it():
-    from deploy.engine.session import leave_router_before_stop
+def test_behind_a_router_a_replica_that_would_swap_is_drained_first():
+    """Issue 41: every begin, update and end of SGLang's session takes the tokenizer's model_update_lock
+    writer lock (tokenizer_control_mixin.py, 0.5.21 - 0.5.23), which waits for every in-flight request
+    and holds new ones back: a replica kept in the router would hold its users' requests up to three
+    times the longest one. Before, the probe kept it in the router ("kept in the router (no drain)")."""
+    from deploy.fleet.rolling import probe_verdict
     from deploy.steps.memory import StepMemory
 
-    calls, said = [], []
-    memory = StepMemory(leave_router=lambda: calls.append(1) or "drained in 0.10 s")
-    progress = lambda host, step, message: said.append((step, message))  # noqa: E731
-    for name in ("doctor", "converge", "quarantine", "swap-drafter"):  # before the swap decided: still serving
-        assert leave_router_before_stop(planned(name), HOST, memory, progress) is None
-    assert calls == []
-    memory.drafter_update = {"how": "reloaded", "why": "the drafter's shapes changed"}
-    assert leave_router_before_stop(planned("stop-stale"), HOST, memory, progress) is None
-    assert calls == [1] and said == [("router", "drained in 0.10 s")]
-    assert leave_router_before_stop(planned("launch"), HOST, memory, progress) is None and calls == [1]
-    # a rollback after a swap still in the router: its own memory carries the call
-    rollback = StepMemory(leave_router=lambda: calls.append(2) or "drained").rollback_of({"argv": []})
-    assert leave_router_before_stop(planned("stop-stale"), HOST, rollback, progress) is None and calls == [1, 2]
-
-
-def test_a_swapped_replica_never_leaves_and_a_refused_leave_stops_with_the_server_as_it_was():
-    from deploy.engine.session import leave_router_before_stop
-    from deploy.base.errors import ExitCode
-    from deploy.fleet.rolling import LastHealthyWorker
-    from deploy.steps.memory import StepMemory
-
-    swapped = StepMemory(leave_router=lambda: pytest.fail("a swapped replica left the router"), swapped=True,
-                         drafter_update={"how": "swapped"})
-    assert leave_router_before_stop(planned("stop-stale"), HOST, swapped, lambda *a: None) is None
-
-    def last() -> str:
-        raise LastHealthyWorker("h: would leave the router no healthy worker; nothing was stopped")
-
-    error = leave_router_before_stop(planned("stop-stale"), HOST, StepMemory(leave_router=last, drafter_update={}),
-                                     lambda *a: None)
-    assert error is not None and error.exit_code == ExitCode.USAGE and "nothing was stopped" in str(error)
+    assert probe_verdict(True, "already running as desired", None) == ("unchanged", "already running as desired")
+    verdict, why = probe_verdict(False, "drafter fingerprint changed", "only the drafter changed so far")
+    assert verdict == "redeploy" and why == "drafter swap, drained first: only the drafter changed so far"
+    assert probe_verdict(False, "argv changed", None) == ("redeploy", "argv changed")
+    assert not hasattr(StepMemory(), "leave_router")  # no replica is kept in the router for a swap any more
