@@ -29,8 +29,8 @@ calls' durations: the time during which new requests could be held, measured by 
 
 Payload: ``MultiprocessingSerializer.serialize([(name, tensor), ...], output_str=True)`` per rank,
 with the tensors on GPU ``base_gpu_id + r`` (CUDA IPC handles: this process keeps them alive until
-the call returns). This is the only path; the sandbox supplies stand-ins of torch, safetensors.torch
-and sglang.srt.utils on its hosts' python path, as a GPU host supplies the real ones.
+the call returns). This is the only path: whatever torch, safetensors and sglang the host's python
+has are the ones it uses.
 """
 
 from __future__ import annotations
@@ -272,8 +272,8 @@ def _succeeded(status: int, answer) -> bool:
 def sglang_payloads(model_dir: str, tp: int, base_gpu_id: int) -> tuple:
     """SGLang's own serializer, one payload per TP rank with that rank's copy on its GPU.
 
-    The only payload path (the sandbox's hosts supply stand-ins of what it imports). Not yet run on
-    real GPUs: tests/device/swap_drafter_gpu.py does, on a machine that has them. As read from 0.5.23: ``MultiprocessingSerializer.serialize`` is a
+    The only payload path. Not yet run on real GPUs: tests/device/swap_drafter_gpu.py runs it on a
+    machine that has them. As read from 0.5.23: ``MultiprocessingSerializer.serialize`` is a
     ForkingPickler dump with SGLang's torch reductions (``monkey_patch_torch_reductions``), base64
     with ``output_str=True``; CUDA tensors travel as IPC handles, so the returned ``keep`` must stay
     referenced until the HTTP call has returned."""
