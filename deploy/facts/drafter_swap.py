@@ -64,7 +64,7 @@ class SendSummary(_Fact):
     weight_version: str | None
     tensors: int = Field(ge=0)
     seconds: float = Field(ge=0)
-    #: the update flushed the cache (SGLang fails the call when it cannot: then this is False and ok too)
+    #: /flush_cache after the update answered 200 (the scheduler was idle); False does not fail the swap
     flushed: bool
     #: seconds the begin, update and end calls took: each holds SGLang's model-update writer lock, which
     #: waits for every in-flight request and holds new ones back until it answers (0.5.21 - 0.5.23)

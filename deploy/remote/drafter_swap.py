@@ -13,9 +13,17 @@ srt/managers/tokenizer_control_mixin.py, srt/managers/scheduler_components/weigh
 srt/managers/tp_worker.py, srt/utils/auth.py): ``GET /server_info`` (the key works, before any GPU
 memory is taken), ``POST /begin_weight_update {"selector": "draft"}``, ``POST
 /update_weights_from_tensor`` with one payload per TP rank (rank r deserializes entry r only), the
-drafter fingerprint as ``weight_version`` and ``flush_cache: true``, then ``POST /end_weight_update``
-(always, once begin succeeded or was cut short by a signal), then ``GET /model_info``'s
-``weight_version``. One JSON line: the summary the step parses strictly.
+drafter fingerprint as ``weight_version`` and ``flush_cache: false``, then ``POST /end_weight_update``
+(always, once begin succeeded or was cut short by a signal), then ``POST /flush_cache`` (best effort,
+``flushed`` in the summary), then ``GET /model_info``'s ``weight_version``. One JSON line: the summary
+the step parses strictly.
+
+``flush_cache: false`` on the update, the flush asked for on its own afterwards: with ``flush_cache:
+true`` a flush refused because the scheduler still has requests is, in 0.5.23, a failed update whose
+weights were loaded but whose ``weight_version`` the tokenizer does not record, and in 0.5.21 an
+``assert flush_cache_success`` in the scheduler (weight_updater.py ``flush_cache_after_weight_update``),
+which ends the scheduler. ``/flush_cache`` answers 400 instead and changes nothing; the target's KV stays
+valid either way (only the draft KV of cached prefixes is the old drafter's until it is evicted).
 
 Keys (``decide_request_auth``, srt/utils/auth.py, the same in 0.5.21 and 0.5.23): /server_info and
 /model_info are NORMAL routes (``--api-key`` when the server has one, whatever ``--admin-api-key``
@@ -352,16 +360,15 @@ def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: in
     try:
         summary["stage"] = "update"
         summary["sent"] = True
+        # flush_cache false: see the module's docstring (0.5.21 asserts the flush in the scheduler)
         status, answer = _timed(summary, "update", f"{url}/update_weights_from_tensor",
                                 {"serialized_named_tensors": entries, "selector": "draft",
-                                 "weight_version": weight_version, "flush_cache": True}, admin_key, left())
+                                 "weight_version": weight_version, "flush_cache": False}, admin_key, left())
         summary.update(http_status=status, message=_message(answer))
-        # "Weights were updated, but the cache was not flushed" (weight_updater.py
-        # flush_cache_after_weight_update, 0.5.21 - 0.5.23) is a failed call like any other: the draft
-        # weights were loaded, but the tokenizer records weight_version only on success
-        # (tokenizer_control_mixin.py), so /model_info would not name the new drafter: swap-failed, reload
+        # a failed update is a failed swap, "Weights were updated, but the cache was not flushed" included
+        # (a server asked to flush by someone else): the tokenizer records weight_version only on success
+        # (tokenizer_control_mixin.py, 0.5.21 - 0.5.23), so /model_info would not name the new drafter
         updated = _succeeded(status, answer)
-        summary["flushed"] = updated
     finally:
         keep = None  # noqa: F841 - the server has copied the tensors (or failed): release them
         end_status, end_answer = _end_session(summary, url, admin_key, min(60.0, left()))
@@ -372,6 +379,10 @@ def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: in
     if not summary["ended"]:
         summary.update(stage="end", http_status=end_status, message=_message(end_answer))
         return summary
+    # the old drafter's draft KV of cached prefixes: dropped when the scheduler is idle (400 otherwise,
+    # nothing changed); ADMIN_OPTIONAL like the session routes
+    flush_status, _ = http(f"{url}/flush_cache", {}, admin_key, min(30.0, left()))
+    summary["flushed"] = flush_status == 200
     summary["stage"] = "model_info"
     status, model = http(f"{url}/model_info", None, normal_key, min(30.0, left()))
     if status != 200 or not isinstance(model, dict):

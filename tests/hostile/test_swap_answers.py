@@ -244,7 +244,8 @@ def test_a_good_answer_everywhere_but_one_wrong_weight_version_is_not_verified(t
         stand.server_close()
     parsed = parse_send(json.dumps(summary), "gpu-a")
     assert parsed.ok and parsed.sent and parsed.ended and parsed.weight_version == FINGERPRINT
-    assert stand.calls == list(CALLS)
+    # /flush_cache (best effort, issue 41) between the end and /model_info
+    assert stand.calls == [*CALLS[:4], "flush_cache", CALLS[4]]
 
 
 @pytest.mark.parametrize("depth", [64, 65, 200, 5000, DEEP])
@@ -338,7 +339,7 @@ def test_each_route_gets_the_key_sglangs_decide_request_auth_wants(tmp_path, fla
         stand.server_close()
     assert parsed.ok
     assert stand.auth == [("server_info", normal), ("begin_weight_update", admin), ("update_weights_from_tensor", admin),
-                          ("end_weight_update", admin), ("model_info", normal)]
+                          ("end_weight_update", admin), ("flush_cache", admin), ("model_info", normal)]
 
 
 def test_the_summary_says_how_long_each_locked_call_held_requests(tmp_path):
@@ -373,3 +374,31 @@ def test_not_flushed_is_a_failed_update_with_the_weights_sent(tmp_path):
     assert not parsed.ok and parsed.sent and parsed.ended and parsed.stage == "update" and not parsed.flushed
     assert parsed.message.startswith("Weights were updated, but the cache was not flushed")
     assert "model_info" not in stand.calls and "flush_cache" not in stand.calls
+
+
+def test_the_update_does_not_flush_and_a_refused_flush_does_not_fail_the_swap(tmp_path):
+    """flush_cache false on the update (0.5.21's scheduler asserts a refused flush, 0.5.23 fails the update
+    without recording weight_version); /flush_cache afterwards, a 400 reported as flushed: false."""
+    bodies: dict = {}
+    stand = Stand("flush_cache", (400, b"Cache not flushed."))
+
+    class Recording(Handler):
+        def _serve(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            bodies[self.path] = json.loads(raw) if raw else None
+            self.headers.replace_header("Content-Length", "0") if length else None
+            return Handler._serve(self)
+
+        do_GET = _serve
+        do_POST = _serve
+
+    stand.RequestHandlerClass = Recording
+    _serve(stand)
+    try:
+        parsed = parse_send(json.dumps(sender.run_send(_args(stand.url, tmp_path))), "gpu-a")
+    finally:
+        stand.shutdown()
+        stand.server_close()
+    assert bodies["/update_weights_from_tensor"]["flush_cache"] is False
+    assert parsed.ok and parsed.weight_version == FINGERPRINT and not parsed.flushed
