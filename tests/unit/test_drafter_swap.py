@@ -367,3 +367,37 @@ def test_behind_a_router_a_replica_that_would_swap_is_drained_first():
     assert verdict == "redeploy" and why == "drafter swap, drained first: only the drafter changed so far"
     assert probe_verdict(False, "argv changed", None) == ("redeploy", "argv changed")
     assert not hasattr(StepMemory(), "leave_router")  # no replica is kept in the router for a swap any more
+
+
+def test_the_stand_ins_model_update_lock_holds_new_requests_while_a_session_call_waits(ls):
+    """SGLang's RWLock (srt/utils/aio_rwlock.py, 0.5.21 - 0.5.23) is writer-preferring: a session call
+    waits for the request in flight, and a request that arrives meanwhile waits for the call."""
+    import threading
+    import time
+
+    gate = ls.ModelUpdateLock()
+    order: list[str] = []
+    gate.acquire_reader()  # a request in flight
+
+    def session_call():
+        gate.acquire_writer()
+        order.append("call")
+        time.sleep(0.1)
+        gate.release_writer()
+
+    def new_request():
+        gate.acquire_reader()
+        order.append("new request")
+        gate.release_reader()
+
+    writer = threading.Thread(target=session_call)
+    writer.start()
+    time.sleep(0.1)  # the call waits for the request in flight
+    late = threading.Thread(target=new_request)
+    late.start()
+    time.sleep(0.1)
+    assert order == []  # neither the call nor the new request got in while the old request runs
+    gate.release_reader()
+    writer.join(5)
+    late.join(5)
+    assert order == ["call", "new request"]
