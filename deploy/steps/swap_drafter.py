@@ -87,7 +87,8 @@ def send_action(ctx: StepContext) -> Command:
     wanted = desired(ctx)
     return Command(description="swap the drafter into the running server: SGLang's weight-update session "
                                "(begin selector draft, update_weights_from_tensor with one payload per TP rank and "
-                               "the fingerprint as weight_version, end), then /model_info's weight_version",
+                               "the fingerprint as weight_version, end; each holds new requests behind SGLang's "
+                               "model-update lock), /flush_cache, then /model_info's weight_version",
                    when="the swap decision is swap",
                    command=send_command(ctx.run.sglang_python, ctx.paths.helper(SENDER), base_url(ctx),
                                         wanted.drafter_path or "<drafter>",

@@ -401,3 +401,16 @@ def test_the_stand_ins_model_update_lock_holds_new_requests_while_a_session_call
     writer.join(5)
     late.join(5)
     assert order == ["call", "new request"]
+
+
+def test_no_swap_module_of_the_product_knows_the_sandbox():
+    """Issue 41: one payload path. Before, the sender asked /server_info whether the server was the
+    sandbox (``simulated``) and then sent the stand-in's own format; SGLang's path never ran in a test."""
+    from pathlib import Path
+
+    root = Path(sender.__file__).resolve().parents[1]
+    for path in ("remote/drafter_swap.py", "facts/drafter_swap.py", "steps/swap_drafter.py", "steps/swap_decision.py",
+                 "fleet/rolling.py"):
+        text = (root / path).read_text().lower()
+        for word in ("sandbox", "simulated", "stand-in", "sim_format", "deployctl-sim-drafter"):
+            assert word not in text, (path, word)
