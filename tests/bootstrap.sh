@@ -67,3 +67,13 @@ for version in 0.5.21 0.5.23; do
       --python-version 3.11 "sglang==$version" -d .sglang-wheels
   fi
 done
+# ... and a test-only environment for tests/unit/test_sglang_wheel_payload.py: the system python 3.11
+# (the wheels are cp311), a CPU torch, safetensors, pybase64 and numpy (safetensors.torch.save_file);
+# SGLang itself is not installed: the test takes its serializer classes and patch_torch.py from the wheels
+if [ -x /usr/bin/python3.11 ]; then
+  if [ ! -x .sglang-contract-venv/bin/python ]; then
+    /usr/bin/python3.11 -m venv .sglang-contract-venv
+  fi
+  .sglang-contract-venv/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0+cpu' safetensors \
+    pybase64 numpy
+fi
