@@ -75,5 +75,5 @@ if [ -x /usr/bin/python3.11 ]; then
     /usr/bin/python3.11 -m venv .sglang-contract-venv
   fi
   .sglang-contract-venv/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0+cpu' safetensors \
-    pybase64 numpy
+    pybase64 numpy msgspec
 fi
