@@ -1149,7 +1149,8 @@ class Handler(BaseHTTPRequestHandler):
         else:
             body = {}
         if not decide_request_auth(method=method, path=path, authorization_header=self.headers.get("Authorization"),
-                                   api_key=engine.args.api_key, admin_api_key=engine.args.admin_api_key):
+                                   api_key=getattr(engine.args, "api_key", None),
+                                   admin_api_key=getattr(engine.args, "admin_api_key", None)):
             self._json(401, {"error": "Unauthorized"})
         elif path in ("/health", "/health_generate") and method == "GET":
             self._send(200 if self._healthy() else 503)
