@@ -2,7 +2,7 @@
 
 Each simulated host is a real OpenSSH server on its own loopback address, logging in as its own
 Unix user, with a HOME that carries the stand-ins: ``~/bin/nvidia-smi`` (sim_nvidia_smi.py),
-``~/pylib/sglang`` (the stand-in SGLang), ``~/dev/nvidia*`` (files standing in for the GPU device
+``~/pylib/sglang`` (the stand-in SGLang, with ``~/pylib/torch`` and ``~/pylib/safetensors`` for the drafter swap's sender), ``~/dev/nvidia*`` (files standing in for the GPU device
 nodes), ``~/.sim/config.json``, a synthetic speculators-format drafter and a base-model stub.
 
 Why a Unix user per host: the hosts share this machine's process table. "Kill stale python3" run
@@ -63,6 +63,9 @@ PROCESS_EXIT_TIMEOUT_S = 5.0
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _SIM_NVIDIA_SMI = _PACKAGE_DIR / "sim_nvidia_smi.py"
 _SIM_SGLANG = _PACKAGE_DIR / "sim_sglang" / "sglang"
+#: what the stand-in SGLang's python has besides sglang, for the drafter swap's sender (issue 41):
+#: the product's one payload path imports torch and safetensors.torch, as on a GPU host
+_SIM_SIBLINGS = (_PACKAGE_DIR / "sim_sglang" / "torch", _PACKAGE_DIR / "sim_sglang" / "safetensors")
 _SIM_NETWORK = _PACKAGE_DIR / "sim_network.c"
 #: the compiled sim_network.c, under the sandbox root (absent: no C compiler, hosts share one stack)
 NETWORK_SHIM = "sim_network.so"
@@ -554,6 +557,8 @@ def _build_home(name: str, home: Path, gpus: int, sglang_version: str, drafter_c
     smi.chmod(0o755)
     shutil.copytree(_SIM_SGLANG, home / "pylib" / "sglang",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for sibling in _SIM_SIBLINGS:
+        shutil.copytree(sibling, home / "pylib" / sibling.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     _install_sglang_version(home, sglang_version)
     config = {
         "simulated": True,

@@ -56,3 +56,24 @@ if [ ! -x .smg-venv/bin/python ]; then
   /usr/bin/python3 -m venv .smg-venv
 fi
 .smg-venv/bin/python -m pip install -q --disable-pip-version-check 'smg==1.13.0'
+
+# The real SGLang wheels the drafter swap's contract tests read (tests/unit/test_sglang_wheel_contract.py,
+# issue 41): downloaded, never installed (--no-deps; the tests unzip the few files they need and run
+# srt/utils/auth.py, which imports nothing heavy, and read the rest with ast). cp311 wheels.
+mkdir -p .sglang-wheels
+for version in 0.5.21 0.5.23; do
+  if ! ls .sglang-wheels/sglang-"$version"-*.whl >/dev/null 2>&1; then
+    .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --python-version 3.11 "sglang==$version" -d .sglang-wheels
+  fi
+done
+# ... and a test-only environment for tests/unit/test_sglang_wheel_payload.py: the system python 3.11
+# (the wheels are cp311), a CPU torch, safetensors, pybase64 and numpy (safetensors.torch.save_file);
+# SGLang itself is not installed: the test takes its serializer classes and patch_torch.py from the wheels
+if [ -x /usr/bin/python3.11 ]; then
+  if [ ! -x .sglang-contract-venv/bin/python ]; then
+    /usr/bin/python3.11 -m venv .sglang-contract-venv
+  fi
+  .sglang-contract-venv/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0+cpu' safetensors \
+    pybase64 numpy msgspec
+fi

@@ -50,9 +50,6 @@ class RunOptions:
     #: hosts a fleet kept in its router (a probe found them unchanged): converge must find them so,
     #: or fail before anything is stopped
     keep_serving: frozenset[str] = frozenset()
-    #: hosts a fleet kept in its router for a drafter swap (fleet/rolling.py): the call that takes each
-    #: out and drains it, made before anything stops its server (the swap refused or failed: a reload)
-    leave_router: dict[str, Callable[[], str]] = field(default_factory=dict)
     #: host locks the run took before its first change (fleet/phases.py hold_host_locks: a fleet or
     #: ``down`` behind a router locks every host before the router is touched); a session uses the
     #: one held for its host instead of taking it again, and does not release it

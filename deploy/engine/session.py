@@ -90,13 +90,6 @@ def run_steps(steps: Sequence[PlannedStep], host: Host, run: Run, conn, stamp: s
             # swap-drafter put the new drafter into the running server and verified it (issue 29)
             records.append(StepRecord(step.name, "skipped", detail="drafter swapped into the running server"))
             continue
-        left = leave_router_before_stop(step, host, memory, progress)
-        if left is not None:
-            records.append(StepRecord(step.name, "failed", detail=str(left), exit_code=int(left.exit_code)))
-            if error is None:
-                error, failed_at = left, index
-            stop = True
-            continue
         name = f"{label}{step.name}"
         record = StepRecord(step.name, "failed")
         started = time.monotonic()
@@ -124,29 +117,6 @@ def run_steps(steps: Sequence[PlannedStep], host: Host, run: Run, conn, stamp: s
         record.duration_s = time.monotonic() - started
         records.append(record)
     return records, error, failed_at
-
-
-def leave_router_before_stop(step: PlannedStep, host: Host, memory: StepMemory, progress: Progress) -> DeployError | None:
-    """A replica the fleet kept in its router for a drafter swap (issue 29) whose swap was refused or
-    failed: before the first step that stops, frees or launches (its reload, or a rollback), the
-    router stops sending it requests and it drains, as a redeployed replica does. The error (the
-    router's last healthy worker, exit 2) stops the run with the server as it was."""
-    from deploy.steps import swap_drafter
-
-    leave = memory.leave_router
-    # after swap-drafter chose the reload (it records why), or in a rollback; quarantine, also skipped
-    # on converge, runs before the swap and stops nothing
-    decided = memory.drafter_update is not None or memory.rollback_record is not None
-    if leave is None or memory.swapped or not decided or step.name == swap_drafter.NAME \
-            or not getattr(step.module, "CONVERGE_SKIPS", False):
-        return None
-    memory.leave_router = None
-    try:
-        progress(host.name, "router", leave())
-    except DeployError as exc:
-        progress(host.name, "router", f"FAILED: {str(exc).splitlines()[0][:300]}")
-        return exc
-    return None
 
 
 def server_state_action(host: Host, run: Run) -> Command:
@@ -352,8 +322,7 @@ class HostSession:
         self.report = HostReport(host)
         from deploy.steps.memory import StepMemory
 
-        self.memory = StepMemory(force=options.force, must_converge=host.name in options.keep_serving,
-                                 leave_router=options.leave_router.get(host.name))
+        self.memory = StepMemory(force=options.force, must_converge=host.name in options.keep_serving)
         self.conn: HostConnection | None = None
         self.held: Any = None
         self.started = time.monotonic()

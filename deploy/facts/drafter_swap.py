@@ -59,14 +59,17 @@ class SendSummary(_Fact):
     #: the tensor update was attempted: from here on the server may hold the new drafter
     sent: bool
     ended: bool
-    format: Literal["sglang", "stand-in"] | None
     http_status: int | None
     message: str
     weight_version: str | None
     tensors: int = Field(ge=0)
     seconds: float = Field(ge=0)
-    #: the cache flush after the update (refused while requests run: retried until idle, bounded)
+    #: /flush_cache after the update answered 200 (the scheduler was idle); False does not fail the swap
     flushed: bool
+    #: seconds the begin, update and end calls took: each holds SGLang's model-update writer lock, which
+    #: waits for every in-flight request and holds new ones back until it answers (0.5.21 - 0.5.23)
+    held_s: float = Field(ge=0)
+    held: dict[Literal["begin", "update", "end"], float]
 
 
 def _python_prefix(env_file: str | None) -> str:

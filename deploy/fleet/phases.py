@@ -174,9 +174,7 @@ class Barrier:
 def _host_phase(state: RunState, phase: HostPhase) -> DeployError | None:
     # hosts kept in the router must only converge (the playbook fails them before stop-stale otherwise)
     kept = frozenset(state.data.get("kept", ())) & {h.name for h in phase.hosts}
-    # hosts kept in the router for a drafter swap leave it (drained) only if the swap falls back to a reload
-    leave = {name: call for name, call in state.data.get("in_place", {}).items() if name in {h.name for h in phase.hosts}}
-    options = dataclasses.replace(state.options, keep_serving=kept, leave_router=leave)
+    options = dataclasses.replace(state.options, keep_serving=kept)
     try:
         outcomes = for_each_host(
             list(phase.hosts),

@@ -169,12 +169,6 @@ def fleet_report(result) -> dict[str, Any]:
         if "kept" in marks and "out" not in marks:
             entry["out_of_rotation_s"] = 0.0
             entry["note"] = "stayed in the router: unchanged"
-        elif "swapped" in marks and "out" not in marks:
-            entry["out_of_rotation_s"] = 0.0
-            entry["note"] = "stayed in the router: drafter swapped in place, no drain"
-        elif "in_place" in marks and "out" not in marks:
-            entry["out_of_rotation_s"] = 0.0
-            entry["note"] = "stayed in the router: not stopped (kept for a drafter swap that did not happen)"
         elif "out" in marks and "in" in marks:
             entry["out_of_rotation_s"] = round(marks["in"] - marks["out"], 3)
         elif "out" in marks:

@@ -1,9 +1,9 @@
 """Rolling redeploys behind SGLang's router, built from run-level phases.
 
 Per batch of ``--serial N`` hosts: check which of them would only converge (already running as
-desired: nothing to redeploy), or would swap their drafter into the running server (issue 29:
-no drain; a swap that falls back to a reload drains first, ``_leave_for_reload``), and keep those
-in the router, unless the playbook benchmarks them; take the others' workers out of the router, wait until SGLang reports
+desired: nothing to redeploy) and keep those in the router, unless the playbook benchmarks them;
+take the others' workers out of the router (a replica whose drafter would swap in place too, issue 41:
+SGLang's model-update lock holds its new requests during the session, docs/drafter-swap.md), wait until SGLang reports
 nothing in flight on them (``/v1/loads``; bounded by the router's ``drain_timeout_s``), run the
 playbook on the batch (converge, rollback and host locks as usual), put the hosts that serve a
 verified deployment back (a host rolled back to its last good deployment included), and only
@@ -13,7 +13,6 @@ the end the router runs with every serving replica and one request through it mu
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -90,8 +89,8 @@ def fixer_not_uploaded(helpers: Mapping[str, str | None]) -> str | None:
 
 
 def _unchanged(state: RunState, host: Host) -> tuple[str, str]:
-    """("unchanged"|"swap"|"redeploy", why): would the playbook only converge on ``host``, or swap its
-    drafter in place? Read-only: the doctor's command (SGLang's version, the running server and its
+    """("unchanged"|"redeploy", why): would the playbook only converge on ``host`` (a replica whose
+    drafter would swap in place is redeployed: drained first, then swapped)? Read-only: the doctor's command (SGLang's version, the running server and its
     record) and the drafter's fingerprint, judged by converge's own rule and ``swap_decision``."""
     from deploy.engine.session import network_host
     from deploy.facts.doctor import facts_of
@@ -125,17 +124,25 @@ def _unchanged(state: RunState, host: Host) -> tuple[str, str]:
                                      draft_quantization=draft_quantization_flag(
                                          DoctorInput(host, state.run, state.run.draft_tokens, facts, sglang)))
         unchanged, why = converge.would_converge(desired, server)
-        if unchanged:
-            return "unchanged", why
-        swap = _swaps_in_place(state, desired, server)
-        return ("swap", swap) if swap is not None else ("redeploy", why)
+        return probe_verdict(unchanged, why, None if unchanged else _swaps_in_place(state, desired, server))
+
+
+def probe_verdict(unchanged: bool, why: str, swap: str | None) -> tuple[str, str]:
+    """A replica stays in the router only when it is unchanged. One whose drafter would swap in place
+    is taken out and drained first like a redeployed one (issue 41; ``_swaps_in_place`` says why)."""
+    if unchanged:
+        return "unchanged", why
+    if swap is not None:
+        return "redeploy", f"drafter swap, drained first: {swap}"
+    return "redeploy", why
 
 
 def _swaps_in_place(state: RunState, desired, server) -> str | None:
     """Why ``swap_decision`` would swap this replica's drafter (so far: the host's drafters and GPU
-    memory are judged by the step), or None. A swap keeps the server serving (SGLang's weight-update
-    session), so such a replica stays in the router; its swap-drafter step decides for good, and a
-    refusal or failure takes it out and drains it before the reload (``_leave_for_reload``)."""
+    memory are judged by the step), or None. Such a replica is drained first like any other (issue 41):
+    each of SGLang's begin, update and end waits for every in-flight request and holds new ones back
+    (``model_update_lock``, tokenizer_control_mixin.py 0.5.21 - 0.5.23), up to three times the
+    longest request; drained, those requests go to the other replicas instead."""
     from deploy.steps.swap_decision import RunningServer, swap_decision
 
     step = next((s for s in state.playbook.steps if s.name == "swap-drafter" and s.settings.enabled), None)
@@ -147,31 +154,7 @@ def _swaps_in_place(state: RunState, desired, server) -> str | None:
     return decision.reason if decision.path == "swap" else None
 
 
-def _leave_for_reload(state: RunState, host: Host, allow_downtime: bool):
-    """The call a replica kept in the router for a swap makes before its reload stops the server
-    (engine/session.py: the swap was refused or failed): out of the router and drained, as
-    router-remove and drain do for a replica that is redeployed, the last healthy worker rule included."""
-    lock = state.data.setdefault("router_lock", threading.Lock())
-
-    def leave() -> str:
-        with lock:  # the batch's hosts run in parallel; the router host's connection is one
-            router = open_router(state)
-            url = url_of(state, host)
-            members = router.workers()
-            leaving = [w for w in members if w["url"] == url]
-            if leaving and not any(w["is_healthy"] for w in members if w["url"] != url) and not allow_downtime:
-                raise LastHealthyWorker(f"{host.name}: the drafter swap fell back to a reload, and taking it out of "
-                                        "the router would leave it no healthy worker; nothing was stopped; "
-                                        "--allow-downtime to do it anyway")
-            for w in leaving:
-                router.remove(w["url"])
-            state.rotation.setdefault(host.name, {})["out"] = time.monotonic()
-            seconds = router.drain(url, router.spec.drain_timeout_s)
-        return f"the swap fell back to a reload: taken out of the router, drained in {seconds:.2f} s"
-    return leave
-
-
-def _probe(batch: tuple[Host, ...], allow_downtime: bool = False):
+def _probe(batch: tuple[Host, ...]):
     def action(state: RunState) -> str:
         from deploy.engine.fanout import for_each_host
 
@@ -183,32 +166,16 @@ def _probe(batch: tuple[Host, ...], allow_downtime: bool = False):
         outcomes = for_each_host(list(batch), lambda h: _unchanged(state, h), state.config.ssh.max_parallel)
         kept: list[str] = []
         redeploy: list[str] = []
-        swaps: list[Host] = []
         for outcome in outcomes:
             verdict, why = outcome.value if outcome.value is not None else ("redeploy", f"not checked: {outcome.error}")
-            if verdict == "swap":
-                swaps.append(outcome.host)
-            else:
-                (kept if verdict == "unchanged" else redeploy).append(
-                    outcome.host.name if verdict == "unchanged" else f"{outcome.host.name} ({why})")
+            (kept if verdict == "unchanged" else redeploy).append(
+                outcome.host.name if verdict == "unchanged" else f"{outcome.host.name} ({why})")
         state.data.setdefault("kept", set()).update(kept)
         now = time.monotonic()
         for name in kept:
             state.rotation.setdefault(name, {})["kept"] = now
-        return (f"unchanged, kept in the router: {', '.join(kept) or '-'}; "
-                f"to redeploy: {'; '.join(redeploy) or '-'}" + _keep_for_swap(state, swaps, allow_downtime))
+        return f"unchanged, kept in the router: {', '.join(kept) or '-'}; to redeploy: {'; '.join(redeploy) or '-'}"
     return action
-
-
-def _keep_for_swap(state: RunState, hosts: list[Host], allow_downtime: bool) -> str:
-    """Replicas whose drafter swaps in place stay in the router (issue 29): marked for router-remove
-    to leave them, and given the call that drains them if the swap falls back to a reload."""
-    in_place = state.data.setdefault("in_place", {})
-    now = time.monotonic()
-    for host in hosts:
-        in_place[host.name] = _leave_for_reload(state, host, allow_downtime)
-        state.rotation.setdefault(host.name, {})["in_place"] = now
-    return f"; drafter swap, kept in the router (no drain): {', '.join(h.name for h in hosts)}" if hosts else ""
 
 
 def _remove(batch: tuple[Host, ...], allow_downtime: bool):
@@ -218,7 +185,7 @@ def _remove(batch: tuple[Host, ...], allow_downtime: bool):
             state.data["router_running"] = False
             return "router not running yet: nothing to take out"
         state.data["router_running"] = True
-        kept = state.data.get("kept", set()) | set(state.data.get("in_place", {}))
+        kept = state.data.get("kept", set())
         urls = {url_of(state, h): h for h in batch if h.name not in kept}
         members = router.workers()
         others = [w for w in members if w["url"] not in urls and w["is_healthy"]]
@@ -280,29 +247,6 @@ def _add(batch: tuple[Host, ...]):
         for host in serving:
             state.rotation.setdefault(host.name, {})["in"] = now
         return added
-    return action
-
-
-def _said_in_place(batch: tuple[Host, ...], add):
-    """router-add, and what became of the batch's replicas kept in the router for a swap: swapped in
-    place (never out of rotation) or, the swap having fallen back, drained and reloaded."""
-    def action(state: RunState) -> str:
-        said = add(state)
-        notes = []
-        for host in batch:
-            if host.name not in state.data.get("in_place", {}):
-                continue
-            report = state.reports.get(host.name)
-            update = (report.facts.get("drafter_update") or {}) if report is not None else {}
-            marks = state.rotation.setdefault(host.name, {})
-            if update.get("how") == "swapped" and "out" not in marks:
-                marks["swapped"] = time.monotonic()
-                notes.append(f"{host.name}: swapped in place, no drain")
-            elif "out" in marks:
-                notes.append(f"{host.name}: the swap fell back to a reload, drained first")
-            else:
-                notes.append(f"{host.name}: kept in the router, not stopped (no swap: see its report)")
-        return said + (f"; {'; '.join(notes)}" if notes else "")
     return action
 
 
@@ -437,7 +381,7 @@ def fleet_phases(rollout, playbook) -> list[Phase]:
         tag = f"batch {i}/{len(groups)}" + (" (canary)" if canary is not None and i == 1 else "")
         names = ",".join(h.name for h in batch)
         if probe:
-            phases.append(RunPhase(f"{tag} check unchanged {names}", _probe(batch, rollout.allow_downtime),
+            phases.append(RunPhase(f"{tag} check unchanged {names}", _probe(batch),
                                    plan=_probe_plan(batch)))
         if has_router:
             phases.append(RunPhase(f"{tag} router-remove {names}", _remove(batch, rollout.allow_downtime),
@@ -445,7 +389,7 @@ def fleet_phases(rollout, playbook) -> list[Phase]:
             phases.append(RunPhase(f"{tag} drain {names}", _drain(batch), plan=_drain_plan(batch)))
         phases.append(HostPhase(batch, f"{tag} redeploy {names}"))
         if has_router:
-            phases.append(RunPhase(f"{tag} router-add {names}", _said_in_place(batch, _add(batch)), always=True,
+            phases.append(RunPhase(f"{tag} router-add {names}", _add(batch), always=True,
                                    plan=_join_plan(batch)))
         if canary is not None and i == 1:
             phases.append(canary[1])

@@ -8,28 +8,42 @@ each drafter's config.json, tensor names with dtype and shape, data bytes, and t
 draft vocabulary map (``d2t``, ``t2d``); and the GPUs' used/total memory (nvidia-smi). One JSON line.
 
 ``send --url URL --drafter DIR --weight-version V --tp N --state-dir DIR``: SGLang's weight-update
-session, read from the 0.5.21 - 0.5.23 wheels (srt/entrypoints/http_server.py,
-srt/managers/scheduler_components/weight_updater.py, srt/managers/tp_worker.py):
-``POST /begin_weight_update {"selector": "draft"}``, ``POST /update_weights_from_tensor`` with one
-payload per TP rank (rank r deserializes entry r only), the drafter fingerprint as ``weight_version``
-and ``flush_cache: true``, then ``POST /end_weight_update`` (always, once begin succeeded or was cut
-short by a signal), then
-``GET /model_info``'s ``weight_version``. The admin key, when the server was launched with
-``--admin-api-key``, is read from the host's deployment record (it is in the launch argv), so it
-never appears on a command line. One JSON line: the summary the step parses strictly.
+session, read from the 0.5.21 and 0.5.23 wheels (srt/entrypoints/http_server.py,
+srt/managers/tokenizer_control_mixin.py, srt/managers/scheduler_components/weight_updater.py,
+srt/managers/tp_worker.py, srt/utils/auth.py): ``GET /server_info`` (the key works, before any GPU
+memory is taken), ``POST /begin_weight_update {"selector": "draft"}``, ``POST
+/update_weights_from_tensor`` with one payload per TP rank (rank r deserializes entry r only), the
+drafter fingerprint as ``weight_version`` and ``flush_cache: false``, then ``POST /end_weight_update``
+(always, once begin succeeded or was cut short by a signal), then ``POST /flush_cache`` (best effort,
+``flushed`` in the summary), then ``GET /model_info``'s ``weight_version``. One JSON line: the summary
+the step parses strictly.
 
-Payload format: against real SGLang each entry is ``MultiprocessingSerializer.serialize([(name,
-tensor), ...], output_str=True)`` with the tensors on GPU ``base_gpu_id + r`` (CUDA IPC handles:
-this process keeps them alive until the call returns). That path has NOT been run on real GPUs.
-Against deployctl's sandbox stand-in (``/server_info`` says ``simulated: true``) each entry is the
-stand-in's own format (sandbox/sim_sglang/sglang/srt/managers/weight_update.py): the safetensors
-headers and SIMULATION markers, base64 JSON; no tensor bytes travel.
+``flush_cache: false`` on the update, the flush asked for on its own afterwards: with ``flush_cache:
+true`` a flush refused because the scheduler still has requests is, in 0.5.23, a failed update whose
+weights were loaded but whose ``weight_version`` the tokenizer does not record, and in 0.5.21 an
+``assert flush_cache_success`` in the scheduler (weight_updater.py ``flush_cache_after_weight_update``),
+which ends the scheduler. ``/flush_cache`` answers 400 instead and changes nothing; the target's KV stays
+valid either way (only the draft KV of cached prefixes is the old drafter's until it is evicted).
+
+Keys (``decide_request_auth``, srt/utils/auth.py, the same in 0.5.21 and 0.5.23): /server_info and
+/model_info are NORMAL routes (``--api-key`` when the server has one, whatever ``--admin-api-key``
+says); the session routes are ADMIN_OPTIONAL (``--admin-api-key`` when set, else ``--api-key``, else
+none). Both are read from the host's deployment record (the launch argv), never from a command line.
+
+The stall: each of begin, update and end takes the tokenizer's ``model_update_lock`` writer lock
+(tokenizer_control_mixin.py, 0.5.21 - 0.5.23): it waits until every in-flight request has finished
+and holds new requests back until it answers. The summary's ``held_s`` is the sum of the three
+calls' durations: the time during which new requests could be held, measured by the sender.
+
+Payload: ``MultiprocessingSerializer.serialize([(name, tensor), ...], output_str=True)`` per rank,
+with the tensors on GPU ``base_gpu_id + r`` (CUDA IPC handles: this process keeps them alive until
+the call returns). This is the only path: whatever torch, safetensors and sglang the host's python
+has are the ones it uses.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import hashlib
 import json
 import os
@@ -42,15 +56,11 @@ import urllib.error
 import urllib.request
 from http.client import HTTPException
 
-SIM_FORMAT = "deployctl-sim-drafter/1"
 MAX_CONFIG = 1 << 20
 MAX_HEADER = 100_000_000
 MAX_MAP_BYTES = 64 << 20
 MAX_TENSORS = 20_000
 MAX_ANSWER = 1 << 20
-FLUSH_WAIT_S = 1.0
-NOT_FLUSHED = "Weights were updated, but the cache was not flushed"
-MARKERS = ("crash-during-load", "crash-on-generate", "accept-nothing", "decode-speed")
 IGNORED_CONFIG_KEYS = ("_name_or_path", "transformers_version")
 
 
@@ -175,21 +185,31 @@ def inspect(running: str, new: str) -> dict:
 # sending
 
 
-def admin_key(state_dir: str) -> str | None:
-    """--admin-api-key from the running server's launch argv (deployment.json), if it has one."""
+def _flag(argv: list, flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return str(argv[i + 1])
+        if isinstance(arg, str) and arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def server_keys(state_dir: str) -> tuple:
+    """(the key for NORMAL routes, the key for ADMIN_OPTIONAL routes), from the running server's launch
+    argv in deployment.json: SGLang's ``decide_request_auth`` (srt/utils/auth.py, 0.5.21 - 0.5.23).
+
+    NORMAL (/server_info, /model_info): ``--api-key`` if the server has one, else none (an
+    ``--admin-api-key`` is not accepted there). ADMIN_OPTIONAL (the session routes, /flush_cache):
+    ``--admin-api-key`` if set (``--api-key`` is then refused), else ``--api-key``, else none."""
     try:
         with open(os.path.join(state_dir, "deployment.json"), "rb") as f:
             argv = json.loads(f.read(MAX_CONFIG)).get("argv") or []
     except (OSError, ValueError, AttributeError, RecursionError):
-        return None
+        return None, None
     if not isinstance(argv, list):
-        return None
-    for i, arg in enumerate(argv):
-        if arg == "--admin-api-key" and i + 1 < len(argv):
-            return str(argv[i + 1])
-        if isinstance(arg, str) and arg.startswith("--admin-api-key="):
-            return arg.split("=", 1)[1]
-    return None
+        return None, None
+    api, admin = _flag(argv, "--api-key"), _flag(argv, "--admin-api-key")
+    return api or None, (admin or api) or None
 
 
 def _depth(value) -> int:
@@ -257,35 +277,11 @@ def _succeeded(status: int, answer) -> bool:
     return status == 200 and isinstance(answer, dict) and answer.get("success") is True
 
 
-def _flush_when_idle(url: str, key: str | None, wait_s: float) -> bool:
-    deadline = time.monotonic() + wait_s
-    while True:
-        status, _ = http(f"{url}/flush_cache", {}, key, 10.0)
-        if status == 200 or time.monotonic() >= deadline:
-            return status == 200
-        time.sleep(0.2)
-
-
-def sim_payloads(model_dir: str, tp: int) -> tuple:
-    headers = {}
-    for path in _files(model_dir):
-        headers[os.path.basename(path)] = _header(path)[0]
-    markers = {}
-    for name in MARKERS:
-        path = os.path.join(model_dir, f"SIMULATION-{name}")
-        if os.path.isfile(path):
-            with open(path) as f:
-                markers[name] = f.read(4096).strip()
-    entries = [base64.b64encode(json.dumps({"format": SIM_FORMAT, "rank": r, "headers": headers,
-                                            "markers": markers}).encode()).decode() for r in range(tp)]
-    count = sum(len([k for k in h if k != "__metadata__"]) for h in headers.values())
-    return entries, count, None
-
-
 def sglang_payloads(model_dir: str, tp: int, base_gpu_id: int) -> tuple:
     """SGLang's own serializer, one payload per TP rank with that rank's copy on its GPU.
 
-    NOT RUN ON REAL GPUS YET. As read from 0.5.23: ``MultiprocessingSerializer.serialize`` is a
+    The only payload path. Not yet run on real GPUs: tests/device/swap_drafter_gpu.py runs it on a
+    machine that has them. As read from 0.5.23: ``MultiprocessingSerializer.serialize`` is a
     ForkingPickler dump with SGLang's torch reductions (``monkey_patch_torch_reductions``), base64
     with ``output_str=True``; CUDA tensors travel as IPC handles, so the returned ``keep`` must stay
     referenced until the HTTP call has returned."""
@@ -309,9 +305,20 @@ def sglang_payloads(model_dir: str, tp: int, base_gpu_id: int) -> tuple:
 
 
 def new_summary() -> dict:
-    return {"ok": False, "stage": "prepare", "sent": False, "ended": False, "format": None,
-            "http_status": None, "message": "", "weight_version": None, "tensors": 0, "seconds": 0.0,
-            "flushed": False}
+    return {"ok": False, "stage": "prepare", "sent": False, "ended": False, "http_status": None, "message": "",
+            "weight_version": None, "tensors": 0, "seconds": 0.0, "flushed": False, "held_s": 0.0, "held": {}}
+
+
+def _timed(summary: dict, call: str, url: str, body, key: str | None, timeout: float) -> tuple:
+    """One session call (begin, update, end), its duration added to ``held``: SGLang takes the
+    model-update writer lock for it, so new requests may be held back that long."""
+    started = time.monotonic()
+    try:
+        return http(url, body, key, timeout)
+    finally:
+        seconds = time.monotonic() - started
+        summary["held"][call] = round(summary["held"].get(call, 0.0) + seconds, 3)
+        summary["held_s"] = round(sum(summary["held"].values()), 3)
 
 
 def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: int, state_dir: str,
@@ -325,29 +332,26 @@ def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: in
     def left() -> float:
         return max(1.0, deadline - time.monotonic())
 
-    key = admin_key(state_dir)
-    status, info = http(f"{url}/server_info", None, None, min(30.0, left()))
+    normal_key, admin_key = server_keys(state_dir)
+    # the keys work (a 401 here is a refusal before any GPU memory is taken or any tensor sent)
+    status, info = http(f"{url}/server_info", None, normal_key, min(30.0, left()))
     if status != 200 or not isinstance(info, dict):
         summary.update(stage="server_info", http_status=status, message=_message(info))
         return summary
-    simulated = info.get("simulated") is True
-    summary["format"] = "stand-in" if simulated else "sglang"
     keep = None
     try:
-        if simulated:
-            entries, count, keep = sim_payloads(model_dir, tp)
-        else:
-            entries, count, keep = sglang_payloads(model_dir, tp, base_gpu_id)
+        entries, count, keep = sglang_payloads(model_dir, tp, base_gpu_id)
     except Exception as exc:  # noqa: BLE001 - any failure to build the payload: nothing was sent
         summary.update(message=f"{type(exc).__name__}: {exc}"[:500])
         return summary
     summary["tensors"] = count
     summary["stage"] = "begin"
     try:
-        status, answer = http(f"{url}/begin_weight_update", {"selector": "draft"}, key, min(60.0, left()))
+        status, answer = _timed(summary, "begin", f"{url}/begin_weight_update", {"selector": "draft"}, admin_key,
+                                min(60.0, left()))
     except Interrupted:
         # the server may have opened the session: end it (a refused begin's session is another's: left alone)
-        _end_session(url, key, min(60.0, left()))
+        _end_session(summary, url, admin_key, min(60.0, left()))
         _SIGNALS.update(defer=False, pending=None)
         raise
     if not _succeeded(status, answer):
@@ -357,21 +361,18 @@ def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: in
     try:
         summary["stage"] = "update"
         summary["sent"] = True
-        status, answer = http(f"{url}/update_weights_from_tensor",
-                              {"serialized_named_tensors": entries, "selector": "draft",
-                               "weight_version": weight_version, "flush_cache": True}, key, left())
+        # flush_cache false: see the module's docstring (0.5.21 asserts the flush in the scheduler)
+        status, answer = _timed(summary, "update", f"{url}/update_weights_from_tensor",
+                                {"serialized_named_tensors": entries, "selector": "draft",
+                                 "weight_version": weight_version, "flush_cache": False}, admin_key, left())
         summary.update(http_status=status, message=_message(answer))
+        # a failed update is a failed swap, "Weights were updated, but the cache was not flushed" included
+        # (a server asked to flush by someone else): the tokenizer records weight_version only on success
+        # (tokenizer_control_mixin.py, 0.5.21 - 0.5.23), so /model_info would not name the new drafter
         updated = _succeeded(status, answer)
-        summary["flushed"] = updated
-        if not updated and summary["message"].startswith(NOT_FLUSHED):
-            # 0.5.23 weight_updater.flush_cache_after_weight_update: the weights WERE loaded (and the
-            # weight_version recorded) but requests were running, so the cache flush was refused and
-            # the call answers success false. The target is unchanged (its cached KV stays valid);
-            # only the draft KV of cached prefixes is the old drafter's. Flush when the server idles.
-            updated, summary["flushed"] = True, _flush_when_idle(url, key, min(FLUSH_WAIT_S, left()))
     finally:
         keep = None  # noqa: F841 - the server has copied the tensors (or failed): release them
-        end_status, end_answer = _end_session(url, key, min(60.0, left()))
+        end_status, end_answer = _end_session(summary, url, admin_key, min(60.0, left()))
         summary["ended"] = _succeeded(end_status, end_answer)
         _raise_deferred()  # a signal during the end: reported now, the session ended
     if not updated:
@@ -379,8 +380,12 @@ def send(url: str, model_dir: str, weight_version: str, tp: int, base_gpu_id: in
     if not summary["ended"]:
         summary.update(stage="end", http_status=end_status, message=_message(end_answer))
         return summary
+    # the old drafter's draft KV of cached prefixes: dropped when the scheduler is idle (400 otherwise,
+    # nothing changed); ADMIN_OPTIONAL like the session routes
+    flush_status, _ = http(f"{url}/flush_cache", {}, admin_key, min(30.0, left()))
+    summary["flushed"] = flush_status == 200
     summary["stage"] = "model_info"
-    status, model = http(f"{url}/model_info", None, key, min(30.0, left()))
+    status, model = http(f"{url}/model_info", None, normal_key, min(30.0, left()))
     if status != 200 or not isinstance(model, dict):
         summary.update(http_status=status, message=_message(model))
         return summary
@@ -406,11 +411,11 @@ def _interrupt(signum, frame) -> None:
     raise Interrupted(signum)
 
 
-def _end_session(url: str, key: str | None, timeout: float) -> tuple:
+def _end_session(summary: dict, url: str, key: str | None, timeout: float) -> tuple:
     """POST /end_weight_update with signals held back until ``_raise_deferred`` (after the caller
     has noted the answer)."""
     _SIGNALS["defer"] = True
-    return http(f"{url}/end_weight_update", {}, key, timeout)
+    return _timed(summary, "end", f"{url}/end_weight_update", {}, key, timeout)
 
 
 def _raise_deferred() -> None:

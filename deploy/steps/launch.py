@@ -74,8 +74,16 @@ def desired_argv(ctx: StepContext) -> list[str]:
 
 
 def desired_record(ctx: StepContext) -> dict:
-    """The desired state recorded on the host at launch (compared by converge)."""
-    return desired(ctx).record()
+    """The desired state recorded on the host at launch (compared by converge).
+
+    A launch after swap-drafter chose the reload (issue 41: a swap refused or failed, or not asked
+    for) says so: ``drafter_update: {how: reloaded, why, asked, ...}``, so the host's record tells a
+    fallback from a swap; a rollback relaunches the last good record as it was."""
+    record = desired(ctx).record()
+    update = ctx.memory.drafter_update
+    if ctx.memory.rollback_record is None and isinstance(update, dict) and update.get("how") == "reloaded":
+        record["drafter_update"] = {k: update[k] for k in ("how", "why", "asked", "sent", "at") if k in update}
+    return record
 
 
 def new_log_name() -> str:

@@ -9,7 +9,6 @@ string keys in 16 files it replaced, issue 25).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -64,9 +63,6 @@ class StepMemory:
     swapped: bool = False
     #: how the drafter was updated on this host ("swapped" and what was verified, or "reloaded" and why)
     drafter_update: dict[str, Any] | None = None
-    #: the fleet kept this replica in the router for a swap: takes it out and drains it (returns what it
-    #: did); the session calls it once, before the first step that would stop the server (a reload, a rollback)
-    leave_router: Callable[[], str] | None = None
 
     # -- verification, benchmark, record-good ---------------------------------------------------------
     verify: dict[str, Any] | None = None
@@ -88,7 +84,6 @@ class StepMemory:
 
     def rollback_of(self, good: dict[str, Any]) -> StepMemory:
         """A rollback's own memory: the last good record, the host lock, and the GPU memory held
-        before the stop (the doctor's read), so the rollback's wait-gpus-free never waits for it; a replica
-        still in the router (kept for a swap) leaves it before the rollback stops its server."""
+        before the stop (the doctor's read), so the rollback's wait-gpus-free never waits for it."""
         return StepMemory(rollback_record=good, host_lock=self.host_lock,
-                          gpu_baseline_mib=self.gpu_baseline_mib, journal=self.journal, leave_router=self.leave_router)
+                          gpu_baseline_mib=self.gpu_baseline_mib, journal=self.journal)

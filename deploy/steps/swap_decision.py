@@ -15,7 +15,21 @@ Why each refusal (SGLang 0.5.21 - 0.5.23, read from the wheels; docs/drafter-swa
   (``speculative/eagle_worker_v2.py``: ``self.hot_token_id = draft_runner.model.hot_token_id.to(...)``),
   so a new map loaded later is silently not used;
 - a multi-node server's other ranks live on other hosts, where a CUDA-IPC sender cannot reach;
-- the sender keeps one copy of the drafter on each GPU until the call returns (CUDA IPC).
+- the sender keeps one copy of the drafter on each GPU until the call returns (CUDA IPC), in a CUDA
+  context of its own on each of those GPUs (``SENDER_CONTEXT_MIB``);
+- real SGLang's tokenizer asserts ``dp_size == 1`` before a tensor update (0.5.23
+  ``srt/managers/tokenizer_control_mixin.py`` ``update_weights_from_tensor``: "data-parallel replicas
+  are not supported for update weights from tensor"; 0.5.21: ``dp_size == 1 or enable_dp_attention``),
+  an AssertionError answered 500 after begin_weight_update succeeded;
+- the runner refuses a tensor update while the HPC-Ops bf16xfp32 GEMM weight cache is on (0.5.21 -
+  0.5.23 ``model_runner_components/weight_updater.py`` ``_unsupported_derived_weight_cache_error``;
+  ``SGLANG_OPT_BF16_FP32_GEMM_ALGO=hpc``) and raises under ``--weight-cache-mode`` other than off
+  (``_assert_weight_cache_inactive``; 0.5.23 refuses that mode with speculative decoding at start-up
+  anyway, ``srt/arg_groups/model_path_hook.py``);
+- ``--api-key``: the sender sends it on the NORMAL routes (/server_info, /model_info) and, without an
+  admin key, on the session routes (``decide_request_auth``, srt/utils/auth.py, 0.5.21 = 0.5.23), but
+  the acceptance check that verifies a swap (verify-acceptance's /generate) does not, so a swap on such
+  a server could never be verified: refused up front, naming the option.
 """
 
 from __future__ import annotations
@@ -30,6 +44,13 @@ from deploy.host.deployment import SWAP_SAME, DesiredDeployment, drafter_unknown
 
 SWAP_SINCE = (0, 5, 21)
 ADMIN_FLAG = "--admin-api-key"
+API_KEY_FLAG = "--api-key"
+#: SGLang's aliases of --dp-size (srt/server_args.py, 0.5.21 - 0.5.23)
+DP_FLAGS = ("--dp-size", "--data-parallel-size", "--dp")
+#: what the sender's own CUDA context takes on each GPU it copies the drafter to (torch's context,
+#: cuBLAS-free: several hundred MiB on H100/H200 with CUDA 12 lazy loading; measured by
+#: tests/device/swap_drafter_gpu.py as memory before/after). Counted on top of the drafter's bytes.
+SENDER_CONTEXT_MIB = 768
 
 
 @dataclass(frozen=True)
@@ -72,6 +93,40 @@ def has_admin_key(argv: list[str]) -> bool | None:
             return i + 1 < len(argv) and bool(argv[i + 1]) and not argv[i + 1].startswith("--")
         if arg.startswith(ADMIN_FLAG + "="):
             return bool(arg.split("=", 1)[1])
+    return None
+
+
+def flag_value(argv: list[str], flags: tuple[str, ...]) -> str | None:
+    """The value of the last of ``flags`` in ``argv`` (``--flag value`` or ``--flag=value``), as argparse keeps."""
+    value = None
+    for i, arg in enumerate(argv):
+        for flag in flags:
+            if arg == flag and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+    return value
+
+
+def unservable(argv: list[str], env: dict[str, str], version: tuple[int, ...]) -> str | None:
+    """Why real SGLang's weight-update session cannot serve this server, read from its launch argv
+    and environment (the asserts and refusals of the 0.5.21 - 0.5.23 wheels), or None."""
+    dp = flag_value(argv, DP_FLAGS)
+    if dp is not None and dp.isdigit() and int(dp) > 1:
+        # 0.5.23 tokenizer_control_mixin.py update_weights_from_tensor: assert dp_size == 1 (a 500 after
+        # begin succeeded). 0.5.21 also let dp attention through; 0.5.22 was not read: refused for all.
+        return (f"--dp-size {dp}: SGLang's update_weights_from_tensor asserts dp_size == 1 (0.5.23; 0.5.21 "
+                "with --enable-dp-attention only)")
+    mode = flag_value(argv, ("--weight-cache-mode",))
+    if mode is not None and mode != "off":
+        return (f"--weight-cache-mode {mode}: SGLang refuses in-place weight updates while the weight cache is "
+                "active (model_runner_components/weight_updater.py, 0.5.21 - 0.5.23)")
+    if env.get("SGLANG_OPT_BF16_FP32_GEMM_ALGO") == "hpc":
+        return ("SGLANG_OPT_BF16_FP32_GEMM_ALGO=hpc in the run's env: SGLang refuses online weight updates while "
+                "the HPC-Ops bf16xfp32 GEMM caches weight splits (0.5.21 - 0.5.23)")
+    if flag_value(argv, (API_KEY_FLAG,)) is not None:
+        return (f"the server was launched with {API_KEY_FLAG}: the sender would send it, but verify-acceptance's "
+                "/generate does not, so the swap could not be verified")
     return None
 
 
@@ -129,6 +184,9 @@ def swap_decision(run: Run, desired: DesiredDeployment, running: RunningServer |
         return SwapDecision("reload", f"changed besides the drafter: {', '.join(changed)}{detail}")
     if has_admin_key(list(record.get("argv") or [])) is False:
         return SwapDecision("reload", f"the server was launched with {ADMIN_FLAG} but deployctl has no key for it")
+    cannot = unservable(list(record.get("argv") or []), run.env, parsed)
+    if cannot is not None:
+        return SwapDecision("reload", cannot)
     if inspection is None:
         return SwapDecision("swap", "only the drafter changed so far; the host's drafters and GPU memory are "
                                     "checked next", pending=True)
@@ -161,7 +219,7 @@ def _judge_drafters(run: Run, desired: DesiredDeployment, record: dict, seen: Sw
         return SwapDecision("reload", f"the GPUs' free memory is unknown ({seen.gpu_error})")
     base = base_gpu_id(list(desired.argv))
     wanted = {base + r for r in range(run.tp_size)}
-    need_mib = -(-new.bytes // (1 << 20))
+    need_mib = -(-new.bytes // (1 << 20)) + SENDER_CONTEXT_MIB
     by_index = {g.index: g for g in seen.gpus}
     missing = sorted(wanted - set(by_index))
     if missing:
@@ -169,8 +227,9 @@ def _judge_drafters(run: Run, desired: DesiredDeployment, record: dict, seen: Sw
     short = [g for g in (by_index[i] for i in sorted(wanted)) if g.free_mib < need_mib]
     if short:
         g = short[0]
-        return SwapDecision("reload", f"not enough free GPU memory for a copy of the drafter on each GPU "
-                                      f"(GPU {g.index}: {g.free_mib} MiB free, {need_mib} MiB needed)")
+        return SwapDecision("reload", f"not enough free GPU memory for a copy of the drafter and the sender's CUDA "
+                                      f"context on each GPU (GPU {g.index}: {g.free_mib} MiB free, {need_mib} MiB "
+                                      f"needed: the drafter and {SENDER_CONTEXT_MIB} MiB of context)")
     return SwapDecision("swap", f"only the drafter's tensors changed ({str(record.get('drafter_fingerprint'))[:12]} -> "
                                 f"{str(desired.drafter_fingerprint)[:12]}; same config, shapes and vocabulary "
                                 f"map; {need_mib} MiB per GPU free)")

@@ -32,7 +32,7 @@ from deploy.base.shell import quote_path
 from deploy.steps import converge, verify_acceptance
 from deploy.base.terminal import safe_line
 from deploy.steps.base import Action, Command, CommandResult, StepContext, StepOutcome, StepSettings
-from deploy.steps.swap_decision import RunningServer, SwapDecision, base_gpu_id, swap_decision
+from deploy.steps.swap_decision import RunningServer, SwapDecision, base_gpu_id, requested_mode, swap_decision
 from deploy.steps.launch import _written, desired, env_path
 
 NAME = "swap-drafter"
@@ -86,7 +86,8 @@ def send_action(ctx: StepContext) -> Command:
     wanted = desired(ctx)
     return Command(description="swap the drafter into the running server: SGLang's weight-update session "
                                "(begin selector draft, update_weights_from_tensor with one payload per TP rank and "
-                               "the fingerprint as weight_version, end), then /model_info's weight_version",
+                               "the fingerprint as weight_version, end; each holds new requests behind SGLang's "
+                               "model-update lock), /flush_cache, then /model_info's weight_version",
                    when="the swap decision is swap",
                    command=send_command(ctx.run.sglang_python, ctx.paths.helper(SENDER), base_url(ctx),
                                         wanted.drafter_path or "<drafter>",
@@ -159,7 +160,9 @@ def _state(ctx: StepContext) -> ServerState:
 
 
 def _reload(ctx: StepContext, reason: str, extra: dict | None = None) -> StepOutcome:
-    ctx.memory.drafter_update = {"how": "reloaded", "why": reason} | (extra or {})
+    asked, _ = requested_mode(ctx.run, _override(ctx))
+    # the launch writes this into deployment.json (launch.desired_record): a fallback says it reloaded, and why
+    ctx.memory.drafter_update = {"how": "reloaded", "why": reason, "asked": asked, "at": _now()} | (extra or {})
     return StepOutcome("skipped", f"reload: {reason}", {"path": "reload", "reason": reason} | (extra or {}))
 
 
@@ -242,8 +245,11 @@ def _swap(ctx: StepContext, state: ServerState, decision: SwapDecision) -> StepO
         ctx.execute(restore_action(ctx, state.record, state.pid))
         why = f"the server refused the swap at {summary.stage} (HTTP {summary.http_status}: {summary.message})"
         return _reload(ctx, why, {"sent": False})
-    verified: dict[str, Any] = {"weight_version": summary.weight_version, "format": summary.format,
-                                "tensors": summary.tensors, "send_s": summary.seconds, "cache_flushed": summary.flushed}
+    # held_s: how long SGLang's model-update writer lock could hold new requests back (the begin, update
+    # and end calls' durations, measured by the sender; tokenizer_control_mixin.py 0.5.21 - 0.5.23)
+    verified: dict[str, Any] = {"weight_version": summary.weight_version, "tensors": summary.tensors,
+                                "send_s": summary.seconds, "cache_flushed": summary.flushed,
+                                "held_s": summary.held_s, "held": dict(summary.held)}
     try:
         failures = _verify(ctx, state, summary, fingerprint, verified)
     except _STOPS:
@@ -262,7 +268,8 @@ def _swap(ctx: StepContext, state: ServerState, decision: SwapDecision) -> StepO
     memory = ctx.memory
     memory.swapped, memory.pid, memory.log, memory.deployment = True, state.pid, state.record.get("log"), record
     memory.drafter_update = {"how": "swapped", "verified": verified}
-    return StepOutcome("ok", f"swapped into pid {state.pid} in {summary.seconds:.1f} s: weight_version "
+    return StepOutcome("ok", f"swapped into pid {state.pid} in {summary.seconds:.1f} s (new requests held up to "
+                             f"{summary.held_s:.2f} s by SGLang's model-update lock): weight_version "
                              f"{str(fingerprint)[:12]}, accept length {verified.get('accept_length')}, no restart",
                        {"path": "swap", "reason": decision.reason, "pid": state.pid, "verified": verified})
 

@@ -90,6 +90,16 @@ def seen(new: DrafterFacts | None = None, gpus=((0, 1000, 8000), (1, 1000, 8000)
     (a_run(), desired(), running(drafter_update={"how": "swap-failed"}), "a swap failed on this server before"),
     (a_run(), desired(argv=argv_of(desired()) + ["--admin-api-key"]), running(argv=ARGV + ["--admin-api-key"]),
      "no key for it"),
+    # issue 41: what real SGLang's session cannot serve, refused before anything is sent
+    (a_run(), desired(argv=argv_of(desired()) + ["--dp-size", "2"]), running(argv=ARGV + ["--dp-size", "2"]),
+     "--dp-size 2: SGLang's update_weights_from_tensor asserts dp_size == 1"),
+    (a_run(), desired(argv=argv_of(desired()) + ["--data-parallel-size=4"]),
+     running(argv=ARGV + ["--data-parallel-size=4"]), "--dp-size 4"),
+    (a_run(), desired(argv=argv_of(desired()) + ["--weight-cache-mode", "shared"]),
+     running(argv=ARGV + ["--weight-cache-mode", "shared"]), "--weight-cache-mode shared"),
+    (a_run(env={"SGLANG_OPT_BF16_FP32_GEMM_ALGO": "hpc"}), desired(), running(), "SGLANG_OPT_BF16_FP32_GEMM_ALGO=hpc"),
+    (a_run(), desired(argv=argv_of(desired()) + ["--api-key", "k"]), running(argv=ARGV + ["--api-key", "k"]),
+     "launched with --api-key: the sender would send it, but verify-acceptance's /generate does not"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_refusals_before_the_host_is_inspected_reload_and_say_why(run, want, have, why):
     decision = swap_decision(run, want, have)
@@ -111,7 +121,9 @@ def test_the_command_overrides_the_run_and_plan_says_what_it_still_checks():
     (seen(facts(d2t_sha256="z")), "vocabulary map"),
     (seen(facts(error="/s/drafters/NEW: no *.safetensors")), "cannot read the new drafter"),
     (seen(gpus=None, gpu_error="nvidia-smi: not found"), "free memory is unknown (nvidia-smi: not found)"),
-    (seen(facts(bytes=2000 << 20), gpus=((0, 1000, 8000), (1, 7000, 8000))), "GPU 1: 1000 MiB free, 2000 MiB needed"),
+    (seen(facts(bytes=2000 << 20), gpus=((0, 1000, 8000), (1, 7000, 8000))), "GPU 1: 1000 MiB free, 2768 MiB needed"),
+    # issue 41: the sender's own CUDA context counts (768 MiB): 3 MiB of drafter in 700 MiB free does not fit
+    (seen(gpus=((0, 1000, 8000), (1, 7300, 8000))), "GPU 1: 700 MiB free, 771 MiB needed: the drafter and 768 MiB"),
     (seen(gpus=((0, 1000, 8000),)), "GPU 1 of the server is not listed"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_refusals_after_the_inspection_reload_and_say_why(inspection, why):
@@ -122,6 +134,10 @@ def test_refusals_after_the_inspection_reload_and_say_why(inspection, why):
 def test_only_the_tensors_changed_is_a_swap_on_the_servers_own_gpus():
     decision = swap_decision(a_run(), desired(), running(), seen())
     assert decision.path == "swap" and not decision.pending and "only the drafter's tensors changed" in decision.reason
+    # dp-size 1, an admin key alone (NORMAL routes stay open): still a swap
+    for flags in (["--dp-size", "1"], ["--admin-api-key", "adm"]):
+        assert swap_decision(a_run(), desired(argv=argv_of(desired()) + flags), running(argv=ARGV + flags),
+                             seen()).path == "swap"
     # --base-gpu-id 2: GPUs 2 and 3 are the server's, 0 and 1 do not count
     argv = argv_of(desired()) + ["--base-gpu-id", "2"]
     full = seen(gpus=((0, 8000, 8000), (1, 8000, 8000), (2, 0, 8000), (3, 0, 8000)))
@@ -156,15 +172,24 @@ def test_drafter_facts_read_shapes_bytes_and_the_vocabulary_map(tmp_path):
     assert "error" in out["new"] and out["running"] == a
 
 
-def test_the_admin_key_comes_from_the_record_never_the_command_line(tmp_path):
-    (tmp_path / "deployment.json").write_text(json.dumps({"argv": ARGV + ["--admin-api-key", "s3"]}))
-    assert sender.admin_key(str(tmp_path)) == "s3"
+@pytest.mark.parametrize("flags, keys", [
+    ([], (None, None)),
+    (["--admin-api-key", "adm"], (None, "adm")),            # NORMAL routes open, ADMIN_OPTIONAL: the admin key
+    (["--api-key", "api"], ("api", "api")),                 # both: the API key
+    (["--api-key=api", "--admin-api-key=adm"], ("api", "adm")),  # NORMAL: the API key; ADMIN_OPTIONAL: admin only
+])
+def test_the_keys_come_from_the_record_as_sglangs_decide_request_auth_wants_them(tmp_path, flags, keys):
+    """srt/utils/auth.py (0.5.21 = 0.5.23): NORMAL routes (/server_info, /model_info) take --api-key
+    whatever --admin-api-key says; ADMIN_OPTIONAL ones the admin key when set, else the API key."""
+    (tmp_path / "deployment.json").write_text(json.dumps({"argv": ARGV + flags}))
+    assert sender.server_keys(str(tmp_path)) == keys
     (tmp_path / "deployment.json").write_text("not json")
-    assert sender.admin_key(str(tmp_path)) is None
+    assert sender.server_keys(str(tmp_path)) == (None, None)
 
 
-SUMMARY = {"ok": True, "stage": "done", "sent": True, "ended": True, "format": "stand-in", "http_status": 200,
-           "message": "Success", "weight_version": "abc", "tensors": 12, "seconds": 0.4, "flushed": True}
+SUMMARY = {"ok": True, "stage": "done", "sent": True, "ended": True, "http_status": 200, "message": "Success",
+           "weight_version": "abc", "tensors": 12, "seconds": 0.4, "flushed": True, "held_s": 0.3,
+           "held": {"begin": 0.1, "update": 0.1, "end": 0.1}}
 
 
 @pytest.mark.parametrize("output", [
@@ -172,6 +197,8 @@ SUMMARY = {"ok": True, "stage": "done", "sent": True, "ended": True, "format": "
     json.dumps(SUMMARY | {"stage": "somewhere"}), json.dumps(SUMMARY | {"sent": "yes"}),
     json.dumps(SUMMARY | {"extra": 1}), json.dumps({k: v for k, v in SUMMARY.items() if k != "ok"}),
     json.dumps(SUMMARY | {"seconds": -1}), json.dumps([SUMMARY]),
+    json.dumps(SUMMARY | {"format": "stand-in"}),  # issue 41: one payload path, no format to say
+    json.dumps(SUMMARY | {"held": {"flush": 0.1}}), json.dumps({k: v for k, v in SUMMARY.items() if k != "held_s"}),
 ])
 def test_a_send_summary_not_exactly_as_documented_is_refused(output):
     with pytest.raises(RemoteOutputError, match="h1"):
@@ -202,8 +229,9 @@ def ls():
         return load_launch_module()
 
 
-def engine(ls, version="0.5.23", tp=2, key=None):
-    args = SimpleNamespace(tp_size=tp, admin_api_key=key, model_path="/m", tokenizer_path="/m", weight_version="default", speculative_token_map=None,
+def engine(ls, version="0.5.23", tp=2, base=0):
+    args = SimpleNamespace(tp_size=tp, base_gpu_id=base, api_key=None, admin_api_key=None, model_path="/m",
+                           tokenizer_path="/m", weight_version="default", speculative_token_map=None,
                            disable_cuda_graph=False, log_level="info", speculative_draft_model_quantization=None)
     spec = ls.Speculation("EAGLE3", draft_tokens=16, accept_p=0.66)
     spec.draft_config = {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
@@ -212,47 +240,106 @@ def engine(ls, version="0.5.23", tp=2, key=None):
     return ls.Engine(args, version, spec, {}, 0.5)
 
 
-def payload(names, rank, fmt=sender.SIM_FORMAT, markers=None):
-    header = {n: {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]} for n in names}
-    doc = {"format": fmt, "rank": rank, "headers": {"model.safetensors": header}, "markers": markers or {}}
-    return base64.b64encode(json.dumps(doc).encode()).decode()
+def drafter_dir(root, names, markers=None):
+    """A drafter directory whose safetensors header holds ``names`` (the stand-in reads headers only)."""
+    import struct
+
+    root.mkdir(parents=True, exist_ok=True)
+    header = json.dumps({n: {"dtype": "BF16", "shape": [1], "data_offsets": [2 * i, 2 * i + 2]}
+                         for i, n in enumerate(names)}).encode()
+    (root / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * (2 * len(names)))
+    for name, text in (markers or {}).items():
+        (root / f"SIMULATION-{name}").write_text(text)
+    return root
 
 
-def update(e, names, **body):
-    entries = body.pop("entries", None) or [payload(names, r) for r in range(e.args.tp_size)]
+def entries_of(root, tp, base=0):
+    """The product's one payload path: deploy/remote/drafter_swap.py sglang_payloads (issue 41)."""
+    entries, count, keep = sender.sglang_payloads(str(root), tp, base)
+    assert count > 0 and len(keep) == tp
+    return entries
+
+
+def update(e, entries, **body):
     return e.weight_updates.handle("/update_weights_from_tensor",
-                                   {"serialized_named_tensors": entries, "selector": "draft"} | body, None)
+                                   {"serialized_named_tensors": entries, "selector": "draft"} | body)
 
 
-def test_the_session_is_sglangs_and_a_swapped_drafter_follows_the_loader_rules(ls, monkeypatch):
+@pytest.fixture()
+def sim():
+    from tests.sim_python import sim_python
+
+    with sim_python():
+        yield
+
+
+def test_the_session_is_sglangs_and_a_swapped_drafter_follows_the_loader_rules(ls, sim, monkeypatch, tmp_path):
     monkeypatch.setenv("SGLANG_SIM_SWAP_SECONDS", "0")
     e = engine(ls)
-    good = list(drafter_mod.drafter_tensor_specs(layout="sglang"))
+    good = entries_of(drafter_dir(tmp_path / "good", list(drafter_mod.drafter_tensor_specs(layout="sglang"))), 2)
     w = e.weight_updates
     assert update(e, good) == (400, {"success": False, "message": "update_weights_from_tensor must run between "
                                      "begin_weight_update() and end_weight_update()"})
-    assert w.handle("/begin_weight_update", {"selector": "draft"}, None)[0] == 200
-    assert w.handle("/begin_weight_update", {"selector": "draft"}, None)[1]["message"].startswith(
+    assert w.handle("/begin_weight_update", {"selector": "draft"})[0] == 200
+    assert w.handle("/begin_weight_update", {"selector": "draft"})[1]["message"].startswith(
         "a weight-update session is already open")
     assert update(e, good, weight_version="v2")[0] == 200 and e.model_info()["weight_version"] == "v2"
     assert e.spec.accept_p > 0.6
     # a drafter whose decoder layer the loader drops serves at 1.00 after a swap, as at launch
-    dropped = [n.replace("midlayer.", "decoder.") for n in good]
-    assert update(e, dropped)[0] == 200 and e.spec.accept_p == 0.0 and "random init" in e.spec.collapse_reason
-    marked = [payload(good, r, markers={"accept-nothing": ""}) for r in range(2)]
-    assert update(e, good, entries=marked)[0] == 200 and e.spec.accept_p == 0.0
-    # one payload per rank: rank 1 reading rank 0's, too few entries, another format
-    assert "TP1: payload for rank 0" in update(e, good, entries=[payload(good, 0)] * 2)[1]["message"]
-    assert "list index out of range" in update(e, good, entries=[payload(good, 0)])[1]["message"]
-    assert "stand-in format" in update(e, good, entries=[payload(good, r, fmt="pickle") for r in range(2)])[1]["message"]
-    assert w.handle("/end_weight_update", {}, None)[0] == 200
-    assert w.handle("/end_weight_update", {}, None)[1]["message"].startswith("no weight-update session is open")
+    dropped = [n.replace("midlayer.", "decoder.") for n in drafter_mod.drafter_tensor_specs(layout="sglang")]
+    assert update(e, entries_of(drafter_dir(tmp_path / "dropped", dropped), 2))[0] == 200
+    assert e.spec.accept_p == 0.0 and "random init" in e.spec.collapse_reason
+    marked = drafter_dir(tmp_path / "marked", list(drafter_mod.drafter_tensor_specs(layout="sglang")),
+                         {"accept-nothing": ""})
+    assert update(e, entries_of(marked, 2))[0] == 200 and e.spec.accept_p == 0.0
+    # one payload per rank, each on its own GPU: rank 1 reading rank 0's copy, too few entries, not a pickle
+    assert "not on this rank's GPU 1" in update(e, [good[0], good[0]])[1]["message"]
+    assert "list index out of range" in update(e, good[:1])[1]["message"]
+    assert "cannot deserialize" in update(e, [base64.b64encode(b"{}").decode()] * 2)[1]["message"]
+    assert w.handle("/end_weight_update", {})[0] == 200
+    assert w.handle("/end_weight_update", {})[1]["message"].startswith("no weight-update session is open")
+    # --base-gpu-id 2: the sender's copies on GPUs 2 and 3 are the ranks' own
+    e2 = engine(ls, base=2)
+    assert e2.weight_updates.handle("/begin_weight_update", {"selector": "draft"})[0] == 200
+    assert update(e2, entries_of(tmp_path / "good", 2, base=2))[0] == 200
+    assert "not on this rank's GPU 2" in update(e2, good)[1]["message"]
 
 
-def test_the_admin_key_is_required_when_set_and_0_5_20_has_no_session(ls):
-    e = engine(ls, key="k")
-    assert e.weight_updates.handle("/begin_weight_update", {"selector": "draft"}, None) == (401, {"error": "Unauthorized"})
-    assert e.weight_updates.handle("/begin_weight_update", {"selector": "draft"}, "Bearer k")[0] == 200
+def test_not_flushed_loads_the_weights_but_weight_version_stays_as_real_sglang_answers(ls, sim, monkeypatch, tmp_path):
+    """0.5.21 - 0.5.23: weight_updater.flush_cache_after_weight_update fails the call; the tokenizer
+    records weight_version only on success (tokenizer_control_mixin.py), so /model_info keeps the old one."""
+    monkeypatch.setenv("SGLANG_SIM_SWAP_SECONDS", "0")
+    e = engine(ls)
+    good = entries_of(drafter_dir(tmp_path / "good", list(drafter_mod.drafter_tensor_specs(layout="sglang"))), 2)
+    e.weight_updates.handle("/begin_weight_update", {"selector": "draft"})
+    e.running = 1  # a request at the scheduler: the flush is refused
+    code, answer = update(e, good, weight_version="v2")
+    assert code == 400 and answer["message"].startswith("Weights were updated, but the cache was not flushed")
+    assert e.model_info()["weight_version"] == "default"
+
+
+def test_the_stand_in_authenticates_as_sglangs_decide_request_auth():
+    """srt/utils/auth.py, 0.5.21 = 0.5.23, and the routes' levels in http_server.py."""
+    from tests.sim_python import sim_python
+
+    with sim_python():
+        from sglang.srt.utils.auth import decide_request_auth
+
+    def allowed(path, header, api=None, admin=None):
+        return decide_request_auth(method="GET", path=path, authorization_header=header, api_key=api,
+                                   admin_api_key=admin)
+
+    assert allowed("/server_info", None) and allowed("/begin_weight_update", None)
+    assert not allowed("/server_info", None, api="a") and allowed("/server_info", "Bearer a", api="a")
+    assert allowed("/server_info", None, admin="m")  # NORMAL with the admin key alone: open
+    assert not allowed("/server_info", "Bearer m", api="a", admin="m")  # the admin key is not the API key
+    assert not allowed("/begin_weight_update", "Bearer a", api="a", admin="m")  # both: admin only
+    assert allowed("/begin_weight_update", "Bearer m", api="a", admin="m")
+    assert allowed("/begin_weight_update", "Bearer a", api="a") and not allowed("/flush_cache", None, api="a")
+    assert allowed("/health", None, api="a", admin="m")
+
+
+def test_0_5_20_has_no_session(ls):
     assert not engine(ls, version="0.5.20").weight_updates.serves("/begin_weight_update")
     assert engine(ls, version="0.5.21").weight_updates.serves("/begin_weight_update")
 
@@ -267,38 +354,63 @@ def planned(name: str):
     return PlannedStep(name, REGISTRY[name].Settings(step=name))
 
 
-def test_a_replica_kept_for_a_swap_leaves_the_router_once_before_anything_stops_it():
-    from deploy.engine.session import leave_router_before_stop
+def test_behind_a_router_a_replica_that_would_swap_is_drained_first():
+    """Issue 41: every begin, update and end of SGLang's session takes the tokenizer's model_update_lock
+    writer lock (tokenizer_control_mixin.py, 0.5.21 - 0.5.23), which waits for every in-flight request
+    and holds new ones back: a replica kept in the router would hold its users' requests up to three
+    times the longest one. Before, the probe kept it in the router ("kept in the router (no drain)")."""
+    from deploy.fleet.rolling import probe_verdict
     from deploy.steps.memory import StepMemory
 
-    calls, said = [], []
-    memory = StepMemory(leave_router=lambda: calls.append(1) or "drained in 0.10 s")
-    progress = lambda host, step, message: said.append((step, message))  # noqa: E731
-    for name in ("doctor", "converge", "quarantine", "swap-drafter"):  # before the swap decided: still serving
-        assert leave_router_before_stop(planned(name), HOST, memory, progress) is None
-    assert calls == []
-    memory.drafter_update = {"how": "reloaded", "why": "the drafter's shapes changed"}
-    assert leave_router_before_stop(planned("stop-stale"), HOST, memory, progress) is None
-    assert calls == [1] and said == [("router", "drained in 0.10 s")]
-    assert leave_router_before_stop(planned("launch"), HOST, memory, progress) is None and calls == [1]
-    # a rollback after a swap still in the router: its own memory carries the call
-    rollback = StepMemory(leave_router=lambda: calls.append(2) or "drained").rollback_of({"argv": []})
-    assert leave_router_before_stop(planned("stop-stale"), HOST, rollback, progress) is None and calls == [1, 2]
+    assert probe_verdict(True, "already running as desired", None) == ("unchanged", "already running as desired")
+    verdict, why = probe_verdict(False, "drafter fingerprint changed", "only the drafter changed so far")
+    assert verdict == "redeploy" and why == "drafter swap, drained first: only the drafter changed so far"
+    assert probe_verdict(False, "argv changed", None) == ("redeploy", "argv changed")
+    assert not hasattr(StepMemory(), "leave_router")  # no replica is kept in the router for a swap any more
 
 
-def test_a_swapped_replica_never_leaves_and_a_refused_leave_stops_with_the_server_as_it_was():
-    from deploy.engine.session import leave_router_before_stop
-    from deploy.base.errors import ExitCode
-    from deploy.fleet.rolling import LastHealthyWorker
-    from deploy.steps.memory import StepMemory
+def test_the_stand_ins_model_update_lock_holds_new_requests_while_a_session_call_waits(ls):
+    """SGLang's RWLock (srt/utils/aio_rwlock.py, 0.5.21 - 0.5.23) is writer-preferring: a session call
+    waits for the request in flight, and a request that arrives meanwhile waits for the call."""
+    import threading
+    import time
 
-    swapped = StepMemory(leave_router=lambda: pytest.fail("a swapped replica left the router"), swapped=True,
-                         drafter_update={"how": "swapped"})
-    assert leave_router_before_stop(planned("stop-stale"), HOST, swapped, lambda *a: None) is None
+    gate = ls.ModelUpdateLock()
+    order: list[str] = []
+    gate.acquire_reader()  # a request in flight
 
-    def last() -> str:
-        raise LastHealthyWorker("h: would leave the router no healthy worker; nothing was stopped")
+    def session_call():
+        gate.acquire_writer()
+        order.append("call")
+        time.sleep(0.1)
+        gate.release_writer()
 
-    error = leave_router_before_stop(planned("stop-stale"), HOST, StepMemory(leave_router=last, drafter_update={}),
-                                     lambda *a: None)
-    assert error is not None and error.exit_code == ExitCode.USAGE and "nothing was stopped" in str(error)
+    def new_request():
+        gate.acquire_reader()
+        order.append("new request")
+        gate.release_reader()
+
+    writer = threading.Thread(target=session_call)
+    writer.start()
+    time.sleep(0.1)  # the call waits for the request in flight
+    late = threading.Thread(target=new_request)
+    late.start()
+    time.sleep(0.1)
+    assert order == []  # neither the call nor the new request got in while the old request runs
+    gate.release_reader()
+    writer.join(5)
+    late.join(5)
+    assert order == ["call", "new request"]
+
+
+def test_no_swap_module_of_the_product_knows_the_sandbox():
+    """Issue 41: one payload path. Before, the sender asked /server_info whether the server was the
+    sandbox (``simulated``) and then sent the stand-in's own format; SGLang's path never ran in a test."""
+    from pathlib import Path
+
+    root = Path(sender.__file__).resolve().parents[1]
+    for path in ("remote/drafter_swap.py", "facts/drafter_swap.py", "steps/swap_drafter.py", "steps/swap_decision.py",
+                 "fleet/rolling.py"):
+        text = (root / path).read_text().lower()
+        for word in ("sandbox", "simulated", "stand-in", "sim_format", "deployctl-sim-drafter"):
+            assert word not in text, (path, word)

@@ -43,8 +43,9 @@ def _old_record() -> dict:
 
 
 def _summary(**changes) -> str:
-    base = {"ok": False, "stage": "update", "sent": True, "ended": True, "format": "stand-in", "http_status": 400,
-            "message": "x", "weight_version": None, "tensors": 3, "seconds": 0.5, "flushed": False}
+    base = {"ok": False, "stage": "update", "sent": True, "ended": True, "http_status": 400, "message": "x",
+            "weight_version": None, "tensors": 3, "seconds": 0.5, "flushed": False, "held_s": 0.4,
+            "held": {"begin": 0.1, "update": 0.2, "end": 0.1}}
     return json.dumps(base | changes)
 
 
@@ -226,3 +227,21 @@ def test_other_records_are_compared_as_before(update):
     record = old | ({"drafter_update": update} if update is not None else {})
     assert would_converge(DesiredDeployment.of_record(old), _state(record))[0]
     assert same_deployment(record, old)
+
+
+@pytest.mark.parametrize("reply, sent", [(UNKNOWN["update-failed"], True), (NOT_SENT["begin-401"], False)])
+def test_the_reload_after_a_fallback_records_that_it_reloaded_and_why(reply, sent):
+    """Issue 41: the launch that follows a swap that fell back writes ``drafter_update: {how: reloaded,
+    why, asked: swap, sent}`` into deployment.json (before, the record did not say it reloaded)."""
+    from deploy.steps import launch
+
+    conn, ctx, old, run = _swap(reply)
+    run()
+    record = launch.desired_record(ctx)
+    update = record["drafter_update"]
+    assert update["how"] == "reloaded" and update["asked"] == "swap" and update["sent"] is sent and update["at"]
+    assert update["why"].startswith("the swap failed verification" if sent else "the server refused the swap at begin")
+    assert not drafter_unknown(record) and record["drafter_fingerprint"] == NEW
+    # a rollback relaunches the last good record as it was
+    ctx.memory.rollback_record = old
+    assert "drafter_update" not in launch.desired_record(ctx)

@@ -101,7 +101,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from sglang.srt.layers.quantization import QUANTIZATION_CHOICES
-from sglang.srt.managers.weight_update import WEIGHT_UPDATE_PATHS, WeightUpdater
+from sglang.srt.managers.weight_update import WEIGHT_UPDATE_PATHS, ModelUpdateLock, WeightUpdater
+from sglang.srt.utils.auth import decide_request_auth
 from sglang.srt.speculative import pitfalls, prompt_kinds
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
@@ -915,6 +916,7 @@ class Engine:
         self.metrics_state = MetricsState()
         self.weight_version = args.weight_version
         self.weight_updates = WeightUpdater(self, version)
+        self.model_update_lock = ModelUpdateLock()
 
     def swap_draft(self, names: list[str], digest: str, markers: dict[str, str]) -> None:
         """Load a new drafter's tensors into the running draft model (SGLang's draft runners call
@@ -975,7 +977,17 @@ class Engine:
 
     def generate(self, prompt_tokens: int, max_new_tokens: int, emit=None, text: str = "") -> tuple[str, dict]:
         """One request; ``emit(text_so_far)`` (streaming) is called as the simulated time passes. ``text``:
-        the prompt, whose kind scales the drafter's acceptance (prompt_kinds.py; token ids: instruct, 1.0)."""
+        the prompt, whose kind scales the drafter's acceptance (prompt_kinds.py; token ids: instruct, 1.0).
+
+        Holds the model-update lock's reader side for the whole answer (SGLang 0.5.21 - 0.5.23
+        ``TokenizerManager.generate_request``): a weight-update call waits for it and holds new ones back."""
+        self.model_update_lock.acquire_reader()
+        try:
+            return self._generate(prompt_tokens, max_new_tokens, emit, text)
+        finally:
+            self.model_update_lock.release_reader()
+
+    def _generate(self, prompt_tokens: int, max_new_tokens: int, emit=None, text: str = "") -> tuple[str, dict]:
         kind = prompt_kinds.kind_of(text) if text else "instruct"
         kind_factor = prompt_kinds.factor(kind, self.spec.kind_factors)
         with self.lock:
@@ -1174,7 +1186,11 @@ class Handler(BaseHTTPRequestHandler):
             body = self._body()
         else:
             body = {}
-        if path in ("/health", "/health_generate") and method == "GET":
+        if not decide_request_auth(method=method, path=path, authorization_header=self.headers.get("Authorization"),
+                                   api_key=getattr(engine.args, "api_key", None),
+                                   admin_api_key=getattr(engine.args, "admin_api_key", None)):
+            self._json(401, {"error": "Unauthorized"})
+        elif path in ("/health", "/health_generate") and method == "GET":
             self._send(200 if self._healthy() else 503)
         elif path in ("/model_info", "/get_model_info") and method == "GET":
             self._json_or_override(path, 200, engine.model_info())
@@ -1200,7 +1216,7 @@ class Handler(BaseHTTPRequestHandler):
             if method != "POST":
                 self._json(405, {"detail": "Method Not Allowed"})
             else:
-                code, answer = engine.weight_updates.handle(path, body, self.headers.get("Authorization"))
+                code, answer = engine.weight_updates.handle(path, body)
                 self._json_or_override(path, code, answer)
         elif path == "/metrics" and method == "GET" and engine.args.enable_metrics:
             self._send(200, engine.metrics().encode(), "text/plain; version=0.0.4")

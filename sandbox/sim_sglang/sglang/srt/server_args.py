@@ -43,7 +43,8 @@ class ServerArgs:
     kv_cache_dtype: A[str, Arg(help="Data type for kv cache storage.", choices=KV_CACHE_DTYPE_CHOICES)] = "auto"
     context_length: A[Optional[int], "The model's maximum context length."] = None
     served_model_name: A[Optional[str], "Override the model name returned by the v1/models endpoint."] = None
-    # the weight-update session's admin level and the version /model_info reports (drafter swap, issue 29)
+    # the API keys (srt/utils/auth.py decides), the weight-update session's admin level and the version /model_info reports (drafter swap, issue 29)
+    api_key: A[Optional[str], "Set API key of the server. It is also used in the OpenAI API compatible server."] = None
     admin_api_key: A[Optional[str], "Set admin API key for administrative/control endpoints."] = None
     weight_version: A[str, "Version identifier for the model weights."] = "default"
     host: A[str, "The host of the HTTP server."] = "127.0.0.1"
