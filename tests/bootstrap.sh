@@ -74,6 +74,10 @@ if [ -x /usr/bin/python3.11 ]; then
   if [ ! -x .sglang-contract-venv/bin/python ]; then
     /usr/bin/python3.11 -m venv .sglang-contract-venv
   fi
+  # the CPU build where a wheel of it is at hand (this machine's find-links), else PyPI's torch (it runs on
+  # the CPU too, only larger)
   .sglang-contract-venv/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0+cpu' safetensors \
-    pybase64 numpy msgspec
+    pybase64 numpy msgspec \
+    || .sglang-contract-venv/bin/python -m pip install -q --disable-pip-version-check torch safetensors \
+      pybase64 numpy msgspec
 fi
