@@ -15,7 +15,6 @@ import fcntl
 import io
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.hostile.test_safe_writes import _socket
 
 from deploy.base.errors import DeployError, ExitCode
 from deploy.config.models import Host
@@ -50,15 +51,6 @@ class Conn:
         return self.held
 
 
-def _socket(path: Path) -> None:
-    cwd = os.getcwd()
-    os.chdir(path.parent)  # AF_UNIX paths are at most 108 bytes
-    try:
-        sock = socket.socket(socket.AF_UNIX)
-        sock.bind(path.name)
-        sock.close()
-    finally:
-        os.chdir(cwd)
 
 
 def _as_root() -> None:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import stat
 import time
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import pytest
 from deploy.config.models import reserved_option_for
 from deploy.doctor.before_stop import check_extra_args
 from deploy.remote import sglang_cli
+from tests.hostile.test_safe_writes import _char_device, _socket
 from tests.unit.test_sglang_options import FACTS, VERSIONS, doctor, read
 
 WORDS = ("yes", "true", "1", "on", "False", "0")
@@ -65,22 +64,8 @@ def test_what_sglang_accepts_still_passes(version, args):
     assert check_extra_args(doctor(version, args)).status == "pass"
 
 
-def _socket(path: Path) -> None:
-    cwd = os.getcwd()
-    os.chdir(path.parent)
-    try:
-        sock = socket.socket(socket.AF_UNIX)
-        sock.bind(path.name)
-        sock.close()
-    finally:
-        os.chdir(cwd)
 
 
-def _char_device(path: Path) -> None:
-    try:
-        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
-    except PermissionError:
-        pytest.skip("mknod needs CAP_MKNOD")
 
 
 def _fifo_link(path: Path) -> None:
