@@ -181,6 +181,16 @@ def empty_reason(row: dict[str, Any], column: str) -> tuple[str, str]:
     return EMPTY.get(column, EMPTY["metric"])
 
 
+def axes(left: float, top: float, plot_w: float, plot_h: float, y_ticks: list[float], sy) -> list[str]:
+    """A chart's two axes and its horizontal grid with the y labels (the bench and canary charts)."""
+    parts = [f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#333"/>',
+             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#333"/>']
+    for y in y_ticks:
+        parts.append(f'<line x1="{left}" y1="{sy(y):.1f}" x2="{left + plot_w}" y2="{sy(y):.1f}" stroke="#e4e4e4"/>'
+                     f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end" font-size="11">{y:g}</text>')
+    return parts
+
+
 def _ticks(low: float, high: float, count: int = 5) -> list[float]:
     if high <= low:
         high = low + 1.0
@@ -273,11 +283,7 @@ def chart_svg(key: str, label: str, table: list[dict[str, Any]], width: int = 46
     def sy(y: float) -> float:
         return top + plot_h - (y - y_low) / ((y_high - y_low) or 1.0) * plot_h
 
-    parts.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#333"/>')
-    parts.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#333"/>')
-    for y in y_ticks:
-        parts.append(f'<line x1="{left}" y1="{sy(y):.1f}" x2="{left + plot_w}" y2="{sy(y):.1f}" stroke="#e4e4e4"/>'
-                     f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end" font-size="11">{y:g}</text>')
+    parts += axes(left, top, plot_w, plot_h, y_ticks, sy)
     for x in xs:
         parts.append(f'<text x="{sx(x):.1f}" y="{top + plot_h + 16}" text-anchor="middle" font-size="11">{x}</text>')
     parts.append(f'<text x="{left + plot_w / 2:.0f}" y="{top + plot_h + 32}" text-anchor="middle" font-size="12">'

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.local.state import ensure_directory, replace_file, state_home
-from deploy.render.bench_report import COLOURS, _ticks
+from deploy.render.bench_report import COLOURS, _ticks, axes
 
 #: (key of an interval's side, label, how a value is shown): the per-token latency is charted as tokens/s
 FIGURES = (("accept", "accept length", ".2f"), ("token_s", "output tokens/s per request (1 / per-token latency)", ".1f"))
@@ -57,11 +57,7 @@ def chart_svg(canary: dict[str, Any], key: str, label: str, width: int = 620, he
     def sy(y: float) -> float:
         return top + plot_h - (y - y_low) / ((y_high - y_low) or 1.0) * plot_h
 
-    parts.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#333"/>')
-    parts.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#333"/>')
-    for y in y_ticks:
-        parts.append(f'<line x1="{left}" y1="{sy(y):.1f}" x2="{left + plot_w}" y2="{sy(y):.1f}" stroke="#e4e4e4"/>'
-                     f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end" font-size="11">{y:g}</text>')
+    parts += axes(left, top, plot_w, plot_h, y_ticks, sy)
     for x in _ticks(x_low, x_high):
         parts.append(f'<text x="{sx(x):.1f}" y="{top + plot_h + 16}" text-anchor="middle" font-size="11">{x:g}</text>')
     parts.append(f'<text x="{left + plot_w / 2:.0f}" y="{top + plot_h + 32}" text-anchor="middle" font-size="12">'
