@@ -34,7 +34,7 @@ from typing import Any
 
 from deploy.base.errors import DeployError, ExitCode, Regression
 from deploy.config.models import CanarySpec, Host
-from deploy.fleet.phases import RunPhase, RunState, open_router
+from deploy.fleet.phases import RunPhase, RunState, open_router, rotation_of
 
 
 class CanaryRefused(DeployError):
@@ -60,49 +60,51 @@ def canary_phases(spec: CanarySpec, batch: tuple[Host, ...], playbook,
                   url_of: Callable[[RunState, Host], str]) -> tuple[RunPhase, RunPhase]:
     """(the phase before the canary's batch, the window after its router-add); ``url_of``: a replica's
     worker URL as the router reaches it (fleet/rolling.py)."""
-    return (RunPhase(f"canary: last good of {names(batch)}", _keep_last_good(batch), plan=_keep_plan(batch)),
+    window, planned = _window(spec, batch, url_of), _window_plan(spec, batch, playbook)
+    return (RunPhase(f"canary: last good of {names(batch)}", _keep_last_good(batch)),
+            # the one phase still written twice (its run: a metrics stream decided line by line, then the
+            # session's rollback; its plan: the commands of both), side by side here
             RunPhase(f"canary window {names(batch)}: live figures against the other replicas' (at most "
-                     f"{spec.window:g} s, every {spec.interval:g} s)", _window(spec, batch, url_of),
-                     plan=_window_plan(spec, batch, playbook)))
+                     f"{spec.window:g} s, every {spec.interval:g} s)",
+                     lambda ctx: planned(ctx) if ctx.planning else window(ctx.state)))
 
 
 # -- before: what the canary would go back to ------------------------------------------------------
 
 
 def _keep_last_good(batch: tuple[Host, ...]):
-    def action(state: RunState) -> str:
+    def body(ctx) -> str:
         from deploy.facts.server import parse_record, read_record_command
         from deploy.host.state_layout import last_good_path
-        from deploy.ssh.transport import HostConnection
+        from deploy.steps.base import Command
+
+        def planned(host: Host) -> list[Command]:
+            return [Command(description="read the last good deployment the canary would go back to (none: "
+                                        "refused, exit 8, nothing changed)",
+                            command=read_record_command(last_good_path(host.state_dir)))]
+
+        def read(host: Host) -> dict | None:
+            from deploy.ssh.transport import HostConnection
+
+            path = last_good_path(host.state_dir)
+            with HostConnection(host, ctx.config.ssh, ctx.state.jumps) as conn:
+                return parse_record(conn.run(planned(host)[0].command, timeout=60).stdout, host.name, path)
 
         kept: dict[str, dict] = {}
         missing = []
         for host in batch:
-            path = last_good_path(host.state_dir)
-            with HostConnection(host, state.config.ssh, state.jumps) as conn:
-                record = parse_record(conn.run(read_record_command(path), timeout=60).stdout, host.name, path)
+            record = ctx.on_host(host, read, planned)
             if record is None:
                 missing.append(host.name)
             else:
                 kept[host.name] = record
-        if missing:
-            raise CanaryRefused(f"canary: no last good deployment is recorded on {', '.join(missing)}: the canary "
-                                  "could not go back to one; nothing was changed (deploy it once without the canary)")
-        state.data["canary_last_good"] = kept
+        ctx.refuse(lambda: CanaryRefused(
+            f"canary: no last good deployment is recorded on {', '.join(missing)}: the canary could not go back "
+            "to one; nothing was changed (deploy it once without the canary)") if missing else None,
+            "a canary host has no last good deployment recorded (exit 8, nothing changed)")
+        ctx.memory.canary_last_good = kept
         return "the canary goes back to: " + "; ".join(f"{n} {r.get('drafter_path')}" for n, r in kept.items())
-    return action
-
-
-def _keep_plan(batch: tuple[Host, ...]):
-    def plan(view) -> list[tuple[str, Any]]:
-        from deploy.facts.server import read_record_command
-        from deploy.host.state_layout import last_good_path
-        from deploy.steps.base import Command
-
-        return [(h.name, Command(description="read the last good deployment the canary would go back to (none: "
-                                             "refused, exit 8, nothing changed)",
-                                 command=read_record_command(last_good_path(h.state_dir)))) for h in batch]
-    return plan
+    return body
 
 
 # -- the window ----------------------------------------------------------------------------------
@@ -115,7 +117,7 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], url_of: Callable[[RunStat
 
         outcomes = {h.name: state.reports[h.name].outcome for h in batch if h.name in state.reports}
         if len(outcomes) != len(batch) or any(o != "ok" for o in outcomes.values()):
-            state.data["canary"] = {"hosts": [h.name for h in batch], "outcome": "not-run",
+            state.memory.canary = {"hosts": [h.name for h in batch], "outcome": "not-run",
                                     "why": f"the canary batch did not deploy a new drafter ({outcomes})"}
             return f"no window: the canary batch did not deploy a new drafter ({', '.join(f'{k} {v}' for k, v in outcomes.items())})"
         router = open_router(state)
@@ -147,7 +149,7 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], url_of: Callable[[RunStat
             return False
 
         started = time.monotonic()
-        state.data["canary"] = {"hosts": [h.name for h in batch], "others": [h.name for h in others],
+        state.memory.canary = {"hosts": [h.name for h in batch], "others": [h.name for h in others],
                                 "outcome": "watching", "settings": spec.model_dump()}
         _mark(state, batch, [h.name for h in others], spec)
         try:
@@ -177,14 +179,14 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], url_of: Callable[[RunStat
         _record(state, decision, intervals, started, None)
         if decision.outcome == "promote" or (decision.outcome == "inconclusive" and spec.inconclusive == "promote"):
             how = "" if decision.outcome == "promote" else " (rollout.canary.inconclusive: promote)"
-            state.data["canary"]["action"] = "promoted"
+            state.memory.canary["action"] = "promoted"
             return f"PROMOTED{how}: {decision.line()}"
         if decision.outcome == "roll-back":
-            state.data["canary"]["action"] = "rolled back, quarantined"
+            state.memory.canary["action"] = "rolled back, quarantined"
             _go_back(state, batch, url_of, decision.line(), decision.cause)
             raise CanaryRolledBack(f"canary {names(batch)} rolled back to its last good drafter ({decision.cause}): "
                                    f"{decision.line()}; the other replicas were not touched")
-        state.data["canary"]["action"] = "kept the last good drafter"
+        state.memory.canary["action"] = "kept the last good drafter"
         _go_back(state, batch, url_of, f"canary inconclusive: {decision.why}", None)
         raise CanaryKept(f"canary {names(batch)} inconclusive at the end of its window ({decision.why}): back on its "
                          "last good drafter (rollout.canary.inconclusive: keep); nothing quarantined; the other "
@@ -200,7 +202,7 @@ def _mark(state: RunState, batch: tuple[Host, ...], others: list[str], spec: Can
     from deploy.ssh.transport import HostConnection
 
     now = time.time()
-    marks = state.data.setdefault("canary_marks", {})
+    marks = state.memory.canary_marks
     for host in batch:
         paths = StatePaths(host.state_dir)
         with HostConnection(host, state.config.ssh, state.jumps) as conn:
@@ -240,7 +242,7 @@ def _update_marks(state: RunState, batch: tuple[Host, ...], decision) -> None:
                "intervals": decision.intervals, "canary_requests": decision.canary_requests,
                "outcome": decision.outcome}
     for host in batch:
-        mark = state.data.get("canary_marks", {}).get(host.name)
+        mark = state.memory.canary_marks.get(host.name)
         if mark is None:
             continue
         mark.update(figures)
@@ -266,7 +268,8 @@ def _unmark(state: RunState, batch: tuple[Host, ...]) -> None:
 
 def _record(state: RunState, decision, intervals: list, started: float, signal: str | None,
             outcome: str = "interrupted") -> None:
-    entry = state.data["canary"]
+    entry = state.memory.canary
+    assert entry is not None
     entry["seconds"] = round(time.monotonic() - started, 3)
     entry["intervals"] = [{"at": round(i.at, 3),
                            "canary": {"accept": i.canary.accept, "requests": i.canary.requests,
@@ -300,12 +303,12 @@ def _go_back(state: RunState, batch: tuple[Host, ...], url_of: Callable[[RunStat
     from deploy.steps.memory import StepMemory
 
     router = open_router(state)
-    kept = state.data.get("canary_last_good", {})
+    kept = state.memory.canary_last_good
     for host in batch:
         url = url_of(state, host)
         listed = [w for w in router.workers() if w["url"] == url]
         for w in listed:
-            state.rotation.setdefault(host.name, {})["out"] = router.remove(w["url"], settle=False)
+            rotation_of(state, host).out = router.remove(w["url"], settle=False)
         if listed:
             router.drain(url, router.spec.drain_timeout_s)
         report = state.reports[host.name]
@@ -325,7 +328,7 @@ def _go_back(state: RunState, batch: tuple[Host, ...], url_of: Callable[[RunStat
             router.settled()
             if url not in {w["url"] for w in router.workers()}:
                 router.add(url)
-            state.rotation.setdefault(host.name, {})["in"] = time.monotonic()
+            rotation_of(state, host).back = time.monotonic()
 
 
 def _quarantine(state: RunState, conn, host: Host, fingerprint: str, cause: str, why: str, report) -> None:
@@ -348,7 +351,12 @@ def _quarantine(state: RunState, conn, host: Host, fingerprint: str, cause: str,
 
 
 def _window_plan(spec: CanarySpec, batch: tuple[Host, ...], playbook):
-    def plan(view) -> list[tuple[str, Any]]:
+    def plan(ctx) -> str:
+        for host, action in rows(ctx.view):
+            ctx.send(host, action)
+        return "planned"
+
+    def rows(view) -> list[tuple[str, Any]]:
         import dataclasses
 
         from deploy.engine.plan import plan_failure
