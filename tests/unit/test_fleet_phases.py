@@ -315,3 +315,22 @@ def test_the_last_healthy_worker_rule_is_one_function_both_refusals_ask():
         check_serial(3, hosts, run, False)
     check_serial(2, hosts, run, False)
     check_serial(1, hosts[:1], run, False)  # a first up of one replica: decided when the batch starts
+
+
+@pytest.mark.parametrize("nodes", [["a", "b"], ["c", "a", "b"]])
+def test_a_node_groups_plan_lists_the_phases_its_run_takes_in_its_order(tmp_path, nodes):
+    # the group's phases are one list (nodes.node_phases) that run_nodes runs and plan_nodes lists
+    from deploy.fleet.nodes import _slices, node_phases, plan_nodes
+
+    path = tmp_path / "deployctl.yaml"
+    path.write_text(CONFIG.replace("    group: g\n    router: {host: a}\n", f"    nodes: {json.dumps(nodes)}\n"))
+    config = load_config(path)
+    run, playbook = config.runs[0], load_playbook("up")
+    _, doc = plan_nodes(config, playbook, run, [config.host(n) for n in nodes], None)
+    phases = doc["phases"]
+    assert [p["phase"] for p in phases[:-1]] == [p.name for p in node_phases(_slices(playbook), nodes)]
+    by_name = {p["phase"]: p for p in phases}
+    assert {c["host"] for c in by_name[f"rank 0 dist-init port {nodes[0]}"]["commands"]} == {nodes[0]}
+    assert {c["host"] for c in by_name["ranks 1+ alive"]["commands"]} == set(nodes[1:])
+    assert by_name["ranks 1+ launch " + ",".join(nodes[1:])]["playbook_on"] == nodes[1:]
+    assert phases[-1]["phase"].startswith("on failure after stop-stale")
