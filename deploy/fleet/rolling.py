@@ -19,8 +19,8 @@ from typing import Any
 
 from deploy.config.models import Host
 from deploy.base.errors import DeployError, ExitCode
-from deploy.fleet.phases import HostPhase, Phase, RunPhase, RunState, left_at, network, rotation_of
-from deploy.fleet.router import empties_the_router, loopback_problem, worker_url
+from deploy.fleet.phases import HostPhase, Phase, RunPhase, RunState, left_at, rotation_of
+from deploy.fleet.router import empties_the_router, loopback_problem
 from deploy.fleet.router_plan import RUNNING
 from deploy.fleet.router_watch import RouterLost
 
@@ -32,10 +32,6 @@ class LastHealthyWorker(DeployError):
 class PreflightFailed(DeployError):
     """A router or replica check failed before any replica was touched (like the doctor: exit 8)."""
     exit_code = ExitCode.VERIFY
-
-
-def url_of(state: RunState, host: Host) -> str:
-    return worker_url(state.run, network(state, host))
 
 
 def probe_actions(host: Host, run, stamp: str):
@@ -351,7 +347,7 @@ def fleet_phases(rollout, playbook) -> list[Phase]:
     if has_router and rollout.canary is not None:
         from deploy.fleet.canary import canary_phases
 
-        canary = canary_phases(rollout.canary, groups[0], playbook, url_of)
+        canary = canary_phases(rollout.canary, groups[0], playbook)
         phases.append(canary[0])
     for i, batch in enumerate(groups, 1):
         tag = f"batch {i}/{len(groups)}" + (" (canary)" if canary is not None and i == 1 else "")

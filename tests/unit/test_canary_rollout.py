@@ -321,28 +321,31 @@ def feed(n: int, canary_accept: float, requests: int = 10) -> list[dict]:
 
 def run_window(monkeypatch, lines, inconclusive="keep", interrupt_after=None, outcome="ok"):
     from deploy.fleet import canary as module
-    from deploy.fleet.phases import FleetMemory
+    from deploy.fleet.phases import FleetMemory, RunContext
+
+    class Ctx(RunContext):
+        def url(self, host):
+            return f"http://{host.name}:1"
 
     went_back, marks = [], []
     router = FakeRouter(lines, interrupt_after)
-    monkeypatch.setattr(module, "open_router", lambda state: router)
-    monkeypatch.setattr(module, "_go_back", lambda state, batch, url_of, why, cause: went_back.append((why, cause)))
-    monkeypatch.setattr(module, "_mark", lambda state, batch, others, spec: marks.append("mark"))
-    monkeypatch.setattr(module, "_unmark", lambda state, batch: marks.append("unmark"))
+    monkeypatch.setattr(module, "_go_back", lambda ctx, batch, playbook, why, cause: went_back.append((why, cause)))
+    monkeypatch.setattr(module, "_mark", lambda ctx, batch, others, spec: marks.append("mark"))
+    monkeypatch.setattr(module, "_unmark", lambda ctx, batch: marks.append("unmark"))
     hosts = [Host(name=n, address=f"10.0.0.{i}", gpus=8, state_dir="~/s") for i, n in enumerate("abc", 1)]
     state = SimpleNamespace(reports={"a": SimpleNamespace(outcome=outcome, facts={})}, memory=FleetMemory(),
-                            config=SimpleNamespace(hosts_of=lambda run: hosts), run=None,
-                            progress=lambda *a: None)
+                            config=SimpleNamespace(hosts_of=lambda run: hosts), run=None, stamp="s", rotation={},
+                            router=router, progress=lambda *a: None)
     spec = CanarySpec(window=30, interval=1, min_requests=50, inconclusive=inconclusive)
-    action = module._window(spec, (hosts[0],), lambda st, h: f"http://{h.name}:1")
-    return action, state, went_back, marks, router
+    body = module._window(spec, (hosts[0],), None)
+    return (lambda st: body(Ctx(st))), state, went_back, marks, router
 
 
 def test_the_window_promotes_a_canary_that_keeps_up(monkeypatch):
     from deploy.fleet import canary as module
 
     updates = []
-    monkeypatch.setattr(module, "_update_marks", lambda state, batch, decision: updates.append(decision.intervals))
+    monkeypatch.setattr(module, "_update_marks", lambda ctx, batch, decision: updates.append(decision.intervals))
     action, state, went_back, marks, router = run_window(monkeypatch, feed(30, 1.0))
     assert action(state).startswith("PROMOTED: acceptance")
     assert went_back == [] and marks == ["mark", "unmark"]
