@@ -524,6 +524,7 @@ class PlanContext:
         self.rows: list[tuple[str, Any]] = []
         self.decisions: list[str] = []
         self.conditions: list[str] = []
+        self.urls: dict[str, str] = {}
         self.router: Any = PlannedRouter(self) if view.calls is not None else None
 
     def walk(self, phase: RunPhase) -> tuple[list[tuple[str, Any]], list[str]]:
@@ -544,7 +545,11 @@ class PlanContext:
     def url(self, host: Host) -> str:
         from deploy.fleet.router import worker_url
 
-        return worker_url(self.run, self.network(host))
+        # once per host: a roll's plan asks each replica's URL in every batch (issue 37: plan's CPU per host)
+        url = self.urls.get(host.name)
+        if url is None:
+            url = self.urls[host.name] = worker_url(self.run, self.network(host))
+        return url
 
     def serving(self, hosts: Sequence[Host]) -> list[Host]:
         return list(hosts)  # the plan assumes each host's playbook succeeds (plan_failure lists the rest)

@@ -34,6 +34,7 @@ class PlannedRouter:
         self.url = self.calls.url
         self.package_read = False  # RouterHost.package() reads it once per run
         self.leaving: set[str] = set()
+        self.health: dict[str, Any] = {}
 
     def _send(self, call: Any, when: str | None = None) -> None:
         self.ctx.send(self.at, call, when)
@@ -118,7 +119,10 @@ class PlannedRouter:
             self.leaving.clear()
 
     def healthy(self, url: str) -> bool:
-        self._send(self.calls.health(url))
+        call = self.health.get(url)
+        if call is None:  # built once per replica: every batch's router-add lists every replica's /health
+            call = self.health[url] = self.calls.health(url)
+        self._send(call)
         return True
 
     def drain(self, url: str, timeout: float) -> float:
