@@ -69,6 +69,12 @@ class SimulatedRouter:
         self.die_after, self.states = die_after, 0
         self.sent: list[str] = []
         self.cancelled = None
+        self.metrics = [{"at": float(i), "reads": {u: {"status": 200, "error": None, "lines": [
+            f'sglang:spec_accept_length{{model_name="k"}} {3.0 * (1 + 0.1 * ((i * 7919) % 13) / 13)}',
+            f'sglang:num_requests_total{{model_name="k"}} {i * 10}',
+            f'sglang:inter_token_latency_seconds_sum{{model_name="k"}} {i * 0.1}',
+            f'sglang:inter_token_latency_seconds_count{{model_name="k"}} {i * 10}']} for u in URLS.values()}}
+            for i in range(31)]
 
     # -- what fleet_ops.py answers ------------------------------------------------------------
 
@@ -150,7 +156,11 @@ class SimulatedRouter:
         command = as_planned(command)
         self.sent.append(command)
         words = shlex.split(command)
-        if " members " in command:
+        if " metrics " in command:  # the canary's window: every replica's figures, the canary keeping up
+            for line in self.metrics:
+                if on_line(json.dumps(line)):
+                    break
+        elif " members " in command:
             while not on_line(json.dumps({"state": self._state_quiet(), "workers": {
                     "status": 200 if self.alive else None, "body": self._listing()}})):
                 pass
@@ -163,9 +173,9 @@ class SimulatedRouter:
         return {"alive": self.alive, "pid": self.pid}
 
 
-def setting(tmp_path: Path, verb: str, router: SimulatedRouter, hosts: tuple[str, ...] = ()):
+def setting(tmp_path: Path, verb: str, router: SimulatedRouter, hosts: tuple[str, ...] = (), extra: str = ""):
     path = tmp_path / "deployctl.yaml"
-    path.write_text(CONFIG)
+    path.write_text(CONFIG + extra)
     config = load_config(path)
     run = config.runs[0]
     rollout = Rollout.of(run, config.hosts_of(run), verb, host_names=hosts)
@@ -232,9 +242,15 @@ def no_replica_is_reached(monkeypatch):
         def __exit__(self, *a):
             return False
 
+        def run(self, command, timeout=None, **kwargs):  # the canary mark's PID read, its removal
+            return SimpleNamespace(stdout="4242" if command.startswith("head -c 64") else "", stderr="", exit_code=0)
+
+        check = run  # the canary mark's write
+
     monkeypatch.setattr("deploy.fleet.rolling._unchanged", lambda state, host: ("redeploy", "changed"))
     monkeypatch.setattr("deploy.ssh.transport.HostConnection", Quiet)
     monkeypatch.setattr("deploy.steps.doctor.diagnose", lambda *a, **k: ([], None))
+    monkeypatch.setattr("deploy.facts.server.parse_record", lambda *a, **k: {"drafter_path": "/d-last-good"})
 
 
 CASES = [  # (verb, the simulated router, what the run must end with)
@@ -261,6 +277,21 @@ def test_every_router_command_a_fleet_run_sends_is_one_its_plan_lists_for_that_p
     else:
         assert any(raised in r for r in raised_names), raised_names
         assert router.alive  # the router that died was started again (router-add, after the failure too)
+
+
+def test_a_canary_rolls_window_sends_only_what_its_plan_lists(tmp_path):
+    # the canary's last good read and its window (marks, every replica's metrics, the decision: promoted)
+    router = SimulatedRouter()
+    extra = "    rollout: {canary: {window: 30, interval: 1, min_requests: 50}}\n"
+    config, rollout, endpoints, state = setting(tmp_path, "restart", router, extra=extra)
+    assert rollout.canary is not None
+    playbook = rollout.playbook(load_playbook("restart"))
+    planned = plan_fleet(config, rollout, load_playbook("restart"), endpoints)["phases"]
+    found = walk(state, router, fleet_phases(rollout, playbook), planned)
+    assert found.pop("raised", []) == [] and {p: c for p, c in found.items() if c} == {}
+    window = next(p for p in found if p.startswith("canary window"))
+    assert state.memory.canary["action"] == "promoted" and window
+    assert any(" metrics " in c for c in router.sent) and state.memory.end_to_end == {"text": "ok"}
 
 
 @pytest.mark.parametrize("hosts", [("b",), ()], ids=["down --host b", "down"])
