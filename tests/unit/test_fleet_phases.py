@@ -24,12 +24,11 @@ from deploy.base.errors import DeployError
 from deploy.config import load_config
 from deploy.engine.playbook import load_playbook
 from deploy.engine.records import RunOptions
-from deploy.fleet.phases import HostPhase, RunPhase, RunState
+from deploy.fleet.phases import HostPhase, RunState
 from deploy.fleet.plan import plan_fleet
 from deploy.fleet.rolling import down_remove, down_stop, fleet_phases
 from deploy.fleet.rollout import Rollout
 from deploy.fleet.router import RouterCalls, RouterHost
-from deploy.fleet.router_watch import RouterLost
 
 CONFIG = """\
 hosts:
