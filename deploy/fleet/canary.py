@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from deploy.base.errors import DeployError, ExitCode, Regression
 from deploy.config.models import CanarySpec, Host
-from deploy.fleet.phases import RunPhase, RunState, open_router
+from deploy.fleet.phases import RunPhase, rotation_of
 
 
 class CanaryRefused(DeployError):
@@ -56,74 +56,71 @@ def names(hosts: Sequence[Host]) -> str:
     return ",".join(h.name for h in hosts)
 
 
-def canary_phases(spec: CanarySpec, batch: tuple[Host, ...], playbook,
-                  url_of: Callable[[RunState, Host], str]) -> tuple[RunPhase, RunPhase]:
-    """(the phase before the canary's batch, the window after its router-add); ``url_of``: a replica's
-    worker URL as the router reaches it (fleet/rolling.py)."""
-    return (RunPhase(f"canary: last good of {names(batch)}", _keep_last_good(batch), plan=_keep_plan(batch)),
+def canary_phases(spec: CanarySpec, batch: tuple[Host, ...], playbook) -> tuple[RunPhase, RunPhase]:
+    """(the phase before the canary's batch, the window after its router-add), each one builder."""
+    return (RunPhase(f"canary: last good of {names(batch)}", _keep_last_good(batch)),
             RunPhase(f"canary window {names(batch)}: live figures against the other replicas' (at most "
-                     f"{spec.window:g} s, every {spec.interval:g} s)", _window(spec, batch, url_of),
-                     plan=_window_plan(spec, batch, playbook)))
+                     f"{spec.window:g} s, every {spec.interval:g} s)", _window(spec, batch, playbook)))
 
 
 # -- before: what the canary would go back to ------------------------------------------------------
 
 
 def _keep_last_good(batch: tuple[Host, ...]):
-    def action(state: RunState) -> str:
+    def body(ctx) -> str:
         from deploy.facts.server import parse_record, read_record_command
         from deploy.host.state_layout import last_good_path
-        from deploy.ssh.transport import HostConnection
+        from deploy.steps.base import Command
+
+        def planned(host: Host) -> list[Command]:
+            return [Command(description="read the last good deployment the canary would go back to (none: "
+                                        "refused, exit 8, nothing changed)",
+                            command=read_record_command(last_good_path(host.state_dir)))]
+
+        def read(host: Host) -> dict | None:
+            from deploy.ssh.transport import HostConnection
+
+            path = last_good_path(host.state_dir)
+            with HostConnection(host, ctx.config.ssh, ctx.state.jumps) as conn:
+                return parse_record(conn.run(planned(host)[0].command, timeout=60).stdout, host.name, path)
 
         kept: dict[str, dict] = {}
         missing = []
         for host in batch:
-            path = last_good_path(host.state_dir)
-            with HostConnection(host, state.config.ssh, state.jumps) as conn:
-                record = parse_record(conn.run(read_record_command(path), timeout=60).stdout, host.name, path)
+            record = ctx.on_host(host, read, planned)
             if record is None:
                 missing.append(host.name)
             else:
                 kept[host.name] = record
-        if missing:
-            raise CanaryRefused(f"canary: no last good deployment is recorded on {', '.join(missing)}: the canary "
-                                  "could not go back to one; nothing was changed (deploy it once without the canary)")
-        state.data["canary_last_good"] = kept
+        ctx.refuse(lambda: CanaryRefused(
+            f"canary: no last good deployment is recorded on {', '.join(missing)}: the canary could not go back "
+            "to one; nothing was changed (deploy it once without the canary)") if missing else None,
+            "a canary host has no last good deployment recorded (exit 8, nothing changed)")
+        ctx.memory.canary_last_good = kept
         return "the canary goes back to: " + "; ".join(f"{n} {r.get('drafter_path')}" for n, r in kept.items())
-    return action
-
-
-def _keep_plan(batch: tuple[Host, ...]):
-    def plan(view) -> list[tuple[str, Any]]:
-        from deploy.facts.server import read_record_command
-        from deploy.host.state_layout import last_good_path
-        from deploy.steps.base import Command
-
-        return [(h.name, Command(description="read the last good deployment the canary would go back to (none: "
-                                             "refused, exit 8, nothing changed)",
-                                 command=read_record_command(last_good_path(h.state_dir)))) for h in batch]
-    return plan
+    return body
 
 
 # -- the window ----------------------------------------------------------------------------------
 
 
-def _window(spec: CanarySpec, batch: tuple[Host, ...], url_of: Callable[[RunState, Host], str]):
-    def action(state: RunState) -> str:
+def _window(spec: CanarySpec, batch: tuple[Host, ...], playbook):
+    def body(ctx) -> str:
         from deploy.facts.canary import interval, parse_instant
         from deploy.local.canary_gate import Decision, Settings, decide
 
-        outcomes = {h.name: state.reports[h.name].outcome for h in batch if h.name in state.reports}
-        if len(outcomes) != len(batch) or any(o != "ok" for o in outcomes.values()):
-            state.data["canary"] = {"hosts": [h.name for h in batch], "outcome": "not-run",
-                                    "why": f"the canary batch did not deploy a new drafter ({outcomes})"}
+        outcomes = {h.name: ctx.reports[h.name].outcome for h in batch if h.name in ctx.reports}
+        if ctx.stops(len(outcomes) != len(batch) or any(o != "ok" for o in outcomes.values()),
+                     "the canary batch did not deploy a new drafter (no window)"):
+            ctx.memory.canary = {"hosts": [h.name for h in batch], "outcome": "not-run",
+                                 "why": f"the canary batch did not deploy a new drafter ({outcomes})"}
             return f"no window: the canary batch did not deploy a new drafter ({', '.join(f'{k} {v}' for k, v in outcomes.items())})"
-        router = open_router(state)
+        router = ctx.router
         ours = {h.name for h in batch}
-        canary_urls = [url_of(state, h) for h in batch]
+        canary_urls = [ctx.url(h) for h in batch]
         healthy = {w["url"] for w in router.workers() if w["is_healthy"]}
-        others = [h for h in state.config.hosts_of(state.run) if h.name not in ours and url_of(state, h) in healthy]
-        other_urls = [url_of(state, h) for h in others]
+        others = [h for h in ctx.config.hosts_of(ctx.run) if h.name not in ours and ctx.url(h) in healthy]
+        other_urls = [ctx.url(h) for h in others]
         settings = Settings(tolerance=spec.tolerance, alpha=spec.alpha, min_requests=spec.min_requests,
                             looks=max(1, int(spec.window // spec.interval)))
         intervals: list = []
@@ -138,78 +135,101 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], url_of: Callable[[RunStat
             seen["previous"] = instant
             decision = decide(intervals, settings, final=len(intervals) >= settings.looks)
             if len(intervals) % 10 == 0 or decision.outcome != "watching":
-                state.progress("*", "canary", f"{len(intervals)}/{settings.looks} intervals: {decision.line()}")
+                ctx.say("*", "canary", f"{len(intervals)}/{settings.looks} intervals: {decision.line()}")
             if len(intervals) % 10 == 0 and decision.outcome == "watching":
-                _update_marks(state, batch, decision)
+                _update_marks(ctx, batch, decision)
             if decision.outcome != "watching":
                 seen["decision"] = decision
                 return True
             return False
 
         started = time.monotonic()
-        state.data["canary"] = {"hosts": [h.name for h in batch], "others": [h.name for h in others],
-                                "outcome": "watching", "settings": spec.model_dump()}
-        _mark(state, batch, [h.name for h in others], spec)
+        ctx.memory.canary = {"hosts": [h.name for h in batch], "others": [h.name for h in others],
+                             "outcome": "watching", "settings": spec.model_dump()}
+        _mark(ctx, batch, [h.name for h in others], spec)
         try:
             if not other_urls:
                 seen["decision"] = decide([], settings, final=True)
             else:
                 router.watch_metrics(canary_urls + other_urls, spec.interval, spec.window, observe)
+            for _ in ctx.only_when(False, "every 10 intervals while the window watches"):  # observe sends it
+                _update_marks(ctx, batch, None)
         except KeyboardInterrupt:
-            _record(state, None, intervals, started, "a signal during the window")
-            state.progress("*", "canary", "a signal during the window: the canary goes back to its last good drafter")
-            _go_back(state, batch, url_of, "a signal came during the canary window", None)
+            _record(ctx, None, intervals, started, "a signal during the window")
+            ctx.say("*", "canary", "a signal during the window: the canary goes back to its last good drafter")
+            _go_back(ctx, batch, playbook, "a signal came during the canary window", None)
             raise
         except DeployError as exc:
             # a read of another shape (strictly refused), the router host lost: nothing judged the new
             # drafter, so the canary does not stay on it
             first = str(exc).splitlines()[0][:300]
-            _record(state, None, intervals, started, f"the window's reads failed: {first}", "failed")
-            state.progress("*", "canary", f"the window's reads failed ({first}): the canary goes back to its "
-                                          "last good drafter")
-            _go_back(state, batch, url_of, f"the window's reads failed: {first}", None)
+            _record(ctx, None, intervals, started, f"the window's reads failed: {first}", "failed")
+            ctx.say("*", "canary", f"the window's reads failed ({first}): the canary goes back to its "
+                                   "last good drafter")
+            _go_back(ctx, batch, playbook, f"the window's reads failed: {first}", None)
             raise
         finally:
-            _unmark(state, batch)
+            _unmark(ctx, batch)
         decision: Decision | None = seen["decision"]
         if decision is None:  # the loop ended without a decision: cancelled
             decision = decide(intervals, settings, final=True)
-        _record(state, decision, intervals, started, None)
-        if decision.outcome == "promote" or (decision.outcome == "inconclusive" and spec.inconclusive == "promote"):
+        _record(ctx, decision, intervals, started, None)
+        entry = ctx.memory.canary
+        promoted = decision.outcome == "promote" or (decision.outcome == "inconclusive" and
+                                                     spec.inconclusive == "promote")
+        if ctx.stops(promoted, "the canary keeps up with the others (or is inconclusive with "
+                               "rollout.canary.inconclusive: promote): promoted, the roll goes on"):
             how = "" if decision.outcome == "promote" else " (rollout.canary.inconclusive: promote)"
-            state.data["canary"]["action"] = "promoted"
+            entry["action"] = "promoted"
             return f"PROMOTED{how}: {decision.line()}"
-        if decision.outcome == "roll-back":
-            state.data["canary"]["action"] = "rolled back, quarantined"
-            _go_back(state, batch, url_of, decision.line(), decision.cause)
-            raise CanaryRolledBack(f"canary {names(batch)} rolled back to its last good drafter ({decision.cause}): "
-                                   f"{decision.line()}; the other replicas were not touched")
-        state.data["canary"]["action"] = "kept the last good drafter"
-        _go_back(state, batch, url_of, f"canary inconclusive: {decision.why}", None)
-        raise CanaryKept(f"canary {names(batch)} inconclusive at the end of its window ({decision.why}): back on its "
-                         "last good drafter (rollout.canary.inconclusive: keep); nothing quarantined; the other "
-                         "replicas were not touched")
-    return action
+        rolled_back = decision.outcome == "roll-back"
+        entry["action"] = "rolled back, quarantined" if rolled_back else "kept the last good drafter"
+        _go_back(ctx, batch, playbook, decision.line() if rolled_back else f"canary inconclusive: {decision.why}",
+                 decision.cause if rolled_back else None)
+        ctx.refuse(lambda: CanaryRolledBack(
+            f"canary {names(batch)} rolled back to its last good drafter ({decision.cause}): {decision.line()}; "
+            "the other replicas were not touched") if rolled_back else CanaryKept(
+            f"canary {names(batch)} inconclusive at the end of its window ({decision.why}): back on its last good "
+            "drafter (rollout.canary.inconclusive: keep); nothing quarantined; the other replicas were not touched"),
+            "not promoted: rolled back and quarantined (exit 12), or inconclusive with keep (exit 11)")
+        return "unreachable"
+    return body
 
 
-def _mark(state: RunState, batch: tuple[Host, ...], others: list[str], spec: CanarySpec) -> None:
+def _mark(ctx, batch: tuple[Host, ...], others: list[str], spec: CanarySpec) -> None:
     """canary.json on each canary host for the window, so that ``status`` marks the replica: the running
     server's PID (read from its PID file) and the window's end by this machine's clock (Unix time)."""
     from deploy.base.shell import quote_path
     from deploy.host.state_layout import StatePaths
-    from deploy.ssh.transport import HostConnection
+    from deploy.steps.base import Command
 
     now = time.time()
-    marks = state.data.setdefault("canary_marks", {})
-    for host in batch:
-        paths = StatePaths(host.state_dir)
-        with HostConnection(host, state.config.ssh, state.jumps) as conn:
-            text = conn.run(f"head -c 64 -- {quote_path(paths.pidfile)} 2>/dev/null; true", timeout=30).stdout.strip()
+    marks = ctx.memory.canary_marks
+
+    def pid_read(host: Host) -> Command:
+        return Command(description="the server's PID, for the canary mark",
+                       command=f"head -c 64 -- {quote_path(StatePaths(host.state_dir).pidfile)} 2>/dev/null; true")
+
+    def planned(host: Host) -> list[Command]:
+        return [pid_read(host), mark_write(ctx.network(host))]
+
+    def work(host: Host) -> None:
+        with _connection(ctx, host) as conn:
+            text = conn.run(pid_read(host).command, timeout=30).stdout.strip()
             if not text.isdigit():
-                continue  # no PID: no mark (status then shows no canary; the window goes on)
-            marks[host.name] = {"run": state.run.name, "since": now, "until": now + spec.window + 60,
+                return  # no PID: no mark (status then shows no canary; the window goes on)
+            marks[host.name] = {"run": ctx.run.name, "since": now, "until": now + spec.window + 60,
                                 "pid": int(text), "others": others}
             _write_mark(conn, host, marks[host.name])
+
+    for host in batch:
+        ctx.on_host(host, work, planned)
+
+
+def _connection(ctx, host: Host):
+    from deploy.ssh.transport import HostConnection
+
+    return HostConnection(host, ctx.config.ssh, ctx.state.jumps)
 
 
 def mark_command(host: Host) -> str:
@@ -223,6 +243,16 @@ def mark_command(host: Host) -> str:
                               quote_path(canary_path(host.state_dir)))
 
 
+def mark_write(host: Host, figures: bool = False):
+    from deploy.steps.base import Command
+
+    return Command(description="the canary mark with the window's figures so far (its acceptance and speed "
+                               "against the others')" if figures else
+                               "the canary mark status reads (canary.json: the run, the server's PID, the "
+                               "window's end, the others)",
+                   command=mark_command(host), stdin_shown="the canary mark (JSON)")
+
+
 def _write_mark(conn, host: Host, mark: dict) -> None:
     from deploy.facts.server import record_stdin
 
@@ -230,43 +260,51 @@ def _write_mark(conn, host: Host, mark: dict) -> None:
                stdin=record_stdin(mark, host.name, "the canary mark"))
 
 
-def _update_marks(state: RunState, batch: tuple[Host, ...], decision) -> None:
+def _update_marks(ctx, batch: tuple[Host, ...], decision) -> None:
     """The mark with the window's figures so far (status and its prom file show them): every 10 intervals.
     A failed write is said and the window goes on (the mark is a record for status, not the decision)."""
-    from deploy.ssh.transport import HostConnection
-
-    ratios = {c.figure: c.ratio for c in decision.comparisons}
-    figures = {"acceptance_ratio": ratios.get("acceptance"), "speed_ratio": ratios.get("speed"),
-               "intervals": decision.intervals, "canary_requests": decision.canary_requests,
-               "outcome": decision.outcome}
-    for host in batch:
-        mark = state.data.get("canary_marks", {}).get(host.name)
+    def work(host: Host) -> None:
+        mark = ctx.memory.canary_marks.get(host.name)
         if mark is None:
-            continue
-        mark.update(figures)
+            return
+        ratios = {c.figure: c.ratio for c in decision.comparisons}
+        mark.update({"acceptance_ratio": ratios.get("acceptance"), "speed_ratio": ratios.get("speed"),
+                     "intervals": decision.intervals, "canary_requests": decision.canary_requests,
+                     "outcome": decision.outcome})
         try:
-            with HostConnection(host, state.config.ssh, state.jumps) as conn:
+            with _connection(ctx, host) as conn:
                 _write_mark(conn, host, mark)
         except DeployError as exc:
-            state.progress(host.name, "canary", f"could not update the canary mark: {str(exc).splitlines()[0][:200]}")
-
-
-def _unmark(state: RunState, batch: tuple[Host, ...]) -> None:
-    from deploy.host.state_layout import canary_path
-    from deploy.base.shell import quote_path
-    from deploy.ssh.transport import HostConnection
+            ctx.say(host.name, "canary", f"could not update the canary mark: {str(exc).splitlines()[0][:200]}")
 
     for host in batch:
+        ctx.on_host(host, work, lambda h: [mark_write(ctx.network(h), figures=True)])
+
+
+def _unmark(ctx, batch: tuple[Host, ...]) -> None:
+    from deploy.host.state_layout import canary_path
+    from deploy.base.shell import quote_path
+    from deploy.steps.base import Command
+
+    def planned(host: Host) -> list[Command]:
+        return [Command(description="remove the canary mark", when="the window ended (decided, or a signal)",
+                        command=f"rm -f -- {quote_path(canary_path(host.state_dir))}")]
+
+    def work(host: Host) -> None:
         try:
-            with HostConnection(host, state.config.ssh, state.jumps) as conn:
-                conn.run(f"rm -f -- {quote_path(canary_path(host.state_dir))}", timeout=30)
+            with _connection(ctx, host) as conn:
+                conn.run(planned(host)[0].command, timeout=30)
         except DeployError as exc:  # the mark names the server and its window's end: a stale one is ignored
-            state.progress(host.name, "canary", f"could not remove the canary mark: {str(exc).splitlines()[0][:200]}")
+            ctx.say(host.name, "canary", f"could not remove the canary mark: {str(exc).splitlines()[0][:200]}")
+
+    for host in batch:
+        ctx.on_host(host, work, planned)
 
 
-def _record(state: RunState, decision, intervals: list, started: float, signal: str | None,
+def _record(ctx, decision, intervals: list, started: float, signal: str | None,
             outcome: str = "interrupted") -> None:
-    entry = state.data["canary"]
+    entry = ctx.memory.canary
+    assert entry is not None
     entry["seconds"] = round(time.monotonic() - started, 3)
     entry["intervals"] = [{"at": round(i.at, 3),
                            "canary": {"accept": i.canary.accept, "requests": i.canary.requests,
@@ -285,57 +323,95 @@ def _record(state: RunState, decision, intervals: list, started: float, signal: 
              "canary_requests": (entry.get("decision") or {}).get("canary_requests"),
              "others": entry.get("others", []), "why": (entry.get("decision") or {}).get("why") or signal}
     for name in entry.get("hosts", []):
-        report = state.reports.get(name)
+        report = ctx.reports.get(name)
         if report is not None:
             report.facts["canary"] = short
 
 
-def _go_back(state: RunState, batch: tuple[Host, ...], url_of: Callable[[RunState, Host], str], why: str,
-             cause: str | None) -> None:
+BACK = "the canary goes back to its last good drafter (rolled back, inconclusive with keep, or a signal)"
+
+
+def _go_back(ctx, batch: tuple[Host, ...], playbook, why: str, cause: str | None) -> None:
     """Each canary replica: out of the router and drained, its last good record written back, its last good
     deployment relaunched and verified, the new fingerprint quarantined (``cause``), back into the router."""
+    router = ctx.router
+    for _ in ctx.only_when(True, BACK):
+        for host in batch:
+            url = ctx.url(host)
+            listed = [w for w in router.workers() if w["url"] == url]
+            for w in listed:
+                rotation_of(ctx, host).out = router.remove(w["url"], settle=False)
+            if listed:
+                router.drain(url, ctx.run.router.drain_timeout_s)
+            ctx.on_host(host, lambda h: _restore(ctx, h, playbook, why, cause),
+                        lambda h: _restore_actions(ctx, h, playbook))
+            report = ctx.reports.get(host.name)
+            for _ in ctx.only_when(report is not None and report.outcome in ("rolled-back", "regression"),
+                                   "it serves its last good one again"):
+                router.settled()
+                listed_now = {w["url"] for w in router.workers()}
+                for _ in ctx.only_when(url not in listed_now, f"the router does not list {url}"):
+                    router.add(url)
+                rotation_of(ctx, host).back = time.monotonic()
+
+
+def _restore_actions(ctx, host: Host, playbook) -> list[Any]:
+    """What ``_restore`` sends to a canary host: its last good record written back, the session's
+    rollback (engine.plan.plan_failure: the steps roll_back runs), the quarantine update."""
+    import dataclasses
+
+    from deploy.engine.plan import plan_failure
+    from deploy.engine.session import step_context
+    from deploy.facts.quarantine import update_command
+    from deploy.steps import record_good
+    from deploy.steps.base import Command
+
+    net = ctx.network(host)
+    step = step_context(net, ctx.run, record_good.Settings(step="record-good"), None, ctx.stamp, lambda *a: None)
+    actions: list[Any] = [dataclasses.replace(
+        record_good.write_action(step, {"env_file": "<as recorded>"}, None,
+                                 shown="the last good record read before the canary's redeploy"),
+        description="write back the last good record read before the canary's redeploy", when=None)]
+    for name, planned in plan_failure(playbook, ctx.run, net):
+        if name.startswith("rollback"):
+            actions += [dataclasses.replace(a, when=None) for a in planned if hasattr(a, "when")]
+    actions.append(Command(description="quarantine the new drafter's fingerprint on this host, with the cause "
+                                       "(canary: live acceptance, or canary: live speed)",
+                           when="the canary is rolled back (not when inconclusive or on a signal)",
+                           command=update_command(host.python, host.state_dir, "add", "<the new fingerprint>",
+                                                  {"reason": "<cause>: <the decision>"},
+                                                  script="<deploy/remote/quarantine.py>")))
+    return actions
+
+
+def _restore(ctx, host: Host, playbook, why: str, cause: str | None) -> None:
     from deploy.engine.session import roll_back, step_context
-    from deploy.ssh.transport import HostConnection
     from deploy.steps import record_good
     from deploy.steps.memory import StepMemory
 
-    router = open_router(state)
-    kept = state.data.get("canary_last_good", {})
-    for host in batch:
-        url = url_of(state, host)
-        listed = [w for w in router.workers() if w["url"] == url]
-        for w in listed:
-            state.rotation.setdefault(host.name, {})["out"] = router.remove(w["url"], settle=False)
-        if listed:
-            router.drain(url, router.spec.drain_timeout_s)
-        report = state.reports[host.name]
-        report.error = CanaryRolledBack(f"{cause}: {why}") if cause else CanaryKept(f"canary: {why}")
-        new_fingerprint = report.facts.get("drafter_fingerprint")
-        held = state.options.held_locks.get(host.name) if state.options.held_locks else None
-        with HostConnection(host, state.config.ssh, state.jumps) as conn:
-            ctx = step_context(host, state.run, record_good.Settings(step="record-good"), conn, state.stamp,
-                               state.progress)
-            write = record_good.write_action(ctx, kept[host.name], None)  # the record on stdin (issue 38)
-            conn.check(write.command, timeout=60, what="restoring the last good record", stdin=write.stdin)
-            memory = StepMemory(host_lock=held.held if held is not None else None)
-            roll_back(report, state.playbook, state.run, conn, state.stamp, state.progress, memory, threading.Event())
-            if cause and new_fingerprint and not memory.rollback_failed:
-                _quarantine(state, conn, host, new_fingerprint, cause, why, report)
-        if report.outcome in ("rolled-back", "regression"):
-            router.settled()
-            if url not in {w["url"] for w in router.workers()}:
-                router.add(url)
-            state.rotation.setdefault(host.name, {})["in"] = time.monotonic()
+    state = ctx.state
+    report = ctx.reports[host.name]
+    report.error = CanaryRolledBack(f"{cause}: {why}") if cause else CanaryKept(f"canary: {why}")
+    new_fingerprint = report.facts.get("drafter_fingerprint")
+    held = state.options.held_locks.get(host.name) if state.options.held_locks else None
+    with _connection(ctx, host) as conn:
+        step = step_context(host, ctx.run, record_good.Settings(step="record-good"), conn, ctx.stamp, state.progress)
+        write = record_good.write_action(step, ctx.memory.canary_last_good[host.name], None)  # on stdin (issue 38)
+        conn.check(write.command, timeout=60, what="restoring the last good record", stdin=write.stdin)
+        memory = StepMemory(host_lock=held.held if held is not None else None)
+        roll_back(report, playbook, ctx.run, conn, ctx.stamp, state.progress, memory, threading.Event())
+        if cause and new_fingerprint and not memory.rollback_failed:
+            _quarantine(ctx, conn, host, new_fingerprint, cause, why, report)
 
 
-def _quarantine(state: RunState, conn, host: Host, fingerprint: str, cause: str, why: str, report) -> None:
+def _quarantine(ctx, conn, host: Host, fingerprint: str, cause: str, why: str, report) -> None:
     from datetime import datetime, timezone
 
     from deploy.facts.quarantine import parse_update, update_command
 
-    entry = {"failed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "verb": state.options.command,
-             "run": state.run.name, "exit_code": int(ExitCode.REGRESSION), "reason": f"{cause}: {why[:300]}",
-             "drafter_path": report.facts.get("drafter_path")}
+    entry = {"failed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             "verb": ctx.state.options.command, "run": ctx.run.name, "exit_code": int(ExitCode.REGRESSION),
+             "reason": f"{cause}: {why[:300]}", "drafter_path": report.facts.get("drafter_path")}
     try:
         parse_update(conn.check(update_command(host.python, host.state_dir, "add", fingerprint, entry), timeout=30,
                                 what="quarantine").stdout, host.name)
@@ -344,64 +420,4 @@ def _quarantine(state: RunState, conn, host: Host, fingerprint: str, cause: str,
         return
     note = f"quarantined drafter fingerprint {fingerprint[:16]} on this host ({cause})"
     report.warnings.append(note)
-    state.progress(host.name, "quarantine", note)
-
-
-def _window_plan(spec: CanarySpec, batch: tuple[Host, ...], playbook):
-    def plan(view) -> list[tuple[str, Any]]:
-        import dataclasses
-
-        from deploy.engine.plan import plan_failure
-        from deploy.engine.session import step_context
-        from deploy.facts.quarantine import update_command
-        from deploy.steps import record_good
-        from deploy.fleet.router import worker_url
-        from deploy.steps.base import Command
-
-        calls, at = view.calls, view.router_host
-        urls = [worker_url(view.run, view.network(h)) for h in view.config.hosts_of(view.run)]
-        back = "the canary goes back to its last good drafter (rolled back, inconclusive with keep, or a signal)"
-        from deploy.base.shell import quote_path
-        from deploy.host.state_layout import StatePaths, canary_path
-
-        steps: list[tuple[str, Any]] = [(at, calls.workers(True))]
-        for host in batch:
-            paths = StatePaths(host.state_dir)
-            steps += [(host.name, Command(description="the server's PID, for the canary mark",
-                                          command=f"head -c 64 -- {quote_path(paths.pidfile)} 2>/dev/null; true")),
-                      (host.name, Command(description="the canary mark status reads (canary.json: the run, the server's "
-                                                      "PID, the window's end, the others)",
-                                          command=mark_command(view.network(host)),
-                                          stdin_shown="the canary mark (JSON)"))]
-        steps.append((at, calls.watch_metrics(urls, spec.interval, spec.window)))
-        for host in batch:
-            steps.append((host.name, Command(description="the canary mark with the window's figures so far (its "
-                                                         "acceptance and speed against the others')",
-                                             when="every 10 intervals while the window watches",
-                                             command=mark_command(view.network(host)),
-                                             stdin_shown="the canary mark (JSON)")))
-        steps += [(h.name, Command(description="remove the canary mark", when="the window ended (decided, or a signal)",
-                                   command=f"rm -f -- {quote_path(canary_path(h.state_dir))}")) for h in batch]
-        for host in batch:
-            url = worker_url(view.run, view.network(host))
-            steps += [(at, dataclasses.replace(calls.remove(url, "<worker id>", True), when=back)),
-                      (at, dataclasses.replace(calls.watch_loads(url), when=back)),
-                      (host.name, dataclasses.replace(
-                          record_good.write_action(step_context(view.network(host), view.run,
-                                                                record_good.Settings(step="record-good"), None,
-                                                                view.stamp, lambda *a: None),
-                                                   {"env_file": "<as recorded>"}, None,
-                                                   shown="the last good record read before the canary's redeploy"),
-                          description="write back the last good record read before the canary's redeploy", when=back))]
-            for step, actions in plan_failure(playbook, view.run, view.network(host)):
-                if step.startswith("rollback"):
-                    steps += [(host.name, dataclasses.replace(a, when=back)) for a in actions if hasattr(a, "when")]
-            steps += [(host.name, Command(description="quarantine the new drafter's fingerprint on this host, with the "
-                                                      "cause (canary: live acceptance, or canary: live speed)",
-                                          when="the canary is rolled back (not when inconclusive or on a signal)",
-                                          command=update_command(host.python, host.state_dir, "add", "<the new fingerprint>",
-                                                                 {"reason": "<cause>: <the decision>"},
-                                                                 script="<deploy/remote/quarantine.py>"))),
-                      (at, dataclasses.replace(calls.add(url, True), when=back + "; it serves its last good one again"))]
-        return steps
-    return plan
+    ctx.say(host.name, "quarantine", note)

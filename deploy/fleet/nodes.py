@@ -31,6 +31,7 @@ import json
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from deploy.config.models import Host, Run
@@ -121,6 +122,43 @@ def _slices(playbook) -> dict[str, list[PlannedStep]]:
             "record": [s for s in after if s.name == "record-good"]}
 
 
+@dataclass(frozen=True)
+class NodePhase:
+    """One phase of a node group, defined once (``node_phases``): ``run_nodes`` runs it as a barrier
+    over its nodes, ``plan_nodes`` lists it with the commands it sends. ``playbook``: the slice of the
+    playbook its nodes run (``_slices``); else ``check``: what the group itself asks there."""
+
+    name: str
+    on: str  # every | rank 0 | ranks 1+
+    playbook: str | None = None
+    check: str | None = None  # connect | dist-init | converge | alive
+
+    def nodes(self, nodes: Sequence[Any]) -> list[Any]:
+        return list(nodes) if self.on == "every" else list(nodes[:1]) if self.on == "rank 0" else list(nodes[1:])
+
+
+def node_phases(slices: dict[str, list[PlannedStep]], names: Sequence[str]) -> list[NodePhase]:
+    """The node group's phases in the order it takes them (rank 0 is the rendezvous and the HTTP server)."""
+    steps = ", ".join(p.name for p in slices["prepare"])
+    return [NodePhase("connect and lock every node", "every", check="connect"),
+            NodePhase("every node: " + steps, "every", "prepare"),
+            NodePhase(f"rank 0 dist-init port {names[0]}", "rank 0", check="dist-init"),
+            # ranks 1+ serve no HTTP: converge's own read cannot tell; their PID and record are read
+            NodePhase("node group converge", "ranks 1+", check="converge"),
+            NodePhase("every node: stop-stale, free GPUs", "every", "clear"),
+            NodePhase(f"rank 0 launch {names[0]}", "rank 0", "launch"),
+            NodePhase("ranks 1+ launch " + ",".join(names[1:]), "ranks 1+", "launch"),
+            NodePhase(f"rank 0 ready and verified {names[0]}", "rank 0", "verify"),
+            NodePhase("ranks 1+ alive", "ranks 1+", check="alive"),
+            NodePhase("every node: record-good", "every", "record")]
+
+
+def _runs(steps: list[PlannedStep]):
+    def work(s: Node) -> DeployError | None:
+        return s.steps(steps)
+    return work
+
+
 def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, options) -> RunResult:
     cancelled = threading.Event()
     stamp = launch_stamp()
@@ -142,31 +180,6 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
                 # addresses are known once connected (ssh_config HostName)
                 return None
 
-            if each(sessions, "connect and lock every node", opened):
-                addr = dist_init_addr(run, sessions[0].host)
-                for s in sessions:
-                    s.run = node_run(run, s.rank, len(sessions), addr)
-            each(sessions, "every node: " + ", ".join(p.name for p in slices["prepare"]),
-                 lambda s: s.steps(slices["prepare"]))
-            each(sessions[:1], f"rank 0 dist-init port {sessions[0].host.name}", _dist_init_port_problem)
-            if barrier.error is None:
-                for s in sessions[1:]:
-                    _converged_without_http(s)
-                converged = all(s.memory.converged for s in sessions)
-                if not converged:
-                    for s in sessions:
-                        s.memory.converged = False
-                phases.append(PhaseRecord("node group converge", "ok",
-                                          "every node runs as desired: nothing stopped" if converged else
-                                          "redeploying every node (one deployment)"))
-            each(sessions, "every node: stop-stale, free GPUs", lambda s: s.steps(slices["clear"]))
-            each(sessions[:1], f"rank 0 launch {sessions[0].host.name}", lambda s: s.steps(slices["launch"]))
-            each(sessions[1:], "ranks 1+ launch " + ",".join(s.host.name for s in sessions[1:]),
-                 lambda s: s.steps(slices["launch"]))
-            each(sessions[:1], f"rank 0 ready and verified {sessions[0].host.name}", lambda s: s.steps(slices["verify"]))
-            for s in sessions[1:]:
-                s.skip(slices["verify"], "node rank > 0 serves no HTTP: rank 0 was checked")
-
             def still_alive(s: Node) -> DeployError | None:
                 if s.memory.converged:
                     return None
@@ -176,10 +189,36 @@ def run_nodes(config, playbook, run: Run, hosts: Sequence[Host], progress, optio
                                       f"after rank 0 became ready: {state.describe()}")
                 return None
 
-            each(sessions[1:], "ranks 1+ alive", still_alive)
-            if barrier.error is None:
-                _mark_group(sessions)
-            each(sessions, "every node: record-good", lambda s: s.steps(slices["record"]))
+            for phase in node_phases(slices, [h.name for h in hosts]):
+                on = phase.nodes(sessions)
+                if phase.check == "connect":
+                    if each(on, phase.name, opened):
+                        addr = dist_init_addr(run, sessions[0].host)
+                        for s in sessions:
+                            s.run = node_run(run, s.rank, len(sessions), addr)
+                elif phase.check == "dist-init":
+                    each(on, phase.name, _dist_init_port_problem)
+                elif phase.check == "converge":
+                    if barrier.error is None:
+                        for s in on:
+                            _converged_without_http(s)
+                        converged = all(s.memory.converged for s in sessions)
+                        if not converged:
+                            for s in sessions:
+                                s.memory.converged = False
+                        phases.append(PhaseRecord(phase.name, "ok",
+                                                  "every node runs as desired: nothing stopped" if converged else
+                                                  "redeploying every node (one deployment)"))
+                elif phase.check == "alive":
+                    each(on, phase.name, still_alive)
+                else:
+                    assert phase.playbook is not None
+                    if phase.playbook == "record" and barrier.error is None:
+                        _mark_group(sessions)
+                    each(on, phase.name, _runs(slices[phase.playbook]))
+                    if phase.playbook == "verify":
+                        for s in sessions[1:]:
+                            s.skip(slices["verify"], "node rank > 0 serves no HTTP: rank 0 was checked")
             cleared = any(p.name.startswith("every node: stop-stale") and p.status != "not-run" for p in phases)
             redeployed = not all(s.memory.converged for s in sessions)
             error = barrier.error
@@ -245,9 +284,6 @@ def plan_nodes(config, playbook, run: Run, hosts: Sequence[Host], endpoints: dic
             doc["playbook_on"] = [h.name for h in on]
         return doc
 
-    def names(key: str) -> str:
-        return ", ".join(p.name for p in slices[key])
-
     rest = nodes[1:]
     import dataclasses
 
@@ -263,21 +299,19 @@ def plan_nodes(config, playbook, run: Run, hosts: Sequence[Host], endpoints: dic
                   for a in stop.module.plan(ctx)]
     failure = [(node, step, a) for rank, node in enumerate(nodes)
                for step, actions in plan_failure(playbook, runs[rank], node) for a in actions]
-    phases = [
-        entry("connect and lock every node"),
-        entry("every node: " + names("prepare"), nodes),
-        entry(f"rank 0 dist-init port {nodes[0].name}", (), [(nodes[0], "dist-init-port",
-                                                              dist_init_probe(nodes[0], runs[0])[0])]),
-        entry("node group converge", (), [(n, "converge", s) for n, _, s in alive]),
-        entry("every node: stop-stale, free GPUs", nodes),
-        entry(f"rank 0 launch {nodes[0].name}", nodes[:1]),
-        entry("ranks 1+ launch " + ",".join(n.name for n in rest), rest),
-        entry(f"rank 0 ready and verified {nodes[0].name}", nodes[:1]),
-        entry("ranks 1+ alive", (), alive),
-        entry("every node: record-good", nodes),
-        entry("on failure after stop-stale: the group's rollback (every node's last good deployment of ONE group, "
-              "rank 0 first), or every node stopped", (), failure + stops),
-    ]
+    phases = []
+    for phase in node_phases(slices, [h.name for h in hosts]):  # the run's phases, in its order
+        if phase.playbook is not None:
+            phases.append(entry(phase.name, phase.nodes(nodes)))
+        elif phase.check == "dist-init":
+            phases.append(entry(phase.name, (), [(nodes[0], "dist-init-port", dist_init_probe(nodes[0], runs[0])[0])]))
+        elif phase.check in ("converge", "alive"):
+            phases.append(entry(phase.name, (), [(n, "converge" if phase.check == "converge" else "alive", a)
+                                                 for n, _, a in alive]))
+        else:
+            phases.append(entry(phase.name))
+    phases.append(entry("on failure after stop-stale: the group's rollback (every node's last good deployment of ONE "
+                        "group, rank 0 first), or every node stopped", (), failure + stops))
     return plans, {"nodes": [h.name for h in hosts], "dist_init_addr": addr, "phases": phases}
 
 

@@ -4,8 +4,11 @@ A run is a list of phases executed in order with a barrier between them:
 
 - ``HostPhase(hosts)``: the playbook on those hosts, in parallel (the per-host steps, each host
   under its host lock, with converge and rollback as in a plain run);
-- ``RunPhase(name, action)``: one action with the whole run's state (every host's report so far,
-  the router host's connection), e.g. take a batch out of the router, drain it, put it back.
+- ``RunPhase(name, body)``: one builder over the whole run (every host's report so far, the
+  router host's connection, the run's typed ``FleetMemory``), e.g. take a batch out of the router,
+  drain it, put it back. ``plan`` walks the same body with a ``PlanContext`` (no connection: every
+  command it may send, each with its condition, and every decision); the run with a ``RunContext``.
+  So the plan and the run cannot disagree about what a phase sends: there is one body to read.
 
 A failing phase stops the run; the phases after it do not run (their hosts stay untouched).
 Rolling redeploys (``--serial N``) and the router are built from these; see ``fleet_phases``.
@@ -35,6 +38,47 @@ SERVING_OUTCOMES = ("ok", "converged", "rolled-back", "regression")
 
 
 @dataclass
+class Rotation:
+    """One replica's time out of the router's rotation, for the report (monotonic seconds)."""
+
+    #: when the router stopped sending it new requests (router.remove's answer)
+    out: float | None = None
+    #: when it was listed healthy again (router-add, a router restart, the canary going back)
+    back: float | None = None
+    #: when the pre-drain probe found it unchanged: it never left the router
+    kept: float | None = None
+
+    def still_out(self) -> bool:
+        return self.out is not None and (self.back is None or self.back < self.out)
+
+
+@dataclass(slots=True)
+class FleetMemory:
+    """What one run-level phase hands to a later one (slots: a misspelt name fails at once)."""
+
+    #: host name -> its ssh_config HostName, read once per run (no connection): where the router reaches it
+    addresses: dict[str, str | None] | None = None
+    #: the router host's connection (open_router), closed at the end of the run
+    router_conn: Any = None
+    #: hosts the pre-drain probe found unchanged: they stay in the router and only converge
+    kept: set[str] = field(default_factory=set)
+    #: the batch's router-remove found the router running (its drain has something to wait for)
+    router_running: bool = False
+    #: the PID of the router this run has seen (or started); None: not running yet
+    router_pid: int | None = None
+    #: a phase saw that router die: the next phase that puts a batch back starts it again
+    router_died: bool = False
+    #: the end-to-end request's answer
+    end_to_end: dict[str, Any] | None = None
+    #: the canary's window: its figures against the others', the decision and why (fleet/canary.py)
+    canary: dict[str, Any] | None = None
+    #: host name -> the last good record the canary would go back to
+    canary_last_good: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: host name -> the canary mark written on it
+    canary_marks: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
 class RunState:
     config: Config
     run: Run
@@ -47,9 +91,9 @@ class RunState:
     reports: dict[str, HostReport] = field(default_factory=dict)
     #: the router host's connection (opened by the first phase that needs it)
     router: Any = None
-    #: per host: when it left and re-entered the router (monotonic seconds), for the report
-    rotation: dict[str, dict[str, float]] = field(default_factory=dict)
-    data: dict[str, Any] = field(default_factory=dict)
+    #: per host: when it left and re-entered the router, for the report
+    rotation: dict[str, Rotation] = field(default_factory=dict)
+    memory: FleetMemory = field(default_factory=FleetMemory)
 
 
 @dataclass
@@ -77,12 +121,19 @@ class HostPhase:
 
 @dataclass(frozen=True)
 class RunPhase:
+    """A run-level phase, defined once: ``body(ctx)`` is its one builder. The run walks it with a
+    ``RunContext`` (facts known: it sends exactly the commands it needs and takes each decision);
+    ``plan`` walks the same body with a ``PlanContext`` (facts unknown: every command it may send,
+    each with the condition it is sent under, and every decision it may take). pyinfra's shape: one
+    generator of commands that the dry run and the run both iterate."""
+
     name: str
-    action: Callable[[RunState], str]
+    body: Callable[[Any], str]
     #: runs even after an earlier phase failed (puts a rolled-back host back into the router)
     always: bool = False
-    #: the commands ``action`` may send, as (host name, action) for ``plan`` (fleet/plan.py)
-    plan: Callable[[Any], list[tuple[str, Any]]] | None = None
+
+    def action(self, state: RunState) -> str:
+        return self.body(RunContext(state))
 
 
 Phase = HostPhase | RunPhase
@@ -93,7 +144,7 @@ class RunResult:
     reports: list[HostReport]
     phases: list[PhaseRecord]
     error: DeployError | None = None
-    rotation: dict[str, dict[str, float]] = field(default_factory=dict)
+    rotation: dict[str, Rotation] = field(default_factory=dict)
     #: the canary's window (fleet/canary.py): its figures against the others', the decision and why
     canary: dict[str, Any] | None = None
 
@@ -173,7 +224,7 @@ class Barrier:
 
 def _host_phase(state: RunState, phase: HostPhase) -> DeployError | None:
     # hosts kept in the router must only converge (the playbook fails them before stop-stale otherwise)
-    kept = frozenset(state.data.get("kept", ())) & {h.name for h in phase.hosts}
+    kept = frozenset(state.memory.kept) & {h.name for h in phase.hosts}
     options = dataclasses.replace(state.options, keep_serving=kept)
     try:
         outcomes = for_each_host(
@@ -253,7 +304,7 @@ def _run_phases(state: RunState, hosts: Sequence[Host], phases: Sequence[Phase],
             report.warnings.append("not redeployed: the run stopped before this host's batch (it was left as it was)")
         reports.append(report)
     return RunResult(reports, records, error if not any(r.error for r in reports) else None, state.rotation,
-                     state.data.get("canary"))
+                     state.memory.canary)
 
 
 @dataclass
@@ -282,13 +333,13 @@ def open_router(state: RunState) -> Any:
         conn = HostConnection(host, state.config.ssh, state.jumps)
         conn.connect()
         host = network_host(host, conn.endpoint.hostname.value)
-        state.data["router_conn"] = conn
+        state.memory.router_conn = conn
         state.router = RouterHost(conn, host, state.run, lambda m: state.progress(spec.host, "router", m))
     return state.router
 
 
 def close_router(state: RunState) -> None:
-    conn = state.data.pop("router_conn", None)
+    conn, state.memory.router_conn = state.memory.router_conn, None
     if conn is not None:
         conn.close()
 
@@ -342,3 +393,207 @@ def hold_host_locks(config, hosts: Sequence[Host], owner: dict, progress, jumps=
             except Exception:  # noqa: BLE001 - a lock whose connection already dropped is released anyway
                 pass
 
+
+
+# -- the two walks of a phase's builder ------------------------------------------------------------
+
+
+def network(state: RunState, host: Host) -> Host:
+    """``host`` as the network sees it (an ssh_config alias resolved to its HostName, read from
+    ssh_config once per run, no connection): its worker URL is where the router reaches it."""
+    if state.memory.addresses is None:
+        from deploy.engine.plan import describe_endpoints
+
+        endpoints = describe_endpoints(state.config.hosts_of(state.run), state.config)
+        state.memory.addresses = {name: e.get("hostname", {}).get("value") for name, e in endpoints.items()}
+    return network_host(host, state.memory.addresses.get(host.name) or host.address)
+
+
+def rotation_of(ctx: Any, host: Host) -> Rotation:
+    return ctx.rotation.setdefault(host.name, Rotation())
+
+
+def left_at(ctx: Any, host: Host) -> float | None:
+    """When ``host`` was taken out of the router in this run (None: it was not)."""
+    marks = ctx.rotation.get(host.name)
+    return marks.out if marks is not None else None
+
+
+class RunContext:
+    """A phase's builder walked by the run: the router host's connection, the run's memory; each
+    command is sent and each decision taken on what the hosts answer."""
+
+    planning = False
+
+    def __init__(self, state: RunState):
+        self.state = state
+        self.config, self.run, self.stamp = state.config, state.run, state.stamp
+        self.memory, self.reports, self.rotation = state.memory, state.reports, state.rotation
+
+    @property
+    def router(self) -> Any:
+        return open_router(self.state)
+
+    @property
+    def force(self) -> bool:
+        return bool(self.state.options.force)
+
+    def network(self, host: Host) -> Host:
+        return network(self.state, host)
+
+    def url(self, host: Host) -> str:
+        from deploy.fleet.router import worker_url
+
+        return worker_url(self.run, self.network(host))
+
+    def serving(self, hosts: Sequence[Host]) -> list[Host]:
+        """The hosts this run redeployed that serve a verified deployment."""
+        return [h for h in hosts if h.name in self.reports and self.reports[h.name].outcome in SERVING_OUTCOMES]
+
+    def only_when(self, condition: bool, when: str) -> Iterator[None]:
+        """``for _ in ctx.only_when(condition, why):`` the block runs when ``condition`` holds (the plan
+        lists its commands with ``why``). Its block never returns: the plan walks past it."""
+        if condition:
+            yield None
+
+    def stops(self, condition: bool, why: str, otherwise: str | None = None) -> bool:
+        """The phase ends here when ``condition`` holds (the plan lists the decision and walks on,
+        each later command with ``otherwise``)."""
+        return condition
+
+    def refuse(self, refusal: Callable[[], DeployError | None], why: str) -> None:
+        """Raise ``refusal()``'s error, if any: the run asks it on the facts it read (the plan lists it)."""
+        error = refusal()
+        if error is not None:
+            raise error
+
+    def on_hosts(self, hosts: Sequence[Host], work: Callable[[Host], Any],
+                 planned: Callable[[Host], Sequence[Any]], cancel: bool = False) -> list[Any]:
+        """``work`` on each host in parallel (its own connection); ``planned(host)``: what it sends there."""
+        return for_each_host(list(hosts), work, self.config.ssh.max_parallel,
+                             cancel=self.state.cancelled if cancel else None)
+
+    def on_host(self, host: Host, work: Callable[[Host], Any], planned: Callable[[Host], Sequence[Any]]) -> Any:
+        return work(host)
+
+    def router_checks(self) -> list[Any]:
+        from deploy.fleet.doctor import router_checks
+
+        router = self.router
+        return router_checks(router.conn, router.host, self.run)
+
+    def watch(self, when: str) -> dict | None:
+        from deploy.fleet.router_watch import watch
+
+        return watch(self.state, self.router, when)
+
+    def router_lost(self, when: str) -> str | None:
+        """router_watch.lost_or_restarted over the run's replicas, at their worker URLs."""
+        from deploy.fleet.router_watch import lost_or_restarted
+
+        return lost_or_restarted(self.state, self.router, when, self.config.hosts_of(self.run), self.url,
+                                 lambda h: bool(self.serving([h])) or h.name not in self.reports)
+
+    def started(self, pid: int) -> None:
+        from deploy.fleet.router_watch import started
+
+        started(self.state, pid)
+
+    def say(self, host: str, step: str, message: str) -> None:
+        self.state.progress(host, step, message)
+
+
+class PlanContext:
+    """A phase's builder walked by ``plan``: no connection. Every command the run may send is listed
+    with the conditions it is sent under (``only_when``, ``stops``' ``otherwise``) and every decision
+    the run may take (``stops``, ``refuse``). The router answers as the plan assumes (running, listing
+    every replica the walk has not taken out: fleet/router_plan.py), and the memory and rotation
+    evolve as the run's would, so later phases see what earlier ones left (a removed worker's drain)."""
+
+    planning = True
+    force = False
+
+    def __init__(self, view: Any):
+        from deploy.fleet.router_plan import PlannedRouter
+
+        self.view = view
+        self.config, self.run, self.stamp = view.config, view.run, view.stamp
+        self.memory = FleetMemory()
+        self.reports: dict[str, HostReport] = {}
+        self.rotation: dict[str, Rotation] = {}
+        self.rows: list[tuple[str, Any]] = []
+        self.decisions: list[str] = []
+        self.conditions: list[str] = []
+        self.urls: dict[str, str] = {}
+        self.router: Any = PlannedRouter(self) if view.calls is not None else None
+
+    def walk(self, phase: RunPhase) -> tuple[list[tuple[str, Any]], list[str]]:
+        """(host name, command) rows and decisions of ``phase``, in the order its body takes them."""
+        self.rows, self.decisions, self.conditions = [], [], []
+        if self.router is not None:
+            self.router.package_read = False  # the run's first router call may come in any phase
+        phase.body(self)
+        return self.rows, self.decisions
+
+    def send(self, host: str, action: Any, when: str | None = None) -> None:
+        parts = [*self.conditions, *([when or action.when] if when or action.when else [])]
+        self.rows.append((host, dataclasses.replace(action, when="; ".join(parts)) if parts else action))
+
+    def network(self, host: Host) -> Host:
+        return self.view.network(host)
+
+    def url(self, host: Host) -> str:
+        from deploy.fleet.router import worker_url
+
+        # once per host: a roll's plan asks each replica's URL in every batch (issue 37: plan's CPU per host)
+        url = self.urls.get(host.name)
+        if url is None:
+            url = self.urls[host.name] = worker_url(self.run, self.network(host))
+        return url
+
+    def serving(self, hosts: Sequence[Host]) -> list[Host]:
+        return list(hosts)  # the plan assumes each host's playbook succeeds (plan_failure lists the rest)
+
+    def only_when(self, condition: bool, when: str) -> Iterator[None]:
+        self.conditions.append(when)
+        try:
+            yield None
+        finally:
+            self.conditions.remove(when)
+
+    def stops(self, condition: bool, why: str, otherwise: str | None = None) -> bool:
+        self.decisions.append(f"ends here when {why}")
+        if otherwise:
+            self.conditions.append(otherwise)
+        return False
+
+    def refuse(self, refusal: Callable[[], DeployError | None], why: str) -> None:
+        self.decisions.append(f"refuses when {why}")
+
+    def on_hosts(self, hosts: Sequence[Host], work: Callable[[Host], Any],
+                 planned: Callable[[Host], Sequence[Any]], cancel: bool = False) -> list[Any]:
+        for host in hosts:
+            for action in planned(host):
+                self.send(host.name, action)
+        return []
+
+    def on_host(self, host: Host, work: Callable[[Host], Any], planned: Callable[[Host], Sequence[Any]]) -> Any:
+        self.on_hosts([host], work, planned)
+        return None
+
+    def router_checks(self) -> list[Any]:
+        return self.router.checks()
+
+    def watch(self, when: str) -> dict | None:
+        return self.router.watch(when)
+
+    def router_lost(self, when: str) -> str | None:
+        self.router.lost_or_restarted(when, [self.url(h) for h in self.config.hosts_of(self.run)])
+        return None
+
+    def started(self, pid: int) -> None:
+        # the leaving workers stay: the walk goes on into the branch where the router was running
+        self.memory.router_pid, self.memory.router_died = pid, False
+
+    def say(self, host: str, step: str, message: str) -> None:
+        pass

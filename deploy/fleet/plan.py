@@ -36,11 +36,13 @@ def network_hosts(hosts, endpoints: dict | None) -> dict[str, Any]:
 
 def phase_plan(phases, view: PlanView, playbook) -> list[dict[str, Any]]:
     """Every run-level phase in the order the run takes it, with the commands it sends: a RunPhase's
-    from its own ``plan`` (the builders its action uses), a HostPhase's playbook from each host's
-    plan, plus what a failing host gets (server-state, rollback)."""
+    from walking its one builder with a PlanContext (fleet/phases.py: the body the run walks), with
+    the decisions it may take; a HostPhase's playbook from each host's plan, plus what a failing host
+    gets (server-state, rollback)."""
     from deploy.engine.plan import plan_failure
-    from deploy.fleet.phases import HostPhase
+    from deploy.fleet.phases import HostPhase, PlanContext
 
+    ctx = PlanContext(view)  # one walk over the phases: what one phase leaves, the next one sees
     out: list[dict[str, Any]] = []
     for phase in phases:
         entry: dict[str, Any] = {"phase": phase.name, "commands": []}
@@ -49,8 +51,11 @@ def phase_plan(phases, view: PlanView, playbook) -> list[dict[str, Any]]:
             for host in phase.hosts:
                 for step, actions in plan_failure(playbook, view.run, view.network(host)):
                     entry["commands"] += [{"host": host.name, "step": step, **a.to_dict()} for a in actions]
-        elif phase.plan is not None:
-            entry["commands"] = [{"host": h, **a.to_dict()} for h, a in phase.plan(view)]
+        else:
+            rows, decisions = ctx.walk(phase)
+            entry["commands"] = [{"host": h, **a.to_dict()} for h, a in rows]
+            if decisions:
+                entry["decisions"] = decisions
         if getattr(phase, "always", False):
             entry["always"] = True
         out.append(entry)
@@ -72,13 +77,13 @@ def plan_fleet(config, rollout, playbook=None, endpoints: dict | None = None) ->
 
         endpoints = {**(endpoints or {}), **describe_endpoints(missing, config)}
     view = PlanView(config, run, network_hosts(known, endpoints))
+    if run.router is not None:
+        view.calls = RouterCalls(run.router, view.network(config.host(run.router.host)), planned=True)
+        view.router_host = run.router.host
     if playbook is not None:
         from deploy.fleet.rolling import refuse_statically
 
         refuse_statically(config, rollout, endpoints)  # what the run refuses before anything, the plan too
-        if run.router is not None:
-            view.calls = RouterCalls(run.router, view.network(config.host(run.router.host)), planned=True)
-            view.router_host = run.router.host
         playbook = rollout.playbook(playbook)
         document["phases"] = phase_plan(fleet_phases(rollout, playbook), view, playbook)
     if run.router is not None:
@@ -118,6 +123,11 @@ def plan_fleet(config, rollout, playbook=None, endpoints: dict | None = None) ->
                 "the down playbook on " + ", ".join(h.name for h in hosts) + " (each host's plan)",
                 *(["the router stopped: " + document["router"]["stop"]] if rollout.whole else
                   ["the router keeps serving the run's other replicas"])]
+            # the router's phases of the run_down (the same builders it walks)
+            from deploy.fleet.rolling import down_remove, down_stop
+
+            document["phases"] = phase_plan([down_stop({})] if rollout.whole else [down_remove(hosts, {})], view,
+                                            None)
     return document
 
 
@@ -130,6 +140,7 @@ def print_phase_plan(phases: list[dict[str, Any]]) -> None:
         for c in phase["commands"]:
             lines.append(f"    {c['host']}: {c['description']}" + (f" (only when {c['when']})" if c.get("when") else ""))
             lines.append(f"      {'$' if c['kind'] != 'upload' else '>'} {c.get('command') or c.get('directory')}")
+        lines += [f"    decides: {d}" for d in phase.get("decisions", [])]
     if lines:
         click.echo("\n".join(lines))
 
@@ -166,12 +177,12 @@ def fleet_report(result) -> dict[str, Any]:
     rotation = {}
     for host, marks in result.rotation.items():
         entry: dict[str, Any] = {}
-        if "kept" in marks and "out" not in marks:
+        if marks.kept is not None and marks.out is None:
             entry["out_of_rotation_s"] = 0.0
             entry["note"] = "stayed in the router: unchanged"
-        elif "out" in marks and "in" in marks:
-            entry["out_of_rotation_s"] = round(marks["in"] - marks["out"], 3)
-        elif "out" in marks:
+        elif marks.out is not None and marks.back is not None:
+            entry["out_of_rotation_s"] = round(marks.back - marks.out, 3)
+        elif marks.out is not None:
             entry["out_of_rotation_s"] = None
             entry["note"] = "taken out, not put back"
         rotation[host] = entry

@@ -19,9 +19,10 @@ from typing import Any
 
 from deploy.config.models import Host
 from deploy.base.errors import DeployError, ExitCode
-from deploy.fleet.phases import (SERVING_OUTCOMES, HostPhase, Phase, RunPhase, RunState, open_router)
-from deploy.fleet.router import loopback_problem, worker_url
-from deploy.fleet.router_watch import RouterLost, lost_or_restarted, started, watch
+from deploy.fleet.phases import HostPhase, Phase, RunPhase, RunState, left_at, rotation_of
+from deploy.fleet.router import empties_the_router, loopback_problem
+from deploy.fleet.router_plan import RUNNING
+from deploy.fleet.router_watch import RouterLost
 
 
 class LastHealthyWorker(DeployError):
@@ -31,29 +32,6 @@ class LastHealthyWorker(DeployError):
 class PreflightFailed(DeployError):
     """A router or replica check failed before any replica was touched (like the doctor: exit 8)."""
     exit_code = ExitCode.VERIFY
-
-
-def network(state: RunState, host: Host) -> Host:
-    """``host`` as the network sees it (an ssh_config alias resolved to its HostName, read from
-    ssh_config once per run, no connection): its worker URL is where the router reaches it."""
-    from deploy.engine.session import network_host
-
-    addresses = state.data.get("addresses")
-    if addresses is None:
-        from deploy.engine.plan import describe_endpoints
-
-        endpoints = describe_endpoints(state.config.hosts_of(state.run), state.config)
-        addresses = state.data["addresses"] = {
-            name: e.get("hostname", {}).get("value") for name, e in endpoints.items()}
-    return network_host(host, addresses.get(host.name) or host.address)
-
-
-def url_of(state: RunState, host: Host) -> str:
-    return worker_url(state.run, network(state, host))
-
-
-def _serving(state: RunState, hosts: Sequence[Host]) -> list[Host]:
-    return [h for h in hosts if h.name in state.reports and state.reports[h.name].outcome in SERVING_OUTCOMES]
 
 
 def probe_actions(host: Host, run, stamp: str):
@@ -154,206 +132,201 @@ def _swaps_in_place(state: RunState, desired, server) -> str | None:
     return decision.reason if decision.path == "swap" else None
 
 
-def _probe(batch: tuple[Host, ...]):
-    def action(state: RunState) -> str:
-        from deploy.engine.fanout import for_each_host
+# -- the phases, each one builder (fleet/phases.py RunPhase): the run and ``plan`` walk the same body --
 
-        router = open_router(state)
-        if watch(state, router, f"before the check of {names(batch)}") is None:
+NOT_RUNNING = "the router is not running yet (it starts with the hosts that serve)"
+
+
+def last_healthy_worker(batch: Sequence[Host], members: list[dict], leaving: Sequence[str],
+                        allow_downtime: bool) -> LastHealthyWorker | None:
+    """The batch's refusal on the router's own list: taking ``leaving`` out would leave no healthy
+    worker (the rule itself: router.empties_the_router, which the Rollout asks of a typed --serial)."""
+    others = [w for w in members if w["url"] not in leaving and w["is_healthy"]]
+    if not empties_the_router(len([w for w in members if w["url"] in leaving]), len(others), allow_downtime):
+        return None
+    return LastHealthyWorker(
+        f"taking {', '.join(h.name for h in batch)} out of the router would leave it no healthy worker "
+        f"(members: {', '.join(w['url'] + (' healthy' if w['is_healthy'] else ' unhealthy') for w in members)}); "
+        "nothing was changed; --allow-downtime to do it anyway")
+
+
+def _probe(batch: tuple[Host, ...]):
+    def body(ctx) -> str:
+        seen = ctx.watch(f"before the check of {names(batch)}")
+        if ctx.stops(seen is None, "the router is not running yet: nothing to keep in it", RUNNING):
             return "router not running yet: nothing to keep in it"
-        if state.options.force:
+        if ctx.stops(ctx.force, "--force is given: every host of the batch is redeployed"):
             return "--force: every host of the batch is redeployed"
-        outcomes = for_each_host(list(batch), lambda h: _unchanged(state, h), state.config.ssh.max_parallel)
+        outcomes = ctx.on_hosts(batch, lambda h: _unchanged(ctx.state, h),
+                                lambda h: probe_actions(ctx.network(h), ctx.run, ctx.stamp)[1])
         kept: list[str] = []
         redeploy: list[str] = []
         for outcome in outcomes:
             verdict, why = outcome.value if outcome.value is not None else ("redeploy", f"not checked: {outcome.error}")
             (kept if verdict == "unchanged" else redeploy).append(
                 outcome.host.name if verdict == "unchanged" else f"{outcome.host.name} ({why})")
-        state.data.setdefault("kept", set()).update(kept)
+        ctx.memory.kept.update(kept)
         now = time.monotonic()
         for name in kept:
-            state.rotation.setdefault(name, {})["kept"] = now
+            rotation_of(ctx, ctx.config.host(name)).kept = now
         return f"unchanged, kept in the router: {', '.join(kept) or '-'}; to redeploy: {'; '.join(redeploy) or '-'}"
-    return action
+    return body
 
 
 def _remove(batch: tuple[Host, ...], allow_downtime: bool):
-    def action(state: RunState) -> str:
-        router = open_router(state)
-        if watch(state, router, f"before taking {names(batch)} out") is None:
-            state.data["router_running"] = False
+    def body(ctx) -> str:
+        seen = ctx.watch(f"before taking {names(batch)} out")
+        if ctx.stops(seen is None, "the router is not running yet: nothing to take out", RUNNING):
+            ctx.memory.router_running = False
             return "router not running yet: nothing to take out"
-        state.data["router_running"] = True
-        kept = state.data.get("kept", set())
-        urls = {url_of(state, h): h for h in batch if h.name not in kept}
-        members = router.workers()
-        others = [w for w in members if w["url"] not in urls and w["is_healthy"]]
+        ctx.memory.router_running = True
+        urls = {ctx.url(h): h for h in batch if h.name not in ctx.memory.kept}
+        members = ctx.router.workers()
+        ctx.refuse(lambda: last_healthy_worker(batch, members, list(urls), allow_downtime),
+                   "taking the batch out would leave the router no healthy worker and --allow-downtime is not "
+                   "given (exit 2, nothing changed)")
         leaving = [w for w in members if w["url"] in urls]
-        if leaving and not others and not allow_downtime:
-            raise LastHealthyWorker(
-                f"taking {', '.join(h.name for h in batch)} out of the router would leave it no healthy worker "
-                f"(members: {', '.join(w['url'] + (' healthy' if w['is_healthy'] else ' unhealthy') for w in members)}); "
-                "nothing was changed; --allow-downtime to do it anyway")
         for w in leaving:
-            # out of rotation from when the router stopped sending it new requests, not when it left
-            # the list (smg lists it, unhealthy, for its 5 s drain settle)
-            state.rotation.setdefault(urls[w["url"]].name, {})["out"] = router.remove(w["url"], settle=False)
+            for _ in ctx.only_when(True, f"the router lists {urls[w['url']].name} and the probe did not keep it"):
+                # out of rotation from when the router stopped sending it new requests, not when it left
+                # the list (smg lists it, unhealthy, for its 5 s drain settle)
+                rotation_of(ctx, urls[w["url"]]).out = ctx.router.remove(w["url"], settle=False)
         return f"removed {len(leaving)} worker(s): {', '.join(w['url'] for w in leaving) or '-'}"
-    return action
+    return body
 
 
 def _drain(batch: tuple[Host, ...]):
-    def action(state: RunState) -> str:
-        if not state.data.get("router_running"):
+    def body(ctx) -> str:
+        if ctx.stops(not ctx.memory.router_running, "the router was not running at the router-remove: "
+                                                    "nothing to drain", RUNNING):
             return "nothing to drain"
-        router = open_router(state)
         waited = []
         for host in batch:
-            if "out" not in state.rotation.get(host.name, {}):
+            if left_at(ctx, host) is None:
                 continue
-            seconds = router.drain(url_of(state, host), router.spec.drain_timeout_s)
+            seconds = ctx.router.drain(ctx.url(host), ctx.run.router.drain_timeout_s)
             waited.append(f"{host.name} {seconds:.2f} s")
-        watch(state, router, f"while {names(batch)} drained (not redeployed)")  # never redeploy behind a dead router
+        ctx.watch(f"while {names(batch)} drained (not redeployed)")  # never redeploy behind a dead router
         return "drained: " + (", ".join(waited) or "-")
-    return action
+    return body
+
+
+def _join(ctx, urls: list[str]) -> str:
+    """``urls`` into the router: started with them when this run has not seen it running, else added
+    (after the batch's removed workers left its list: smg refuses a URL it still lists)."""
+    first = ctx.memory.router_pid is None  # the run's first router start (up): its first verified batch
+    done = ""
+    for _ in ctx.only_when(first, NOT_RUNNING):
+        ctx.started(ctx.router.start(urls, ctx.stamp))
+        done = "started the router with " + ", ".join(urls)
+    for _ in ctx.only_when(not first, RUNNING):
+        ctx.router.settled()  # the batch's removed workers have left the list (smg's drain settle)
+        listed = {w["url"] for w in ctx.router.workers()}  # a host kept in the router is listed already
+        for url in urls:
+            for _ in ctx.only_when(url not in listed, f"it does not list {url}"):
+                ctx.router.add(url)
+        done = "added " + (", ".join(u for u in urls if u not in listed) or "- (every serving host is in it)")
+    return done
 
 
 def _add(batch: tuple[Host, ...]):
-    def action(state: RunState) -> str:
-        serving = _serving(state, batch)
+    def body(ctx) -> str:
+        serving = ctx.serving(batch)
         # taken out but never redeployed (the drain timed out): still serving what it served
-        serving += [h for h in batch if h.name not in state.reports and "out" in state.rotation.get(h.name, {})]
-        router = open_router(state)
-        lost = _router_lost(state, router, f"while {names(batch)} was redeployed")
+        serving += [h for h in batch if h not in serving and h.name not in ctx.reports and left_at(ctx, h) is not None]
+        lost = ctx.router_lost(f"while {names(batch)} was redeployed")
         if lost is not None:
             return lost
-        if not serving and not any(h.name in state.reports or "out" in state.rotation.get(h.name, {}) for h in batch):
+        if ctx.stops(not serving and not any(h.name in ctx.reports or left_at(ctx, h) is not None for h in batch),
+                     "nothing of this batch was taken out or redeployed"):
             return "nothing of this batch was taken out or redeployed: nothing to add"
-        if not serving:
+        if ctx.stops(not serving, "no host of this batch serves a verified deployment"):
             return "no host of this batch serves a verified deployment: none added"
-        urls = [url_of(state, h) for h in serving]
-        if "router_pid" not in state.data:  # the run's first router start (up): its first verified batch
-            started(state, router.start(urls, state.stamp))
-            added = "started the router with " + ", ".join(urls)
-        else:
-            router.settled()  # the batch's removed workers have left the list (smg's drain settle)
-            listed = {w["url"] for w in router.workers()}  # a host kept in the router is listed already
-            for url in urls:
-                if url not in listed:
-                    router.add(url)
-            added = "added " + (", ".join(u for u in urls if u not in listed) or "- (every serving host is in it)")
+        added = _join(ctx, [ctx.url(h) for h in serving])
         now = time.monotonic()
         for host in serving:
-            state.rotation.setdefault(host.name, {})["in"] = now
+            rotation_of(ctx, host).back = now
         return added
-    return action
+    return body
 
 
 def _final(hosts: Sequence[Host]):
-    def action(state: RunState) -> str:
-        router = open_router(state)
-        serving = _serving(state, hosts)
-        urls = [url_of(state, h) for h in serving]
-        lost = _router_lost(state, router, "before the end-to-end request")
+    def body(ctx) -> str:
+        urls = [ctx.url(h) for h in ctx.serving(hosts)]
+        lost = ctx.router_lost("before the end-to-end request")
         if lost is not None:
             raise RouterLost(lost)
-        if "router_pid" not in state.data:
-            started(state, router.start(urls, state.stamp))
-        else:
-            router.settled()
-            listed = {w["url"] for w in router.workers()}
-            for url in urls:
-                if url not in listed:
-                    router.add(url)
-        answer = router.end_to_end()
-        state.data["end_to_end"] = answer
-        return f"a request through {router.url} answered ({len(urls)} worker(s))"
-    return action
+        _join(ctx, urls)
+        ctx.memory.end_to_end = ctx.router.end_to_end()
+        return f"a request through {ctx.router.url} answered ({len(urls)} worker(s))"
+    return body
 
 
 def names(batch: Sequence[Host]) -> str:
     return ",".join(h.name for h in batch)
 
 
-def _router_lost(state: RunState, router, when: str) -> str | None:
-    """router_watch.lost_or_restarted over the run's replicas, at their worker URLs."""
-    return lost_or_restarted(state, router, when, state.config.hosts_of(state.run), lambda h: url_of(state, h),
-                             lambda h: bool(_serving(state, [h])) or h.name not in state.reports)
-
-
 def _doctor_settings(playbook):
     return next((s.settings for s in playbook.steps if s.name == "doctor"), None) if playbook is not None else None
 
 
-def _preflight(hosts: Sequence[Host]):
+def preflight_refusal(problems: list[str]) -> PreflightFailed | None:
+    if not problems:
+        return None
+    return PreflightFailed("fleet pre-flight failed; no replica was stopped, each keeps serving what it "
+                           "served:\n" + "\n".join(problems))
+
+
+def _preflight(hosts: Sequence[Host], playbook):
     """Before the first replica is stopped: every router check (package and policy, port, every
     worker URL reachable from the router host) and every replica's doctor. A failure leaves every
     replica as it was (sglang-router 0.3 runs used to redeploy batch 1, then fail at router-add)."""
-    def action(state: RunState) -> str:
+    def body(ctx) -> str:
         from deploy.doctor.checks import failed
-        from deploy.engine.fanout import for_each_host
-        from deploy.fleet.doctor import router_checks
+        from deploy.facts.doctor import doctor_command
+        from deploy.steps.base import Command
         from deploy.steps.doctor import diagnose, failure_text
         from deploy.ssh.transport import HostConnection
 
-        router = open_router(state)
+        router = ctx.router
         problems: list[str] = []
-        router_results = router_checks(router.conn, router.host, state.run)
+        router_results = ctx.router_checks()
         problems += [f"{router.host.name}: {c.name}: {c.reason}" + (f" (fix: {c.fix})" if c.fix else "")
                      for c in failed(router_results)]
         package = next((c.reason for c in router_results if c.name == "router-package" and c.status == "pass"), "")
-        urls = [url_of(state, h) for h in hosts]
+        urls = [ctx.url(h) for h in hosts]
         unreachable = router.unreachable(urls)
         if unreachable:
             problems.append(f"{router.host.name} cannot reach worker URL(s) {'; '.join(unreachable)}: the router "
                             "would not reach them either (a run's hosts must be reachable at their address, or "
                             "their ssh_config HostName, from the router host)")
-        settings = _doctor_settings(state.playbook)
+        settings = _doctor_settings(playbook)
         doctored = ""
         if settings is not None:
             fix_keys = bool(getattr(settings, "fix_keys_will_run", True))
 
             def doctor(host: Host):
-                with HostConnection(host, state.config.ssh, state.jumps) as conn:
-                    return diagnose(conn, network(state, host), state.run, fix_keys_will_run=fix_keys,
+                with HostConnection(host, ctx.config.ssh, ctx.state.jumps) as conn:
+                    return diagnose(conn, ctx.network(host), ctx.run, fix_keys_will_run=fix_keys,
                                     settings=settings)[0]
 
-            for outcome in for_each_host(list(hosts), doctor, state.config.ssh.max_parallel, cancel=state.cancelled):
+            def planned(host: Host) -> list[Command]:
+                return [Command(description="the doctor's read on every replica before the first is stopped",
+                                command=doctor_command(ctx.network(host), ctx.run,
+                                                       script="<deploy/remote/doctor_facts.py>"))]
+
+            for outcome in ctx.on_hosts(hosts, doctor, planned, cancel=True):
                 if outcome.error is not None:
                     problems.append(f"{outcome.host.name}: {str(outcome.error).splitlines()[0]}")
                 elif failed(outcome.value or []) and not settings.ignore:
                     problems.append(failure_text(outcome.host.name, outcome.value))
             doctored = f"; the doctor passed on {', '.join(h.name for h in hosts)}" + (
                 " (--ignore-doctor: failures reported, not stopping)" if settings.ignore else "")
-        if problems:
-            raise PreflightFailed("fleet pre-flight failed; no replica was stopped, each keeps serving what it "
-                                  "served:\n" + "\n".join(problems))
+        ctx.refuse(lambda: preflight_refusal(problems), "a router check or a replica's doctor fails (exit 8): "
+                                                        "no replica is stopped")
         shown = ", ".join(f"{h.name} {u}" for h, u in zip(hosts, urls))
         return f"router: {package or 'ok'}; every worker URL reachable from {router.host.name} ({shown}){doctored}"
-    return action
-
-
-def _preflight_plan(hosts: Sequence[Host]):
-    def plan(view) -> list[tuple[str, Any]]:
-        from deploy.facts.doctor import doctor_command
-        from deploy.fleet.router_ports import router_binds
-        from deploy.steps.base import Command
-
-        calls, at = view.calls, view.router_host
-        spec = view.run.router
-        router_host = view.network(view.config.host(at))
-        steps: list[tuple[str, Any]] = [
-            (at, calls.packages()),
-            (at, calls.state()),
-            (at, calls.ports(router_binds(spec, router_host, None if spec.package == "auto" else spec.package))),
-            (at, calls.reach([worker_url(view.run, view.network(h)) for h in hosts]))]
-        steps += [(h.name, Command(description="the doctor's read on every replica before the first is stopped",
-                                   command=doctor_command(view.network(h), view.run,
-                                                          script="<deploy/remote/doctor_facts.py>")))
-                  for h in hosts]
-        return steps
-    return plan
+    return body
 
 
 def keep_unchanged(playbook) -> bool:
@@ -368,33 +341,29 @@ def fleet_phases(rollout, playbook) -> list[Phase]:
     probe = has_router and keep_unchanged(playbook)
     phases: list[Phase] = []
     if has_router:
-        phases.append(RunPhase("pre-flight: router checks, every replica's doctor", _preflight(hosts),
-                               plan=_preflight_plan(hosts)))
+        phases.append(RunPhase("pre-flight: router checks, every replica's doctor", _preflight(hosts, playbook)))
     groups = rollout.batches
     canary = None
     if has_router and rollout.canary is not None:
         from deploy.fleet.canary import canary_phases
 
-        canary = canary_phases(rollout.canary, groups[0], playbook, url_of)
+        canary = canary_phases(rollout.canary, groups[0], playbook)
         phases.append(canary[0])
     for i, batch in enumerate(groups, 1):
         tag = f"batch {i}/{len(groups)}" + (" (canary)" if canary is not None and i == 1 else "")
         names = ",".join(h.name for h in batch)
         if probe:
-            phases.append(RunPhase(f"{tag} check unchanged {names}", _probe(batch),
-                                   plan=_probe_plan(batch)))
+            phases.append(RunPhase(f"{tag} check unchanged {names}", _probe(batch)))
         if has_router:
-            phases.append(RunPhase(f"{tag} router-remove {names}", _remove(batch, rollout.allow_downtime),
-                                   plan=_remove_plan(batch)))
-            phases.append(RunPhase(f"{tag} drain {names}", _drain(batch), plan=_drain_plan(batch)))
+            phases.append(RunPhase(f"{tag} router-remove {names}", _remove(batch, rollout.allow_downtime)))
+            phases.append(RunPhase(f"{tag} drain {names}", _drain(batch)))
         phases.append(HostPhase(batch, f"{tag} redeploy {names}"))
         if has_router:
-            phases.append(RunPhase(f"{tag} router-add {names}", _add(batch), always=True,
-                                   plan=_join_plan(batch)))
+            phases.append(RunPhase(f"{tag} router-add {names}", _add(batch), always=True))
         if canary is not None and i == 1:
             phases.append(canary[1])
     if has_router:
-        phases.append(RunPhase("router end-to-end", _final(hosts), plan=_join_plan(hosts, end_to_end=True)))
+        phases.append(RunPhase("router end-to-end", _final(hosts)))
     return phases
 
 
@@ -474,136 +443,63 @@ def run_down(config, playbook, rollout, progress, options):
     return DownResult(reports, router, error)
 
 
-def stop_router(config, run, progress) -> dict:
-    """``down``: stop the run's router (by its PID file) before its servers."""
-    from deploy.fleet.phases import RunState, close_router, open_router
+def down_remove(hosts: Sequence[Host], result: dict[str, Any]) -> RunPhase:
+    """``down --host``: the router keeps serving the run's other replicas, so the downed ones leave
+    it first (a stopped worker would still get requests until the router's health checks caught
+    up). The router itself stops only when the whole run is brought down."""
+    def body(ctx) -> str:
+        at = ctx.run.router.host
+        if ctx.stops(not ctx.router.running(), "the router is not running: no worker to remove", RUNNING):
+            ctx.say(at, "router", "not running: no worker to remove")
+            result.update(stopped=False, removed=[], note="the router is not running")
+            return "the router is not running"
+        listed = {w["url"] for w in ctx.router.workers()}
+        removed = [u for u in (ctx.url(h) for h in hosts) if u in listed]
+        for url in removed:
+            for _ in ctx.only_when(True, f"the router lists {url}"):
+                ctx.router.remove(url)
+                ctx.say(at, "router", f"removed {url} (its server is being stopped)")
+        result.update(stopped=False, removed=removed,
+                      note="the router keeps serving the run's other replicas; stopped only by a down of the whole run")
+        return f"removed {', '.join(removed) or '-'}"
+    return RunPhase("router-remove " + names(hosts), body)
+
+
+def down_stop(result: dict[str, Any]) -> RunPhase:
+    """``down`` of the whole run: stop its router (by its PID file) before its servers."""
+    def body(ctx) -> str:
+        at = ctx.run.router.host
+        got = ctx.router.stop()
+        result.update(got)
+        ctx.say(at, "router", f"stopped pid {got['pid']} (SIG{got['signal']})" if got.get("stopped")
+                else got.get("note") or "not stopped")
+        ctx.refuse(lambda: DeployError(f"{at}: the router (pid {got['pid']}) survived SIGKILL", exit_code=ExitCode.FAILED)
+                   if not got.get("stopped") and got.get("signal") else None,
+                   "the router survives SIGKILL (exit 1)")
+        return "stopped" if got.get("stopped") else got.get("note") or "not stopped"
+    return RunPhase("router stop", body)
+
+
+def _down_phase(config, run, progress, phase: RunPhase) -> None:
+    """One of ``down``'s router phases, on a router connection of its own."""
+    from deploy.fleet.phases import RunState, close_router
     from deploy.ssh.transport import JumpConnections
 
     with JumpConnections() as jumps:
         state = RunState(config, run, None, None, progress, jumps, None, "")  # type: ignore[arg-type]
         try:
-            router = open_router(state)
-            result = router.stop()
+            phase.action(state)
         finally:
             close_router(state)
-    progress(run.router.host, "router", f"stopped pid {result['pid']} (SIG{result['signal']})" if result.get("stopped")
-             else result.get("note") or "not stopped")
-    if not result.get("stopped") and result.get("signal"):
-        raise DeployError(f"{run.router.host}: the router (pid {result['pid']}) survived SIGKILL", exit_code=ExitCode.FAILED)
+
+
+def stop_router(config, run, progress) -> dict:
+    result: dict[str, Any] = {}
+    _down_phase(config, run, progress, down_stop(result))
     return result
 
 
 def remove_from_router(config, run, hosts, progress) -> dict:
-    """``down --host``: the router keeps serving the run's other replicas, so the downed ones leave
-    it first (a stopped worker would still get requests until the router's health checks caught
-    up). The router itself stops only when the whole run is brought down."""
-    from deploy.fleet.phases import RunState, close_router, open_router
-    from deploy.engine.plan import describe_endpoints
-    from deploy.engine.session import network_host
-    from deploy.ssh.transport import JumpConnections
-
-    endpoints = describe_endpoints(hosts, config)
-    urls = [worker_url(run, network_host(h, endpoints.get(h.name, {}).get("hostname", {}).get("value", h.address)))
-            for h in hosts]
-    with JumpConnections() as jumps:
-        state = RunState(config, run, None, None, progress, jumps, None, "")  # type: ignore[arg-type]
-        try:
-            router = open_router(state)
-            if not router.running():
-                progress(run.router.host, "router", "not running: no worker to remove")
-                return {"stopped": False, "removed": [], "note": "the router is not running"}
-            listed = {w["url"] for w in router.workers()}
-            removed = [u for u in urls if u in listed]
-            for url in removed:
-                router.remove(url)
-                progress(run.router.host, "router", f"removed {url} (its server is being stopped)")
-        finally:
-            close_router(state)
-    return {"stopped": False, "removed": removed,
-            "note": "the router keeps serving the run's other replicas; stopped only by a down of the whole run"}
-
-
-# -- what each phase sends, for ``plan`` (the same builders as the actions above) ----------------
-
-RUNNING = "the router runs"
-NOT_RUNNING = "the router is not running yet (it starts with the hosts that serve)"
-
-
-def _probe_plan(batch: tuple[Host, ...]):
-    def plan(view) -> list[tuple[str, Any]]:
-        steps: list[tuple[str, Any]] = [(view.router_host, view.calls.state()),
-                                        (view.router_host, _when(view.calls.log_tail(), "the router this run saw died (exit 14)"))]
-        for host in batch:
-            steps += [(host.name, a) for a in probe_actions(view.network(host), view.run, view.stamp)[1]]
-        return steps
-    return plan
-
-
-def _remove_plan(batch: tuple[Host, ...]):
-    def plan(view) -> list[tuple[str, Any]]:
-        calls, at = view.calls, view.router_host
-        steps: list[tuple[str, Any]] = [(at, calls.state()), (at, _when(calls.log_tail(), "the router this run saw died "
-                                                                        "(exit 14)")),
-                                        (at, _when(calls.packages(), RUNNING)),
-                                        (at, _when(calls.workers(True), RUNNING))]
-        for host in batch:
-            url = worker_url(view.run, view.network(host))
-            steps += [(at, _when(calls.workers(True), RUNNING)),
-                      (at, _when(calls.remove(url, "<worker id>", True), f"{RUNNING}, lists {host.name} and the "
-                                 "probe did not keep it (smg, sglang-router 0.3.x; older: POST /remove_worker?url=); then "
-                                 "GET /workers until it is listed unhealthy or gone, and again before the "
-                                 "router-add until it is gone (smg: after its drain settle, 5 s)")),
-                      (at, _when(calls.remove(url, "", False), "the router is older than 0.3"))]
-        return steps + _membership_waits(calls, at, "after each removal: until it is listed unhealthy or gone")
-    return plan
-
-
-def _drain_plan(batch: tuple[Host, ...]):
-    def plan(view) -> list[tuple[str, Any]]:
-        steps = [(view.router_host, _when(view.calls.watch_loads(worker_url(view.run, view.network(h))),
-                                          f"{h.name} was taken out: until nothing is in flight")) for h in batch]
-        return steps + _watched(view, "after the drain")
-    return plan
-
-
-def _watched(view, when: str) -> list[tuple[str, Any]]:
-    """What router_watch.watch sends: the router's state, and its log tail when it died."""
-    return [(view.router_host, _when(view.calls.state(), f"{RUNNING} ({when}: is it still, answering GET /workers?)")),
-            (view.router_host, _when(view.calls.log_tail(), "the router this run saw died (exit 14)"))]
-
-
-def _join_plan(hosts: Sequence[Host], end_to_end: bool = False):
-    def plan(view) -> list[tuple[str, Any]]:
-        from deploy.host.state_layout import router_log_name
-
-        calls, at = view.calls, view.router_host
-        urls = [worker_url(view.run, view.network(h)) for h in hosts]
-        steps: list[tuple[str, Any]] = [(at, calls.state()), (at, _when(calls.packages(), "the first router call of the run (the package and its version decide the "
-                                                               "launcher module and the API)")),
-                                        (at, _when(calls.start(urls, router_log_name(view.stamp)), NOT_RUNNING)),
-                                        (at, _when(calls.workers(True), RUNNING))]
-        steps += [(at, _when(calls.add(u, True), f"{RUNNING} without {u} (older than 0.3: POST /add_worker?url=)"))
-                  for u in urls]
-        steps += [(at, _when(calls.add(u, False), "the router is older than 0.3")) for u in urls]
-        steps += _membership_waits(calls, at, "after the start, each add, and before the adds until the batch's "
-                                              "removed workers left the list (smg's drain settle)")
-        steps.append((at, _when(calls.log_tail(), "the router died (while starting, or mid-roll)")))
-        died = "the router this run saw died mid-roll (router_watch.py): the roll stops, exit 14, and the router "
-        steps += [(at, _when(calls.health(worker_url(view.run, view.network(h))), died + "is started again with "
-                             "every replica that answers /health")) for h in view.config.hosts_of(view.run)]
-        if end_to_end:
-            steps.append((at, calls.end_to_end()))
-        return steps
-    return plan
-
-
-def _membership_waits(calls, at: str, when: str) -> list[tuple[str, Any]]:
-    """RouterHost.wait_members' host-side loop, on either API (sglang-router older than 0.3: /list_workers)."""
-    return [(at, _when(calls.watch_members(True), f"{RUNNING}, {when}")),
-            (at, _when(calls.watch_members(False), f"{RUNNING}, {when}; the router is older than 0.3"))]
-
-
-def _when(action, when: str):
-    import dataclasses
-
-    return dataclasses.replace(action, when=when)
+    result: dict[str, Any] = {}
+    _down_phase(config, run, progress, down_remove(hosts, result))
+    return result

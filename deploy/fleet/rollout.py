@@ -51,7 +51,10 @@ def check_serial(serial: int, hosts: Sequence[Host], run: Run, allow_downtime: b
     exists. The default (1 with a router) is never refused here: a run with one replica has no
     smaller batch, and whether its only worker is the router's last healthy one is known only when
     the batch starts (fleet/rolling.py: exit 2 then, nothing changed; nothing serving yet: it goes)."""
-    if run.router is not None and serial >= len(hosts) > 1 and not allow_downtime:
+    from deploy.fleet.router import empties_the_router
+
+    leaving = min(serial, len(hosts))
+    if run.router is not None and len(hosts) > 1 and empties_the_router(leaving, len(hosts) - leaving, allow_downtime):
         raise UsageError(f"--serial {serial} takes all {len(hosts)} replica(s) of run {run.name!r} out of the "
                          "router at once: nothing would serve; use a smaller --serial or --allow-downtime")
 

@@ -89,6 +89,14 @@ def loopback_problem(run: Run, host: Host, router_host: str) -> str | None:
             f"{url_host(host.address)}) or the host's network address")
 
 
+def empties_the_router(leaving: int, staying_healthy: int, allow_downtime: bool) -> bool:
+    """The last-healthy-worker rule: a batch that takes workers out of the router must leave it at
+    least one healthy worker, unless ``--allow-downtime``. Asked by ``rollout.check_serial`` (a typed
+    ``--serial`` against the run's replicas) and by each batch's router-remove (fleet/rolling.py,
+    against the router's own list, exit 2 before anything is taken out)."""
+    return leaving > 0 and staying_healthy == 0 and not allow_downtime
+
+
 def router_address(spec: RouterSpec, host: Host) -> str:
     address = spec.bind or host.address
     if address == "0.0.0.0":

@@ -33,11 +33,11 @@ def watch(state, router, when: str) -> dict | None:
     """The router's state (``fleet_ops.py router-state``); raises RouterLost when the router this run
     has seen is gone or not answering. None: no router was ever seen in this run (not running yet)."""
     got = router.state()
-    seen = state.data.get("router_pid")
+    seen = state.memory.router_pid
     alive, pid, status = bool(got.get("alive")), got.get("pid"), got.get("status")
     if seen is None:
         if alive and status == 200:
-            state.data["router_pid"] = pid
+            state.memory.router_pid = pid
             return got
         if alive:  # running before this run, but its management API does not answer
             raise RouterLost(f"{router.host.name}: the router (pid {pid}) does not answer its management API "
@@ -45,7 +45,7 @@ def watch(state, router, when: str) -> dict | None:
                              f"nothing was taken out; {UNTOUCHED}")
         return None
     if not alive or pid != seen:
-        state.data["router_died"] = True
+        state.memory.router_died = True
         what = "died" if not alive else f"was replaced (pid {seen} -> {pid}, not by deployctl)"
         raise RouterLost(f"{router.host.name}: the router (pid {seen}) {what} {when}; the roll stops here, "
                          f"before the next removal; {UNTOUCHED}; its log ends:\n{router.log_tail()}")
@@ -58,8 +58,7 @@ def watch(state, router, when: str) -> dict | None:
 
 def started(state, pid: int) -> None:
     """The run started the router: from now on it is watched."""
-    state.data["router_pid"] = pid
-    state.data.pop("router_died", None)
+    state.memory.router_pid, state.memory.router_died = pid, False
     if getattr(state, "router", None) is not None:  # a new router lists none of the old one's leaving workers
         state.router.leaving.clear()
 
@@ -88,11 +87,11 @@ def restart_with_healthy(state, router, hosts: Sequence[Host], url_of: Callable[
     started(state, pid)
     now = time.monotonic()
     for host in hosts:
-        marks = state.rotation.get(host.name, {})
+        marks = state.rotation.get(host.name)
         # only a replica still out comes back in now: one the run had already put back keeps the
         # time it came back (issue 37: the report said 43-44 s out for a replica a poller saw out 19-22 s)
-        if url_of(host) in urls and "out" in marks and marks.get("in", float("-inf")) < marks["out"]:
-            marks["in"] = now
+        if marks is not None and marks.still_out() and url_of(host) in urls:
+            marks.back = now
     return f"the router had died: restarted (pid {pid}) with every healthy replica: {', '.join(urls)}"
 
 
@@ -102,12 +101,12 @@ def lost_or_restarted(state, router, when: str, replicas: Sequence[Host], url_of
     saw die is started again with every healthy replica (what was done is returned); a router this
     phase finds gone is too, and RouterLost is raised (the roll stops here); a live router that
     does not answer raises RouterLost, nothing started over it. None: the router is as the run left it."""
-    if state.data.get("router_died"):
+    if state.memory.router_died:
         return restart_with_healthy(state, router, replicas, url_of, serving)
     try:
         watch(state, router, when)
     except RouterLost as lost:
-        if not state.data.get("router_died"):
+        if not state.memory.router_died:
             raise  # alive but not answering: its port is held
         raise RouterLost(f"{lost}\n{restart_with_healthy(state, router, replicas, url_of, serving)}") from None
     return None

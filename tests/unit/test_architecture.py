@@ -222,7 +222,7 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     # run-level phases: router, rolling batches, node groups
     ("fleet", {
         "deploy.fleet": ("__init__", "canary", "doctor", "nodes", "phases", "plan", "rolling", "rollout", "router",
-                         "router_package", "router_ports", "router_watch"),
+                         "router_package", "router_plan", "router_ports", "router_watch"),
     }),
     # the read-only verbs and sweeps
     ("verbs", {

@@ -321,32 +321,36 @@ def feed(n: int, canary_accept: float, requests: int = 10) -> list[dict]:
 
 def run_window(monkeypatch, lines, inconclusive="keep", interrupt_after=None, outcome="ok"):
     from deploy.fleet import canary as module
+    from deploy.fleet.phases import FleetMemory, RunContext
+
+    class Ctx(RunContext):
+        def url(self, host):
+            return f"http://{host.name}:1"
 
     went_back, marks = [], []
     router = FakeRouter(lines, interrupt_after)
-    monkeypatch.setattr(module, "open_router", lambda state: router)
-    monkeypatch.setattr(module, "_go_back", lambda state, batch, url_of, why, cause: went_back.append((why, cause)))
-    monkeypatch.setattr(module, "_mark", lambda state, batch, others, spec: marks.append("mark"))
-    monkeypatch.setattr(module, "_unmark", lambda state, batch: marks.append("unmark"))
+    monkeypatch.setattr(module, "_go_back", lambda ctx, batch, playbook, why, cause: went_back.append((why, cause)))
+    monkeypatch.setattr(module, "_mark", lambda ctx, batch, others, spec: marks.append("mark"))
+    monkeypatch.setattr(module, "_unmark", lambda ctx, batch: marks.append("unmark"))
     hosts = [Host(name=n, address=f"10.0.0.{i}", gpus=8, state_dir="~/s") for i, n in enumerate("abc", 1)]
-    state = SimpleNamespace(reports={"a": SimpleNamespace(outcome=outcome, facts={})}, data={},
-                            config=SimpleNamespace(hosts_of=lambda run: hosts), run=None,
-                            progress=lambda *a: None)
+    state = SimpleNamespace(reports={"a": SimpleNamespace(outcome=outcome, facts={})}, memory=FleetMemory(),
+                            config=SimpleNamespace(hosts_of=lambda run: hosts), run=None, stamp="s", rotation={},
+                            router=router, progress=lambda *a: None)
     spec = CanarySpec(window=30, interval=1, min_requests=50, inconclusive=inconclusive)
-    action = module._window(spec, (hosts[0],), lambda st, h: f"http://{h.name}:1")
-    return action, state, went_back, marks, router
+    body = module._window(spec, (hosts[0],), None)
+    return (lambda st: body(Ctx(st))), state, went_back, marks, router
 
 
 def test_the_window_promotes_a_canary_that_keeps_up(monkeypatch):
     from deploy.fleet import canary as module
 
     updates = []
-    monkeypatch.setattr(module, "_update_marks", lambda state, batch, decision: updates.append(decision.intervals))
+    monkeypatch.setattr(module, "_update_marks", lambda ctx, batch, decision: updates.append(decision.intervals))
     action, state, went_back, marks, router = run_window(monkeypatch, feed(30, 1.0))
     assert action(state).startswith("PROMOTED: acceptance")
     assert went_back == [] and marks == ["mark", "unmark"]
     assert router.asked == [(["http://a:1", "http://b:1", "http://c:1"], 1.0, 30.0)]
-    assert state.data["canary"]["outcome"] == "promote" and state.data["canary"]["action"] == "promoted"
+    assert state.memory.canary["outcome"] == "promote" and state.memory.canary["action"] == "promoted"
     assert state.reports["a"].facts["canary"]["outcome"] == "promote"
     assert updates and all(n % 10 == 0 for n in updates)  # the mark's figures, every 10 intervals while watching
 
@@ -359,7 +363,7 @@ def test_the_window_rolls_back_a_canary_that_accepts_less(monkeypatch):
         action(state)
     assert exc.value.exit_code == 12 and "canary: live acceptance" in str(exc.value)
     assert [cause for _, cause in went_back] == ["canary: live acceptance"]
-    assert state.data["canary"]["action"] == "rolled back, quarantined"
+    assert state.memory.canary["action"] == "rolled back, quarantined"
 
 
 @pytest.mark.parametrize("inconclusive", ["keep", "promote"])
@@ -382,7 +386,7 @@ def test_a_signal_in_the_window_goes_back_to_the_last_good_and_is_raised_again(m
     with pytest.raises(KeyboardInterrupt):
         action(state)
     assert went_back == [("a signal came during the canary window", None)] and marks == ["mark", "unmark"]
-    assert state.data["canary"]["outcome"] == "interrupted"
+    assert state.memory.canary["outcome"] == "interrupted"
 
 
 def test_no_window_when_the_canary_batch_deployed_nothing_new(monkeypatch):
@@ -406,7 +410,7 @@ def test_a_read_of_another_shape_ends_the_window_on_the_last_good_drafter(monkey
         action(state)
     assert went_back and went_back[0][0].startswith("the window's reads failed: a: canary read: no read of")
     assert went_back[0][1] is None and marks == ["mark", "unmark"]
-    assert state.data["canary"]["outcome"] == "failed"
+    assert state.memory.canary["outcome"] == "failed"
 
 
 def test_the_plain_fleet_report_says_the_canary_decision(capsys):

@@ -190,6 +190,7 @@ from types import SimpleNamespace  # noqa: E402
 
 from deploy.base.errors import ExitCode, RemoteOutputError, StepTimeout  # noqa: E402
 from deploy.fleet.router_watch import RouterLost, restart_with_healthy, watch  # noqa: E402
+from deploy.fleet.phases import Rotation  # noqa: E402
 
 
 class FakeRouter:
@@ -212,7 +213,9 @@ class FakeRouter:
 
 
 def fake_state():
-    return SimpleNamespace(data={}, reports={}, rotation={}, stamp="s")
+    from deploy.fleet.phases import FleetMemory
+
+    return SimpleNamespace(memory=FleetMemory(), reports={}, rotation={}, stamp="s")
 
 
 ALIVE = {"pid": 10, "alive": True, "status": 200}
@@ -221,7 +224,7 @@ ALIVE = {"pid": 10, "alive": True, "status": 200}
 def test_a_router_never_seen_is_not_running_yet_and_one_seen_then_gone_stops_the_roll():
     state = fake_state()
     assert watch(state, FakeRouter([{"pid": None, "alive": False}]), "x") is None
-    assert watch(state, FakeRouter([ALIVE]), "x") == ALIVE and state.data["router_pid"] == 10
+    assert watch(state, FakeRouter([ALIVE]), "x") == ALIVE and state.memory.router_pid == 10
     for gone, fragment in (({"pid": 10, "alive": False}, "died"), ({"pid": 11, "alive": True, "status": 200}, "replaced"),
                            ({"pid": 10, "alive": True, "status": None}, "stopped answering")):
         with pytest.raises(RouterLost) as lost:
@@ -239,10 +242,10 @@ def test_a_restarted_router_gets_every_healthy_replica_not_only_the_batch():
     hosts = [Host(name=n, address=f"10.0.0.{i}") for i, n in enumerate("abc", 1)]
     url = {h.name: f"http://{h.address}:30000" for h in hosts}
     state.reports = {"b": object()}          # b was the batch being redeployed and failed
-    state.rotation = {"b": {"out": 1.0}, "a": {"out": 0.5, "in": 0.7}}
+    state.rotation = {"b": Rotation(out=1.0), "a": Rotation(out=0.5, back=0.7)}
     router = FakeRouter([ALIVE], healthy=set(url.values()))
     text = restart_with_healthy(state, router, hosts, lambda h: url[h.name], lambda h: h.name != "b")
-    assert router.started == [[url["a"], url["c"]]] and state.data["router_pid"] == 999
+    assert router.started == [[url["a"], url["c"]]] and state.memory.router_pid == 999
     assert "restarted (pid 999)" in text and url["c"] in text
     router = FakeRouter([ALIVE], healthy={url["c"]})       # a does not answer /health now
     restart_with_healthy(fake_state(), router, hosts, lambda h: url[h.name], lambda h: True)
@@ -257,15 +260,15 @@ def test_a_router_restart_ends_the_rotation_clock_only_of_replicas_still_out():
     state = fake_state()
     hosts = [Host(name=n, address=f"10.0.0.{i}") for i, n in enumerate("abc", 1)]
     url = {h.name: f"http://{h.address}:30000" for h in hosts}
-    state.rotation = {"a": {"out": 1.0, "in": 20.0}, "b": {"out": 30.0}, "c": {"kept": 2.0}}
+    state.rotation = {"a": Rotation(out=1.0, back=20.0), "b": Rotation(out=30.0), "c": Rotation(kept=2.0)}
     restart_with_healthy(state, FakeRouter([ALIVE], healthy=set(url.values())), hosts, lambda h: url[h.name],
                          lambda h: True)
-    assert state.rotation["a"] == {"out": 1.0, "in": 20.0}
-    assert state.rotation["b"]["in"] > 30.0 and "in" not in state.rotation["c"]
-    state.rotation = {"a": {"out": 40.0, "in": 20.0}}  # back in, then out again (a later batch): in again now
+    assert state.rotation["a"] == Rotation(out=1.0, back=20.0)
+    assert state.rotation["b"].back > 30.0 and state.rotation["c"].back is None
+    state.rotation = {"a": Rotation(out=40.0, back=20.0)}  # back in, then out again (a later batch): in again now
     restart_with_healthy(state, FakeRouter([ALIVE], healthy=set(url.values())), hosts, lambda h: url[h.name],
                          lambda h: True)
-    assert state.rotation["a"]["in"] > 40.0
+    assert state.rotation["a"].back > 40.0
 
 
 # -- router log tails without escapes (priority 6) ------------------------------------------------
@@ -425,7 +428,7 @@ def test_the_batch_that_puts_back_restarts_a_dead_router_but_never_one_that_is_a
     url = {"a": "http://10.0.0.1:30000", "b": "http://10.0.0.2:30000"}
     args = (hosts, lambda h: url[h.name], lambda h: True)
     state = fake_state()
-    state.data["router_pid"] = 10
+    state.memory.router_pid = 10
     assert lost_or_restarted(state, FakeRouter([ALIVE]), "x", *args) is None          # as the run left it
     dead = FakeRouter([{"pid": 10, "alive": False}], healthy=set(url.values()))
     with pytest.raises(RouterLost) as lost:                                            # first to see it: stops
@@ -433,12 +436,12 @@ def test_the_batch_that_puts_back_restarts_a_dead_router_but_never_one_that_is_a
     assert "died while b was redeployed" in str(lost.value) and "restarted (pid 999)" in str(lost.value)
     assert dead.started == [list(url.values())]
     state = fake_state()
-    state.data.update(router_pid=10, router_died=True)                                 # an earlier phase saw it
+    state.memory.router_pid, state.memory.router_died = 10, True                                 # an earlier phase saw it
     again = FakeRouter([{"pid": None, "alive": False}], healthy={url["a"]})
     assert "restarted" in lost_or_restarted(state, again, "x", *args) and again.started == [[url["a"]]]
     hung = FakeRouter([{"pid": 10, "alive": True, "status": None}])
     state = fake_state()
-    state.data["router_pid"] = 10
+    state.memory.router_pid = 10
     with pytest.raises(RouterLost, match="stopped answering"):
         lost_or_restarted(state, hung, "x", *args)
     assert hung.started == []
