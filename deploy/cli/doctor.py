@@ -16,7 +16,7 @@ def command(globals_, run_name, host_names, as_json: bool) -> int:
     """Check every known silent EAGLE-3 failure on each host; reads, never changes (exit 0 / 8 / 4)."""
     from deploy.verbs import inspect
     from deploy.render import report as render
-    from deploy.cli.common import run_and_hosts
+    from deploy.verbs.selection import run_and_hosts
     from deploy.base.errors import ExitCode
 
     config = globals_.load()

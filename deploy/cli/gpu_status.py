@@ -16,7 +16,7 @@ def command(globals_, host_names: tuple[str, ...], group: str | None, as_json: b
     """Show GPU memory, utilisation and holder processes on each host (in parallel)."""
     from deploy.verbs import inspect
     from deploy.render import report as render
-    from deploy.cli.common import select_hosts
+    from deploy.verbs.selection import select_hosts
 
     config = globals_.load()
     hosts = select_hosts(config, list(host_names), group)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from deploy.cli import options
-from deploy.cli.common import run_and_hosts
+from deploy.verbs.selection import run_and_hosts
 
 
 @click.command("logs")

@@ -57,7 +57,7 @@ def command(globals_, run_name, host_names, as_json: bool, check: bool, watch_s:
             min_accept_fraction: float | None, min_throughput_fraction: float | None) -> int:
     """Live accept length, tok/s, requests, PID and drafter of each host's server, vs its last good one."""
     from deploy.verbs import status
-    from deploy.cli.common import run_and_hosts
+    from deploy.verbs.selection import run_and_hosts
     from deploy.base.errors import UsageError
 
     if check and watch_s is not None:

@@ -51,10 +51,12 @@ def reached(monkeypatch, tmp_path):
 
     def run_locked(config_path, config, command, playbook, run, hosts, progress, *, rollback=True, force=False,
                    runner=None):
+        from deploy.engine.run import RunReport
+
         calls.append((command, runner is not None, tuple(h.name for h in hosts)))
         if runner is None:
-            return []
-        return SimpleNamespace(reports=[], phases=[], error=None, rotation={}, exit_code=lambda: 0)
+            return RunReport([])
+        return RunReport([], SimpleNamespace(reports=[], phases=[], error=None, rotation={}, exit_code=lambda: 0))
 
     monkeypatch.setattr("deploy.engine.run.run_locked", run_locked)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
