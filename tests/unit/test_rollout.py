@@ -17,16 +17,9 @@ from deploy.config import load_config
 from deploy.base.errors import UsageError
 from deploy.fleet.rollout import Rollout
 
-BASE = """\
-hosts:
-  - {name: a, address: 10.0.0.1, groups: [g]}
-  - {name: b, address: 10.0.0.2, groups: [g]}
-  - {name: c, address: 10.0.0.3, groups: [g]}
-runs:
-  - name: r
-    base_model: /m
-    drafter: /d
-"""
+from tests.fixtures import fleet_config  # noqa: E402
+
+BASE = fleet_config()
 
 #: run shapes that decide differently: replicas behind a router (3, and 1: no smaller batch exists),
 #: hosts without a router, a node group
