@@ -236,3 +236,20 @@ def test_the_run_uses_the_store_entry_the_host_named(tmp_path):
     outcome = fix_keys.run(ctx)
     answered = world.home / "state dir" / "drafters" / outcome.data["fingerprint"][:32]
     assert answered.is_dir() and ctx.memory.drafter_path == f"~/state dir/drafters/{answered.name}"
+
+
+#: (state dir, the host's answer, the drafter path the run uses): the homes a host may expand ~ to
+ACCEPTED_ENTRIES = [
+    ("/var/lib/deployctl", f"/var/lib/deployctl/drafters/{ENTRY}", f"/var/lib/deployctl/drafters/{ENTRY}"),
+    ("~/.deployctl", f"/home/gpu/.deployctl/drafters/{ENTRY}", f"~/.deployctl/drafters/{ENTRY}"),
+    ("~/.deployctl", f"/.deployctl/drafters/{ENTRY}", f"~/.deployctl/drafters/{ENTRY}"),          # HOME=/
+    ("~", f"/root/drafters/{ENTRY}", f"~/drafters/{ENTRY}"),
+]
+
+
+@pytest.mark.parametrize("state_dir, answer, used", ACCEPTED_ENTRIES)
+def test_the_store_entry_the_host_names_is_used_in_the_configs_spelling(state_dir, answer, used):
+    from deploy.facts.fixer import store_entry_of
+
+    ctx = _ctx(state_dir)
+    assert store_entry_of(answer, ctx.paths.drafters, FINGERPRINT, "gpu-a") == used
