@@ -34,9 +34,10 @@ def command(globals_, host_names, draft_tokens, playbook_name, as_json, **kw) ->
 
     request = bench.BenchRequest(config_path=globals_.config_path, playbook=playbook_name,
                                  host_names=tuple(host_names), draft_tokens=tuple(draft_tokens), **kw)
+    prepared = bench.prepare(request, globals_.load())
     warn_ignore_doctor(request.ignore_doctor)
     progress = render.progress_printer()
-    result = bench.execute(request, globals_.load(), progress)
+    result = bench.execute(prepared, progress)
     if result.rounds is not None:
         _render_plan(result, as_json)
         return result.exit_code

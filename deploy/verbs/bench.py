@@ -1,6 +1,7 @@
 """``deployctl bench`` as one request and one engine call: its rounds planned (``--dry-run``) or
 run (deploy/verbs/bench_sweep.py's sweep, each round through the rollout and ``run_locked``), and
-the one exit code of the whole. The CLI renders the result and writes the report (deploy/cli/bench.py)."""
+the one exit code of the whole. ``prepare`` raises every refusal before a host is reached;
+``execute`` takes what it resolved. The CLI renders the result and writes the report (deploy/cli/bench.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from deploy.config.models import Config, Run
     from deploy.engine.playbook import Playbook
     from deploy.engine.records import Progress
+    from deploy.fleet.rollout import Rollout
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,22 @@ def _settings(request: BenchRequest) -> dict[str, dict[str, Any]]:
     return settings
 
 
-def execute(request: BenchRequest, config: Config, progress: Progress) -> BenchResult:
-    """Resolve (every refusal before a host is reached), then plan or run every round and the restore."""
+@dataclass(frozen=True)
+class Prepared:
+    """A bench request resolved against the config: what its dry run plans and its run runs."""
+
+    request: BenchRequest
+    config: Config
+    run: Run
+    hosts: list
+    rollout: Rollout
+    #: one run per round (``--draft-tokens`` applied and re-validated), in order
+    runs: list
+    playbook: Playbook
+
+
+def prepare(request: BenchRequest, config: Config) -> Prepared:
+    """Resolve (pure: no connection); every refusal (run, hosts, rollout, draft tokens, dataset) is raised here."""
     from deploy.engine.playbook import load_playbook
 
     run, hosts = run_and_hosts(config, request.run_name, request.host_names)
@@ -84,7 +100,13 @@ def execute(request: BenchRequest, config: Config, progress: Progress) -> BenchR
     playbook = with_dataset(playbook, request.dataset, request.config_path)
     for step, updates in settings.items():
         playbook = playbook.with_settings(step, **updates)
-    playbook = rollout.playbook(playbook)
+    return Prepared(request, config, run, hosts, rollout, runs, rollout.playbook(playbook))
+
+
+def execute(prepared: Prepared, progress: Progress) -> BenchResult:
+    """Plan (``dry_run``) or run every round and the restore of one prepared request."""
+    request, config, run, hosts = prepared.request, prepared.config, prepared.run, prepared.hosts
+    rollout, runs, playbook = prepared.rollout, prepared.runs, prepared.playbook
     if request.dry_run:
         from deploy.engine.plan import plan_playbook
 
@@ -92,9 +114,9 @@ def execute(request: BenchRequest, config: Config, progress: Progress) -> BenchR
         if runs[-1].draft_tokens != run.draft_tokens:
             stages.append((f"restore the configured deployment (draft tokens {run.draft_tokens})", run,
                            bench_sweep.restore_playbook(playbook)))
-        rounds = [PlannedRound(label, r, *rollout.with_run(r).plan(config, p, plan_playbook(p, r, hosts, lock=True),
-                                                                   None))
-                  for label, r, p in stages]
+        rounds = [PlannedRound(label, r, *rollout.with_run(r).plan(config, staged,
+                                                                   plan_playbook(staged, r, hosts, lock=True), None))
+                  for label, r, staged in stages]
         return BenchResult(request, run, playbook, 0, rounds=rounds)
 
     from deploy.engine.run import exit_code, run_locked
