@@ -6,7 +6,6 @@ from __future__ import annotations
 import click
 
 from deploy.cli import options
-from deploy.cli.common import doctor_override, rollout_of, run_and_hosts, with_dataset, with_draft_tokens
 
 
 @click.command("bench")
@@ -24,94 +23,75 @@ from deploy.cli.common import doctor_override, rollout_of, run_and_hosts, with_d
 @options.ignore_doctor
 @options.replace
 @click.pass_obj
-def command(globals_, run_name, host_names, draft_tokens, num_prompts, max_concurrency, input_len, output_len,
-            dataset, playbook_name, dry_run, as_json, ignore_doctor, replace) -> int:
+def command(globals_, host_names, draft_tokens, playbook_name, as_json, **kw) -> int:
     """Redeploy with each --draft-tokens value, verify acceptance, run sglang.bench_serving; compare.
 
     Ends serving the run's configured draft tokens (a sweep value is never recorded as the last good
     deployment) and writes bench/report-<time>.html and .json under the local state directory."""
+    from deploy.cli.common import warn_ignore_doctor
+    from deploy.render import report as render
+    from deploy.verbs import bench
+
+    request = bench.BenchRequest(config_path=globals_.config_path, playbook=playbook_name,
+                                 host_names=tuple(host_names), draft_tokens=tuple(draft_tokens), **kw)
+    prepared = bench.prepare(request, globals_.load())
+    warn_ignore_doctor(request.ignore_doctor)
+    progress = render.progress_printer()
+    result = bench.execute(prepared, progress)
+    if result.rounds is not None:
+        _render_plan(result, as_json)
+        return result.exit_code
+    return _render_sweep(result, as_json, progress)
+
+
+def _render_plan(result, as_json: bool) -> None:
+    from deploy.render import report as render
+
+    if as_json:
+        documents = [render.plan_document("bench", r.run.name, r.plans)
+                     | {"draft_tokens": r.run.draft_tokens, "stage": r.label}
+                     | ({"fleet": r.fleet_plan} if r.fleet_plan is not None else {})
+                     for r in result.rounds]
+        render.print_json({"command": "bench", "run": result.run.name, "dry_run": True, "sweep": documents})
+        return
+    from deploy.fleet.plan import print_fleet_plan
+
+    for r in result.rounds:
+        render.plan_text(f"bench ({r.label})", r.plans, render.console())
+        if r.fleet_plan is not None:
+            print_fleet_plan(r.fleet_plan)
+
+
+def _render_sweep(result, as_json: bool, progress) -> int:
+    """The sweep's table or document and its report files (a record: a failure to write is a warning)."""
     from deploy.local.state import LocalStateError
     from deploy.render import bench_report
-    from deploy.verbs import bench_sweep
     from deploy.render import report as render
-    from deploy.engine.plan import plan_playbook
-    from deploy.engine.run import exit_code, run_locked
-    from deploy.engine.playbook import load_playbook
+    from deploy.verbs import bench_sweep
 
-    config = globals_.load()
-    run, hosts = run_and_hosts(config, run_name, host_names)
-    rollout = rollout_of(config, run, "bench", host_names, playbook=playbook_name)
-    runs = [with_draft_tokens(run, t) for t in draft_tokens] or [run]
-    playbook = load_playbook(playbook_name)
-    updates = {k: v for k, v in (("num_prompts", num_prompts), ("max_concurrency", max_concurrency),
-                                 ("input_len", input_len), ("output_len", output_len)) if v is not None}
-    if updates:
-        playbook = playbook.with_settings("benchmark", **updates)
-    playbook = with_dataset(playbook, dataset, globals_.config_path)
-    for step, settings in doctor_override(ignore_doctor, replace).items():
-        playbook = playbook.with_settings(step, **settings)
-    playbook = rollout.playbook(playbook)
-    if dry_run:
-        plans = [(f"draft tokens {r.draft_tokens}", r, bench_sweep.round_playbook(playbook, r, run)) for r in runs]
-        if runs[-1].draft_tokens != run.draft_tokens:
-            plans.append((f"restore the configured deployment (draft tokens {run.draft_tokens})", run,
-                          bench_sweep.restore_playbook(playbook)))
-        # each round as its run plans it: a node group's ranks, a fleet's batches (the rollout's)
-        rounds = [(label, r, *rollout.with_run(r).plan(config, p, plan_playbook(p, r, hosts, lock=True), None))
-                  for label, r, p in plans]
-        if as_json:
-            documents = [render.plan_document("bench", r.name, host_plans)
-                         | {"draft_tokens": r.draft_tokens, "stage": label}
-                         | ({"fleet": fleet_plan} if fleet_plan is not None else {})
-                         for label, r, host_plans, fleet_plan in rounds]
-            render.print_json({"command": "bench", "run": run.name, "dry_run": True, "sweep": documents})
-        else:
-            from deploy import fleet
-
-            for label, r, host_plans, fleet_plan in rounds:
-                render.plan_text(f"bench ({label})", host_plans, render.console())
-                if fleet_plan is not None:
-                    fleet.print_fleet_plan(fleet_plan)
-        return 0
-    progress = render.progress_printer()
-
-    def run_round(round_playbook, round_run):
-        # a node group benches as one server, replicas behind a router in the rollout's batches
-        runner = rollout.with_run(round_run).runner(config, round_playbook, progress)
-        result = run_locked(globals_.config_path, config, "bench", round_playbook, round_run, hosts, progress,
-                            runner=runner)
-        if runner is None:
-            return result
-        for report in result.reports:  # a run-level failure (the router's pre-flight) fails the untouched hosts
-            report.error = report.error or result.error
-        return result.reports
-
-    result = bench_sweep.sweep(run_round, playbook, run, runs, hosts, progress)
-    table = bench_report.rows(result.rounds)
-    report = bench_report.document(run.name, run.draft_tokens, table, result.serving, drafter=run.drafter,
-                                   target=run.base_model, load=bench_sweep.benchmark_load(playbook))
+    sweep, run, code = result.sweep, result.run, result.exit_code
+    table = bench_report.rows(sweep.rounds)
+    report = bench_report.document(run.name, run.draft_tokens, table, sweep.serving, drafter=run.drafter,
+                                   target=run.base_model, load=bench_sweep.benchmark_load(result.playbook))
     json_path = html_path = None
     try:
         json_path, html_path = bench_report.write(report)
     except (OSError, LocalStateError) as exc:  # the report is a record, never a reason to fail the benchmark
         progress("*", "bench", f"WARNING: could not write the report: {exc}")
-    codes = [exit_code(reports) for _, reports in result.rounds] + \
-        ([exit_code(result.restore)] if result.restore is not None else [])
-    code = int(result.error.exit_code) if result.error is not None else int(next((c for c in codes if c != 0), 0))
     if as_json:
-        document = render.bench_document(run.name, result.rounds)
+        document = render.bench_document(run.name, sweep.rounds)
         # a sweep refused before its first round (a lock) has no failed round: its code says how it ended
-        render.print_json(document | result.to_dict()
+        render.print_json(document | sweep.to_dict()
                           | {"ok": document["ok"] and code == 0, "exit_code": code, "report": report["rows"],
                              "report_html": str(html_path) if html_path else None,
                              "report_json": str(json_path) if json_path else None})
     else:
         out = render.console()
-        render.bench_table(result.rounds, out)
-        for line in result.serving:
+        render.bench_table(sweep.rounds, out)
+        for line in sweep.serving:
             out.print(f"{line['host']} serves: {line['serves']}", markup=False)
         if html_path is not None:
             out.print(f"report: {html_path} (data: {json_path})", markup=False)
-    if result.error is not None:
-        raise result.error
+    if sweep.error is not None:
+        raise sweep.error
     return code

@@ -14,30 +14,12 @@ from deploy.cli import options
 @click.pass_obj
 def command(globals_, run_name, host_names, as_json: bool) -> int:
     """Check every known silent EAGLE-3 failure on each host; reads, never changes (exit 0 / 8 / 4)."""
-    from deploy.verbs import inspect
     from deploy.render import report as render
-    from deploy.cli.common import run_and_hosts
-    from deploy.base.errors import ExitCode
+    from deploy.verbs import inspect
 
-    config = globals_.load()
-    run, hosts = run_and_hosts(config, run_name, host_names)
-
-    results, code = [], ExitCode.OK
-    for outcome in inspect.doctor(config, run, hosts):
-        if outcome.error is not None:
-            error = outcome.error
-            checks = [{"name": "reachable", "status": "fail", "reason": str(error),
-                       "fix": "check the host's address, SSH key and known_hosts" if error.exit_code ==
-                       ExitCode.CONNECTION else "see the reason"}]
-            if code == ExitCode.OK:
-                code = ExitCode(error.exit_code)
-        else:
-            checks = [c.to_dict() for c in outcome.value]
-            if code == ExitCode.OK and any(c["status"] == "fail" for c in checks):
-                code = ExitCode.VERIFY
-        results.append((outcome.host.name, checks))
+    report = inspect.doctor_report(globals_.load(), run_name, host_names)
     if as_json:
-        render.print_json(render.doctor_document(results))
+        render.print_json(render.doctor_document(report.results))
     else:
-        render.doctor_tables(results, render.console())
-    return int(code)
+        render.doctor_tables(report.results, render.console())
+    return report.exit_code

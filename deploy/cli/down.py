@@ -5,14 +5,13 @@ from __future__ import annotations
 import click
 
 from deploy.cli import options
-from deploy.cli.common import execute
+from deploy.cli.common import execute, request_of
 
 
 @click.command("down")
 @options.deploy_options
 @click.option("--free-gpus", is_flag=True, help="Also fuser -k the GPU device files and wait until free.")
 @click.pass_obj
-def command(globals_, free_gpus: bool, **kw) -> int:
+def command(globals_, playbook_name: str | None, as_json: bool, **kw) -> int:
     """Stop the server deployctl launched (by its PID file first)."""
-    overrides = {"free-gpus": {"enabled": True}, "wait-gpus-free": {"enabled": True}} if free_gpus else {}
-    return execute(globals_, "down", "down", overrides=overrides, **kw)
+    return execute(globals_, request_of(globals_, "down", playbook_name or "down", **kw), as_json)

@@ -14,24 +14,19 @@ from deploy.cli import options
 @click.pass_obj
 def command(globals_, host_names: tuple[str, ...], group: str | None, as_json: bool) -> int:
     """Show GPU memory, utilisation and holder processes on each host (in parallel)."""
-    from deploy.verbs import inspect
     from deploy.render import report as render
-    from deploy.cli.common import select_hosts
+    from deploy.verbs import inspect
 
-    config = globals_.load()
-    hosts = select_hosts(config, list(host_names), group)
-    outcomes = inspect.gpu_status(config, hosts)
-    routers = inspect.router_status(config, hosts)
-    endpoints = inspect.describe_endpoints(hosts, config)
+    report = inspect.gpu_status_report(globals_.load(), host_names, group)
     if as_json:
-        document = render.gpu_status_document(outcomes, endpoints)
-        if routers:
-            document["routers"] = routers
+        document = render.gpu_status_document(report.outcomes, report.endpoints)
+        if report.routers:
+            document["routers"] = report.routers
         render.print_json(document)
     else:
-        render.gpu_status_tables(outcomes, render.console(), endpoints)
-        if routers:
+        render.gpu_status_tables(report.outcomes, render.console(), report.endpoints)
+        if report.routers:
             from deploy.fleet.plan import print_router_status
 
-            print_router_status(routers)
-    return int(inspect.exit_code(outcomes))
+            print_router_status(report.routers)
+    return report.exit_code

@@ -25,13 +25,9 @@ class Globals:
     accept_new_host_keys: bool
 
     def load(self):
-        from deploy.config import load_config
+        from deploy.verbs.selection import load_config
 
-        config = load_config(self.config_path)
-        if self.accept_new_host_keys:
-            ssh = config.ssh.model_copy(update={"host_key_policy": "accept-new"})
-            config = config.model_copy(update={"ssh": ssh})
-        return config
+        return load_config(self.config_path, self.accept_new_host_keys)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

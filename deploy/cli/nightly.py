@@ -69,47 +69,29 @@ def _progress(log):
 @options.retry_failed
 @options.fleet
 @click.pass_obj
-def command(globals_, run_name, host_names, playbook_name, force, no_rollback, min_accept_fraction,
-            min_throughput_fraction, dataset, as_json, replace, retry_failed, serial, allow_downtime) -> int:
+def command(globals_, playbook_name: str, as_json: bool, **kw) -> int:
     """Lock, converge to the drafter now at the configured path, verify, benchmark, gate, roll back on failure."""
-    from deploy import fleet
+    from deploy.cli.common import request_of, write_canary_report
     from deploy.render import report as render
-    from deploy.cli.common import rollout_of, run_and_hosts, with_dataset, write_canary_report
-    from deploy.engine.run import exit_code, run_locked
-    from deploy.engine.playbook import load_playbook
+    from deploy.verbs import deploy
 
-    config = globals_.load()
-    run, hosts = run_and_hosts(config, run_name, host_names)
-    rollout = rollout_of(config, run, "nightly", host_names, serial, allow_downtime, playbook=playbook_name)
-    playbook = load_playbook(playbook_name)
-    gate = {k: v for k, v in (("min_accept_fraction", min_accept_fraction),
-                              ("min_throughput_fraction", min_throughput_fraction)) if v is not None}
-    if gate:
-        playbook = playbook.with_settings("regression-gate", **gate)
-    # the gate compares only records of the same dataset (sha256) and load: a bad file exits 3 here
-    playbook = with_dataset(playbook, dataset, globals_.config_path)
-    from deploy.cli.common import doctor_override
-
-    for step, settings in doctor_override(False, replace, retry_failed).items():
-        playbook = playbook.with_settings(step, **settings)
-    playbook = rollout.playbook(playbook)
+    # every refusal (run, hosts, rollout, dataset: the gate compares only records of the same dataset
+    # and load) before the log file is made
+    prepared = deploy.prepare(request_of(globals_, "nightly", playbook_name, **kw), globals_.load())
+    run, hosts = prepared.run, prepared.hosts
     path, log = _log_file()
     with log:
         progress = _progress(log)
         progress("*", "nightly", f"run {run.name}, hosts {', '.join(h.name for h in hosts)}, log {path}")
-        result = None
-        if rollout.phased:
-            result = run_locked(globals_.config_path, config, "nightly", playbook, run, hosts, progress,
-                                rollback=not no_rollback, force=force,
-                                runner=rollout.runner(config, playbook, progress))
-            reports = result.reports
-            write_canary_report(result, run.name, progress)
-        else:
-            reports = run_locked(globals_.config_path, config, "nightly", playbook, run, hosts, progress,
-                                 rollback=not no_rollback, force=force)
+        result = deploy.run(prepared, progress)
+        if result.fleet is not None:
+            write_canary_report(result.fleet, run.name, progress)
+        reports = result.reports
         document = render.report_document("nightly", run.name, reports) | {"log_file": str(path)}
-        if result is not None:
-            document["fleet"] = fleet.fleet_report(result)
+        if result.fleet is not None:
+            from deploy.fleet.plan import fleet_report
+
+            document["fleet"] = fleet_report(result.fleet)
         render.print_json(document, log)
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if as_json:
@@ -119,4 +101,4 @@ def command(globals_, run_name, host_names, playbook_name, force, no_rollback, m
         else:
             for line in render.plain_report_lines("nightly", reports, stamp):
                 click.echo(line)
-    return int(result.exit_code() if result is not None else exit_code(reports))
+    return result.exit_code

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from deploy.cli import options
-from deploy.cli.common import execute
+from deploy.cli.common import execute, request_of
 
 
 @click.command("plan")
@@ -15,6 +15,6 @@ from deploy.cli.common import execute
 @options.draft_tokens
 @options.as_json("The plan as a JSON document (launch argv as a list).")
 @click.pass_obj
-def command(globals_, playbook: str, run_name, host_names, draft_tokens, as_json) -> int:
+def command(globals_, playbook: str, as_json: bool, **kw) -> int:
     """Print, per host, every command PLAYBOOK (up, restart, down or a file) would run; change nothing."""
-    return execute(globals_, "plan", playbook, run_name, host_names, draft_tokens, None, True, as_json)
+    return execute(globals_, request_of(globals_, "plan", playbook, **kw), as_json)

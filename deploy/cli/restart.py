@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from deploy.cli import options
-from deploy.cli.common import doctor_override, execute
+from deploy.cli.common import execute, request_of
 
 
 @click.command("restart")
@@ -23,11 +23,7 @@ from deploy.cli.common import doctor_override, execute
                    "rollout.canary window (default 10m) and is promoted or rolled back on its live acceptance "
                    "and speed (docs/fleets.md).")
 @click.pass_obj
-def command(globals_, ignore_doctor: bool, replace: bool, retry_failed: bool, drafter_update: str | None,
-            **kw) -> int:
+def command(globals_, playbook_name: str | None, as_json: bool, **kw) -> int:
     """After a checkpoint change: doctor, re-fix if the drafter changed, then swap it into the running
     server (opted in, only its tensors changed) or stop, free, launch, wait."""
-    overrides = doctor_override(ignore_doctor, replace, retry_failed)
-    if drafter_update is not None:
-        overrides["swap-drafter"] = {"mode": drafter_update}
-    return execute(globals_, "restart", "restart", overrides=overrides, **kw)
+    return execute(globals_, request_of(globals_, "restart", playbook_name or "restart", **kw), as_json)

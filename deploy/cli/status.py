@@ -56,37 +56,22 @@ def command(globals_, run_name, host_names, as_json: bool, check: bool, watch_s:
             prom_file: Path | None, probe: bool, window_s: float, playbook_name: str,
             min_accept_fraction: float | None, min_throughput_fraction: float | None) -> int:
     """Live accept length, tok/s, requests, PID and drafter of each host's server, vs its last good one."""
-    from deploy.verbs import status
-    from deploy.cli.common import run_and_hosts
     from deploy.base.errors import UsageError
+    from deploy.verbs import status
 
     if check and watch_s is not None:
         raise UsageError("--check reads once and exits with its verdict; it cannot be combined with --watch")
     if rounds is not None and watch_s is None:
         raise UsageError("--rounds needs --watch")
-    config = globals_.load()
-    run, hosts = run_and_hosts(config, run_name, host_names)
-    gate = status.gate_of(playbook_name, min_accept_fraction=min_accept_fraction,
-                          min_throughput_fraction=min_throughput_fraction)
-
-    def read():
-        readings = status.gather(config, run, hosts, gate, window_s=window_s, probe=4 if probe else 0)
-        router = status.read_router_of(config, run, readings)
-        if prom_file is not None:
-            try:
-                status.write_prom_file(prom_file, status.prom_text(run, readings, router=router))
-            except OSError as exc:
-                from deploy.base.errors import DeployError, ExitCode
-
-                raise DeployError(f"--prom-file {prom_file}: cannot write: {exc.strerror or exc}",
-                                  exit_code=ExitCode.IO) from None
-        return readings, router
-
+    reader = status.status_reader(globals_.load(), run_name, host_names, playbook_name=playbook_name,
+                                  min_accept_fraction=min_accept_fraction,
+                                  min_throughput_fraction=min_throughput_fraction, window_s=window_s, probe=probe,
+                                  prom_file=prom_file)
     if watch_s is None:
-        readings, router = read()
-        _show_once(run, readings, gate, as_json, check, router)
+        readings, router = reader.read()
+        _show_once(reader.run, readings, reader.gate, as_json, check, router)
         return status.exit_code(readings, check, router)
-    return _watch(run, gate, read, watch_s, rounds, as_json)
+    return _watch(reader.run, reader.gate, reader.read, watch_s, rounds, as_json)
 
 
 def _show_once(run, readings, gate, as_json: bool, check: bool, router=None) -> None:

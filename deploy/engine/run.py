@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,23 @@ from deploy.ssh.transport import JumpConnections
 if TYPE_CHECKING:
     from deploy.engine.playbook import Playbook
 
-__all__ = ["exit_code", "mark_interrupted", "run_locked", "run_playbook"]
+__all__ = ["RunReport", "exit_code", "mark_interrupted", "run_locked", "run_playbook"]
+
+
+@dataclass
+class RunReport:
+    """What ``run_locked`` returns, whatever ran: every host's report and, when a runner ran (a fleet's
+    phases, a node group, ``down`` behind a router: deploy/fleet/), the runner's own result, whose
+    ``exit_code()`` then decides (a run-level failure, the router's pre-flight, fails the run)."""
+
+    reports: list[HostReport]
+    #: the runner's result (fleet.phases.RunResult or DownResult); None: one parallel playbook ran
+    phased: Any = None
+
+    def exit_code(self) -> ExitCode:
+        if self.phased is not None:
+            return ExitCode(self.phased.exit_code())
+        return exit_code(self.reports)
 
 
 def run_playbook(config: Config, playbook: Playbook, run: Run, hosts: Sequence[Host],
@@ -56,11 +73,11 @@ def mark_interrupted(reports: Sequence[HostReport], code: int, signal_name: str 
 
 
 def run_locked(config_path, config: Config, command: str, playbook: Playbook, run: Run, hosts: Sequence[Host],
-               progress: Progress, *, rollback: bool = True, force: bool = False, runner=None):
+               progress: Progress, *, rollback: bool = True, force: bool = False, runner=None) -> RunReport:
     """Run a playbook that changes hosts: local lock per config and run, host locks, history.
 
     ``runner(options)``: a fleet's run-level phases instead of one parallel playbook
-    (deploy/fleet/); it returns a RunResult, which is what this returns then.
+    (deploy/fleet/); its result (with ``reports`` and ``exit_code()``) is the RunReport's ``phased``.
     """
     from contextlib import ExitStack
 
@@ -84,12 +101,12 @@ def run_locked(config_path, config: Config, command: str, playbook: Playbook, ru
             raise
         try:
             options = RunOptions(command=command, lock=True, owner=owner, rollback=rollback, force=force)
-            result: Any
             if runner is not None:
-                result = runner(options)
-                reports = result.reports
+                phased = runner(options)
+                result = RunReport(phased.reports, phased)
             else:
-                result = reports = run_playbook(config, playbook, run, hosts, progress, options)
+                result = RunReport(run_playbook(config, playbook, run, hosts, progress, options))
+            reports = result.reports
         except KeyboardInterrupt as interrupt:
             # Ctrl-C: no rollback, but say what each host was left running, and record it.
             partial = [o.value for o in getattr(interrupt, "outcomes", []) if o.value is not None]

@@ -162,6 +162,42 @@ def parse_fixer_summary(exit_code: int, stdout: str, stderr: str, source: str) -
         ) from None
 
 
+#: a store entry's name: the fingerprint's first 32 hex digits (deploy/remote/fixer/store.py ``store_entry``)
+ENTRY_NAME = re.compile(r"^[0-9a-f]{32}$")
+
+
+def store_entry_of(answer: str, store: str, fingerprint: str, source: str) -> str:
+    """The drafter's store entry as the host named it (``FixerSummary.store``), checked and spelled as
+    the controller spells ``store`` (the ``--store`` it sent).
+
+    The fixer expands ``~`` (``os.path.expanduser``), so a ``~/...`` state dir comes back as
+    ``/home/<user>/...``; the entry is given back as ``<store>/<name>`` so that the launch argv and the
+    deployment record keep the config's spelling (a deployment recorded before would otherwise look
+    changed and be redeployed). Anything but an absolute, normalised ``<store>/<fingerprint[:32]>`` is
+    a RemoteOutputError naming the host."""
+    import posixpath
+
+    def refuse(why: str) -> RemoteOutputError:
+        return RemoteOutputError(f"{source}: the key fixer named {answer[:300]!r} as the drafter's store entry: "
+                                 f"{why} (expected {store}/<the fingerprint's first 32 hex digits>)")
+
+    if not answer.startswith("/") or posixpath.normpath(answer) != answer or "\n" in answer or "\0" in answer:
+        raise refuse("not an absolute, normalised path")
+    parent, name = posixpath.split(answer)
+    if not ENTRY_NAME.match(name) or name != fingerprint[:32]:
+        raise refuse(f"its name is not the fingerprint's first 32 hex digits ({fingerprint[:32]})")
+    if store.startswith("~"):
+        rest = store[1:].rstrip("/")       # "~/state/drafters" -> "/state/drafters"; the home is the host's
+        # the host's home is what precedes it: absolute, or empty where HOME is / itself
+        home = parent[:len(parent) - len(rest)] if parent.endswith(rest) else None
+        inside = home is not None and (home == "" or home.startswith("/")) and rest.startswith("/")
+    else:
+        inside = parent == posixpath.normpath(store)
+    if not inside:
+        raise refuse(f"it is not in the drafter store {store}")
+    return store.rstrip("/") + "/" + name
+
+
 class DrafterFingerprint(_Strict):
     """``fixer.pyz --fingerprint -- DRAFTER``: what fix-keys would call the drafter (read-only)."""
 

@@ -9,7 +9,8 @@ deploy/remote/fixer/store.py): fingerprint the drafter, reuse its converted copy
 checkpoint is never modified), fingerprint again (a checkpoint still being written tears the
 copy), convert and verify against the installed SGLang's loader, publish, and keep the
 ``keep_drafters`` most recently used drafters plus the last good one. It answers with one JSON
-summary (deploy/facts/fixer.py).
+summary (deploy/facts/fixer.py) naming the store entry it used: that answer, checked to be
+``<store>/<fingerprint[:32]>`` (``store_entry_of``), is the drafter path the launch uses.
 
 The SGLang version comes from the doctor step of the same run when it ran (``ctx.memory``);
 otherwise the fixer reads it from the package metadata under ``sglang_python`` in the same command.
@@ -22,7 +23,8 @@ from typing import Literal
 from pydantic import Field
 
 from deploy.base.errors import DeployError, RemoteOutputError, VerificationFailed
-from deploy.facts.fixer import FixerFailure, FixerSummary, exit_code_of, parse_fixer_summary, parse_sglang_version
+from deploy.facts.fixer import (FixerFailure, FixerSummary, exit_code_of, parse_fixer_summary, parse_sglang_version,
+                                store_entry_of)
 from deploy.facts.server import last_good_path
 from deploy.base.shell import path_join, quote, quote_path
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
@@ -62,6 +64,10 @@ def fingerprint_command(ctx: StepContext) -> str:
 
 
 def store_path(ctx: StepContext, fingerprint: str) -> str:
+    """The rule ``fixer.pyz store`` follows (deploy/remote/fixer/store.py ``store_entry``), for what is
+    shown before the host answers: the plan, and the fleet's pre-drain probe (which reads only the
+    fingerprint). A run uses the host's own answer (``outcome_of``); tests/unit/test_fix_keys_step.py
+    ties the two."""
     return path_join(ctx.paths.drafters, fingerprint[:32])
 
 
@@ -103,7 +109,7 @@ def action(ctx: StepContext) -> Command:
 def plan(ctx: StepContext) -> list[Command]:
     # what the later steps' plans show for the values this step learns on the host
     ctx.memory.drafter_fingerprint = ctx.memory.drafter_fingerprint or "<drafter fingerprint>"
-    ctx.memory.drafter_path = ctx.memory.drafter_path or path_join(ctx.paths.drafters, "<drafter fingerprint>")
+    ctx.memory.drafter_path = ctx.memory.drafter_path or store_path(ctx, "<drafter fingerprint>")
     return [action(ctx)]
 
 
@@ -116,7 +122,7 @@ def outcome_of(ctx: StepContext, summary: FixerSummary | FixerFailure) -> StepOu
     source, drafter = ctx.host.name, ctx.run.drafter
     if isinstance(summary, FixerFailure):
         raise DeployError(f"{source}: key fix of {drafter}: {summary.error}", exit_code=exit_code_of(summary.code, source))
-    store = store_path(ctx, summary.fingerprint)
+    store = store_entry_of(summary.store, ctx.paths.drafters, summary.fingerprint, source)  # the host's answer
     ctx.memory.drafter_fingerprint, ctx.memory.drafter_path = summary.fingerprint, store
     if summary.status == "no_sglang_version":
         read = summary.sglang_version_read

@@ -6,6 +6,7 @@ there), below the CLI (which never talks SSH itself).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from deploy.config.models import Config, Host, Run
@@ -13,8 +14,88 @@ from deploy.engine.plan import describe_endpoints
 from deploy.engine.fanout import exit_code, for_each_host
 from deploy.ssh.transport import HostConnection, JumpConnections
 
-__all__ = ["describe_endpoints", "doctor", "exit_code", "follow_log", "gpu_status", "latest_log_path", "read_logs", "read_router",
-           "router_status"]
+__all__ = ["DoctorReport", "GpuStatusReport", "LogsReport", "describe_endpoints", "doctor", "doctor_report", "exit_code",
+           "follow_log", "follow_run_log", "gpu_status", "gpu_status_report", "latest_log_path", "logs_report",
+           "read_logs", "read_router", "router_status"]
+
+
+@dataclass
+class GpuStatusReport:
+    """``deployctl gpu-status``: every host's GPUs (HostOutcome[list[GpuRow]]), the routers running on
+    them, their ssh endpoints, and the exit code."""
+
+    outcomes: list
+    routers: list[dict[str, Any]]
+    endpoints: dict[str, dict]
+    exit_code: int
+
+
+def gpu_status_report(config: Config, host_names: Sequence[str], group: str | None) -> GpuStatusReport:
+    from deploy.verbs.selection import select_hosts
+
+    hosts = select_hosts(config, list(host_names), group)
+    outcomes = gpu_status(config, hosts)
+    routers = router_status(config, hosts)
+    return GpuStatusReport(outcomes, routers, describe_endpoints(hosts, config), int(exit_code(outcomes)))
+
+
+@dataclass
+class DoctorReport:
+    """``deployctl doctor``: per host (in order) its checks as dicts, and the exit code: the first
+    unreachable host's code, else 8 when a check failed, else 0."""
+
+    results: list[tuple[str, list[dict[str, Any]]]]
+    exit_code: int
+
+
+def doctor_report(config: Config, run_name: str | None, host_names: Sequence[str]) -> DoctorReport:
+    from deploy.base.errors import ExitCode
+    from deploy.verbs.selection import run_and_hosts
+
+    run, hosts = run_and_hosts(config, run_name, tuple(host_names))
+    results, code = [], ExitCode.OK
+    for outcome in doctor(config, run, hosts):
+        if outcome.error is not None:
+            error = outcome.error
+            checks = [{"name": "reachable", "status": "fail", "reason": str(error),
+                       "fix": "check the host's address, SSH key and known_hosts" if error.exit_code ==
+                       ExitCode.CONNECTION else "see the reason"}]
+            if code == ExitCode.OK:
+                code = ExitCode(error.exit_code)
+        else:
+            checks = [c.to_dict() for c in outcome.value]
+            if code == ExitCode.OK and any(c["status"] == "fail" for c in checks):
+                code = ExitCode.VERIFY
+        results.append((outcome.host.name, checks))
+    return DoctorReport(results, int(code))
+
+
+@dataclass
+class LogsReport:
+    """``deployctl logs``: the run, each host's latest log (HostOutcome[str]) and the exit code."""
+
+    run: Run
+    outcomes: list
+    exit_code: int
+
+
+def logs_report(config: Config, run_name: str | None, host_names: Sequence[str], lines: int) -> LogsReport:
+    from deploy.verbs.selection import run_and_hosts
+
+    run, hosts = run_and_hosts(config, run_name, tuple(host_names))
+    outcomes = read_logs(config, hosts, lines)
+    return LogsReport(run, outcomes, int(exit_code(outcomes)))
+
+
+def follow_run_log(config: Config, run_name: str | None, host_names: Sequence[str], lines: int) -> None:
+    """``logs --follow``: one host's log, followed until Ctrl-C."""
+    from deploy.base.errors import UsageError
+    from deploy.verbs.selection import run_and_hosts
+
+    _, hosts = run_and_hosts(config, run_name, tuple(host_names))
+    if len(hosts) != 1:
+        raise UsageError("--follow needs exactly one host (use --host NAME)")
+    follow_log(config, hosts[0], lines)
 
 
 def gpu_status(config: Config, hosts: Sequence[Host]) -> list:

@@ -272,6 +272,40 @@ def gather(config: Config, run: Run, hosts: Sequence[Host], gate: Gate, *, windo
     return readings
 
 
+@dataclass(frozen=True)
+class StatusReader:
+    """``deployctl status`` resolved: the run, its gate, and ``read()``, one round of every host's
+    reading and the router's (the ``--prom-file`` written after each round)."""
+
+    run: Run
+    gate: Gate
+    read: Callable[[], tuple[list[HostReading], RouterReading | None]]
+
+
+def status_reader(config: Config, run_name: str | None, host_names: Sequence[str], *, playbook_name: str,
+                  min_accept_fraction: float | None, min_throughput_fraction: float | None, window_s: float,
+                  probe: bool, prom_file: Path | None) -> StatusReader:
+    """Resolve the run, its hosts and gate (every refusal here, nothing read yet) and the reader."""
+    from deploy.verbs.selection import run_and_hosts
+
+    run, hosts = run_and_hosts(config, run_name, tuple(host_names))
+    gate = gate_of(playbook_name, min_accept_fraction=min_accept_fraction,
+                   min_throughput_fraction=min_throughput_fraction)
+
+    def read() -> tuple[list[HostReading], RouterReading | None]:
+        readings = gather(config, run, hosts, gate, window_s=window_s, probe=4 if probe else 0)
+        router = read_router_of(config, run, readings)
+        if prom_file is not None:
+            try:
+                write_prom_file(prom_file, prom_text(run, readings, router=router))
+            except OSError as exc:
+                raise DeployError(f"--prom-file {prom_file}: cannot write: {exc.strerror or exc}",
+                                  exit_code=ExitCode.IO) from None
+        return readings, router
+
+    return StatusReader(run, gate, read)
+
+
 def exit_code(readings: Sequence[HostReading], check: bool, router: RouterReading | None = None) -> int:
     """Without --check: 0 unless a host (or the router host) could not be read (its code). With it,
     the first host's non-zero code in config order: 12 regression, 1 not serving, 4 unreachable, 5

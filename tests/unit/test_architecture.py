@@ -226,7 +226,7 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     }),
     # the read-only verbs and sweeps
     ("verbs", {
-        "deploy.verbs": ("__init__", "bench_sweep", "inspect", "status"),
+        "deploy.verbs": ("__init__", "bench", "bench_sweep", "deploy", "inspect", "selection", "status"),
     }),
     # what a person reads
     ("render", {

@@ -13,7 +13,7 @@ import pytest
 from deploy.render import bench_report
 from deploy.verbs import bench_sweep
 from deploy.local import datasets
-from deploy.cli.common import with_dataset
+from deploy.verbs.selection import with_dataset
 from deploy.base.errors import ConfigError, DeployError, ExitCode
 from deploy.engine.playbook import load_playbook
 from deploy.steps.record_good import keep_bar

@@ -18,17 +18,9 @@ from deploy.fleet.phases import HostPhase
 from deploy.fleet.rollout import Rollout
 from deploy.local.canary_gate import Side
 
-BASE = """\
-hosts:
-  - {name: a, address: 10.0.0.1, groups: [g]}
-  - {name: b, address: 10.0.0.2, groups: [g]}
-  - {name: c, address: 10.0.0.3, groups: [g]}
-runs:
-  - name: r
-    group: g
-    base_model: /m
-    drafter: /d
-"""
+from tests.fixtures import fleet_config  # noqa: E402
+
+BASE = fleet_config("    group: g\n")
 
 
 def config(tmp_path: Path, extra: str = "    router: {host: a}\n"):

@@ -18,11 +18,11 @@ from types import SimpleNamespace
 import pytest
 
 from deploy.base.errors import Interrupted
-from deploy.config.models import Host, SSHSettings
+from deploy.config.models import SSHSettings
 from deploy.ssh.process_group import split_group_mark, stop_group_command
 from deploy.ssh.transport import HostConnection
 
-HOST = Host(name="h", address="127.0.0.1", state_dir="/var/lib/x")
+from tests.fixtures import LOOPBACK_HOST as HOST  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")
 

@@ -119,10 +119,14 @@ def test_a_bug_on_one_host_keeps_the_others_and_its_traceback(flag, capsys):
 
 
 def test_the_cli_never_talks_ssh_itself():
-    """deploy/cli parses, resolves, calls the orchestrator and renders: no transport, shell or steps."""
+    """deploy/cli parses, calls one verb and renders: no transport, shell, steps or facts, and (issue 37)
+    no engine or fleet runner either (a verb in deploy/verbs/ resolves and runs; the CLI takes only the
+    fleet's printers, deploy.fleet.plan)."""
     import ast
 
-    forbidden = ("deploy.ssh.transport", "deploy.base.shell", "deploy.steps", "deploy.engine.fanout", "deploy.facts")
+    forbidden = ("deploy.ssh", "deploy.base.shell", "deploy.steps", "deploy.engine", "deploy.facts",
+                 "deploy.fleet.rolling", "deploy.fleet.rollout", "deploy.fleet.phases", "deploy.fleet.nodes",
+                 "deploy.fleet.router", "deploy.fleet.canary")
     cli_dir = REPO / "deploy" / "cli"
     offenders = []
     for path in sorted(cli_dir.glob("*.py")):
@@ -164,3 +168,31 @@ def test_draft_tokens_bounds_come_from_the_model(capsys, verb, tokens):
     assert main(["-c", EXAMPLE, *verb, "--draft-tokens", tokens]) == ExitCode.USAGE
     err = capsys.readouterr().err
     assert f"--draft-tokens {tokens}" in err and ("greater than or equal to 2" in err or "less than or equal to 64" in err)
+
+
+def test_the_deploy_verbs_parse_into_one_request_and_make_one_engine_call(monkeypatch, tmp_path):
+    """issue 37: the command line becomes one DeployRequest; one call (verbs.deploy.execute) answers it."""
+    from deploy.verbs import deploy
+    from deploy.verbs.deploy import DeployRequest, DeployResult
+
+    seen: list[DeployRequest] = []
+
+    def execute(request, config, progress):
+        seen.append(request)
+        return DeployResult(request, config.runs[0], 7, plans={}, endpoints={})
+
+    monkeypatch.setattr(deploy, "execute", execute)
+    monkeypatch.setattr("deploy.render.report.plan_text", lambda *a, **k: None)
+    config = str(REPO / "configs" / "kimi-k25-eagle3.yaml")
+    assert main(["-c", config, "restart", "--dry-run", "--host", "kimi-a", "--swap-drafter", "--serial", "1",
+                 "--ignore-doctor"]) == 7
+    assert main(["-c", config, "down", "--free-gpus"]) == 7
+    assert main(["-c", config, "plan", "down", "--draft-tokens", "5"]) == 7
+    restart, down, plan = seen
+    assert (restart.verb, restart.playbook, restart.host_names, restart.dry_run, restart.serial) == \
+        ("restart", "restart", ("kimi-a",), True, 1)
+    assert restart.drafter_update == "swap" and restart.ignore_doctor and not restart.canary
+    assert (down.verb, down.playbook, down.free_gpus, down.dry_run) == ("down", "down", True, False)
+    assert (plan.verb, plan.playbook, plan.draft_tokens, plan.plans_only) == ("plan", "down", 5, True)
+    assert deploy.step_settings(restart) == {"doctor": {"ignore": True}, "swap-drafter": {"mode": "swap"}}
+    assert deploy.step_settings(down) == {"free-gpus": {"enabled": True}, "wait-gpus-free": {"enabled": True}}

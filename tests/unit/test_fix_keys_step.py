@@ -161,3 +161,95 @@ def test_a_link_out_of_the_drafter_is_not_copied_and_the_step_says_so(tmp_path):
     assert not (entry / "base-model").exists()
     assert any(str(world.drafter / "base-model") in note for note in outcome.data["skipped"])
     assert "not followed" in outcome.detail and "base-model" in outcome.detail
+
+
+# ---- the store entry: the rule the plan shows, the host's answer the run uses -------------------
+
+FINGERPRINT = "722d678167a1027796eab5af7600f5e46a04e019d293b07cc0184d8ed7a4c111"
+ENTRY = FINGERPRINT[:32]
+
+
+def _ctx(state_dir: str) -> StepContext:
+    host = Host(name="gpu-a", address="10.1.2.3", state_dir=state_dir)
+    run = Run(name="r", hosts=["gpu-a"], base_model="/m", drafter="/d")
+    return StepContext(host=host, run=run, settings=fix_keys.Settings(step="fix-keys"), conn=None,
+                       launch_stamp="x", memory=StepMemory())
+
+
+@pytest.mark.parametrize("state_dir", ["/var/lib/deployctl", "/srv/deploy ctl", "~/.deployctl", "~/state dir", "~"])
+def test_the_plans_store_path_is_the_fixers_own_rule(state_dir):
+    # one rule, two sides: the controller shows it before the host answers, the fixer makes the entry
+    # (deploy/remote/fixer/store.py store_entry, after the host's os.path.expanduser of --store)
+    import posixpath
+
+    from deploy.facts.fixer import store_entry_of
+    from deploy.remote.fixer.store import store_entry
+
+    ctx = _ctx(state_dir)
+    home = "/home/gpu user"
+    expand = lambda p: home + p[1:] if p.startswith("~") else p  # noqa: E731  (the host's expanduser)
+    on_host = store_entry(expand(ctx.paths.drafters), FINGERPRINT)
+    assert expand(fix_keys.store_path(ctx, FINGERPRINT)) == on_host
+    assert posixpath.dirname(on_host) == expand(ctx.paths.drafters)
+    # the host's answer, read back, is the config's spelling: a `~` state dir keeps its recorded argv
+    assert store_entry_of(on_host, ctx.paths.drafters, FINGERPRINT, "gpu-a") == fix_keys.store_path(ctx, FINGERPRINT)
+
+
+#: (state dir, what the host answered as the store entry): each one refused, naming the host
+REFUSED_ENTRIES = [
+    ("/var/lib/deployctl", f"/var/lib/other/drafters/{ENTRY}"),          # another store
+    ("/var/lib/deployctl", f"var/lib/deployctl/drafters/{ENTRY}"),       # relative
+    ("/var/lib/deployctl", f"/var/lib/deployctl/drafters/{ENTRY}/"),     # not normalised
+    ("/var/lib/deployctl", f"/var/lib/deployctl/drafters/../{ENTRY}"),
+    ("/var/lib/deployctl", f"/var/lib/deployctl//drafters/{ENTRY}"),
+    ("/var/lib/deployctl", f"/var/lib/deployctl/drafters/{'0' * 32}"),   # another drafter's entry
+    ("/var/lib/deployctl", f"/var/lib/deployctl/drafters/.staging-{ENTRY}"),
+    ("/var/lib/deployctl", f"/var/lib/deployctl/drafters/{ENTRY}/inner"),
+    ("/var/lib/deployctl", "/var/lib/deployctl/drafters"),
+    ("/var/lib/deployctl", ""),
+    ("/var/lib/deployctl", f"/var/lib/deployctl/drafters/{ENTRY}\n"),
+    ("~/.deployctl", f"/home/u/other/drafters/{ENTRY}"),
+    ("~/.deployctl", f"/home/u/x.deployctl/drafters/{ENTRY}"),           # a suffix, not the folder
+    ("~/.deployctl", f"~/.deployctl/drafters/{ENTRY}"),                   # unexpanded: not absolute
+]
+
+
+@pytest.mark.parametrize("state_dir, answer", REFUSED_ENTRIES)
+def test_a_store_entry_outside_the_rule_is_refused_naming_the_host(state_dir, answer):
+    # before: the controller computed the path itself and ignored the host's answer
+    from deploy.facts.fixer import FixerSummary
+
+    ctx = _ctx(state_dir)
+    summary = FixerSummary(status="unchanged", exit_code=0, drafter="/d", fingerprint=FINGERPRINT, store=answer,
+                           stored_before=True, sglang_version=None, sglang_version_read=None, renamed=0, files=[],
+                           config=None, verification=None, pruned=None)
+    with pytest.raises(RemoteOutputError) as exc:
+        fix_keys.outcome_of(ctx, summary)
+    assert "gpu-a" in str(exc.value) and "store entry" in str(exc.value)
+    assert ctx.memory.drafter_path is None
+
+
+def test_the_run_uses_the_store_entry_the_host_named(tmp_path):
+    # the real fixer's answer (absolute, ~ expanded on the host) becomes the config's spelling
+    world = World(tmp_path)
+    _, ctx, _ = world.step(memory=StepMemory(sglang_version="0.5.11"))
+    outcome = fix_keys.run(ctx)
+    answered = world.home / "state dir" / "drafters" / outcome.data["fingerprint"][:32]
+    assert answered.is_dir() and ctx.memory.drafter_path == f"~/state dir/drafters/{answered.name}"
+
+
+#: (state dir, the host's answer, the drafter path the run uses): the homes a host may expand ~ to
+ACCEPTED_ENTRIES = [
+    ("/var/lib/deployctl", f"/var/lib/deployctl/drafters/{ENTRY}", f"/var/lib/deployctl/drafters/{ENTRY}"),
+    ("~/.deployctl", f"/home/gpu/.deployctl/drafters/{ENTRY}", f"~/.deployctl/drafters/{ENTRY}"),
+    ("~/.deployctl", f"/.deployctl/drafters/{ENTRY}", f"~/.deployctl/drafters/{ENTRY}"),          # HOME=/
+    ("~", f"/root/drafters/{ENTRY}", f"~/drafters/{ENTRY}"),
+]
+
+
+@pytest.mark.parametrize("state_dir, answer, used", ACCEPTED_ENTRIES)
+def test_the_store_entry_the_host_names_is_used_in_the_configs_spelling(state_dir, answer, used):
+    from deploy.facts.fixer import store_entry_of
+
+    ctx = _ctx(state_dir)
+    assert store_entry_of(answer, ctx.paths.drafters, FINGERPRINT, "gpu-a") == used

@@ -22,16 +22,9 @@ from deploy.fleet.router import (FLEET_OPS, modern_api, parse_loads, parse_worke
 from deploy.fleet.rollout import router_spared as with_router_spared
 from deploy.engine.playbook import load_playbook
 
-BASE = """\
-hosts:
-  - {name: a, address: 10.0.0.1, groups: [g]}
-  - {name: b, address: 10.0.0.2, groups: [g]}
-  - {name: c, address: 10.0.0.3, groups: [g]}
-runs:
-  - name: r
-    base_model: /m
-    drafter: /d
-"""
+from tests.fixtures import fleet_config  # noqa: E402
+
+BASE = fleet_config()
 
 
 def load(tmp_path, extra: str):

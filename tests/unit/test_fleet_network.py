@@ -12,17 +12,9 @@ from deploy.config.models import Host, Run
 from deploy.fleet.router import loopback_problem, worker_url
 from deploy.host.sglang_argv import probe_address
 
-BASE = """\
-hosts:
-  - {name: a, address: 10.0.0.1, groups: [g]}
-  - {name: b, address: 10.0.0.2, groups: [g]}
-  - {name: c, address: gpu-c, groups: [g]}
-runs:
-  - name: r
-    group: g
-    base_model: /m
-    drafter: /d
-"""
+from tests.fixtures import fleet_config  # noqa: E402
+
+BASE = fleet_config("    group: g\n", c_address="gpu-c")
 SSH_CONFIG = "Host gpu-c\n  HostName 10.0.0.3\n"
 
 

@@ -117,12 +117,18 @@ def test_a_lock_refusal_is_a_document(verb, tmp_path, capsys):
 
 def test_a_verb_that_printed_its_document_prints_no_second_one(monkeypatch, capsys):
     """A failure after the verb's own document (bench after a failed round): that document is the outcome."""
-    def bug(*_args, **_kwargs):
+    from deploy.render import report as render
+
+    printed = render.print_json
+
+    def print_then_fail(*args, **kwargs):
+        # the exit code is now decided before rendering (verbs/inspect.py): the failure comes after the print
+        printed(*args, **kwargs)
         raise RuntimeError("after the document")
 
     monkeypatch.setattr("deploy.verbs.inspect.gpu_status", lambda config, hosts: [])
     monkeypatch.setattr("deploy.verbs.inspect.router_status", lambda config, hosts: [])
-    monkeypatch.setattr("deploy.verbs.inspect.exit_code", bug)
+    monkeypatch.setattr(render, "print_json", print_then_fail)
     assert main(["-c", str(EXAMPLE), "gpu-status", "--json"]) == ExitCode.FAILED
     document = _one_document(capsys.readouterr().out)
     assert document["command"] == "gpu-status" and "error" not in document

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from deploy.config.models import Host, Run
 from deploy.engine.outcome import after_interruption
 from deploy.engine.records import HostReport, StepRecord
 from deploy.engine.session import run_steps
@@ -16,8 +15,7 @@ from deploy.base.errors import ExitCode, Interrupted
 from deploy.steps.base import StepOutcome, StepSettings
 from deploy.steps.memory import StepMemory
 
-HOST = Host(name="h", address="10.0.0.1", user="u", state_dir="/var/lib/deployctl")
-RUN = Run(name="r", hosts=["h"], base_model="/m", drafter="/d")
+from tests.fixtures import PLAIN_HOST as HOST, PLAIN_RUN as RUN  # noqa: E402
 UP = ("doctor", "ensure-helper", "fix-keys", "converge", "stop-stale", "free-gpus", "wait-gpus-free", "launch",
       "wait-ready", "verify-acceptance", "record-good")
 DATA = {"stop-stale": {"processes": [{"pid": 4242, "signal": "TERM", "exited": True}]}, "free-gpus": {"killed": []},

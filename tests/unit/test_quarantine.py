@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from deploy.config.models import Host, Run
 from deploy.base.errors import (BenchmarkHarnessFailed, ConnectionFailed, ExitCode, Quarantined, Regression, RemoteCommandFailed,
                            RemoteOutputError, ServerDied, StepTimeout, VerificationFailed)
 from deploy.facts import quarantine as facts
@@ -21,8 +20,7 @@ from deploy.steps.memory import StepMemory
 from deploy.steps.failure_cause import Cause, deployment_stays, failure_cause
 from tests.recording import RecordingTransport, Reply
 
-HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/deployctl state")
-RUN = Run(name="r", hosts=["kimi-a"], base_model="/data/models/Kimi K2.5", drafter="/data/drafter")
+from tests.fixtures import KIMI_HOST as HOST, KIMI_RUN as RUN  # noqa: E402
 FP = "ab" * 32
 ENTRY = {"failed_at": "2026-11-30T03:15:07+00:00", "verb": "nightly", "run": "r", "exit_code": 11,
          "reason": "wait-ready: server died", "drafter_path": "~/s/drafters/x"}

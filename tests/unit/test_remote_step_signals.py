@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from deploy.ssh import bounded_channel
-from deploy.config.models import Host, SSHSettings
+from deploy.config.models import SSHSettings
 from deploy.engine.outcome import after_interruption
 from deploy.steps.memory import StepMemory
 from deploy.engine.records import HostReport, StepRecord
@@ -19,7 +19,7 @@ from deploy.base.errors import ConnectionFailed, Interrupted
 from deploy.ssh.transport import HostConnection
 from tests.hostile.test_bounded_reads import FakeChannel
 
-HOST = Host(name="h", address="127.0.0.1", state_dir="/var/lib/x")
+from tests.fixtures import LOOPBACK_HOST as HOST  # noqa: E402
 
 
 class DeadChannel(FakeChannel):

@@ -17,16 +17,9 @@ from deploy.config import load_config
 from deploy.base.errors import UsageError
 from deploy.fleet.rollout import Rollout
 
-BASE = """\
-hosts:
-  - {name: a, address: 10.0.0.1, groups: [g]}
-  - {name: b, address: 10.0.0.2, groups: [g]}
-  - {name: c, address: 10.0.0.3, groups: [g]}
-runs:
-  - name: r
-    base_model: /m
-    drafter: /d
-"""
+from tests.fixtures import fleet_config  # noqa: E402
+
+BASE = fleet_config()
 
 #: run shapes that decide differently: replicas behind a router (3, and 1: no smaller batch exists),
 #: hosts without a router, a node group
@@ -51,10 +44,12 @@ def reached(monkeypatch, tmp_path):
 
     def run_locked(config_path, config, command, playbook, run, hosts, progress, *, rollback=True, force=False,
                    runner=None):
+        from deploy.engine.run import RunReport
+
         calls.append((command, runner is not None, tuple(h.name for h in hosts)))
         if runner is None:
-            return []
-        return SimpleNamespace(reports=[], phases=[], error=None, rotation={}, exit_code=lambda: 0)
+            return RunReport([])
+        return RunReport([], SimpleNamespace(reports=[], phases=[], error=None, rotation={}, exit_code=lambda: 0))
 
     monkeypatch.setattr("deploy.engine.run.run_locked", run_locked)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))

@@ -13,16 +13,9 @@ from deploy.cli.main import main
 from deploy.fleet.router import OPS_SCRIPT, RouterCalls, RouterHost, fleet_ops_program
 from deploy.base.shell import quote
 
-BASE = """\
-hosts:
-  - {name: a, address: 10.0.0.1, groups: [g]}
-  - {name: b, address: 10.0.0.2, groups: [g]}
-  - {name: c, address: 10.0.0.3, groups: [g]}
-runs:
-  - name: r
-    base_model: /m
-    drafter: /d
-"""
+from tests.fixtures import fleet_config  # noqa: E402
+
+BASE = fleet_config()
 
 
 def plan_json(tmp_path, capsys, extra: str, *argv: str) -> dict:

@@ -329,15 +329,13 @@ def test_local_lock_file_name_is_safe_for_any_run_name(tmp_path, monkeypatch):
 
 from types import SimpleNamespace  # noqa: E402
 
-from deploy.config.models import Host, Run  # noqa: E402
 from deploy.base.errors import BenchmarkHarnessFailed, DeployError, Regression, ServerDied, StepTimeout  # noqa: E402
 from deploy.engine.records import RunOptions, StepRecord  # noqa: E402
 from deploy.engine.session import run_steps, should_roll_back  # noqa: E402
 from deploy.engine.playbook import load_playbook  # noqa: E402
 from deploy.steps.base import StepOutcome, StepSettings  # noqa: E402
 
-HOST = Host(name="h", address="10.0.0.1", user="u", state_dir="/var/lib/deployctl")
-RUN = Run(name="r", hosts=["h"], base_model="/m", drafter="/d")
+from tests.fixtures import PLAIN_HOST as HOST, PLAIN_RUN as RUN  # noqa: E402
 
 
 def fake_step(name: str, calls: list, fail: DeployError | None = None, skips: bool = False):

@@ -84,7 +84,6 @@ def test_the_drift_benchmark_meets_its_goal():
 import json  # noqa: E402
 
 from deploy.base.errors import Regression  # noqa: E402
-from deploy.config.models import Host, Run  # noqa: E402
 from deploy.engine.playbook import load_playbook  # noqa: E402
 from deploy.facts.server import RunSnapshot, ServerState  # noqa: E402
 from deploy.steps import record_good, regression_gate, same_night_control  # noqa: E402
@@ -92,8 +91,7 @@ from deploy.steps.base import StepContext  # noqa: E402
 from deploy.steps.memory import StepMemory  # noqa: E402
 from tests.recording import RecordingTransport, Reply  # noqa: E402
 
-HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/s")
-RUN = Run(name="r", hosts=["kimi-a"], base_model="/m", drafter="/d", draft_tokens=16)
+from tests.fixtures import GATE_HOST as HOST, GATE_RUN as RUN  # noqa: E402
 BENCH = json.loads((REPO / "tests/facts/bench_serving/kimi_k26_eagle3_padded_values.json").read_text())
 #: the captured block, as for nightly's 16 prompts
 BENCH_16 = __import__("re").sub(r"(Successful requests:\s+)768", r"\g<1>16", BENCH["stdout"])

@@ -76,12 +76,11 @@ def test_a_checkpoint_still_being_written_is_exit_6_not_8(failed, invalid):
 
 # --- the engine's use of it ------------------------------------------------------------------------
 
-from deploy.config.models import Host  # noqa: E402
 from deploy.engine.outcome import serving_of, verified_pid  # noqa: E402
 from deploy.engine.records import HostReport, RunOptions, StepRecord  # noqa: E402
 from deploy.steps.memory import StepMemory  # noqa: E402
 
-HOST = Host(name="h", address="127.0.0.1", state_dir="/var/lib/x")
+from tests.fixtures import LOOPBACK_HOST as HOST  # noqa: E402
 
 
 def test_a_host_whose_steps_never_ran_is_not_run_never_ok():

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from deploy.config.models import Host
 from deploy.base.errors import ExitCode, Interrupted, VerificationFailed
 from deploy.engine.records import HostReport, StepRecord
 from deploy.engine.run import mark_interrupted
@@ -68,7 +67,7 @@ def test_handlers_are_restored_after_the_invocation():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-HOST = Host(name="h", address="127.0.0.1", state_dir="/var/lib/x")
+from tests.fixtures import LOOPBACK_HOST as HOST  # noqa: E402
 
 
 @pytest.mark.parametrize("code", [ExitCode.TERMINATED, ExitCode.HANGUP, ExitCode.INTERRUPTED])

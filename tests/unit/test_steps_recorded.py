@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from deploy.config.models import Host, Run
 from deploy.base.errors import (BenchmarkHarnessFailed, ConnectionFailed, ExitCode, RemoteCommandFailed, RemoteOutputError,
                            StepTimeout, VerificationFailed)
 from deploy.facts.fuser import NO_DEVICE_FILES
@@ -25,8 +24,7 @@ from deploy.ssh.transport import ExecTimedOut
 from deploy.steps.memory import StepMemory
 from tests.recording import RecordingTransport, Reply
 
-HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/deployctl state")
-RUN = Run(name="r", hosts=["kimi-a"], base_model="/data/models/Kimi K2.5", drafter="/data/drafter")
+from tests.fixtures import KIMI_HOST as HOST, KIMI_RUN as RUN  # noqa: E402
 UUID = ["GPU-4a1b2c3d-0000-0000-0000-00000000000" + str(i) for i in range(2)]
 
 

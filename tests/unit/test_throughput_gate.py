@@ -7,7 +7,6 @@ import math
 
 import pytest
 
-from deploy.config.models import Host, Run
 from deploy.base.errors import Regression
 from deploy.steps import record_good, regression_gate
 from deploy.steps.base import StepContext
@@ -16,8 +15,7 @@ from deploy.steps.regression_gate import compare
 from deploy.local.throughput_gate import decide, moses_rank
 from tests.recording import RecordingTransport, Reply
 
-HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/s")
-RUN = Run(name="r", hosts=["kimi-a"], base_model="/m", drafter="/d")
+from tests.fixtures import GATE_HOST as HOST, GATE_RUN as RUN  # noqa: E402
 BASE = [1000.0, 1012.0, 991.0, 1005.0, 998.0, 1020.0, 985.0, 1003.0, 996.0, 1009.0, 1001.0, 994.0]
 NIGHTLY = {"num_prompts": 16, "input_len": 512, "output_len": 256, "max_concurrency": 4, "dataset": "builtin",
            "dataset_sha256": "b" * 64}
