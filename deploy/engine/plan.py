@@ -89,12 +89,14 @@ def plan_failure(playbook: Playbook, run: Run, host: Host) -> list[tuple[str, li
         actions = [a if a.when else _with_when(a, rollback) for a in step.module.plan(ctx)]
         steps.append((f"rollback/{step.name}", actions))
     from deploy.facts.quarantine import update_command
+    from deploy.host.records import QuarantineEntry
     from deploy.steps.quarantine import QUARANTINED_CAUSES
 
     steps.append(("quarantine", [
         Command(description="record the drafter fingerprint in the host's quarantine (restart/nightly refuse it: exit 13)",
                 when=f"{QUARANTINED_CAUSES} (rolled back or not), the fingerprint is not the last good one",
-                command=update_command(host.python, host.state_dir, "add", "<fingerprint>", {"failed_at": "<time>"},
+                command=update_command(host.python, host.state_dir, "add", "<fingerprint>",
+                                       QuarantineEntry(failed_at="<time>"),
                                        script="<deploy/remote/quarantine.py>")),
         Command(description="take a verified fingerprint out of the quarantine", when="it was quarantined (--retry-failed)",
                 command=update_command(host.python, host.state_dir, "remove", "<fingerprint>",

@@ -290,19 +290,10 @@ def collect_facts(report: HostReport, memory: StepMemory, run: Run) -> None:
         "dataset_sha256": bench.get("dataset_sha256"),
         "converged": memory.converged,
         # the throughput gate's verdict with its figures and rule (deploy/local/throughput_gate.py), when it judged
-        "throughput_gate": gate_summary(memory.gate),
+        "throughput_gate": None if memory.gate is None else memory.gate.summary(),
         # swapped into the running server or reloaded, and why / what was verified (swap-drafter)
         "drafter_update": memory.drafter_update,
     }
-
-
-def gate_summary(gate: dict | None) -> dict | None:
-    """What history and the one-line report keep of the gate's verdict (the rounds stay in the JSON report)."""
-    if not isinstance(gate, dict):
-        return None
-    return {k: gate.get(k) for k in ("outcome", "ratio", "low", "high", "floor", "now_median", "baseline_median",
-                                     "drift_ratio", "against")} | {
-        "rounds": [len(gate.get("now_rounds") or []), len(gate.get("baseline_rounds") or [])]}
 
 
 class HostSession:

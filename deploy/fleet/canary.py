@@ -332,10 +332,11 @@ def _quarantine(state: RunState, conn, host: Host, fingerprint: str, cause: str,
     from datetime import datetime, timezone
 
     from deploy.facts.quarantine import parse_update, update_command
+    from deploy.host.records import QuarantineEntry
 
-    entry = {"failed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "verb": state.options.command,
-             "run": state.run.name, "exit_code": int(ExitCode.REGRESSION), "reason": f"{cause}: {why[:300]}",
-             "drafter_path": report.facts.get("drafter_path")}
+    entry = QuarantineEntry(failed_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            verb=state.options.command, run=state.run.name, exit_code=int(ExitCode.REGRESSION),
+                            reason=f"{cause}: {why[:300]}", drafter_path=report.facts.get("drafter_path"))
     try:
         parse_update(conn.check(update_command(host.python, host.state_dir, "add", fingerprint, entry), timeout=30,
                                 what="quarantine").stdout, host.name)
@@ -354,6 +355,7 @@ def _window_plan(spec: CanarySpec, batch: tuple[Host, ...], playbook):
         from deploy.engine.plan import plan_failure
         from deploy.engine.session import step_context
         from deploy.facts.quarantine import update_command
+        from deploy.host.records import QuarantineEntry
         from deploy.steps import record_good
         from deploy.fleet.router import worker_url
         from deploy.steps.base import Command
@@ -400,7 +402,8 @@ def _window_plan(spec: CanarySpec, batch: tuple[Host, ...], playbook):
                                                       "cause (canary: live acceptance, or canary: live speed)",
                                           when="the canary is rolled back (not when inconclusive or on a signal)",
                                           command=update_command(host.python, host.state_dir, "add", "<the new fingerprint>",
-                                                                 {"reason": "<cause>: <the decision>"},
+                                                                 QuarantineEntry(failed_at="<time>",
+                                                                                 reason="<cause>: <the decision>"),
                                                                  script="<deploy/remote/quarantine.py>"))),
                       (at, dataclasses.replace(calls.add(url, True), when=back + "; it serves its last good one again"))]
         return steps

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from deploy.facts.server import RunSnapshot
+    from deploy.host.records import GateVerdict, QuarantineRecord
 
 
 @dataclass(slots=True, kw_only=True)
@@ -45,7 +46,7 @@ class StepMemory:
     #: the drafter's path in the host's store (what the launch passes)
     drafter_path: str | None = None
     #: the host's quarantine record as the quarantine step read it
-    quarantine: dict[str, dict[str, Any]] | None = None
+    quarantine: QuarantineRecord | None = None
 
     # -- converge / launch ----------------------------------------------------------------------------
     #: converge found the server running as desired: the steps that stop, free or launch are skipped
@@ -70,7 +71,7 @@ class StepMemory:
     #: same-night-control (issue 39): the last good deployment's rounds measured tonight, before the stop
     control: dict[str, Any] | None = None
     #: the throughput gate's verdict (deploy/local/throughput_gate.py): record-good keeps the bar when inconclusive
-    gate: dict[str, Any] | None = None
+    gate: GateVerdict | None = None
     last_good: dict[str, Any] | None = None
 
     # -- rollback -------------------------------------------------------------------------------------

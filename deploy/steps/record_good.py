@@ -23,6 +23,7 @@ from deploy.facts.server import (last_good_env_path, last_good_path, parse_recor
                                  same_deployment)
 from deploy.facts.helpers import write_file_command
 from deploy.base.shell import quote_path
+from deploy.host.records import GateVerdict
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 
 NAME = "record-good"
@@ -131,12 +132,12 @@ def with_baselines(metrics: dict, previous: dict | None, keep: bool, fingerprint
     return out
 
 
-def drift_note(gate: dict | None) -> dict | None:
+def drift_note(gate: GateVerdict | None) -> dict | None:
     """What the record keeps of a night the gate judged the host's drift (deploy/local/same_night.py)."""
-    if not isinstance(gate, dict) or gate.get("outcome") != "drift":
+    if gate is None or gate.outcome != "drift":
         return None
-    return {"night": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ratio": gate.get("drift_ratio"),
-            "unchanged": gate.get("unchanged"), "why": str(gate.get("why", ""))[:400]}
+    return {"night": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ratio": gate.drift_ratio,
+            "unchanged": gate.unchanged, "why": gate.why[:400]}
 
 
 def write_command(ctx: StepContext, record: dict, copy_env_from: str | None, shown: str | None = None) -> str:
@@ -196,7 +197,7 @@ def run(ctx: StepContext) -> StepOutcome:
     fingerprint = deployment.get("drafter_fingerprint")
     previous_metrics = previous.get("metrics") if previous is not None and isinstance(previous.get("metrics"), dict) \
         else None
-    inconclusive = (ctx.memory.gate or {}).get("outcome") == "inconclusive"
+    inconclusive = ctx.memory.gate is not None and ctx.memory.gate.outcome == "inconclusive"
     if previous_metrics is not None and same_deployment(previous, deployment):
         metrics = keep_bar(previous_metrics, metrics, fingerprint=fingerprint)
     else:

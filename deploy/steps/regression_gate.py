@@ -170,9 +170,9 @@ def run(ctx: StepContext) -> StepOutcome:
     data = {"now": now, "last_good": metrics, "comparisons": found.lines,
             "same_as_last_good": same_deployment(good, ctx.memory.deployment)}
     if found.throughput is not None:
-        data["throughput_gate"] = found.throughput.to_dict()
         # record-good keeps the previous bar after an inconclusive verdict; history and the report show it
-        ctx.memory.gate = found.throughput.to_dict()
+        ctx.memory.gate = found.throughput.verdict()
+        data["throughput_gate"] = ctx.memory.gate.document()
     if found.regressions:
         raise Regression(f"{ctx.host.name}: regression against the last good deployment "
                          f"({good.get('drafter_path')}): {'; '.join(found.regressions)}")

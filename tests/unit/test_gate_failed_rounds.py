@@ -124,7 +124,7 @@ def test_enough_good_rounds_around_a_failed_one_is_a_conclusive_regression():
     ctx.memory.control = {"settings": NIGHTLY, "output_tok_s": 1200.0, "output_tok_s_rounds": BAR}
     with pytest.raises(Regression):
         regression_gate.run(ctx)
-    assert ctx.memory.gate["outcome"] == "regression" and len(ctx.memory.gate["now_rounds"]) == 5
+    assert ctx.memory.gate.outcome == "regression" and len(ctx.memory.gate.now_rounds) == 5
 
 
 # --- the benchmark step: a round with no output ------------------------------------------------------

@@ -40,7 +40,7 @@ def test_a_good_new_checkpoint_on_a_slower_night_is_drift_and_stays():
     verdict = judge(now, bar, 0.9, control=control)
     assert verdict.outcome == "drift", verdict.line()
     assert "both are slower than the stored bar" in verdict.why and "stays" in verdict.why
-    document = verdict.to_dict()
+    document = verdict.verdict().document()
     assert document["against_control"]["outcome"] == "pass" and document["against_bar"]["outcome"] == "regression"
 
 
@@ -67,7 +67,7 @@ def test_without_a_control_a_changed_checkpoint_below_the_bar_is_never_a_regress
 
 def test_the_verdicts_document_keeps_the_deciding_figures_for_history_and_reports():
     verdict = judge(rounds(0.85, 6), rounds(1.0, 1), 0.9, control=rounds(1.0, 5))
-    document = verdict.to_dict()
+    document = verdict.verdict().document()
     assert document["outcome"] == "regression" and document["ratio"] == document["against_control"]["ratio"]
     assert {"low", "high", "now_rounds", "baseline_rounds", "rule", "drift_ratio", "control_vs_bar"} <= set(document)
 
@@ -194,7 +194,7 @@ def test_an_unchanged_fingerprint_is_never_a_slowdown_of_the_checkpoint():
     ctx = gate_ctx(rounds(SLOW_NIGHT * 0.9, 2), good, OLD)
     outcome = regression_gate.run(ctx)
     assert outcome.status == "ok" and outcome.detail.startswith("HOST DRIFT, not the checkpoint")
-    assert ctx.memory.gate is not None and ctx.memory.gate["outcome"] == "drift" and ctx.memory.gate["unchanged"]
+    assert ctx.memory.gate is not None and ctx.memory.gate.outcome == "drift" and ctx.memory.gate.unchanged
 
 
 def test_a_good_checkpoint_on_a_slower_night_stays_and_the_bar_is_measured_again_annotated():
@@ -202,7 +202,7 @@ def test_a_good_checkpoint_on_a_slower_night_stays_and_the_bar_is_measured_again
     good = good_record(rounds(BAR_NIGHT, 1))
     ctx = gate_ctx(rounds(SLOW_NIGHT, 2), good, NEW, control=rounds(SLOW_NIGHT, 3))
     outcome = regression_gate.run(ctx)
-    assert outcome.detail.startswith("HOST DRIFT") and ctx.memory.gate["outcome"] == "drift"
+    assert outcome.detail.startswith("HOST DRIFT") and ctx.memory.gate.outcome == "drift"
     # record-good: tonight's rounds become the bar, with their time and load, and the record says the host drifted
     ctx.memory.launched = True
     merged = record_good.with_baselines(record_good.measurements(ctx), good["metrics"], False, NEW)
@@ -220,13 +220,12 @@ def test_a_slower_checkpoint_is_a_regression_against_tonights_control():
 
 
 def test_the_plain_report_and_history_say_drift_and_against_what():
-    from deploy.engine.session import gate_summary
     from deploy.render.report import gate_text
 
-    unchanged = gate_summary(judge(rounds(0.85, 2), rounds(1.0, 1), 0.9, unchanged=True).to_dict())
+    unchanged = judge(rounds(0.85, 2), rounds(1.0, 1), 0.9, unchanged=True).verdict().summary()
     assert unchanged is not None and unchanged["outcome"] == "drift" and unchanged["against"] == "the stored bar"
     line = gate_text(unchanged)
     assert line.startswith("DRIFT: now/last good (the stored bar) 8") and "the host's speed 8" in line
-    controlled = gate_summary(judge(rounds(0.85, 2), rounds(1.0, 1), 0.9, control=rounds(1.0, 3)).to_dict())
+    controlled = judge(rounds(0.85, 2), rounds(1.0, 1), 0.9, control=rounds(1.0, 3)).verdict().summary()
     assert controlled is not None and gate_text(controlled).startswith("REGRESSION: now/last good (the last good "
                                                                        "deployment tonight) 8")

@@ -100,7 +100,7 @@ def test_the_step_passes_an_inconclusive_night_and_hands_the_verdict_on():
     ctx = gate_ctx([880.0], metrics(BASE))
     outcome = regression_gate.run(ctx)
     assert outcome.status == "ok" and outcome.detail.startswith("INCONCLUSIVE")
-    assert outcome.data["throughput_gate"]["outcome"] == "inconclusive" == ctx.memory.gate["outcome"]
+    assert outcome.data["throughput_gate"]["outcome"] == "inconclusive" == ctx.memory.gate.outcome
 
 
 def test_the_step_fails_a_conclusive_regression_with_the_figures_and_the_rule():
@@ -108,10 +108,10 @@ def test_the_step_fails_a_conclusive_regression_with_the_figures_and_the_rule():
     ctx = gate_ctx(scaled(BASE, 0.85), metrics(BASE), control=scaled(BASE, 1.0))
     with pytest.raises(Regression, match=r"REGRESSION: the last good deployment is clearly faster tonight") as regressed:
         regression_gate.run(ctx)
-    assert "12 rounds" in str(regressed.value) and ctx.memory.gate["outcome"] == "regression"
+    assert "12 rounds" in str(regressed.value) and ctx.memory.gate.outcome == "regression"
     # without tonight's control the same rounds cannot blame the checkpoint
     ctx = gate_ctx(scaled(BASE, 0.85), metrics(BASE))
-    assert regression_gate.run(ctx).detail.startswith("INCONCLUSIVE") and "no same-night control" in ctx.memory.gate["why"]
+    assert regression_gate.run(ctx).detail.startswith("INCONCLUSIVE") and "no same-night control" in ctx.memory.gate.why
 
 
 def test_a_bench_on_another_dataset_never_replaces_the_gates_baseline():
@@ -165,14 +165,14 @@ def test_a_hand_edited_baseline_is_not_trusted_into_the_statistics(entry):
 
 def _gated_report():
     from deploy.engine.records import HostReport, StepRecord
-    from deploy.engine.session import gate_summary
+    from deploy.local.same_night import judge
 
-    verdict = decide([880.0] * 2, BASE, 0.9).to_dict()  # 2 rounds now: inconclusive, no interval
+    verdict = judge([880.0] * 2, BASE, 0.9).verdict()  # 2 rounds now: inconclusive, no interval
     report = HostReport(HOST, steps=[StepRecord("benchmark", "ok", data={"output_tok_s": 880.0,
                                                                         "output_tok_s_rounds": [880.0, 880.0]}),
                                      StepRecord("regression-gate", "ok", detail="INCONCLUSIVE ...",
-                                                data={"throughput_gate": verdict})])
-    report.facts = {"output_tok_s": 880.0, "throughput_gate": gate_summary(verdict)}
+                                                data={"throughput_gate": verdict.document()})])
+    report.facts = {"output_tok_s": 880.0, "throughput_gate": verdict.summary()}
     return report
 
 
@@ -182,7 +182,7 @@ def test_the_gates_verdict_goes_to_the_plain_report_json_and_history():
 
     report = _gated_report()
     [line] = [l for l in render.plain_report_lines("nightly", [report], "T") if "throughput gate" in l]
-    assert "INCONCLUSIVE: now/last good 88.0% [no interval], minimum 90.0% (2 vs 12 rounds" in line
+    assert "INCONCLUSIVE: now/last good (the stored bar) 88.0% [no interval], minimum 90.0% (2 vs 12 rounds" in line
     assert report.to_dict()["facts"]["throughput_gate"]["outcome"] == "inconclusive"
     [row] = history.records_for("nightly", "r", [report])
     assert row["throughput_gate"]["ratio"] == pytest.approx(0.88, abs=0.005) and row["throughput_gate"]["rounds"] == [2, 12]
