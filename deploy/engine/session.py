@@ -278,16 +278,16 @@ def kept_deployment_error(error: DeployError, cause: Cause, memory: StepMemory) 
 
 def collect_facts(report: HostReport, memory: StepMemory, run: Run) -> None:
     deployment = memory.deployment or {}
-    bench = memory.bench or {}
+    bench = memory.bench
     report.facts = {
         "sglang_version": memory.sglang_version or deployment.get("sglang_version"),
         "drafter_fingerprint": memory.drafter_fingerprint or deployment.get("drafter_fingerprint"),
         "draft_tokens": run.draft_tokens,
         "accept_length": (memory.verify or {}).get("accept_length"),
-        "output_tok_s": bench.get("output_tok_s"),
+        "output_tok_s": None if bench is None else bench.output_tok_s,
         # which prompts the numbers were measured on (BENCH, issue 20): history rows name them
-        "dataset": bench.get("dataset"),
-        "dataset_sha256": bench.get("dataset_sha256"),
+        "dataset": None if bench is None else bench.dataset,
+        "dataset_sha256": None if bench is None else bench.dataset_sha256,
         "converged": memory.converged,
         # the throughput gate's verdict with its figures and rule (deploy/local/throughput_gate.py), when it judged
         "throughput_gate": None if memory.gate is None else memory.gate.summary(),

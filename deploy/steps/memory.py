@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from deploy.facts.server import RunSnapshot
-    from deploy.host.records import GateVerdict, QuarantineRecord
+    from deploy.host.records import BenchMeasurement, GateVerdict, QuarantineRecord
 
 
 @dataclass(slots=True, kw_only=True)
@@ -67,7 +67,7 @@ class StepMemory:
 
     # -- verification, benchmark, record-good ---------------------------------------------------------
     verify: dict[str, Any] | None = None
-    bench: dict[str, Any] | None = None
+    bench: BenchMeasurement | None = None
     #: same-night-control (issue 39): the last good deployment's rounds measured tonight, before the stop
     control: dict[str, Any] | None = None
     #: the throughput gate's verdict (deploy/local/throughput_gate.py): record-good keeps the bar when inconclusive

@@ -36,17 +36,18 @@ class Settings(StepSettings):
 def measurements(ctx: StepContext) -> dict:
     found: dict[str, Any] = {"draft_tokens": ctx.draft_tokens}
     verify = ctx.memory.verify or {}
-    bench = ctx.memory.bench or {}
+    bench = ctx.memory.bench
     if verify.get("accept_length") is not None:
         found["accept_length"] = verify["accept_length"]
         # acceptance depends on the prompts: only one measured on the same prompt set compares
         found["verify_settings"] = verify.get("settings")
-    if bench.get("output_tok_s") is not None:
-        found["output_tok_s"] = bench["output_tok_s"]
-        found["output_tok_s_rounds"] = bench.get("output_tok_s_rounds") or [bench["output_tok_s"]]
-        # throughput depends on the dataset (its sha256), lengths and concurrency: only the same load compares
-        found["bench_settings"] = bench.get("settings")
-        found["dataset"], found["dataset_sha256"] = bench.get("dataset"), bench.get("dataset_sha256")
+    if bench is not None:
+        found["output_tok_s"] = bench.output_tok_s
+        found["output_tok_s_rounds"] = bench.output_tok_s_rounds or [bench.output_tok_s]
+        # throughput depends on the dataset (its sha256), lengths and concurrency: only the same load compares;
+        # the record has always named the measurement's settings bench_settings
+        found["bench_settings"] = bench.settings
+        found["dataset"], found["dataset_sha256"] = bench.dataset, bench.dataset_sha256
     return found
 
 

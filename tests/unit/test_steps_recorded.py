@@ -439,7 +439,7 @@ def test_benchmark_is_one_command_and_checks_every_request_succeeded():
     outcome = benchmark.run(c)
     assert outcome.data["dataset"] == "random-ids" and outcome.data["dataset_sha256"] is None
     assert outcome.data["output_tok_s"] == pytest.approx(BENCH_CASE["fact"]["output_tok_s"])
-    assert c.memory.bench["draft_tokens"] == 16
+    assert c.memory.bench is not None and c.memory.bench.draft_tokens == 16
     [command] = conn.commands
     assert "--num-prompts 768" in command and "--output-file ~/'deployctl state/bench/bench-20261129T000000Z-t16.jsonl'" in command
     short = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT)])

@@ -14,6 +14,7 @@ from deploy.steps.base import StepContext
 from deploy.steps.memory import StepMemory
 from deploy.steps.regression_gate import compare
 from deploy.local.throughput_gate import decide, moses_rank
+from deploy.host.records import BenchMeasurement
 from tests.recording import RecordingTransport, Reply
 
 HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/s")
@@ -83,14 +84,24 @@ def metrics(rounds, settings=NIGHTLY, **extra):
             "bench_settings": settings} | extra
 
 
+def measured(rounds: list, settings: dict, figure: object = None) -> BenchMeasurement:
+    """The benchmark step's measurement of these rounds; rounds the step never hands on (0, nan, "x": issue 38's
+    defence in depth of the gate) are built without validation."""
+    fields = {"successful_requests": 16, "duration_s": 20.0, "output_tokens": 4096,
+              "output_tok_s": rounds[0] if figure is None else figure, "output_tok_s_rounds": rounds, "settings": settings}
+    try:
+        return BenchMeasurement.model_validate(fields)
+    except ValueError:
+        return BenchMeasurement.model_construct(**fields)
+
+
 def gate_ctx(bench_rounds, good_metrics, settings=NIGHTLY, control=None):
     """``control``: the last good deployment's rounds tonight (same-night-control, issue 39)."""
     import json
 
     record = {"run": "r", "drafter_path": "/s/d", "metrics": good_metrics, "argv": ["x"]}
     conn = RecordingTransport(HOST, [Reply("last-good.json", stdout=json.dumps(record))])
-    memory = StepMemory(bench={"output_tok_s": bench_rounds[0], "output_tok_s_rounds": bench_rounds,
-                               "settings": settings},
+    memory = StepMemory(bench=measured(bench_rounds, settings),
                         control=None if control is None else {"output_tok_s_rounds": control, "settings": settings})
     return StepContext(host=HOST, run=RUN, settings=regression_gate.Settings(step="regression-gate"), conn=conn,
                        launch_stamp="x", memory=memory)
