@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 def verified_pid(report: HostReport, memory: StepMemory) -> int | None:
     """The server this run verified: its own deployment, or the one its rollback restored."""
     restored = memory.restored
-    if isinstance(restored, dict) and isinstance(restored.get("pid"), int):
-        return restored["pid"]
+    if restored is not None and restored.pid is not None:
+        return restored.pid
     if any(s.name == "verify-acceptance" and s.status == "ok" for s in report.steps):
         return memory.pid
     return None

@@ -71,6 +71,7 @@ def plan_failure(playbook: Playbook, run: Run, host: Host) -> list[tuple[str, li
     from deploy.engine.session import ROLLBACK_STEPS, rollback_steps, server_state_action
     from deploy.facts.server import last_good_path, read_record_command
     from deploy.steps.base import Command
+    from deploy.host.records import LastGood
     from deploy.steps.memory import StepMemory
     from deploy.steps.wait_ready import tail_command
 
@@ -82,7 +83,7 @@ def plan_failure(playbook: Playbook, run: Run, host: Host) -> list[tuple[str, li
         ("rollback", [Command(description="read the last good deployment", when=rollback,
                               command=read_record_command(last_good_path(host.state_dir)))]),
     ]
-    memory = StepMemory(rollback_record={"argv": ["<the last good deployment's argv>"]})
+    memory = StepMemory(rollback_record=LastGood(argv=["<the last good deployment's argv>"]))
     stamp = launch_stamp()
     for step in rollback_steps(playbook):
         ctx = step_context(host, run, step.settings, None, stamp, lambda m: None, memory, step=step.name)

@@ -72,10 +72,11 @@ def canary_phases(spec: CanarySpec, batch: tuple[Host, ...], playbook,
 def _keep_last_good(batch: tuple[Host, ...]):
     def action(state: RunState) -> str:
         from deploy.facts.server import parse_record, read_record_command
+        from deploy.host.records import LastGood
         from deploy.host.state_layout import last_good_path
         from deploy.ssh.transport import HostConnection
 
-        kept: dict[str, dict] = {}
+        kept: dict[str, LastGood] = {}
         missing = []
         for host in batch:
             path = last_good_path(host.state_dir)
@@ -89,7 +90,7 @@ def _keep_last_good(batch: tuple[Host, ...]):
             raise CanaryRefused(f"canary: no last good deployment is recorded on {', '.join(missing)}: the canary "
                                   "could not go back to one; nothing was changed (deploy it once without the canary)")
         state.data["canary_last_good"] = kept
-        return "the canary goes back to: " + "; ".join(f"{n} {r.get('drafter_path')}" for n, r in kept.items())
+        return "the canary goes back to: " + "; ".join(f"{n} {r.drafter_path}" for n, r in kept.items())
     return action
 
 
@@ -355,7 +356,7 @@ def _window_plan(spec: CanarySpec, batch: tuple[Host, ...], playbook):
         from deploy.engine.plan import plan_failure
         from deploy.engine.session import step_context
         from deploy.facts.quarantine import update_command
-        from deploy.host.records import QuarantineEntry
+        from deploy.host.records import LastGood, QuarantineEntry
         from deploy.steps import record_good
         from deploy.fleet.router import worker_url
         from deploy.steps.base import Command
@@ -392,7 +393,7 @@ def _window_plan(spec: CanarySpec, batch: tuple[Host, ...], playbook):
                           record_good.write_action(step_context(view.network(host), view.run,
                                                                 record_good.Settings(step="record-good"), None,
                                                                 view.stamp, lambda *a: None),
-                                                   {"env_file": "<as recorded>"}, None,
+                                                   LastGood(argv=[], env_file="<as recorded>"), None,
                                                    shown="the last good record read before the canary's redeploy"),
                           description="write back the last good record read before the canary's redeploy", when=back))]
             for step, actions in plan_failure(playbook, view.run, view.network(host)):

@@ -30,6 +30,9 @@ from deploy.base.errors import RemoteOutputError
 Load = dict[str, int | float | str | None]
 
 
+R = TypeVar("R", bound="Record")
+
+
 class Strict(BaseModel):
     """Strict (no coercion: "12" is not 12), no unknown field, immutable (``model_copy(update=...)``)."""
 
@@ -44,6 +47,14 @@ class Record(Strict):
     #: what the record is, in an error ("the deployment record")
     WHAT: ClassVar[str] = "record"
     schema_version: Literal[1] = 1
+
+    def but(self: R, **changes: Any) -> R:
+        """This record with ``changes``, validated (``model_copy(update=)`` would not check them)."""
+        return type(self).model_validate(self.model_dump(exclude_unset=True) | changes)
+
+    def without(self: R, *names: str) -> R:
+        """This record without the fields ``names`` (absent, as in a record that never had them)."""
+        return type(self).model_validate(self.model_dump(exclude_unset=True, exclude=set(names)))
 
     def document(self) -> dict[str, Any]:
         """The record as the JSON document its file holds (the keys as the host writes them)."""
@@ -255,9 +266,6 @@ class GateVerdict(Record):
 
 
 # -- reading ---------------------------------------------------------------------------------------------
-
-
-R = TypeVar("R", bound=Record)
 
 
 def _from_schema_key(document: dict[str, Any]) -> dict[str, Any]:

@@ -97,8 +97,8 @@ def failure_entry(verb: str, run_name: str, failed_step: str, error: DeployError
     if not cause.quarantines:
         return None
     snapshot = memory.snapshot
-    good = getattr(snapshot, "last_good", None) or {}
-    if good.get("drafter_fingerprint") == fingerprint:
+    good = snapshot.last_good if snapshot is not None else None
+    if good is not None and good.drafter_fingerprint == fingerprint:
         return None  # the last good deployment itself: quarantining it would leave nothing to deploy
     entry = QuarantineEntry(failed_at=failed_at, verb=verb, run=run_name, exit_code=int(error.exit_code),
                             reason=f"{failed_step} ({cause.value}): {str(error).splitlines()[0][:300]}",

@@ -23,7 +23,7 @@ from deploy.facts.server import (last_good_env_path, last_good_path, parse_recor
                                  same_deployment)
 from deploy.facts.helpers import write_file_command
 from deploy.base.shell import quote_path
-from deploy.host.records import GateVerdict
+from deploy.host.records import GateVerdict, LastGood
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 
 NAME = "record-good"
@@ -141,7 +141,7 @@ def drift_note(gate: GateVerdict | None) -> dict | None:
             "unchanged": gate.unchanged, "why": gate.why[:400]}
 
 
-def write_command(ctx: StepContext, record: dict, copy_env_from: str | None, shown: str | None = None) -> str:
+def write_command(ctx: StepContext, record: LastGood, copy_env_from: str | None, shown: str | None = None) -> str:
     """Copy the env file first (when it is not last-good.env already), then the record.
 
     ``shown``: the plan's stand-in for the record's JSON (known only after verification)."""
@@ -150,7 +150,7 @@ def write_command(ctx: StepContext, record: dict, copy_env_from: str | None, sho
     helper = ctx.paths.helper("host_ops.py")
     if copy_env_from:
         env = (f"{write_file_command(ctx.host.python, helper, quote_path(target))} < {quote_path(copy_env_from)} && ")
-    elif record.get("env_file") is None:
+    elif record.env_file is None:
         env = f"rm -f -- {quote_path(target)} && "
     else:
         env = ""
@@ -164,7 +164,7 @@ def read_action(ctx: StepContext) -> Command:
                    command=read_record_command(last_good_path(ctx.paths.root)))
 
 
-def write_action(ctx: StepContext, record: dict, copy_env_from: str | None, shown: str | None = None) -> Command:
+def write_action(ctx: StepContext, record: LastGood, copy_env_from: str | None, shown: str | None = None) -> Command:
     return Command(description="record this deployment (and its env file) as the last good one",
                    when="it is not recorded as the last good one already, with these numbers",
                    command=write_command(ctx, record, copy_env_from, shown), what="recording the last good deployment",
@@ -176,11 +176,11 @@ def plan(ctx: StepContext) -> list[Command]:
     from deploy.steps.launch import env_path
 
     env = env_path(ctx) if ctx.run.env else None
-    return [read_action(ctx), write_action(ctx, {"env_file": env}, env,
+    return [read_action(ctx), write_action(ctx, LastGood(argv=[], env_file=env), env,
                                            shown="<this deployment's record with its measurements, as JSON>")]
 
 
-def last_good(ctx: StepContext) -> dict | None:
+def last_good(ctx: StepContext) -> LastGood | None:
     """The last good record: as doctor read it under the host lock in this run, else read now."""
     snapshot = ctx.memory.snapshot
     if snapshot is not None:
@@ -195,9 +195,9 @@ def run(ctx: StepContext) -> StepOutcome:
         return StepOutcome("skipped", "no deployment recorded in this run")
     previous = last_good(ctx)
     metrics = measurements(ctx)
-    fingerprint = deployment.get("drafter_fingerprint")
-    previous_metrics = previous.get("metrics") if previous is not None and isinstance(previous.get("metrics"), dict) \
-        else None
+    fingerprint = deployment.drafter_fingerprint
+    previous_metrics = previous.metrics.model_dump(exclude_unset=True) \
+        if previous is not None and previous.metrics is not None else None
     inconclusive = ctx.memory.gate is not None and ctx.memory.gate.outcome == "inconclusive"
     if previous_metrics is not None and same_deployment(previous, deployment):
         metrics = keep_bar(previous_metrics, metrics, fingerprint=fingerprint)
@@ -209,20 +209,30 @@ def run(ctx: StepContext) -> StepOutcome:
         # the host's speed moved since the bar's night: an unchanged deployment keeps its bar, a new one's rounds
         # tonight became it; either way the record says so
         metrics["throughput_drift"] = drift
-    record = dict(deployment) | {"metrics": metrics,
-                                 "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    if previous is not None and same_deployment(previous, deployment):
-        record["verified_at"] = previous.get("verified_at", record["verified_at"])
-    env_file = deployment.get("env_file")
+    verified_at: str | None = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if previous is not None and same_deployment(previous, deployment) and "verified_at" in previous.model_fields_set:
+        verified_at = previous.verified_at
+    env_file = deployment.env_file
     target = last_good_env_path(ctx.paths.root)
     copy_from = env_file if env_file and env_file != target else None
-    record["env_file"] = target if env_file else None
+    record = LastGood.model_validate(deployment.model_dump(exclude_unset=True) | {
+        "metrics": metrics, "verified_at": verified_at, "env_file": target if env_file else None})
+
+    def without_pid(r: LastGood) -> dict:
+        return {k: v for k, v in r.document().items() if k != "pid"}
+
     if previous is not None and same_deployment(previous, deployment) and not copy_from and \
-            {k: v for k, v in previous.items() if k != "pid"} == {k: v for k, v in record.items() if k != "pid"}:
+            without_pid(previous) == without_pid(record):
         ctx.memory.last_good = previous
-        return StepOutcome("ok", f"already the last good deployment ({deployment.get('drafter_path')})",
-                           {"last_good": {k: previous.get(k) for k in ("drafter_fingerprint", "drafter_path", "metrics")}})
+        return StepOutcome("ok", f"already the last good deployment ({deployment.drafter_path})",
+                           {"last_good": shown(previous)})
     ctx.execute(write_action(ctx, record, copy_from))
     ctx.memory.last_good = record
-    return StepOutcome("ok", f"last good: {deployment.get('drafter_path')} (pid {deployment.get('pid')})",
-                       {"last_good": {k: record.get(k) for k in ("drafter_fingerprint", "drafter_path", "metrics")}})
+    return StepOutcome("ok", f"last good: {deployment.drafter_path} (pid {deployment.pid})",
+                       {"last_good": shown(record)})
+
+
+def shown(record: LastGood) -> dict:
+    """What the step's data says of the last good record."""
+    document = record.document()
+    return {k: document.get(k) for k in ("drafter_fingerprint", "drafter_path", "metrics")}

@@ -154,14 +154,15 @@ def run(ctx: StepContext) -> StepOutcome:
         path = last_good_path(ctx.paths.root)
         good = parse_record(ctx.execute(read_action(ctx)).stdout, ctx.host.name, path)
     now = measurements(ctx)
-    if good is None or good.get("run") != ctx.run.name:
+    if good is None or good.run != ctx.run.name:
         return StepOutcome("ok", "no last good record of this run yet: this deployment becomes the baseline", {"now": now})
-    metrics = good.get("metrics") or {}
+    metrics = good.metrics.model_dump(exclude_unset=True) if good.metrics is not None else {}
     if metrics.get("draft_tokens") != ctx.draft_tokens:
         return StepOutcome("ok", f"last good record was measured at {metrics.get('draft_tokens')} draft tokens, "
                                  f"not {ctx.draft_tokens}: not compared", {"now": now})
-    fingerprint = (ctx.memory.deployment or {}).get("drafter_fingerprint") or ctx.memory.drafter_fingerprint
-    unchanged = bool(fingerprint) and fingerprint == good.get("drafter_fingerprint")
+    deployment = ctx.memory.deployment
+    fingerprint = (deployment.drafter_fingerprint if deployment else None) or ctx.memory.drafter_fingerprint
+    unchanged = bool(fingerprint) and fingerprint == good.drafter_fingerprint
     try:
         found = compare(now, metrics, ctx.settings.min_accept_fraction, ctx.settings.min_throughput_fraction,
                         control=ctx.memory.control, unchanged=unchanged)
@@ -175,7 +176,7 @@ def run(ctx: StepContext) -> StepOutcome:
         data["throughput_gate"] = ctx.memory.gate.document()
     if found.regressions:
         raise Regression(f"{ctx.host.name}: regression against the last good deployment "
-                         f"({good.get('drafter_path')}): {'; '.join(found.regressions)}")
+                         f"({good.drafter_path}): {'; '.join(found.regressions)}")
     if not found.compared:
         return StepOutcome("ok", "no comparable baseline (nothing compared): " + "; ".join(found.lines), data)
     if found.inconclusive:

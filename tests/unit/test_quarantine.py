@@ -14,6 +14,7 @@ from deploy.base.errors import (BenchmarkHarnessFailed, ConnectionFailed, ExitCo
                            RemoteOutputError, ServerDied, StepTimeout, VerificationFailed)
 from deploy.facts import quarantine as facts
 from deploy.facts.server import RunSnapshot, ServerState
+from deploy.host.records import LastGood
 from deploy.engine.playbook import load_playbook
 from deploy.steps import quarantine
 from deploy.steps.base import StepContext
@@ -37,7 +38,7 @@ def ctx(conn=None, memory=None, **settings) -> StepContext:
                        launch_stamp="20261129T000000Z", memory=StepMemory() if memory is None else memory)
 
 
-def snapshot(text: str | None, read: bool = True, good: dict | None = None) -> RunSnapshot:
+def snapshot(text: str | None, read: bool = True, good: LastGood | None = None) -> RunSnapshot:
     return RunSnapshot(time.monotonic(), "3.11.7", {}, ServerState(None, False, None, None, None), good,
                        quarantine=text, quarantine_read=read)
 
@@ -106,7 +107,7 @@ def test_no_record_quarantines_nothing(text):
 ])
 def test_which_failures_quarantine_the_fingerprint(step, error, converged, good_fp, recorded):
     memory = StepMemory(drafter_fingerprint=FP, converged=converged, drafter_path="/s/d", launched=not converged,
-                        snapshot=snapshot(None, good={"drafter_fingerprint": good_fp} if good_fp else None))
+                        snapshot=snapshot(None, good=LastGood(argv=["x"], drafter_fingerprint=good_fp) if good_fp else None))
     found = quarantine.failure_entry("nightly", "r", step, error, memory, "T")
     assert (found is not None) == recorded
     assert failure_cause(step, error).checkpoints_fault == (recorded or converged or good_fp == FP)

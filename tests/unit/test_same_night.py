@@ -90,7 +90,7 @@ from deploy.facts.server import RunSnapshot, ServerState  # noqa: E402
 from deploy.steps import record_good, regression_gate, same_night_control  # noqa: E402
 from deploy.steps.base import StepContext  # noqa: E402
 from deploy.steps.memory import StepMemory  # noqa: E402
-from deploy.host.records import BenchMeasurement  # noqa: E402
+from deploy.host.records import BenchMeasurement, DeploymentRecord, LastGood  # noqa: E402
 from tests.recording import RecordingTransport, Reply  # noqa: E402
 
 HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/s")
@@ -118,8 +118,11 @@ def good_record(rounds: list[float]) -> dict:
 
 
 def snapshot(good: dict | None, serving_good: bool = True) -> RunSnapshot:
-    record = dict(good or {}) if serving_good else {"argv": ["other"]}
-    return RunSnapshot(0.0, "3.11", {}, ServerState(4242, True, 200, None, record), good)
+    """The doctor's read: ``good`` as last-good.json, the running server's deployment.json its deployment (or another)."""
+    record = {k: v for k, v in good.items() if k != "metrics"} if good is not None and serving_good else \
+        {"argv": ["other"]}
+    return RunSnapshot(0.0, "3.11", {}, ServerState(4242, True, 200, None, DeploymentRecord.model_validate(record)),
+                       None if good is None else LastGood.model_validate(good))
 
 
 def dataset_on_host() -> Reply:
@@ -192,7 +195,7 @@ def measured(rounds: list, settings: dict, figure: object = None) -> BenchMeasur
 
 
 def gate_ctx(now_rounds: list[float], good: dict, fingerprint: str, control: list[float] | None = None) -> StepContext:
-    memory = StepMemory(drafter_fingerprint=fingerprint, deployment={"drafter_fingerprint": fingerprint},
+    memory = StepMemory(drafter_fingerprint=fingerprint, deployment=DeploymentRecord(argv=["x"], drafter_fingerprint=fingerprint),
                         bench=measured(now_rounds, the_load()),
                         control=None if control is None else {"output_tok_s_rounds": control, "settings": the_load()},
                         snapshot=snapshot(good))

@@ -14,6 +14,7 @@ import pytest
 
 from deploy.config.models import Host, Run
 from deploy.base.errors import ExitCode, RemoteOutputError
+from deploy.host.records import DeploymentRecord
 from deploy.facts import status as facts
 from deploy.facts.server import env_hash
 from deploy.host.sglang_argv import sglang_argv
@@ -126,10 +127,10 @@ def test_exit_code_is_the_first_failing_host_in_config_order():
 
 def test_configured_compares_argv_with_its_store_drafter_and_the_environment():
     argv = sglang_argv(RUN, HOST, 16, "/s/f")
-    st = host_status().model_copy(update={"deployment": {"run": "r", "argv": argv, "drafter_path": "/s/f",
-                                                         "env_hash": env_hash({})}})
+    deployment = DeploymentRecord(run="r", argv=argv, drafter_path="/s/f", env_hash=env_hash({}))
+    st = host_status().model_copy(update={"deployment": deployment})
     assert status.configured(RUN, HOST, st) == (True, [])
-    other = st.model_copy(update={"deployment": st.deployment | {"env_hash": "x", "argv": argv[:-1]}})
+    other = st.model_copy(update={"deployment": deployment.but(env_hash="x", argv=argv[:-1])})
     assert status.configured(RUN, HOST, other) == (False, ["argv", "environment"])
     assert status.configured(RUN, HOST, host_status())[0] is None
 
