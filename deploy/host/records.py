@@ -31,16 +31,30 @@ Load = dict[str, int | float | str | None]
 
 
 R = TypeVar("R", bound="Record")
+S = TypeVar("S", bound="Strict")
 
 
 class Strict(BaseModel):
-    """Strict (no coercion: "12" is not 12), no unknown field, immutable (``model_copy(update=...)``)."""
+    """Strict (no coercion: "12" is not 12), no unknown field, immutable (a change: ``but(field=...)``)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True)
 
+    def but(self: S, **changes: Any) -> S:
+        """This record with ``changes``, validated (``model_copy(update=)`` would not check them)."""
+        return type(self).model_validate(self.model_dump(exclude_unset=True) | changes)
+
+    def without(self: S, *names: str) -> S:
+        """This record without the fields ``names`` (absent, as in a record that never had them)."""
+        return type(self).model_validate(self.model_dump(exclude_unset=True, exclude=set(names)))
+
+    def document(self) -> dict[str, Any]:
+        """As JSON: the fields it was given (None included: an absent ``draft_quantization`` means "older
+        record"), keys as the host writes them (``from``)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
 
 class Record(Strict):
-    """A record with a schema version, read with ``read_record``."""
+    """A record with a schema version, read with ``validated`` / ``record_of``."""
 
     #: the version this deployctl writes and reads
     SCHEMA: ClassVar[int] = 1
@@ -48,18 +62,9 @@ class Record(Strict):
     WHAT: ClassVar[str] = "record"
     schema_version: Literal[1] = 1
 
-    def but(self: R, **changes: Any) -> R:
-        """This record with ``changes``, validated (``model_copy(update=)`` would not check them)."""
-        return type(self).model_validate(self.model_dump(exclude_unset=True) | changes)
-
-    def without(self: R, *names: str) -> R:
-        """This record without the fields ``names`` (absent, as in a record that never had them)."""
-        return type(self).model_validate(self.model_dump(exclude_unset=True, exclude=set(names)))
-
     def document(self) -> dict[str, Any]:
-        """The record as the JSON document its file holds (the keys as the host writes them)."""
-        # the fields it was given (None included: an absent ``draft_quantization`` means "older record")
-        return self.model_dump(mode="json", by_alias=True, exclude_unset=True) | {"schema_version": self.SCHEMA}
+        """The record as the JSON document its file holds, with its version."""
+        return super().document() | {"schema_version": self.SCHEMA}
 
 
 # -- deployment.json and last-good.json ---------------------------------------------------------------

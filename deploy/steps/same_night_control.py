@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timezone
 
+from deploy.host.records import Metrics
 from deploy.base.errors import BenchmarkHarnessFailed
 from deploy.facts.server import same_deployment
 from deploy.steps import benchmark
@@ -56,9 +57,9 @@ def not_applicable(ctx: StepContext) -> str | None:
     good = getattr(snapshot, "last_good", None)
     if snapshot is None or good is None or good.run != ctx.run.name:
         return "no last good deployment of this run recorded: nothing to control"
-    metrics = good.metrics.model_dump(exclude_unset=True) if good.metrics is not None else {}
-    if metrics.get("draft_tokens") != ctx.draft_tokens:
-        return f"the last good deployment was measured at {metrics.get('draft_tokens')} draft tokens, not {ctx.draft_tokens}"
+    metrics = good.metrics or Metrics()
+    if metrics.draft_tokens != ctx.draft_tokens:
+        return f"the last good deployment was measured at {metrics.draft_tokens} draft tokens, not {ctx.draft_tokens}"
     if good.drafter_fingerprint and good.drafter_fingerprint == ctx.memory.drafter_fingerprint:
         return "the drafter is the last good one's: the benchmark measures it itself"
     server = snapshot.server

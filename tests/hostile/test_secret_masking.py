@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.host.records import DeploymentRecord, LastGood
+from deploy.host.records import DeploymentRecord, LastGood, Metrics
 from deploy.base.errors import DeployError, ExitCode
 from deploy.base.secrets import MASK, mask_argv, mask_secrets, mask_text
 from deploy.base.terminal import safe_line, safe_text
@@ -206,9 +206,9 @@ def test_ten_thousand_baselines_fit_stdin_and_are_trimmed_when_written(baselines
     entry = {"output_tok_s": 1000.0, "output_tok_s_rounds": [1000.0] * 12, "dataset": "builtin",
              "dataset_sha256": "b" * 64, "drafter_fingerprint": "c" * 64}
     previous = {"throughput_baselines": [entry | {"bench_settings": {"num_prompts": i}} for i in range(baselines)]}
-    merged = record_good.merge_baselines(previous, {"output_tok_s": None}, keep=True)
+    merged = record_good.merge_baselines(Metrics.model_validate(previous), Metrics(output_tok_s=None), keep=True)
     assert len(merged) == record_good.MAX_BASELINES
-    assert merged[-1]["bench_settings"] == {"num_prompts": baselines - 1}  # the newest kept
+    assert merged[-1].bench_settings == {"num_prompts": baselines - 1}  # the newest kept
     # the whole hostile record still goes over stdin (the command line stays small)
     conn = RecordingTransport(HOST, [Reply("write-file")])
     ctx = _record_good_ctx(conn)

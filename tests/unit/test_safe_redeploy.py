@@ -19,12 +19,18 @@ from deploy.facts.server import env_hash, parse_record, parse_server_state, same
 from deploy.engine.locks import HOST_LOCK_SOURCE, describe_owner, host_lock_program, local_lock, owner_info, parse_host_lock
 from deploy.remote import host_ops
 from deploy.host.deployment import DesiredDeployment
-from deploy.host.records import LastGood
-from deploy.steps.regression_gate import compare
+from deploy.host.records import LastGood, Metrics
+from deploy.steps import regression_gate as _gate
 from deploy.facts.host_helper import parse_probe
 from deploy.steps.wait_ready import classify
 from deploy.base.errors import RemoteOutputError
 from deploy.steps.memory import StepMemory
+
+
+def compare(now: dict, good: dict, *args, **kwargs):
+    """The gate's comparison of two records' metrics, given as the JSON record-good writes (deploy/host/records.py)."""
+    return _gate.compare(Metrics.model_validate(now), Metrics.model_validate(good), *args, **kwargs)
+
 
 # ---------------------------------------------------------------------------- wait-ready
 

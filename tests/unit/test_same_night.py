@@ -90,7 +90,7 @@ from deploy.facts.server import RunSnapshot, ServerState  # noqa: E402
 from deploy.steps import record_good, regression_gate, same_night_control  # noqa: E402
 from deploy.steps.base import StepContext  # noqa: E402
 from deploy.steps.memory import StepMemory  # noqa: E402
-from deploy.host.records import BenchMeasurement, DeploymentRecord, LastGood  # noqa: E402
+from deploy.host.records import BenchMeasurement, DeploymentRecord, LastGood, Metrics  # noqa: E402
 from tests.recording import RecordingTransport, Reply  # noqa: E402
 
 HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/s")
@@ -220,11 +220,12 @@ def test_a_good_checkpoint_on_a_slower_night_stays_and_the_bar_is_measured_again
     assert outcome.detail.startswith("HOST DRIFT") and ctx.memory.gate.outcome == "drift"
     # record-good: tonight's rounds become the bar, with their time and load, and the record says the host drifted
     ctx.memory.launched = True
-    merged = record_good.with_baselines(record_good.measurements(ctx), good["metrics"], False, NEW)
+    merged = record_good.with_baselines(record_good.measurements(ctx), Metrics.model_validate(good["metrics"]), False,
+                                        NEW)
     [bar] = record_good.throughput_baselines(merged)
-    assert bar["drafter_fingerprint"] == NEW and bar["bench_settings"] == the_load() and bar["measured_at"]
+    assert bar.drafter_fingerprint == NEW and bar.bench_settings == the_load() and bar.measured_at
     note = record_good.drift_note(ctx.memory.gate)
-    assert note is not None and 0.8 < note["ratio"] < 0.9 and note["unchanged"] is False
+    assert note is not None and note.ratio is not None and 0.8 < note.ratio < 0.9 and note.unchanged is False
 
 
 def test_a_slower_checkpoint_is_a_regression_against_tonights_control():

@@ -12,10 +12,16 @@ from deploy.base.errors import Regression
 from deploy.steps import record_good, regression_gate
 from deploy.steps.base import StepContext
 from deploy.steps.memory import StepMemory
-from deploy.steps.regression_gate import compare
 from deploy.local.throughput_gate import decide, moses_rank
-from deploy.host.records import BenchMeasurement
+from deploy.host.records import Baseline, BenchMeasurement, Metrics
+from deploy.steps import regression_gate as _gate
 from tests.recording import RecordingTransport, Reply
+
+
+def compare(now: dict, good: dict, *args, **kwargs):
+    """The gate's comparison of two records' metrics, given as the JSON record-good writes (deploy/host/records.py)."""
+    return _gate.compare(Metrics.model_validate(now), Metrics.model_validate(good), *args, **kwargs)
+
 
 HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/s")
 RUN = Run(name="r", hosts=["kimi-a"], base_model="/m", drafter="/d")
@@ -80,8 +86,12 @@ def test_the_verdict_is_the_same_for_the_same_rounds():
 
 
 def metrics(rounds, settings=NIGHTLY, **extra):
+    """A record's metrics as JSON (the gate's tests); ``M`` reads them as record-good does."""
     return {"draft_tokens": 16, "output_tok_s": sorted(rounds)[len(rounds) // 2], "output_tok_s_rounds": rounds,
             "bench_settings": settings} | extra
+
+
+M = Metrics.model_validate
 
 
 def measured(rounds: list, settings: dict, figure: object = None) -> BenchMeasurement:
@@ -137,36 +147,36 @@ def test_a_bench_on_another_dataset_never_replaces_the_gates_baseline():
 
 
 def test_record_good_adds_a_datasets_baseline_beside_the_others():
-    nightly = metrics(BASE)
+    nightly = M(metrics(BASE))
     after_bench = record_good.keep_bar(record_good.with_baselines(nightly, None, False, "fp1"),
-                                       metrics([400.0] * 12, MINE), fingerprint="fp1")
+                                       M(metrics([400.0] * 12, MINE)), fingerprint="fp1")
     entries = record_good.throughput_baselines(after_bench)
-    assert [e["bench_settings"] for e in entries] == [NIGHTLY, MINE]
-    assert record_good.throughput_baseline(after_bench, NIGHTLY)["output_tok_s_rounds"] == BASE
-    assert entries[0]["drafter_fingerprint"] == "fp1"
+    assert [e.bench_settings for e in entries] == [NIGHTLY, MINE]
+    assert record_good.throughput_baseline(after_bench, NIGHTLY).output_tok_s_rounds == BASE
+    assert entries[0].drafter_fingerprint == "fp1"
 
 
 def test_same_deployment_keeps_its_bar_and_a_legacy_single_round_bar_is_filled_in():
-    kept = record_good.keep_bar(record_good.with_baselines(metrics(BASE), None, False), metrics(scaled(BASE, 0.93)))
-    assert record_good.throughput_baseline(kept, NIGHTLY)["output_tok_s_rounds"] == BASE
-    legacy = {"draft_tokens": 16, "output_tok_s": 1000.0, "bench_settings": NIGHTLY}
-    filled = record_good.keep_bar(legacy, metrics(scaled(BASE, 0.97)))
-    assert record_good.throughput_baseline(filled, NIGHTLY)["output_tok_s_rounds"] == scaled(BASE, 0.97)
+    kept = record_good.keep_bar(record_good.with_baselines(M(metrics(BASE)), None, False), M(metrics(scaled(BASE, 0.93))))
+    assert record_good.throughput_baseline(kept, NIGHTLY).output_tok_s_rounds == BASE
+    legacy = M({"draft_tokens": 16, "output_tok_s": 1000.0, "bench_settings": NIGHTLY})
+    filled = record_good.keep_bar(legacy, M(metrics(scaled(BASE, 0.97))))
+    assert record_good.throughput_baseline(filled, NIGHTLY).output_tok_s_rounds == scaled(BASE, 0.97)
 
 
 def test_an_inconclusive_new_deployment_keeps_the_previous_bar():
-    before = record_good.with_baselines(metrics(BASE), None, False, "old")
-    kept = record_good.with_baselines(metrics(scaled(BASE, 0.88)), before, True, "new")
-    assert record_good.throughput_baseline(kept, NIGHTLY)["drafter_fingerprint"] == "old"
-    replaced = record_good.with_baselines(metrics(scaled(BASE, 0.95)), before, False, "new")
-    assert record_good.throughput_baseline(replaced, NIGHTLY)["drafter_fingerprint"] == "new"
+    before = record_good.with_baselines(M(metrics(BASE)), None, False, "old")
+    kept = record_good.with_baselines(M(metrics(scaled(BASE, 0.88))), before, True, "new")
+    assert record_good.throughput_baseline(kept, NIGHTLY).drafter_fingerprint == "old"
+    replaced = record_good.with_baselines(M(metrics(scaled(BASE, 0.95))), before, False, "new")
+    assert record_good.throughput_baseline(replaced, NIGHTLY).drafter_fingerprint == "new"
 
 
 @pytest.mark.parametrize("entry", [{"output_tok_s": "fast"}, {"output_tok_s": 0}, {"output_tok_s_rounds": [1, "x"]},
                                    {"output_tok_s": True}, {"output_tok_s": float("nan")}])
 def test_a_hand_edited_baseline_is_not_trusted_into_the_statistics(entry):
-    assert record_good.rounds_of(entry) == []
-    assert record_good.throughput_baselines({"throughput_baselines": [entry]}) == []
+    assert record_good.rounds_of(Baseline.model_validate(entry)) == []
+    assert record_good.throughput_baselines(M({"throughput_baselines": [entry]})) == []
     assert compare({"output_tok_s": 900.0, "bench_settings": NIGHTLY}, {"throughput_baselines": [entry]}, 0.9,
                    0.9).throughput is None
 
