@@ -6,6 +6,7 @@
 | ``<state_dir>/last-good.json`` | ``LastGood`` (+ ``Metrics``, ``Baseline``) | record-good | rollback, regression-gate, same-night-control, status, node groups |
 | ``<state_dir>/quarantine.json`` | ``QuarantineRecord`` (+ ``QuarantineEntry``) | ``deploy/remote/quarantine.py`` (stdlib, on the host) | the quarantine step, the session's outcome |
 | the benchmark measurement | ``BenchMeasurement`` | the benchmark step (``StepMemory.bench``) | record-good, regression-gate, the host's facts |
+| the same-night control | ``ControlMeasurement`` | same-night-control (``StepMemory.control``) | regression-gate |
 | the gate's verdict | ``GateVerdict`` | regression-gate (``StepMemory.gate``) | record-good, the host's facts (history, reports) |
 
 Every model forbids fields it does not know and carries ``schema_version``. A reader of a file goes
@@ -224,6 +225,20 @@ class BenchMeasurement(Record):
         return self.model_dump(exclude={k for k in ("failed_rounds", "dataset_path") if getattr(self, k) is None})
 
 
+class ControlMeasurement(Record):
+    """What same-night-control measured (issue 39, ``StepMemory.control``): the last good deployment's rounds
+    tonight, before the stop, at the benchmark's load; only ever set when it measured."""
+
+    WHAT: ClassVar[str] = "same-night control measurement"
+    measured: bool = True
+    output_tok_s_rounds: list[float]
+    #: the load, as the benchmark measurement's ``settings`` (the gate compares only equal loads)
+    settings: Load | None = None
+    drafter_fingerprint: str | None = None
+    measured_at: str | None = None
+    results_file: str | None = None
+
+
 class Comparison(Strict):
     """One comparison of rounds (deploy/local/throughput_gate.py ``Verdict.to_dict``)."""
 
@@ -286,7 +301,7 @@ def _unversioned(document: dict[str, Any]) -> dict[str, Any]:
 
 #: how a document without ``schema_version`` is read (the records deployctl wrote before it had one)
 MIGRATIONS = {DeploymentRecord: _unversioned, LastGood: _unversioned, QuarantineRecord: _from_schema_key,
-              BenchMeasurement: _unversioned, GateVerdict: _unversioned}
+              BenchMeasurement: _unversioned, ControlMeasurement: _unversioned, GateVerdict: _unversioned}
 
 
 def shape_problem(error: ValidationError) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from deploy.facts.server import RunSnapshot
-    from deploy.host.records import BenchMeasurement, DeploymentRecord, GateVerdict, LastGood, QuarantineRecord
+    from deploy.host.records import BenchMeasurement, ControlMeasurement, DeploymentRecord, GateVerdict, LastGood, QuarantineRecord
 
 
 @dataclass(slots=True, kw_only=True)
@@ -69,7 +69,7 @@ class StepMemory:
     verify: dict[str, Any] | None = None
     bench: BenchMeasurement | None = None
     #: same-night-control (issue 39): the last good deployment's rounds measured tonight, before the stop
-    control: dict[str, Any] | None = None
+    control: ControlMeasurement | None = None
     #: the throughput gate's verdict (deploy/local/throughput_gate.py): record-good keeps the bar when inconclusive
     gate: GateVerdict | None = None
     last_good: LastGood | None = None

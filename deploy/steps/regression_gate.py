@@ -24,7 +24,7 @@ from pydantic import Field
 from deploy.base.errors import BenchmarkHarnessFailed, Regression
 from deploy.facts.server import last_good_path, parse_record, read_record_command, same_deployment
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
-from deploy.host.records import Metrics
+from deploy.host.records import ControlMeasurement, Metrics
 from deploy.steps.record_good import measurements, rounds_of, throughput_baseline, throughput_baselines, usable_rounds_of
 from deploy.local.throughput_gate import TooFewRounds
 from deploy.local.same_night import NightVerdict, judge
@@ -98,17 +98,16 @@ def _compare_accept(now: Metrics, good: Metrics, fraction: float, out: Compariso
         out.regressions.append(line)
 
 
-def _control_rounds(control: dict | None, now: Metrics) -> list[float] | None:
+def _control_rounds(control: ControlMeasurement | None, now: Metrics) -> list[float] | None:
     """Tonight's rounds of the last good deployment, when measured at now's load (same-night-control)."""
-    if not isinstance(control, dict) or not control.get("measured", True):
+    if control is None or not control.measured or control.settings != now.bench_settings:
         return None
-    if control.get("settings") != now.bench_settings:
-        return None
-    rounds = usable_rounds_of(control.get("output_tok_s_rounds"), control.get("output_tok_s"))
+    rounds = usable_rounds_of(control.output_tok_s_rounds, None)
     return rounds or None
 
 
-def _compare_throughput(now: Metrics, good: Metrics, fraction: float, out: Comparison, control: dict | None = None,
+def _compare_throughput(now: Metrics, good: Metrics, fraction: float, out: Comparison,
+                        control: ControlMeasurement | None = None,
                         unchanged: bool = False) -> None:
     if now.output_tok_s is None or not throughput_baselines(good):
         out.lines.append(f"output tok/s: not compared (not measured "
@@ -136,8 +135,8 @@ def _compare_throughput(now: Metrics, good: Metrics, fraction: float, out: Compa
         out.regressions.append(line)
 
 
-def compare(now: Metrics, good: Metrics, accept_fraction: float, throughput_fraction: float, control: dict | None = None,
-            unchanged: bool = False) -> Comparison:
+def compare(now: Metrics, good: Metrics, accept_fraction: float, throughput_fraction: float,
+            control: ControlMeasurement | None = None, unchanged: bool = False) -> Comparison:
     """Every comparison of this run's measurements with the last good record's metrics; pure. ``control``: the
     last good deployment's rounds tonight (same-night-control); ``unchanged``: the drafter fingerprint is the
     last good one's (never a slowdown of the checkpoint)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timezone
 
-from deploy.host.records import Metrics
+from deploy.host.records import ControlMeasurement, Metrics
 from deploy.base.errors import BenchmarkHarnessFailed
 from deploy.facts.server import same_deployment
 from deploy.steps import benchmark
@@ -87,10 +87,11 @@ def run(ctx: StepContext) -> StepOutcome:
         # nothing is stopped yet; the gate says "no same-night control" and never calls a regression
         return StepOutcome("ok", f"NOT MEASURED (no same-night control tonight): {exc}", {"measured": False})
     good = ctx.memory.snapshot.last_good if ctx.memory.snapshot is not None else None
-    data = {"measured": True, "output_tok_s_rounds": rounds, "settings": benchmark.load(ctx, ds),
-            "drafter_fingerprint": good.drafter_fingerprint if good is not None else None,
-            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "results_file": benchmark.results_path(ctx)}
-    ctx.memory.control = data
+    control = ControlMeasurement(measured=True, output_tok_s_rounds=rounds, settings=benchmark.load(ctx, ds),
+                                 drafter_fingerprint=good.drafter_fingerprint if good is not None else None,
+                                 measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                 results_file=benchmark.results_path(ctx))
+    ctx.memory.control = control
+    data = control.document()
     return StepOutcome("ok", f"the last good deployment tonight: {min(rounds):.1f}-{max(rounds):.1f} output tok/s over "
                              f"{len(rounds)} round(s)", data)

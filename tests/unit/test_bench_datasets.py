@@ -16,14 +16,16 @@ from deploy.local import datasets
 from deploy.cli.common import with_dataset
 from deploy.base.errors import ConfigError, DeployError, ExitCode
 from deploy.engine.playbook import load_playbook
-from deploy.host.records import Metrics
+from deploy.host.records import ControlMeasurement, Metrics
 from deploy.steps import regression_gate as _gate
 from deploy.steps.record_good import keep_bar
 
 
-def compare(now: dict, good: dict, *args, **kwargs):
-    """The gate's comparison of two records' metrics, given as the JSON record-good writes (deploy/host/records.py)."""
-    return _gate.compare(Metrics.model_validate(now), Metrics.model_validate(good), *args, **kwargs)
+def compare(now: dict, good: dict, *args, control: dict | None = None, **kwargs):
+    """The gate's comparison of two records' metrics (and tonight's control), given as the JSON the steps write
+    (deploy/host/records.py)."""
+    return _gate.compare(Metrics.model_validate(now), Metrics.model_validate(good), *args,
+                         control=None if control is None else ControlMeasurement.model_validate(control), **kwargs)
 
 
 def turn(who: str, text: str) -> dict:

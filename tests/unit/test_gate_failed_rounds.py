@@ -23,7 +23,7 @@ from deploy.local.throughput_gate import MIN_ROUNDS, TooFewRounds, decide, round
 from deploy.steps import benchmark, regression_gate
 from deploy.steps.base import StepContext
 from deploy.steps.memory import StepMemory
-from deploy.host.records import BenchMeasurement
+from deploy.host.records import BenchMeasurement, ControlMeasurement
 from tests.recording import RecordingTransport, Reply
 
 HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="/s")
@@ -132,7 +132,7 @@ def test_no_rounds_recorded_and_a_zero_figure_is_a_harness_failure_not_an_intern
 def test_enough_good_rounds_around_a_failed_one_is_a_conclusive_regression():
     ctx = _gate_ctx([100.0, 0.0, 100.0, 100.0, 99.0, 101.0])
     # the last good deployment measured the same night at the bar's speed (issue 39: a regression needs it)
-    ctx.memory.control = {"settings": NIGHTLY, "output_tok_s": 1200.0, "output_tok_s_rounds": BAR}
+    ctx.memory.control = ControlMeasurement(settings=NIGHTLY, output_tok_s_rounds=BAR)
     with pytest.raises(Regression):
         regression_gate.run(ctx)
     assert ctx.memory.gate.outcome == "regression" and len(ctx.memory.gate.now_rounds) == 5

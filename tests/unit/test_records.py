@@ -14,8 +14,8 @@ import pytest
 
 from deploy.base.errors import RemoteOutputError
 from deploy.host import records
-from deploy.host.records import (BenchMeasurement, DeploymentRecord, GateVerdict, LastGood, QuarantineRecord,
-                                 record_of)
+from deploy.host.records import (BenchMeasurement, ControlMeasurement, DeploymentRecord, GateVerdict, LastGood,
+                                 QuarantineRecord, record_of)
 
 #: records as the main branch before issue 37 wrote them (no schema_version), one file each
 ON_DISK = Path(__file__).resolve().parents[1] / "records"
@@ -29,7 +29,8 @@ def _valid() -> dict[type[records.Record], dict[str, Any]]:
     bench = {"successful_requests": 16, "duration_s": 20.5, "output_tokens": 4096, "output_tok_s": 560.0,
              "output_tok_s_rounds": [560.0]}
     return {DeploymentRecord: {"argv": []}, LastGood: {"argv": []}, QuarantineRecord: {"entries": {}},
-            BenchMeasurement: bench, GateVerdict: judge(rounds, rounds, 0.9).verdict().document()}
+            BenchMeasurement: bench, ControlMeasurement: {"output_tok_s_rounds": rounds},
+            GateVerdict: judge(rounds, rounds, 0.9).verdict().document()}
 
 
 VALID = _valid()
@@ -48,6 +49,14 @@ def test_a_record_as_main_wrote_it_is_read_and_written_back_in_the_same_layout(p
     written = record.document()
     assert written.pop("schema_version") == 1
     assert written == {k: v for k, v in document.items() if k != "schema"}
+
+
+def test_every_record_has_a_valid_example_and_a_migration():
+    assert set(VALID) == set(records.MIGRATIONS) == {m for m in vars(records).values()
+                                                     if isinstance(m, type) and issubclass(m, records.Record)
+                                                     and m is not records.Record}
+    for model, document in VALID.items():
+        assert record_of(model, document, "f").document()["schema_version"] == model.SCHEMA
 
 
 def test_a_newer_schema_version_is_refused_naming_the_file():
@@ -89,7 +98,7 @@ def test_a_field_of_another_type_is_refused_naming_the_file_and_the_field(model,
         assert text.startswith(f"kimi-a: ~/s/record.json: not a {model.WHAT}: {field}")
 
 
-@pytest.mark.parametrize("model", [DeploymentRecord, LastGood, QuarantineRecord, BenchMeasurement, GateVerdict])
+@pytest.mark.parametrize("model", sorted(records.MIGRATIONS, key=lambda m: m.__name__))
 def test_an_unknown_field_or_a_document_of_another_type_is_refused(model):
     with pytest.raises(RemoteOutputError, match=r"f: not a .*: surprise: Extra inputs are not permitted"):
         record_of(model, VALID[model] | {"surprise": 1}, "f")

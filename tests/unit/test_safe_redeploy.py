@@ -19,7 +19,7 @@ from deploy.facts.server import env_hash, parse_record, parse_server_state, same
 from deploy.engine.locks import HOST_LOCK_SOURCE, describe_owner, host_lock_program, local_lock, owner_info, parse_host_lock
 from deploy.remote import host_ops
 from deploy.host.deployment import DesiredDeployment
-from deploy.host.records import LastGood, Metrics
+from deploy.host.records import ControlMeasurement, LastGood, Metrics
 from deploy.steps import regression_gate as _gate
 from deploy.facts.host_helper import parse_probe
 from deploy.steps.wait_ready import classify
@@ -27,9 +27,11 @@ from deploy.base.errors import RemoteOutputError
 from deploy.steps.memory import StepMemory
 
 
-def compare(now: dict, good: dict, *args, **kwargs):
-    """The gate's comparison of two records' metrics, given as the JSON record-good writes (deploy/host/records.py)."""
-    return _gate.compare(Metrics.model_validate(now), Metrics.model_validate(good), *args, **kwargs)
+def compare(now: dict, good: dict, *args, control: dict | None = None, **kwargs):
+    """The gate's comparison of two records' metrics (and tonight's control), given as the JSON the steps write
+    (deploy/host/records.py)."""
+    return _gate.compare(Metrics.model_validate(now), Metrics.model_validate(good), *args,
+                         control=None if control is None else ControlMeasurement.model_validate(control), **kwargs)
 
 
 # ---------------------------------------------------------------------------- wait-ready

@@ -90,7 +90,7 @@ from deploy.facts.server import RunSnapshot, ServerState  # noqa: E402
 from deploy.steps import record_good, regression_gate, same_night_control  # noqa: E402
 from deploy.steps.base import StepContext  # noqa: E402
 from deploy.steps.memory import StepMemory  # noqa: E402
-from deploy.host.records import BenchMeasurement, DeploymentRecord, LastGood, Metrics  # noqa: E402
+from deploy.host.records import BenchMeasurement, ControlMeasurement, DeploymentRecord, LastGood, Metrics  # noqa: E402
 from tests.recording import RecordingTransport, Reply  # noqa: E402
 
 HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/s")
@@ -159,8 +159,8 @@ def test_the_control_measures_the_running_last_good_deployment_into_its_own_file
     ctx = control_ctx(memory, [dataset_on_host(), Reply("bench_serving", stdout=BENCH_16)])
     outcome = same_night_control.run(ctx)
     assert outcome.status == "ok" and memory.control is not None
-    assert memory.control["output_tok_s_rounds"] == [BENCH["fact"]["output_tok_s"]] * 12
-    assert memory.control["settings"] == the_load() and memory.control["drafter_fingerprint"] == OLD
+    assert memory.control.output_tok_s_rounds == [BENCH["fact"]["output_tok_s"]] * 12
+    assert memory.control.settings == the_load() and memory.control.drafter_fingerprint == OLD
     assert all("/bench/control-20261204T031500Z" in c for c in ctx.conn.commands if "bench_serving" in c)
 
 
@@ -197,7 +197,8 @@ def measured(rounds: list, settings: dict, figure: object = None) -> BenchMeasur
 def gate_ctx(now_rounds: list[float], good: dict, fingerprint: str, control: list[float] | None = None) -> StepContext:
     memory = StepMemory(drafter_fingerprint=fingerprint, deployment=DeploymentRecord(argv=["x"], drafter_fingerprint=fingerprint),
                         bench=measured(now_rounds, the_load()),
-                        control=None if control is None else {"output_tok_s_rounds": control, "settings": the_load()},
+                        control=None if control is None else ControlMeasurement(output_tok_s_rounds=control,
+                                                                                settings=the_load()),
                         snapshot=snapshot(good))
     return StepContext(host=HOST, run=RUN, settings=nightly_step("regression-gate").settings, conn=None,
                        launch_stamp="x", memory=memory)

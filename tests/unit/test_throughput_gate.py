@@ -13,14 +13,16 @@ from deploy.steps import record_good, regression_gate
 from deploy.steps.base import StepContext
 from deploy.steps.memory import StepMemory
 from deploy.local.throughput_gate import decide, moses_rank
-from deploy.host.records import Baseline, BenchMeasurement, Metrics
+from deploy.host.records import Baseline, BenchMeasurement, ControlMeasurement, Metrics
 from deploy.steps import regression_gate as _gate
 from tests.recording import RecordingTransport, Reply
 
 
-def compare(now: dict, good: dict, *args, **kwargs):
-    """The gate's comparison of two records' metrics, given as the JSON record-good writes (deploy/host/records.py)."""
-    return _gate.compare(Metrics.model_validate(now), Metrics.model_validate(good), *args, **kwargs)
+def compare(now: dict, good: dict, *args, control: dict | None = None, **kwargs):
+    """The gate's comparison of two records' metrics (and tonight's control), given as the JSON the steps write
+    (deploy/host/records.py)."""
+    return _gate.compare(Metrics.model_validate(now), Metrics.model_validate(good), *args,
+                         control=None if control is None else ControlMeasurement.model_validate(control), **kwargs)
 
 
 HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="~/s")
@@ -112,7 +114,8 @@ def gate_ctx(bench_rounds, good_metrics, settings=NIGHTLY, control=None):
     record = {"run": "r", "drafter_path": "/s/d", "metrics": good_metrics, "argv": ["x"]}
     conn = RecordingTransport(HOST, [Reply("last-good.json", stdout=json.dumps(record))])
     memory = StepMemory(bench=measured(bench_rounds, settings),
-                        control=None if control is None else {"output_tok_s_rounds": control, "settings": settings})
+                        control=None if control is None else ControlMeasurement(output_tok_s_rounds=control,
+                                                                                settings=settings))
     return StepContext(host=HOST, run=RUN, settings=regression_gate.Settings(step="regression-gate"), conn=conn,
                        launch_stamp="x", memory=memory)
 
