@@ -350,6 +350,19 @@ def test_every_field_of_the_document_with_a_wrong_value_is_an_error_or_read_as_a
             (key, value, fact)
 
 
+@pytest.mark.parametrize("key, field, value", [("record", "pid", "4242"), ("record", "drafter_update", {"how": "x"}),
+                                               ("last_good", "metrics", {"draft_tokens": "16"}),
+                                               ("last_good", "surprise", 1)])
+def test_a_record_field_of_another_shape_is_a_note_naming_the_file_and_field_and_status_reads_on(key, field, value):
+    """Issue 37: the records are typed (deploy/host/records.py); status reads on and says which field."""
+    original = _document("probe_at_the_benchmark_load")
+    fact = facts.parse_status(0, json.dumps(original | {key: original[key] | {field: value}}) + "\n", "", "gpu-a")
+    name = "deployment.json" if key == "record" else "last-good.json"
+    assert (fact.deployment if key == "record" else fact.last_good) is None
+    assert any(n.startswith(f"{name} is not a deployment record ({field}") for n in fact.notes), fact.notes
+    assert fact.live.accept_length is not None  # the server's own figures are still read
+
+
 INFO_BODIES = ["[]", "not json", '{"internal_states": "x"}', '{"internal_states": []}', '{"internal_states": [1]}',
                '{"internal_states": [{"avg_spec_accept_length": NaN}]}',
                '{"internal_states": [{"avg_spec_accept_length": -2}]}',
