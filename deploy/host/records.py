@@ -10,7 +10,7 @@
 | the gate's verdict | ``GateVerdict`` | regression-gate (``StepMemory.gate``) | record-good, the host's facts (history, reports) |
 
 Every model forbids fields it does not know and carries ``schema_version``. A reader of a file goes
-through ``read_record``: a document without ``schema_version`` is one written before it existed (this
+through ``validated`` or ``record_of``: a document without ``schema_version`` is one written before it existed (this
 module's ``MIGRATIONS`` say how it is read: the layout is the same, so it is version 1; the quarantine
 record's ``schema`` key is its old spelling); a version this deployctl does not know, or a field of
 another shape, is refused with an error naming the file and the field, never guessed. The host side
