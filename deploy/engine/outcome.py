@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 def verified_pid(report: HostReport, memory: StepMemory) -> int | None:
     """The server this run verified: its own deployment, or the one its rollback restored."""
     restored = memory.restored
-    if isinstance(restored, dict) and isinstance(restored.get("pid"), int):
-        return restored["pid"]
+    if restored is not None and restored.pid is not None:
+        return restored.pid
     if any(s.name == "verify-acceptance" and s.status == "ok" for s in report.steps):
         return memory.pid
     return None
@@ -133,11 +133,12 @@ def update_quarantine(report: HostReport, options: RunOptions, failed_step: str,
     """One exec, under the run's host lock, only when the record changes; a failure to write it is a
     warning (the record guards later runs, it is never a reason to fail this one)."""
     from deploy.facts.quarantine import parse_quarantine, parse_update, update_command
+    from deploy.host.records import QuarantineEntry
     from deploy.steps import quarantine
 
     host = report.host
 
-    def update(op: str, fingerprint: str, entry: dict | None = None) -> None:
+    def update(op: str, fingerprint: str, entry: QuarantineEntry | None = None) -> None:
         parse_update(conn.check(update_command(host.python, host.state_dir, op, fingerprint, entry), timeout=30,
                                 what="quarantine").stdout, host.name)
 
@@ -156,7 +157,7 @@ def update_quarantine(report: HostReport, options: RunOptions, failed_step: str,
         known = memory.quarantine
         if known is None:
             known = parse_quarantine(getattr(memory.snapshot, "quarantine", None), host.name, "quarantine.json")
-        if fingerprint and fingerprint in known:
+        if fingerprint and fingerprint in known.entries:
             update("remove", fingerprint)
             progress(host.name, "quarantine", f"fingerprint {fingerprint[:16]} verified: out of the quarantine")
     except DeployError as exc:

@@ -71,6 +71,7 @@ def plan_failure(playbook: Playbook, run: Run, host: Host) -> list[tuple[str, li
     from deploy.engine.session import ROLLBACK_STEPS, rollback_steps, server_state_action
     from deploy.facts.server import last_good_path, read_record_command
     from deploy.steps.base import Command
+    from deploy.host.records import LastGood
     from deploy.steps.memory import StepMemory
     from deploy.steps.wait_ready import tail_command
 
@@ -82,19 +83,21 @@ def plan_failure(playbook: Playbook, run: Run, host: Host) -> list[tuple[str, li
         ("rollback", [Command(description="read the last good deployment", when=rollback,
                               command=read_record_command(last_good_path(host.state_dir)))]),
     ]
-    memory = StepMemory(rollback_record={"argv": ["<the last good deployment's argv>"]})
+    memory = StepMemory(rollback_record=LastGood(argv=["<the last good deployment's argv>"]))
     stamp = launch_stamp()
     for step in rollback_steps(playbook):
         ctx = step_context(host, run, step.settings, None, stamp, lambda m: None, memory, step=step.name)
         actions = [a if a.when else _with_when(a, rollback) for a in step.module.plan(ctx)]
         steps.append((f"rollback/{step.name}", actions))
     from deploy.facts.quarantine import update_command
+    from deploy.host.records import QuarantineEntry
     from deploy.steps.quarantine import QUARANTINED_CAUSES
 
     steps.append(("quarantine", [
         Command(description="record the drafter fingerprint in the host's quarantine (restart/nightly refuse it: exit 13)",
                 when=f"{QUARANTINED_CAUSES} (rolled back or not), the fingerprint is not the last good one",
-                command=update_command(host.python, host.state_dir, "add", "<fingerprint>", {"failed_at": "<time>"},
+                command=update_command(host.python, host.state_dir, "add", "<fingerprint>",
+                                       QuarantineEntry(failed_at="<time>"),
                                        script="<deploy/remote/quarantine.py>")),
         Command(description="take a verified fingerprint out of the quarantine", when="it was quarantined (--retry-failed)",
                 command=update_command(host.python, host.state_dir, "remove", "<fingerprint>",

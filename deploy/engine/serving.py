@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, Optional
 
 from deploy.facts.server import same_deployment
+from deploy.host.records import LastGood
 
 State = Literal["serving", "unverified", "nothing", "unknown"]
 
@@ -46,7 +47,7 @@ class Serving:
 
 
 def decide(*, verified_pid: Optional[int], state: Any = None, state_error: Optional[str] = None,
-           stopped: bool = False, last_good: Optional[dict] = None, reached: bool = True,
+           stopped: bool = False, last_good: Optional[LastGood] = None, reached: bool = True,
            why_unreached: str = "", down: bool = False, launched: frozenset[int] = frozenset(),
            failed: Optional[Mapping[int, str]] = None) -> Serving:
     """``verified_pid``: the server this run verified (or its rollback restored and verified), if any.

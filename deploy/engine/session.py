@@ -230,7 +230,7 @@ def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str
     if isinstance(error, Regression) and same_deployment(good, memory.deployment):
         report.warnings.append("the regressing deployment is the last good one: nothing else to roll back to")
         return
-    progress(host.name, "rollback", f"relaunching the last good deployment ({good.get('drafter_path')})")
+    progress(host.name, "rollback", f"relaunching the last good deployment ({good.drafter_path})")
     rb_memory = memory.rollback_of(good)
     records, rb_error, _ = run_steps(rollback_steps(playbook), host, run, conn, stamp, progress,
                                       rb_memory, cancelled, label="rollback/")
@@ -241,7 +241,7 @@ def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str
     first = str(error).splitlines()[0]
     if rb_error is None:
         memory.restored = rb_memory.deployment
-        restored = f"previous deployment restored and verified ({good.get('drafter_path')}, pid {rb_memory.pid})"
+        restored = f"previous deployment restored and verified ({good.drafter_path}, pid {rb_memory.pid})"
         if isinstance(error, Regression):
             report.error = Regression(f"{error}\n-> rolled back: {restored}")
         else:
@@ -252,12 +252,12 @@ def roll_back(report: HostReport, playbook: Playbook, run: Run, conn, stamp: str
         # went with the connection). Exit 4 whatever the rollback could not do, not 1.
         report.error = ConnectionFailed(
             f"the connection to {host.name} was lost: {first}\n-> no rollback to the last good deployment "
-            f"({good.get('drafter_path')}) was possible: {str(rb_error).splitlines()[0]}")
+            f"({good.drafter_path}) was possible: {str(rb_error).splitlines()[0]}")
         memory.rollback_failed = True
         progress(host.name, "rollback", "FAILED: the connection was lost")
     else:
         report.error = DeployError(
-            f"failed: {first}\n-> the rollback to the last good deployment ({good.get('drafter_path')}) failed too: "
+            f"failed: {first}\n-> the rollback to the last good deployment ({good.drafter_path}) failed too: "
             f"{str(rb_error).splitlines()[0]}", exit_code=ExitCode.FAILED)
         # what the host serves now is read after the run (HostSession.close), not assumed: a server
         # still loading after a network freeze is not "nothing"
@@ -277,32 +277,23 @@ def kept_deployment_error(error: DeployError, cause: Cause, memory: StepMemory) 
 
 
 def collect_facts(report: HostReport, memory: StepMemory, run: Run) -> None:
-    deployment = memory.deployment or {}
-    bench = memory.bench or {}
+    deployment = memory.deployment
+    bench = memory.bench
     report.facts = {
-        "sglang_version": memory.sglang_version or deployment.get("sglang_version"),
-        "drafter_fingerprint": memory.drafter_fingerprint or deployment.get("drafter_fingerprint"),
+        "sglang_version": memory.sglang_version or (deployment.sglang_version if deployment else None),
+        "drafter_fingerprint": memory.drafter_fingerprint or (deployment.drafter_fingerprint if deployment else None),
         "draft_tokens": run.draft_tokens,
         "accept_length": (memory.verify or {}).get("accept_length"),
-        "output_tok_s": bench.get("output_tok_s"),
+        "output_tok_s": None if bench is None else bench.output_tok_s,
         # which prompts the numbers were measured on (BENCH, issue 20): history rows name them
-        "dataset": bench.get("dataset"),
-        "dataset_sha256": bench.get("dataset_sha256"),
+        "dataset": None if bench is None else bench.dataset,
+        "dataset_sha256": None if bench is None else bench.dataset_sha256,
         "converged": memory.converged,
         # the throughput gate's verdict with its figures and rule (deploy/local/throughput_gate.py), when it judged
-        "throughput_gate": gate_summary(memory.gate),
+        "throughput_gate": None if memory.gate is None else memory.gate.summary(),
         # swapped into the running server or reloaded, and why / what was verified (swap-drafter)
         "drafter_update": memory.drafter_update,
     }
-
-
-def gate_summary(gate: dict | None) -> dict | None:
-    """What history and the one-line report keep of the gate's verdict (the rounds stay in the JSON report)."""
-    if not isinstance(gate, dict):
-        return None
-    return {k: gate.get(k) for k in ("outcome", "ratio", "low", "high", "floor", "now_median", "baseline_median",
-                                     "drift_ratio", "against")} | {
-        "rounds": [len(gate.get("now_rounds") or []), len(gate.get("baseline_rounds") or [])]}
 
 
 class HostSession:

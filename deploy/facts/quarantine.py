@@ -1,19 +1,20 @@
 """The host's quarantine record: drafter fingerprints that failed verification or were rolled back there.
 
-``<state_dir>/quarantine.json`` = ``{"schema": 1, "entries": {FINGERPRINT: {"failed_at", "verb", "run",
-"exit_code", "reason", "drafter_path"}}}``, written only by ``deploy/remote/quarantine.py`` under the
-host lock. Read by the doctor's command (run_state) or with one bounded ``head``; parsed strictly:
-a record that is not this shape is an error naming the file, never "nothing quarantined".
+``<state_dir>/quarantine.json`` = ``{"schema_version": 1, "entries": {FINGERPRINT: {"failed_at", "verb", "run",
+"exit_code", "reason", "drafter_path"}}}`` (its model: ``deploy/host/records.py`` QuarantineRecord; a record
+written before issue 37 spells its version ``"schema": 1``), written only by ``deploy/remote/quarantine.py``
+under the host lock. Read by the doctor's command (run_state) or with one bounded ``head``; parsed strictly:
+a record that is not this shape is an error naming the file and the field, never "nothing quarantined".
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from deploy.base.limits import parse_json
 from deploy.base.errors import RemoteOutputError
+from deploy.host.records import QuarantineEntry, QuarantineRecord, validated
 from deploy.facts.helpers import helper_python, host_ops_modules
 from deploy.facts.inline import inline_program
 from deploy.base.shell import path_join, quote, quote_path
@@ -21,7 +22,6 @@ from deploy.base.shell import path_join, quote, quote_path
 SOURCE = Path(__file__).resolve().parents[1] / "remote" / "quarantine.py"
 MARK = "deployctl-quarantine"
 MAX_BYTES = 256 << 10
-ENTRY_FIELDS = ("failed_at", "verb", "run", "exit_code", "reason", "drafter_path")
 
 
 def quarantine_path(state_dir: str) -> str:
@@ -40,34 +40,28 @@ def update_program() -> str:
     return inline_program(host_ops_modules() + [("quarantine", SOURCE.read_text())], "quarantine")
 
 
-def update_command(python: str, state_dir: str, op: str, fingerprint: str, entry: dict | None = None,
+def update_command(python: str, state_dir: str, op: str, fingerprint: str, entry: QuarantineEntry | None = None,
                    script: str | None = None) -> str:
     source = update_program() if script is None else script
     parts = [helper_python(python), "-c", quote(source), MARK, quote_path(quarantine_path(state_dir)), op,
              quote(fingerprint)]
     if op == "add":
-        parts.append(quote(json.dumps(entry or {}, sort_keys=True)))
+        parts.append(quote(json.dumps({} if entry is None else entry.model_dump(mode="json", exclude_unset=True),
+                                      sort_keys=True)))
     return " ".join(parts)
 
 
-def parse_quarantine(text: str | None, source: str, what: str) -> dict[str, dict[str, Any]]:
-    """fingerprint -> entry; no record (absent, empty): nothing is quarantined."""
+def parse_quarantine(text: str | None, source: str, what: str) -> QuarantineRecord:
+    """The record (its entries: fingerprint -> entry); no record (absent, empty): nothing is quarantined."""
     if text is None or not text.strip():
-        return {}
+        return QuarantineRecord(entries={})
     try:
         if len(text.encode()) > MAX_BYTES:
             raise ValueError(f"larger than {MAX_BYTES} bytes")
-        document = parse_json(text)
-        entries = document.get("entries") if isinstance(document, dict) else None
-        if not isinstance(entries, dict):
-            raise ValueError("no entries object")
-        for fingerprint, entry in entries.items():
-            if not isinstance(entry, dict) or not isinstance(entry.get("failed_at"), str):
-                raise ValueError(f"entry {fingerprint[:40]!r} has no failed_at time")
-    except ValueError as exc:
+        return validated(QuarantineRecord, parse_json(text))
+    except ValueError as exc:  # RecordShapeError names the field: entries.<fingerprint>.failed_at
         raise RemoteOutputError(f"{source}: {what} is not a quarantine record ({exc}): {text[:200]!r}; "
                                 "remove the file to clear the quarantine") from None
-    return entries
 
 
 def parse_update(output: str, source: str) -> int:

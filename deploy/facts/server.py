@@ -3,7 +3,8 @@
 ``launch`` writes ``<state_dir>/deployment.json`` (the desired state it started: argv, drafter
 fingerprint and store path, environment hash, SGLang version, PID, log). ``converge`` compares it
 with what it would launch now; the orchestrator reads it after a failure to say what is left
-running. ``last-good.json`` is the same record plus the numbers it was verified with.
+running. ``last-good.json`` is the same record plus the numbers it was verified with. Both are read
+into their models (deploy/host/records.py: DeploymentRecord, LastGood), strictly.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from deploy.base.shell import quote, quote_path
 from deploy.facts.helpers import helper_python
 # the deployment's identity is spelled once, next to the desired deployment it is compared with
 from deploy.host.deployment import IDENTITY, env_hash, identity  # noqa: F401  (re-exported)
+from deploy.host.records import DeploymentRecord, LastGood, Record, record_of
 from deploy.host.state_layout import (StatePaths, deployment_path, last_good_env_path,  # noqa: F401  (re-exported)
                                  last_good_path)
 
-def same_deployment(a: dict | None, b: dict | None) -> bool:
+def same_deployment(a: DeploymentRecord | None, b: DeploymentRecord | None) -> bool:
     ia, ib = identity(a), identity(b)
     return ia is not None and ia == ib and ia["argv"] is not None
 
@@ -42,7 +44,7 @@ class ServerState:
     alive: bool
     status: int | None
     error: str | None
-    record: dict[str, Any] | None
+    record: DeploymentRecord | None
     #: what the PID file's PID is (PID_CHECKS): ``verified`` = alive and its command line is
     #: deployment.json's argv; ``not-ours`` = another program; ``elsewhere`` = the recorded server
     #: runs under a PID the file does not name. None: an older helper that did not say.
@@ -61,10 +63,10 @@ class ServerState:
             return f"unknown: {self.pid_note}" + (f" (running: {self.running})" if self.running else "")
         if not self.alive:
             return "nothing: no SGLang server of deployctl's is running on this host"
-        record = self.record or {}
-        drafter = record.get("drafter_path") or "?"
+        drafter = (self.record.drafter_path if self.record else None) or "?"
+        log = self.record.log if self.record and "log" in self.record.model_fields_set else "?"
         health = f"/health {self.status}" if self.status is not None else f"/health no answer ({self.error})"
-        return f"SGLang pid {self.pid} ({health}), drafter {drafter}, log {record.get('log', '?')}"
+        return f"SGLang pid {self.pid} ({health}), drafter {drafter}, log {log}"
 
 
 def parse_server_state(output: str, source: str) -> ServerState:
@@ -91,11 +93,13 @@ def parse_server_state(output: str, source: str) -> ServerState:
         raise RemoteOutputError(f"{source}: server-state printed unexpected output: {output[:300]!r}") from None
     if record is not None and "unreadable" in record:
         record = None
-    return ServerState(pid, document["alive"], status, document.get("error"), record, check, texts[0], texts[1])
+    deployment = None if record is None else record_of(DeploymentRecord, record, f"{source}: deployment.json")
+    return ServerState(pid, document["alive"], status, document.get("error"), deployment, check, texts[0], texts[1])
 
 
-def parse_record(output: str, source: str, what: str) -> dict | None:
-    """A JSON record file read with ``cat`` (empty output: no record)."""
+def parse_record(output: str, source: str, what: str) -> LastGood | None:
+    """last-good.json read with ``head`` (empty output: no record), as its model: a field of another
+    shape is an error naming the file and the field."""
     text = output.strip()
     if not text:
         return None
@@ -107,7 +111,7 @@ def parse_record(output: str, source: str, what: str) -> dict | None:
             raise TypeError
     except (ValueError, TypeError, RecursionError):  # 100k-deep nesting is a RecursionError
         raise RemoteOutputError(f"{source}: {what} is not a deployment record: {text[:200]!r}") from None
-    return document
+    return record_of(LastGood, document, f"{source}: {what}")
 
 
 #: a record is a few KB; read one byte more than this to know it is over
@@ -118,12 +122,13 @@ MAX_RECORD_BYTES = 1 << 20
 PID_MARK = "__PID__"
 
 
-def record_stdin(record: dict, host: str, what: str, *, pid_mark: bool = False) -> bytes:
+def record_stdin(record: Record | dict[str, Any], host: str, what: str, *, pid_mark: bool = False) -> bytes:
     """A record as the bytes a write reads on stdin (issue 38: never on a command line, where another
     user of the host reads it, ``--admin-api-key`` included, in /proc/*/cmdline, and where over 128 KiB
     the exec failed: "connection lost"). At most MAX_RECORD_BYTES, what the readers read back (1 MiB):
     a larger one is refused naming it, nothing written (exit 10)."""
-    data = (json.dumps(record | {"pid": PID_MARK} if pid_mark else record, sort_keys=True) + "\n").encode()
+    document = record.document() if isinstance(record, Record) else record
+    data = (json.dumps(document | {"pid": PID_MARK} if pid_mark else document, sort_keys=True) + "\n").encode()
     if len(data) > MAX_RECORD_BYTES:
         raise DeployError(f"{host}: {what} would be {len(data)} bytes, over the {MAX_RECORD_BYTES} bytes deployctl "
                           "reads back: not written (nothing changed)", exit_code=ExitCode.IO)
@@ -149,7 +154,7 @@ class RunSnapshot:
     python: str
     helpers: dict[str, str | None]
     server: ServerState
-    last_good: dict | None
+    last_good: LastGood | None
     #: quarantine.json as text (None: absent), when the doctor's command read it (quarantine_read)
     quarantine: str | None = None
     quarantine_read: bool = False

@@ -38,6 +38,7 @@ from deploy.base.limits import parse_json
 from deploy.base.errors import RemoteOutputError
 from deploy.facts.helpers import helper_python, host_ops_modules
 from deploy.facts.inline import inline_program
+from deploy.host.records import R, DeploymentRecord, LastGood, Metrics, RecordShapeError, validated
 from deploy.host.state_layout import canary_path, deployment_path, last_good_path
 from deploy.base.shell import path_join, quote, quote_path
 
@@ -180,7 +181,7 @@ class HostStatus(_Strict):
     health_error: Optional[str]
     uptime_s: Optional[float]
     #: deployment.json as launch wrote it (None: none, or unreadable)
-    deployment: Optional[dict[str, Any]]
+    deployment: Optional[DeploymentRecord]
     drafter_fingerprint: Optional[str]
     drafter_path: Optional[str]
     draft_tokens: Optional[int]
@@ -442,7 +443,8 @@ def _live(document: StatusDocument, source: str, notes: list[str]) -> tuple[Live
     return live, summary, info or {}
 
 
-def _record(value: dict | None, what: str, notes: list[str]) -> dict | None:
+def _record(value: dict | None, what: str, notes: list[str], model: type[R]) -> R | None:
+    """The record as its model; one that is not says so in a note (status reads, it never fails on a record)."""
     if value is None:
         return None
     if "unreadable" in value:
@@ -451,12 +453,11 @@ def _record(value: dict | None, what: str, notes: list[str]) -> dict | None:
     if not isinstance(value.get("argv"), list):
         notes.append(f"{what} is not a deployment record (no argv)")
         return None
-    return value
-
-
-def _optional(record: dict, key: str, kind: type) -> Any:
-    value = record.get(key)
-    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+    try:
+        return validated(model, value)
+    except RecordShapeError as exc:
+        notes.append(f"{what} is not a deployment record ({str(exc)[:120]})")
+        return None
 
 
 def _figure(value: Any) -> float | None:
@@ -466,21 +467,17 @@ def _figure(value: Any) -> float | None:
     return float(value)
 
 
-def _baseline(good: dict | None, deployment: dict | None) -> Baseline | None:
+def _baseline(good: LastGood | None, deployment: DeploymentRecord | None) -> Baseline | None:
     from deploy.facts.server import same_deployment
 
     if good is None:
         return None
-    found = good.get("metrics")
-    metrics: dict[str, Any] = found if isinstance(found, dict) else {}
-    accept, tok_s = _figure(metrics.get("accept_length")), _figure(metrics.get("output_tok_s"))
+    metrics = good.metrics or Metrics()
     return Baseline(
-        run=_optional(good, "run", str), drafter_fingerprint=_optional(good, "drafter_fingerprint", str),
-        drafter_path=_optional(good, "drafter_path", str), verified_at=_optional(good, "verified_at", str),
-        draft_tokens=_optional(metrics, "draft_tokens", int),
-        accept_length=accept, output_tok_s=tok_s,
-        bench_settings=metrics.get("bench_settings") if isinstance(metrics.get("bench_settings"), dict) else None,
-        same_deployment=same_deployment(good, deployment))
+        run=good.run, drafter_fingerprint=good.drafter_fingerprint, drafter_path=good.drafter_path,
+        verified_at=good.verified_at, draft_tokens=metrics.draft_tokens,
+        accept_length=_figure(metrics.accept_length), output_tok_s=_figure(metrics.output_tok_s),
+        bench_settings=metrics.bench_settings, same_deployment=same_deployment(good, deployment))
 
 
 def _argv_value(argv: list, flag: str) -> str | None:
@@ -494,8 +491,8 @@ def parse_status(exit_code: int, stdout: str, stderr: str, source: str) -> HostS
     """The whole answer of ``status_command``: the server, its figures and its last good numbers."""
     document = parse_document(exit_code, stdout, stderr, source)
     notes: list[str] = []
-    deployment = _record(document.record, "deployment.json", notes)
-    good = _record(document.last_good, "last-good.json", notes)
+    deployment = _record(document.record, "deployment.json", notes, DeploymentRecord)
+    good = _record(document.last_good, "last-good.json", notes, LastGood)
     if document.alive:
         live, probe, info = _live(document, source, notes)
     else:
@@ -506,7 +503,7 @@ def parse_status(exit_code: int, stdout: str, stderr: str, source: str) -> HostS
                                  throughput_source="not measured", throughput_comparable=False,
                                  server_gen_tok_s=None, running=None, queued=None, traffic=False,
                                  window_s=None, source="none"), None, {}
-    argv = deployment.get("argv") if deployment else None
+    argv = deployment.argv if deployment else None
     tokens = info.get("speculative_num_draft_tokens")
     if not isinstance(tokens, int) or isinstance(tokens, bool):
         text = _argv_value(argv, "--speculative-num-draft-tokens") if argv else None
@@ -515,9 +512,9 @@ def parse_status(exit_code: int, stdout: str, stderr: str, source: str) -> HostS
     return HostStatus(
         pid=document.pid, alive=document.alive, health=health.status if health else None,
         health_error=health.error if health else None, uptime_s=document.uptime_s, deployment=deployment,
-        drafter_fingerprint=_optional(deployment or {}, "drafter_fingerprint", str),
-        drafter_path=_optional(deployment or {}, "drafter_path", str), draft_tokens=tokens,
-        sglang_version=_optional(deployment or {}, "sglang_version", str),
+        drafter_fingerprint=deployment.drafter_fingerprint if deployment else None,
+        drafter_path=deployment.drafter_path if deployment else None, draft_tokens=tokens,
+        sglang_version=deployment.sglang_version if deployment else None,
         live=live, last_good=_baseline(good, deployment), probe=probe, notes=notes,
         canary=_canary(document, notes))
 

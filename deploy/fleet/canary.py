@@ -69,6 +69,7 @@ def canary_phases(spec: CanarySpec, batch: tuple[Host, ...], playbook) -> tuple[
 def _keep_last_good(batch: tuple[Host, ...]):
     def body(ctx) -> str:
         from deploy.facts.server import parse_record, read_record_command
+        from deploy.host.records import LastGood
         from deploy.host.state_layout import last_good_path
         from deploy.steps.base import Command
 
@@ -77,14 +78,14 @@ def _keep_last_good(batch: tuple[Host, ...]):
                                         "refused, exit 8, nothing changed)",
                             command=read_record_command(last_good_path(host.state_dir)))]
 
-        def read(host: Host) -> dict | None:
+        def read(host: Host) -> LastGood | None:
             from deploy.ssh.transport import HostConnection
 
             path = last_good_path(host.state_dir)
             with HostConnection(host, ctx.config.ssh, ctx.state.jumps) as conn:
                 return parse_record(conn.run(planned(host)[0].command, timeout=60).stdout, host.name, path)
 
-        kept: dict[str, dict] = {}
+        kept: dict[str, LastGood] = {}
         missing = []
         for host in batch:
             record = ctx.on_host(host, read, planned)
@@ -97,7 +98,7 @@ def _keep_last_good(batch: tuple[Host, ...]):
             "to one; nothing was changed (deploy it once without the canary)") if missing else None,
             "a canary host has no last good deployment recorded (exit 8, nothing changed)")
         ctx.memory.canary_last_good = kept
-        return "the canary goes back to: " + "; ".join(f"{n} {r.get('drafter_path')}" for n, r in kept.items())
+        return "the canary goes back to: " + "; ".join(f"{n} {r.drafter_path}" for n, r in kept.items())
     return body
 
 
@@ -363,13 +364,14 @@ def _restore_actions(ctx, host: Host, playbook) -> list[Any]:
     from deploy.engine.plan import plan_failure
     from deploy.engine.session import step_context
     from deploy.facts.quarantine import update_command
+    from deploy.host.records import LastGood, QuarantineEntry
     from deploy.steps import record_good
     from deploy.steps.base import Command
 
     net = ctx.network(host)
     step = step_context(net, ctx.run, record_good.Settings(step="record-good"), None, ctx.stamp, lambda *a: None)
     actions: list[Any] = [dataclasses.replace(
-        record_good.write_action(step, {"env_file": "<as recorded>"}, None,
+        record_good.write_action(step, LastGood(argv=[], env_file="<as recorded>"), None,
                                  shown="the last good record read before the canary's redeploy"),
         description="write back the last good record read before the canary's redeploy", when=None)]
     for name, planned in plan_failure(playbook, ctx.run, net):
@@ -379,7 +381,7 @@ def _restore_actions(ctx, host: Host, playbook) -> list[Any]:
                                        "(canary: live acceptance, or canary: live speed)",
                            when="the canary is rolled back (not when inconclusive or on a signal)",
                            command=update_command(host.python, host.state_dir, "add", "<the new fingerprint>",
-                                                  {"reason": "<cause>: <the decision>"},
+                                                  QuarantineEntry(failed_at="<time>", reason="<cause>: <the decision>"),
                                                   script="<deploy/remote/quarantine.py>")))
     return actions
 
@@ -408,10 +410,11 @@ def _quarantine(ctx, conn, host: Host, fingerprint: str, cause: str, why: str, r
     from datetime import datetime, timezone
 
     from deploy.facts.quarantine import parse_update, update_command
+    from deploy.host.records import QuarantineEntry
 
-    entry = {"failed_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-             "verb": ctx.state.options.command, "run": ctx.run.name, "exit_code": int(ExitCode.REGRESSION),
-             "reason": f"{cause}: {why[:300]}", "drafter_path": report.facts.get("drafter_path")}
+    entry = QuarantineEntry(failed_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            verb=ctx.state.options.command, run=ctx.run.name, exit_code=int(ExitCode.REGRESSION),
+                            reason=f"{cause}: {why[:300]}", drafter_path=report.facts.get("drafter_path"))
     try:
         parse_update(conn.check(update_command(host.python, host.state_dir, "add", fingerprint, entry), timeout=30,
                                 what="quarantine").stdout, host.name)

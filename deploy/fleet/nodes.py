@@ -39,6 +39,7 @@ from deploy.base.errors import DeployError, ExitCode, LockHeld, Regression, Serv
 from deploy.engine.records import RolledBack, launch_stamp
 from deploy.engine.session import HostSession, rollback_steps
 from deploy.facts.server import last_good_path, parse_record, read_record_command, same_deployment
+from deploy.host.records import DeploymentRecord, LastGood, NodeGroup
 from deploy.fleet.phases import Barrier, PhaseRecord, RunResult
 from deploy.engine.playbook import PlannedStep
 from deploy.host.deployment import identity
@@ -59,16 +60,16 @@ def node_run(run: Run, rank: int, nnodes: int, addr: str) -> Run:
     return run.model_copy(update={"extra_args": [*run.extra_args, *flags]})
 
 
-def group_id(deployments: Sequence[dict | None]) -> str:
+def group_id(deployments: Sequence[DeploymentRecord | None]) -> str:
     """One id for a node group's deployment: every node's deployment identity, in rank order."""
     text = json.dumps([identity(d) for d in deployments], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def group_fields(deployments: Sequence[dict], hosts: Sequence[str], addr: str) -> list[dict]:
+def group_fields(deployments: Sequence[DeploymentRecord | None], hosts: Sequence[str], addr: str) -> list[NodeGroup]:
     """Per rank: the ``node_group`` field its last good record carries."""
     gid = group_id(deployments)
-    return [{"id": gid, "rank": rank, "nnodes": len(hosts), "hosts": list(hosts), "dist_init_addr": addr}
+    return [NodeGroup(id=gid, rank=rank, nnodes=len(hosts), hosts=list(hosts), dist_init_addr=addr)
             for rank in range(len(hosts))]
 
 
@@ -76,7 +77,7 @@ def _flag(argv: list, name: str) -> Any:
     return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) else None
 
 
-def matching_group(records: Sequence[dict | None], hosts: Sequence[str]) -> tuple[list[dict] | None, str]:
+def matching_group(records: Sequence[LastGood | None], hosts: Sequence[str]) -> tuple[list[LastGood] | None, str]:
     """The nodes' last good records when they are ONE group deployment of these hosts in this rank
     order, else (None, why not). A node redeployed alone since, or a group of other hosts, does
     not match: relaunching such a mix would only hang in the rendezvous."""
@@ -84,22 +85,22 @@ def matching_group(records: Sequence[dict | None], hosts: Sequence[str]) -> tupl
     for rank, (host, record) in enumerate(zip(hosts, records, strict=True)):
         if record is None:
             return None, f"{host}: no last good deployment is recorded"
-        group = record.get("node_group")
-        if not isinstance(group, dict):
+        group = record.node_group
+        if group is None:
             return None, f"{host}: its last good deployment is not one of a node group"
-        if group.get("hosts") != list(hosts) or group.get("nnodes") != len(hosts) or group.get("rank") != rank:
-            return None, (f"{host}: its last good deployment is rank {group.get('rank')} of nodes "
-                          f"{group.get('hosts')}, not rank {rank} of {list(hosts)}")
-        argv = record.get("argv") or []
+        if group.hosts != list(hosts) or group.nnodes != len(hosts) or group.rank != rank:
+            return None, (f"{host}: its last good deployment is rank {group.rank} of nodes "
+                          f"{group.hosts}, not rank {rank} of {list(hosts)}")
+        argv = record.argv
         if _flag(argv, "--node-rank") != str(rank) or _flag(argv, "--nnodes") != str(len(hosts)) or \
-                _flag(argv, "--dist-init-addr") != group.get("dist_init_addr"):
+                _flag(argv, "--dist-init-addr") != group.dist_init_addr:
             return None, f"{host}: its last good argv does not match its node_group record (rank {rank})"
-        ids.add(group.get("id"))
+        ids.add(group.id)
     if len(ids) != 1:
         return None, "the nodes' last good deployments belong to different group deployments"
-    addrs = {r["node_group"]["dist_init_addr"] for r in records}  # type: ignore[index]
+    addrs = {r.node_group.dist_init_addr for r in records if r is not None and r.node_group is not None}
     if len(addrs) != 1:
-        return None, f"the nodes' last good deployments name different --dist-init-addr: {sorted(addrs)}"
+        return None, f"the nodes' last good deployments name different --dist-init-addr: {sorted(str(a) for a in addrs)}"
     if group_id(records) != ids.pop():
         return None, "the nodes' last good deployments do not add up to the group deployment they name"
     return list(records), ""  # type: ignore[arg-type]
@@ -345,20 +346,20 @@ def _converged_without_http(s: Node) -> None:
     state = s.server_state()
     if state.alive and state.record is not None and state.pid == record.data.get("recorded_pid"):
         s.memory.converged, s.memory.pid = True, state.pid
-        s.memory.log, s.memory.deployment = state.record.get("log"), state.record
+        s.memory.log, s.memory.deployment = state.record.log, state.record
         record.detail = f"already running as desired (pid {state.pid}; node rank {s.rank} serves no HTTP)"
 
 
 def _mark_group(sessions: Sequence[Node]) -> None:
     """Every node's deployment (launched now or converged) carries its node group, so that its last
     good record says which group deployment it belongs to."""
-    deployments = [{k: v for k, v in (s.memory.deployment or {}).items() if k != "node_group"}
+    deployments = [None if s.memory.deployment is None else s.memory.deployment.without("node_group")
                    for s in sessions]
     addr = _flag(sessions[0].run.extra_args, "--dist-init-addr")
     fields = group_fields(deployments, [s.host.name for s in sessions], addr)
     for s, deployment, group in zip(sessions, deployments, fields, strict=True):
-        if s.memory.deployment is not None:
-            s.memory.deployment = deployment | {"node_group": group}
+        if deployment is not None:
+            s.memory.deployment = deployment.but(node_group=group)
 
 
 def _stop_every_node(sessions: Sequence[Node], phases: list[PhaseRecord], progress, why: str = "",
@@ -387,7 +388,7 @@ def _roll_back_group(sessions: Sequence[Node], playbook, error: DeployError, pha
     deployment (rank 0 first), rank 0 ready and verified, the other ranks alive: exit 11. Anything
     else stops every node."""
     names = [s.host.name for s in sessions]
-    goods: list[dict | None] = []
+    goods: list[LastGood | None] = []
     try:
         for s in sessions:
             assert s.conn is not None
@@ -402,7 +403,7 @@ def _roll_back_group(sessions: Sequence[Node], playbook, error: DeployError, pha
             s.report.warnings.append(f"no rollback: {why}")
         _stop_every_node(sessions, phases, progress, f"no last good deployment of this node group: {why}")
         return
-    drafter = records[0].get("drafter_path")
+    drafter = records[0].drafter_path
     if isinstance(error, Regression) and all(same_deployment(good, s.memory.deployment)
                                              for s, good in zip(sessions, records, strict=True)):
         # relaunched (--force, or a node had died) and slower than its own record: relaunching it again
@@ -446,7 +447,7 @@ def _roll_back_group(sessions: Sequence[Node], playbook, error: DeployError, pha
     on(sessions[1:], "rollback: ranks 1+ alive", alive)
     first = str(error).splitlines()[0]
     if barrier.error is None:
-        addr = records[0]["node_group"]["dist_init_addr"]
+        addr = records[0].node_group.dist_init_addr if records[0].node_group is not None else None
         restored = (f"previous deployment restored and verified on every node ({drafter}, --dist-init-addr "
                     f"{addr}, pids " + ", ".join(f"{n} {memories[n].pid}" for n in names) + ")")
         for s in sessions:

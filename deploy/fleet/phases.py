@@ -30,6 +30,7 @@ from deploy.engine.fanout import for_each_host
 from deploy.engine.records import HostReport, Progress, RunOptions, StepRecord
 from deploy.engine.session import network_host, run_on_host
 from deploy.engine.playbook import Playbook
+from deploy.host.records import LastGood
 from deploy.ssh.transport import HostConnection, JumpConnections
 
 #: host outcomes after which the host serves a verified deployment (the new one, the same one,
@@ -73,7 +74,7 @@ class FleetMemory:
     #: the canary's window: its figures against the others', the decision and why (fleet/canary.py)
     canary: dict[str, Any] | None = None
     #: host name -> the last good record the canary would go back to
-    canary_last_good: dict[str, dict[str, Any]] = field(default_factory=dict)
+    canary_last_good: dict[str, LastGood] = field(default_factory=dict)
     #: host name -> the canary mark written on it
     canary_marks: dict[str, dict[str, Any]] = field(default_factory=dict)
 

@@ -3,7 +3,8 @@
 ``desired_deployment`` is the one place "what this run launches" is computed: the SGLang argv (with
 the drafter from the host's store and the doctor's decisions, e.g. ``--speculative-draft-model-
 quantization unquant``), the environment's hash, the drafter's fingerprint and path, the SGLang
-version, the draft tokens. The launch step writes ``DesiredDeployment.record()`` as deployment.json;
+version, the draft tokens. The launch step writes ``DesiredDeployment.record()`` (a ``DeploymentRecord``,
+deploy/host/records.py) as deployment.json;
 converge, the fleet's pre-drain probe, a node group and ``deployctl status`` compare a recorded
 deployment with it (``differences``), so they cannot disagree on what "configured" means.
 Pure, below the steps (facts, doctor, steps, fleet and verbs all read it).
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from deploy.config.models import Host, Run
+from deploy.host.records import DeploymentRecord
 from deploy.host.sglang_argv import DRAFT_QUANT_FLAG, DRAFTER_FLAG, sglang_argv
 from deploy.host.state_layout import StatePaths
 
@@ -40,17 +42,16 @@ UNKNOWN_DRAFTER = ("swapping", "swap-failed")
 UNKNOWN_DRAFTER_WORDS = "drafter unknown (a drafter swap into this server was not verified)"
 
 
-def drafter_unknown(record: dict | None) -> bool:
-    update = record.get("drafter_update") if isinstance(record, dict) else None
-    return isinstance(update, dict) and update.get("how") in UNKNOWN_DRAFTER
+def drafter_unknown(record: DeploymentRecord | None) -> bool:
+    return record is not None and record.drafter_update is not None and record.drafter_update.how in UNKNOWN_DRAFTER
 
 
-def identity(record: dict | None) -> dict | None:
+def identity(record: DeploymentRecord | None) -> dict[str, Any] | None:
     """The fields that make two deployments the same server; None for no record or a record whose
     server's drafter is unknown (equal to nothing, itself included)."""
-    if not isinstance(record, dict) or drafter_unknown(record):
+    if record is None or drafter_unknown(record):
         return None
-    return {k: record.get(k) for k in IDENTITY}
+    return {k: getattr(record, k) for k in IDENTITY}
 
 
 @dataclass(frozen=True)
@@ -71,17 +72,16 @@ class DesiredDeployment:
     #: doctor's facts (``deployctl status``) builds the same argv
     draft_quantization: str | None = None
 
-    def record(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["argv"] = list(self.argv)
-        return data
+    def record(self) -> DeploymentRecord:
+        """The deployment record of this deployment (every field given: an absent one means an older record)."""
+        return DeploymentRecord.model_validate(asdict(self) | {"argv": list(self.argv)})
 
-    def differences(self, recorded: dict | None, fields: tuple[str, ...] = IDENTITY) -> list[str]:
+    def differences(self, recorded: DeploymentRecord | None, fields: tuple[str, ...] = IDENTITY) -> list[str]:
         """The identity fields (or ``fields``) in which ``recorded`` differs, as words ("drafter fingerprint")."""
-        if not isinstance(recorded, dict):
+        if recorded is None:
             return ["no deployment recorded"]
         want = self.record()
-        changed = [key.replace("_", " ") for key in fields if want.get(key) != recorded.get(key)]
+        changed = [key.replace("_", " ") for key in fields if getattr(want, key) != getattr(recorded, key)]
         if "drafter_fingerprint" in fields and drafter_unknown(recorded):
             changed = [c for c in changed if c != "drafter fingerprint"] + [UNKNOWN_DRAFTER_WORDS]
         return changed
@@ -95,17 +95,15 @@ class DesiredDeployment:
             argv[argv.index(DRAFTER_FLAG) + 1] = path
         return replace(self, argv=tuple(argv), drafter_path=path, drafter_fingerprint=fingerprint)
 
-    def runs_in(self, recorded: dict | None) -> bool:
+    def runs_in(self, recorded: DeploymentRecord | None) -> bool:
         return not self.differences(recorded)
 
     @classmethod
-    def of_record(cls, record: dict[str, Any]) -> DesiredDeployment:
+    def of_record(cls, record: DeploymentRecord) -> DesiredDeployment:
         """A recorded deployment as the desired one (a rollback relaunches the last good one exactly)."""
-        argv = record.get("argv")
-        return cls(run=record.get("run"), argv=tuple(argv) if isinstance(argv, list) else (),
-                   drafter_fingerprint=record.get("drafter_fingerprint"), drafter_path=record.get("drafter_path"),
-                   env_hash=record.get("env_hash"), sglang_version=record.get("sglang_version"),
-                   draft_tokens=record.get("draft_tokens"), env_file=record.get("env_file"),
+        return cls(run=record.run, argv=tuple(record.argv), drafter_fingerprint=record.drafter_fingerprint,
+                   drafter_path=record.drafter_path, env_hash=record.env_hash, sglang_version=record.sglang_version,
+                   draft_tokens=record.draft_tokens, env_file=record.env_file,
                    draft_quantization=recorded_draft_quantization(record, None))
 
 
@@ -122,16 +120,15 @@ def desired_deployment(run: Run, host: Host, draft_tokens: int | None = None, *,
         env_file=StatePaths(host.state_dir).env_file if run.env else None, draft_quantization=draft_quantization)
 
 
-def recorded_draft_quantization(record: dict[str, Any], run: Run | None) -> str | None:
+def recorded_draft_quantization(record: DeploymentRecord, run: Run | None) -> str | None:
     """The doctor's draft-quantization decision a recorded launch was made with: the record's field,
     or (a record written before it existed) the flag in its argv that the run's extra_args did not set."""
-    if "draft_quantization" in record:
-        value = record["draft_quantization"]
-        return value if isinstance(value, str) else None
-    argv = record.get("argv")
-    if not isinstance(argv, list) or DRAFT_QUANT_FLAG not in argv:
+    if "draft_quantization" in record.model_fields_set:
+        return record.draft_quantization
+    argv = record.argv
+    if DRAFT_QUANT_FLAG not in argv:
         return None
     if run is not None and DRAFT_QUANT_FLAG in run.extra_args:
         return None  # the user's own flag: sglang_argv passes extra_args as they are
     at = argv.index(DRAFT_QUANT_FLAG) + 1
-    return argv[at] if at < len(argv) and isinstance(argv[at], str) else None
+    return argv[at] if at < len(argv) else None

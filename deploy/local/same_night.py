@@ -1,4 +1,4 @@
-"""Nightly's throughput verdict with a same-night control: the host's drift is not the checkpoint's. Pure, stdlib only.
+"""Nightly's throughput verdict with a same-night control: the host's drift is not the checkpoint's. Pure.
 
 The 12-round gate (deploy/local/throughput_gate.py) fixed the noise WITHIN a night, but it compared
 tonight's rounds with a bar measured on another night, under another load on the machine, and blamed
@@ -32,8 +32,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from deploy.host.records import GateVerdict
 from deploy.local.throughput_gate import Verdict, decide
 
 Outcome = Literal["pass", "regression", "inconclusive", "drift"]
@@ -75,16 +76,18 @@ class NightVerdict:
         parts.append(f"output tok/s {_figures(self.against_bar, 'the stored bar')}")
         return "; ".join(parts)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"outcome": self.outcome, "floor": self.floor, "why": self.why, "unchanged": self.unchanged,
-                "against": "the last good deployment tonight" if self.against_control is not None else "the stored bar",
-                "rule": self.rule, "drift_ratio": None if self.drift_ratio is None else round(self.drift_ratio, 5),
-                # the figures of the verdict that decided, as before issue 39 (history, reports)
-                **{k: v for k, v in (self.against_control or self.against_bar).to_dict().items()
-                   if k not in ("outcome", "rule", "floor")},
-                "against_bar": self.against_bar.to_dict(),
-                "against_control": None if self.against_control is None else self.against_control.to_dict(),
-                "control_vs_bar": None if self.control_vs_bar is None else self.control_vs_bar.to_dict()}
+    def verdict(self) -> GateVerdict:
+        """The verdict as the record the gate hands on (deploy/host/records.py: record-good, history, reports)."""
+        return GateVerdict.model_validate({
+            "outcome": self.outcome, "floor": self.floor, "why": self.why, "unchanged": self.unchanged,
+            "against": "the last good deployment tonight" if self.against_control is not None else "the stored bar",
+            "rule": self.rule, "drift_ratio": None if self.drift_ratio is None else round(self.drift_ratio, 5),
+            # the figures of the verdict that decided, as before issue 39 (history, reports)
+            **{k: v for k, v in (self.against_control or self.against_bar).to_dict().items()
+               if k not in ("outcome", "rule", "floor")},
+            "against_bar": self.against_bar.to_dict(),
+            "against_control": None if self.against_control is None else self.against_control.to_dict(),
+            "control_vs_bar": None if self.control_vs_bar is None else self.control_vs_bar.to_dict()})
 
 
 def _spread(rounds: Sequence[float]) -> str:

@@ -23,6 +23,8 @@ else:  # sent inline: deploy/facts/quarantine.py bundles host_ops beside it (dep
 
 MARK = "deployctl-quarantine"
 MAX_BYTES = 256 << 10
+#: QuarantineRecord.SCHEMA (deploy/host/records.py); before issue 37 the key was "schema"
+SCHEMA_VERSION = 1
 #: the newest entries kept (a host that fails every night for a year keeps a bounded file)
 KEEP = 64
 
@@ -50,7 +52,8 @@ def read(path: str) -> dict:
 def write(path: str, entries: dict) -> int:
     newest = sorted(entries.items(), key=lambda kv: str(kv[1].get("failed_at", "")) if isinstance(kv[1], dict) else "")
     kept = dict(newest[-KEEP:])
-    document = {"schema": 1, "entries": kept}
+    # the layout of deploy/host/records.py QuarantineRecord (tests/unit/test_records.py ties the two)
+    document = {"schema_version": SCHEMA_VERSION, "entries": kept}
     host_ops.replace_file(path, (json.dumps(document, sort_keys=True, indent=1) + "\n").encode("utf-8"), 0o600)
     return len(kept)
 

@@ -28,6 +28,7 @@ from deploy.local.throughput_gate import rounds_needed, usable_rounds
 from deploy.base.errors import BenchmarkHarnessFailed, DeployError, ExitCode
 from deploy.facts.bench import parse_bench_result
 from deploy.facts.helpers import helper_state_command, parse_helper_state
+from deploy.host.records import BenchMeasurement
 from deploy.base.shell import path_join, quote, quote_path
 from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings, Upload, UploadFile
 from deploy.steps.verify_acceptance import base_url
@@ -181,16 +182,15 @@ def run(ctx: StepContext) -> StepOutcome:
         raise BenchmarkHarnessFailed(f"{ctx.host.name}: {len(results)} of {ctx.settings.rounds} benchmark round(s) "
                                      f"measured a throughput ({'; '.join(failed[:8])}); at least "
                                      f"{rounds_needed(ctx.settings.rounds)} are needed")
-    figures = medians(results)
-    data = {"draft_tokens": ctx.draft_tokens, **figures, "output_tok_s_rounds": [r.output_tok_s for r in results],
-            **({"failed_rounds": failed} if failed else {}),
-            "results_file": results_path(ctx), **ds.identity(), "dataset_uploaded": uploaded,
-            "settings": load(ctx, ds)}
-    if ds.is_file:
-        data["dataset_path"] = ds.remote_path(ctx.paths.root)
-    ctx.memory.bench = data
-    accept = f", accept length {figures['accept_length']:.2f}" if figures.get("accept_length") is not None else ""
-    spread = (f" (median of {len(results)} rounds, {min(data['output_tok_s_rounds']):.1f}-"
-              f"{max(data['output_tok_s_rounds']):.1f})") if len(results) > 1 else ""
-    return StepOutcome("ok", f"{figures['output_tok_s']:.1f} output tok/s{spread}{accept} (T={ctx.draft_tokens}, "
-                             f"dataset {ds.name})", data)
+    # the measurement as one typed record (deploy/host/records.py): record-good and the host's facts read it
+    measured = BenchMeasurement.model_validate(
+        {"draft_tokens": ctx.draft_tokens, **medians(results), "output_tok_s_rounds": [r.output_tok_s for r in results],
+         "failed_rounds": failed or None, "results_file": results_path(ctx), **ds.identity(),
+         "dataset_uploaded": uploaded, "settings": load(ctx, ds),
+         "dataset_path": ds.remote_path(ctx.paths.root) if ds.is_file else None})
+    ctx.memory.bench = measured
+    accept = f", accept length {measured.accept_length:.2f}" if measured.accept_length is not None else ""
+    spread = (f" (median of {len(results)} rounds, {min(measured.output_tok_s_rounds):.1f}-"
+              f"{max(measured.output_tok_s_rounds):.1f})") if len(results) > 1 else ""
+    return StepOutcome("ok", f"{measured.output_tok_s:.1f} output tok/s{spread}{accept} (T={ctx.draft_tokens}, "
+                             f"dataset {ds.name})", measured.data())

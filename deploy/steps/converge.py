@@ -90,6 +90,6 @@ def _decide(ctx: StepContext) -> StepOutcome:
         return StepOutcome("ok", f"redeploying: {why}", data | {"converged": False} | ({"changed": changed} if changed else {}))
     assert state.record is not None and state.pid is not None
     ctx.memory.converged, ctx.memory.pid = True, state.pid
-    ctx.memory.log, ctx.memory.deployment = state.record.get("log"), state.record
+    ctx.memory.log, ctx.memory.deployment = state.record.log, state.record
     return StepOutcome("ok", f"already running as desired (pid {state.pid}); nothing touched",
                        data | {"converged": True, "pid": state.pid})

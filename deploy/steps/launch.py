@@ -25,6 +25,7 @@ from deploy.facts.helpers import write_file_command
 from deploy.facts.server import PID_MARK, deployment_path, record_stdin  # noqa: F401 (record_stdin re-exported)
 from deploy.host.sglang_argv import PATH_POSITIONS, speculative_plan
 from deploy.host.deployment import DesiredDeployment, desired_deployment
+from deploy.host.records import DeploymentRecord, DrafterUpdate
 from deploy.base.shell import path_join, quote, quote_path
 from deploy.host.state_layout import SERVER_LOG_PATTERN, SERVER_LOG_PLACEHOLDER, server_log_name
 from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings, Upload, UploadFile
@@ -73,7 +74,7 @@ def desired_argv(ctx: StepContext) -> list[str]:
     return list(desired(ctx).argv)
 
 
-def desired_record(ctx: StepContext) -> dict:
+def desired_record(ctx: StepContext) -> DeploymentRecord:
     """The desired state recorded on the host at launch (compared by converge).
 
     A launch after swap-drafter chose the reload (issue 41: a swap refused or failed, or not asked
@@ -82,7 +83,8 @@ def desired_record(ctx: StepContext) -> dict:
     record = desired(ctx).record()
     update = ctx.memory.drafter_update
     if ctx.memory.rollback_record is None and isinstance(update, dict) and update.get("how") == "reloaded":
-        record["drafter_update"] = {k: update[k] for k in ("how", "why", "asked", "sent", "at") if k in update}
+        return record.but(drafter_update=DrafterUpdate.model_validate(
+            {k: update[k] for k in ("how", "why", "asked", "sent", "at") if k in update}))
     return record
 
 
@@ -114,7 +116,7 @@ def _written(ctx: StepContext, path: str, payload: str | None, what: str) -> str
             f"exit 1; }}")
 
 
-def command(ctx: StepContext, argv: list[str], record: dict) -> str:
+def command(ctx: StepContext, argv: list[str], record: DeploymentRecord) -> str:
     """The whole launch, as one shell script (one exec channel).
 
     The log directory and link are made first, on their own line: in ``mkdir && ln && setsid nohup ... &``
@@ -124,7 +126,7 @@ def command(ctx: StepContext, argv: list[str], record: dict) -> str:
     record (with the PID) and the log pruning; the PID is the script's only output.
     A rollback sources the environment file the last good deployment was launched with.
     """
-    env_file = record.get("env_file")
+    env_file = record.env_file
     env = f"set -a && . {quote_path(env_file)} && set +a || exit 1; " if env_file else ""
     name = quote(log_path(ctx).rsplit("/", 1)[-1])
     log = quote_path(log_path(ctx))
@@ -144,8 +146,8 @@ def command(ctx: StepContext, argv: list[str], record: dict) -> str:
     )
 
 
-def launch_record(ctx: StepContext, launched_at: str) -> dict:
-    return desired_record(ctx) | {"log": log_path(ctx), "launched_at": launched_at}
+def launch_record(ctx: StepContext, launched_at: str) -> DeploymentRecord:
+    return desired_record(ctx).but(log=log_path(ctx), launched_at=launched_at)
 
 
 def env_upload_action(ctx: StepContext) -> Upload:
@@ -186,10 +188,10 @@ def run(ctx: StepContext) -> StepOutcome:
     if not re.fullmatch(r"\d+", text):
         raise RemoteOutputError(f"{ctx.host.name}: launch printed {text[:200]!r}, expected the server PID")
     pid = int(text)
-    record = launch_record(ctx, launched_at) | {"pid": pid}
+    record = launch_record(ctx, launched_at).but(pid=pid)
     ctx.memory.pid, ctx.memory.deployment, ctx.memory.launched = pid, record, True
     steps, topk, tokens = speculative_plan(ctx.run, ctx.draft_tokens)
     assert launch.argv is not None
     return StepOutcome("ok", f"pid {pid}, log {log_path(ctx)}",
-                       {"pid": pid, "log": log_path(ctx), "argv": launch.argv, "drafter": record["drafter_path"],
+                       {"pid": pid, "log": log_path(ctx), "argv": launch.argv, "drafter": record.drafter_path,
                         "num_steps": steps, "topk": topk, "draft_tokens": tokens})

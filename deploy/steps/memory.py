@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from deploy.facts.server import RunSnapshot
+    from deploy.host.records import BenchMeasurement, ControlMeasurement, DeploymentRecord, GateVerdict, LastGood, QuarantineRecord
 
 
 @dataclass(slots=True, kw_only=True)
@@ -45,7 +46,7 @@ class StepMemory:
     #: the drafter's path in the host's store (what the launch passes)
     drafter_path: str | None = None
     #: the host's quarantine record as the quarantine step read it
-    quarantine: dict[str, dict[str, Any]] | None = None
+    quarantine: QuarantineRecord | None = None
 
     # -- converge / launch ----------------------------------------------------------------------------
     #: converge found the server running as desired: the steps that stop, free or launch are skipped
@@ -55,7 +56,7 @@ class StepMemory:
     #: the server's log (launched now, or the converged one's)
     log: str | None = None
     #: the deployment record of the server (launched now or converged)
-    deployment: dict[str, Any] | None = None
+    deployment: DeploymentRecord | None = None
     launched: bool = False
 
     # -- swap-drafter (issue 29) ------------------------------------------------------------------
@@ -66,23 +67,23 @@ class StepMemory:
 
     # -- verification, benchmark, record-good ---------------------------------------------------------
     verify: dict[str, Any] | None = None
-    bench: dict[str, Any] | None = None
+    bench: BenchMeasurement | None = None
     #: same-night-control (issue 39): the last good deployment's rounds measured tonight, before the stop
-    control: dict[str, Any] | None = None
+    control: ControlMeasurement | None = None
     #: the throughput gate's verdict (deploy/local/throughput_gate.py): record-good keeps the bar when inconclusive
-    gate: dict[str, Any] | None = None
-    last_good: dict[str, Any] | None = None
+    gate: GateVerdict | None = None
+    last_good: LastGood | None = None
 
     # -- rollback -------------------------------------------------------------------------------------
     #: a rollback's memory: the last good record the launch relaunches exactly (argv, env file)
-    rollback_record: dict[str, Any] | None = None
+    rollback_record: LastGood | None = None
     #: the deployment the rollback restored (verified)
-    restored: dict[str, Any] | None = None
+    restored: DeploymentRecord | None = None
     rollback_failed: bool = False
     #: the server the rollback launched (the headline: launched by this run's rollback)
     rollback_pid: int | None = None
 
-    def rollback_of(self, good: dict[str, Any]) -> StepMemory:
+    def rollback_of(self, good: LastGood) -> StepMemory:
         """A rollback's own memory: the last good record, the host lock, and the GPU memory held
         before the stop (the doctor's read), so the rollback's wait-gpus-free never waits for it."""
         return StepMemory(rollback_record=good, host_lock=self.host_lock,

@@ -11,10 +11,11 @@ then verifies leaves the quarantine. Skipped when converge found the server alre
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from deploy.base.errors import DeployError, Quarantined
 from deploy.facts.quarantine import parse_quarantine, quarantine_path, read_command
+from deploy.host.records import QuarantineEntry, QuarantineRecord
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 from deploy.steps.failure_cause import failure_cause
 
@@ -46,7 +47,7 @@ def plan(ctx: StepContext) -> list[Command]:
     return [read_action(ctx)]
 
 
-def entries(ctx: StepContext) -> dict[str, dict[str, Any]]:
+def entries(ctx: StepContext) -> QuarantineRecord:
     snapshot = ctx.memory.snapshot
     text = getattr(snapshot, "quarantine", None) if snapshot is not None else None
     if snapshot is None or not getattr(snapshot, "quarantine_read", False):
@@ -54,10 +55,13 @@ def entries(ctx: StepContext) -> dict[str, dict[str, Any]]:
     return parse_quarantine(text, ctx.host.name, quarantine_path(ctx.paths.root))
 
 
-def describe(fingerprint: str, entry: dict[str, Any]) -> str:
-    return (f"drafter fingerprint {fingerprint[:16]} failed on this host at {entry.get('failed_at')} "
-            f"({entry.get('verb', '?')} of run {entry.get('run', '?')!r}, exit {entry.get('exit_code', '?')}: "
-            f"{str(entry.get('reason', '?'))[:200]})")
+def describe(fingerprint: str, entry: QuarantineEntry) -> str:
+    def known(value: object) -> object:
+        return "?" if value is None else value
+
+    return (f"drafter fingerprint {fingerprint[:16]} failed on this host at {entry.failed_at} "
+            f"({known(entry.verb)} of run {known(entry.run)!r}, exit {known(entry.exit_code)}: "
+            f"{str(known(entry.reason))[:200]})")
 
 
 def run(ctx: StepContext) -> StepOutcome:
@@ -65,14 +69,15 @@ def run(ctx: StepContext) -> StepOutcome:
     known = entries(ctx)
     ctx.memory.quarantine = known
     if not fingerprint:
-        return StepOutcome("ok", "no drafter fingerprint in this run: nothing to compare", {"entries": len(known)})
-    entry = known.get(fingerprint)
+        return StepOutcome("ok", "no drafter fingerprint in this run: nothing to compare",
+                           {"entries": len(known.entries)})
+    entry = known.entries.get(fingerprint)
     if entry is None:
-        return StepOutcome("ok", f"fingerprint {fingerprint[:16]} is not quarantined", {"entries": len(known)})
+        return StepOutcome("ok", f"fingerprint {fingerprint[:16]} is not quarantined", {"entries": len(known.entries)})
     if ctx.settings.retry_failed:
         ctx.progress(f"--retry-failed: redeploying {describe(fingerprint, entry)}")
         return StepOutcome("ok", f"--retry-failed: retrying quarantined fingerprint {fingerprint[:16]}",
-                           {"entries": len(known), "retrying": fingerprint})
+                           {"entries": len(known.entries), "retrying": fingerprint})
     from deploy.steps.doctor import left_as_it_was
 
     raise Quarantined(f"{ctx.host.name}: {describe(fingerprint, entry)}; not redeployed: nothing was stopped, "
@@ -81,7 +86,7 @@ def run(ctx: StepContext) -> StepOutcome:
 
 
 def failure_entry(verb: str, run_name: str, failed_step: str, error: DeployError, memory: StepMemory,
-                  failed_at: str) -> tuple[str, dict[str, Any]] | None:
+                  failed_at: str) -> tuple[str, QuarantineEntry] | None:
     """(fingerprint, entry) to quarantine after a failed run, or None: only a deployment that was
     launched in this run and failed for a cause that is the checkpoint's (failure_cause), of a
     fingerprint that is not the host's last good one."""
@@ -92,11 +97,11 @@ def failure_entry(verb: str, run_name: str, failed_step: str, error: DeployError
     if not cause.quarantines:
         return None
     snapshot = memory.snapshot
-    good = getattr(snapshot, "last_good", None) or {}
-    if good.get("drafter_fingerprint") == fingerprint:
+    good = snapshot.last_good if snapshot is not None else None
+    if good is not None and good.drafter_fingerprint == fingerprint:
         return None  # the last good deployment itself: quarantining it would leave nothing to deploy
-    entry = {"failed_at": failed_at, "verb": verb, "run": run_name, "exit_code": int(error.exit_code),
-             "reason": f"{failed_step} ({cause.value}): {str(error).splitlines()[0][:300]}",
-             "drafter_path": memory.drafter_path}
+    entry = QuarantineEntry(failed_at=failed_at, verb=verb, run=run_name, exit_code=int(error.exit_code),
+                            reason=f"{failed_step} ({cause.value}): {str(error).splitlines()[0][:300]}",
+                            drafter_path=memory.drafter_path)
     return fingerprint, entry
 

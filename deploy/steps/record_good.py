@@ -23,6 +23,7 @@ from deploy.facts.server import (last_good_env_path, last_good_path, parse_recor
                                  same_deployment)
 from deploy.facts.helpers import write_file_command
 from deploy.base.shell import quote_path
+from deploy.host.records import Baseline, DriftNote, GateVerdict, LastGood, Metrics
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 
 NAME = "record-good"
@@ -32,114 +33,117 @@ class Settings(StepSettings):
     pass
 
 
-def measurements(ctx: StepContext) -> dict:
+def measurements(ctx: StepContext) -> Metrics:
+    """This run's numbers, as the last good record keeps them."""
     found: dict[str, Any] = {"draft_tokens": ctx.draft_tokens}
     verify = ctx.memory.verify or {}
-    bench = ctx.memory.bench or {}
+    bench = ctx.memory.bench
     if verify.get("accept_length") is not None:
         found["accept_length"] = verify["accept_length"]
         # acceptance depends on the prompts: only one measured on the same prompt set compares
         found["verify_settings"] = verify.get("settings")
-    if bench.get("output_tok_s") is not None:
-        found["output_tok_s"] = bench["output_tok_s"]
-        found["output_tok_s_rounds"] = bench.get("output_tok_s_rounds") or [bench["output_tok_s"]]
-        # throughput depends on the dataset (its sha256), lengths and concurrency: only the same load compares
-        found["bench_settings"] = bench.get("settings")
-        found["dataset"], found["dataset_sha256"] = bench.get("dataset"), bench.get("dataset_sha256")
-    return found
+    if bench is not None:
+        # throughput depends on the dataset (its sha256), lengths and concurrency: only the same load compares;
+        # the record has always named the measurement's settings bench_settings
+        found |= {"output_tok_s": bench.output_tok_s,
+                  "output_tok_s_rounds": bench.output_tok_s_rounds or [bench.output_tok_s],
+                  "bench_settings": bench.settings, "dataset": bench.dataset, "dataset_sha256": bench.dataset_sha256}
+    return Metrics.model_validate(found)
 
 
 #: throughput baselines kept per record (one per dataset identity and load), the newest kept
 MAX_BASELINES = 8
-#: what a baseline entry carries besides its settings
-BASELINE_FIELDS = ("output_tok_s", "output_tok_s_rounds", "dataset", "dataset_sha256", "drafter_fingerprint")
 
 
 def _positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-def rounds_of(entry: dict) -> list[float]:
-    """A measurement's throughput rounds; one recorded before issue 28 has its single figure. [] when the
-    record holds nothing usable (a hand-edited file is not trusted into the statistics)."""
-    rounds = entry.get("output_tok_s_rounds")
+def usable_rounds_of(rounds: Any, figure: Any) -> list[float]:
+    """Throughput rounds as recorded (a list of positive finite numbers), else the single figure, else []."""
     if isinstance(rounds, list) and rounds and len(rounds) <= 1000 and all(_positive(x) for x in rounds):
         return [float(x) for x in rounds]
-    return [float(entry["output_tok_s"])] if _positive(entry.get("output_tok_s")) else []
+    return [float(figure)] if _positive(figure) else []
 
 
-def throughput_baselines(metrics: dict) -> list[dict]:
+def rounds_of(entry: Baseline | Metrics) -> list[float]:
+    """A measurement's throughput rounds; one recorded before issue 28 has its single figure. [] when the
+    record holds nothing usable (a hand-edited file is not trusted into the statistics)."""
+    return usable_rounds_of(entry.output_tok_s_rounds, entry.output_tok_s)
+
+
+def throughput_baselines(metrics: Metrics) -> list[Baseline]:
     """The record's throughput baselines, oldest first; a record from before issue 28 has one (its top-level
     figure and load)."""
-    found = metrics.get("throughput_baselines")
-    if isinstance(found, list):
-        return [e for e in found if isinstance(e, dict) and rounds_of(e)]
-    if _positive(metrics.get("output_tok_s")):
-        return [{key: metrics.get(key) for key in (*BASELINE_FIELDS, "bench_settings")}]
+    if metrics.throughput_baselines is not None:
+        return [e for e in metrics.throughput_baselines if rounds_of(e)]
+    if _positive(metrics.output_tok_s):
+        return [Baseline(output_tok_s=metrics.output_tok_s, output_tok_s_rounds=metrics.output_tok_s_rounds,
+                         dataset=metrics.dataset, dataset_sha256=metrics.dataset_sha256, drafter_fingerprint=None,
+                         bench_settings=metrics.bench_settings)]
     return []
 
 
-def throughput_baseline(metrics: dict, settings: Any) -> dict | None:
+def throughput_baseline(metrics: Metrics, settings: Any) -> Baseline | None:
     """The baseline measured on this dataset identity and load, if the record has one."""
-    return next((e for e in reversed(throughput_baselines(metrics)) if e.get("bench_settings") == settings), None)
+    return next((e for e in reversed(throughput_baselines(metrics)) if e.bench_settings == settings), None)
 
 
-def merge_baselines(previous: dict | None, now: dict, keep: bool, fingerprint: str | None = None) -> list[dict]:
+def merge_baselines(previous: Metrics | None, now: Metrics, keep: bool, fingerprint: str | None = None) -> list[Baseline]:
     """``previous``' baselines with now's measurement for its own dataset and load: added, or replacing
     the one there unless ``keep`` (the same deployment re-verified, or an inconclusive gate) and that
     one has enough rounds for the gate. Baselines of other datasets are never touched."""
     from deploy.local.throughput_gate import MIN_ROUNDS
 
     # at most MAX_BASELINES, the newest (a record grown by hand to 10,000 is trimmed when written)
-    entries = throughput_baselines(previous or {})[-MAX_BASELINES:]
+    entries = throughput_baselines(previous or Metrics())[-MAX_BASELINES:]
     if not rounds_of(now):
         return entries
-    mine = {key: now.get(key) for key in BASELINE_FIELDS} | {"bench_settings": now.get("bench_settings"),
-                                                             "drafter_fingerprint": fingerprint,
-                                                             # issue 39: each bar with its time (and its load above)
-                                                             "measured_at": datetime.now(timezone.utc).isoformat(
-                                                                 timespec="seconds")}
-    existing = throughput_baseline(previous or {}, now.get("bench_settings"))
+    mine = Baseline(output_tok_s=now.output_tok_s, output_tok_s_rounds=now.output_tok_s_rounds, dataset=now.dataset,
+                    dataset_sha256=now.dataset_sha256, drafter_fingerprint=fingerprint, bench_settings=now.bench_settings,
+                    # issue 39: each bar with its time (and its load above)
+                    measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    existing = throughput_baseline(previous or Metrics(), now.bench_settings)
     if existing is not None and keep and len(rounds_of(existing)) >= min(MIN_ROUNDS, len(rounds_of(mine))):
         return entries
-    others = [e for e in entries if e.get("bench_settings") != now.get("bench_settings")]
+    others = [e for e in entries if e.bench_settings != now.bench_settings]
     return (others + [mine])[-MAX_BASELINES:]
 
 
-def keep_bar(previous: dict, now: dict, fingerprint: str | None = None) -> dict:
+def keep_bar(previous: Metrics, now: Metrics, fingerprint: str | None = None) -> Metrics:
     """Re-verifying the same deployment keeps its original numbers (slow drift cannot lower the bar),
     but only those measured like now's: an accept length from another prompt set is replaced, a
     throughput from another dataset or load is kept beside now's (``merge_baselines``)."""
-    merged = dict(now)
-    if "accept_length" in previous and ("accept_length" not in now
-                                        or previous.get("verify_settings") == now.get("verify_settings")):
-        merged["accept_length"], merged["verify_settings"] = previous["accept_length"], previous.get("verify_settings")
+    merged = now
+    if "accept_length" in previous.model_fields_set and ("accept_length" not in now.model_fields_set
+                                                         or previous.verify_settings == now.verify_settings):
+        merged = now.but(accept_length=previous.accept_length, verify_settings=previous.verify_settings)
     return with_baselines(merged, previous, True, fingerprint)
 
 
-def with_baselines(metrics: dict, previous: dict | None, keep: bool, fingerprint: str | None = None) -> dict:
+def with_baselines(metrics: Metrics, previous: Metrics | None, keep: bool, fingerprint: str | None = None) -> Metrics:
     """``metrics`` with the merged throughput baselines; its top-level throughput figures are the
     baseline of now's dataset and load (what ``deployctl status`` compares with)."""
     baselines = merge_baselines(previous, metrics, keep, fingerprint)
-    out = dict(metrics)
-    if baselines:
-        out["throughput_baselines"] = baselines
-    current = throughput_baseline({"throughput_baselines": baselines}, metrics.get("bench_settings")) \
-        if "output_tok_s" in metrics else None
+    changes: dict[str, Any] = {"throughput_baselines": baselines} if baselines else {}
+    current = throughput_baseline(Metrics(throughput_baselines=baselines), metrics.bench_settings) \
+        if "output_tok_s" in metrics.model_fields_set else None
     if current is not None:
-        out |= {key: current.get(key) for key in (*BASELINE_FIELDS, "bench_settings") if key != "drafter_fingerprint"}
-    return out
+        changes |= {"output_tok_s": current.output_tok_s, "output_tok_s_rounds": current.output_tok_s_rounds,
+                    "dataset": current.dataset, "dataset_sha256": current.dataset_sha256,
+                    "bench_settings": current.bench_settings}
+    return metrics.but(**changes)
 
 
-def drift_note(gate: dict | None) -> dict | None:
+def drift_note(gate: GateVerdict | None) -> DriftNote | None:
     """What the record keeps of a night the gate judged the host's drift (deploy/local/same_night.py)."""
-    if not isinstance(gate, dict) or gate.get("outcome") != "drift":
+    if gate is None or gate.outcome != "drift":
         return None
-    return {"night": datetime.now(timezone.utc).isoformat(timespec="seconds"), "ratio": gate.get("drift_ratio"),
-            "unchanged": gate.get("unchanged"), "why": str(gate.get("why", ""))[:400]}
+    return DriftNote(night=datetime.now(timezone.utc).isoformat(timespec="seconds"), ratio=gate.drift_ratio,
+                     unchanged=gate.unchanged, why=gate.why[:400])
 
 
-def write_command(ctx: StepContext, record: dict, copy_env_from: str | None, shown: str | None = None) -> str:
+def write_command(ctx: StepContext, record: LastGood, copy_env_from: str | None, shown: str | None = None) -> str:
     """Copy the env file first (when it is not last-good.env already), then the record.
 
     ``shown``: the plan's stand-in for the record's JSON (known only after verification)."""
@@ -148,7 +152,7 @@ def write_command(ctx: StepContext, record: dict, copy_env_from: str | None, sho
     helper = ctx.paths.helper("host_ops.py")
     if copy_env_from:
         env = (f"{write_file_command(ctx.host.python, helper, quote_path(target))} < {quote_path(copy_env_from)} && ")
-    elif record.get("env_file") is None:
+    elif record.env_file is None:
         env = f"rm -f -- {quote_path(target)} && "
     else:
         env = ""
@@ -162,7 +166,7 @@ def read_action(ctx: StepContext) -> Command:
                    command=read_record_command(last_good_path(ctx.paths.root)))
 
 
-def write_action(ctx: StepContext, record: dict, copy_env_from: str | None, shown: str | None = None) -> Command:
+def write_action(ctx: StepContext, record: LastGood, copy_env_from: str | None, shown: str | None = None) -> Command:
     return Command(description="record this deployment (and its env file) as the last good one",
                    when="it is not recorded as the last good one already, with these numbers",
                    command=write_command(ctx, record, copy_env_from, shown), what="recording the last good deployment",
@@ -174,11 +178,11 @@ def plan(ctx: StepContext) -> list[Command]:
     from deploy.steps.launch import env_path
 
     env = env_path(ctx) if ctx.run.env else None
-    return [read_action(ctx), write_action(ctx, {"env_file": env}, env,
+    return [read_action(ctx), write_action(ctx, LastGood(argv=[], env_file=env), env,
                                            shown="<this deployment's record with its measurements, as JSON>")]
 
 
-def last_good(ctx: StepContext) -> dict | None:
+def last_good(ctx: StepContext) -> LastGood | None:
     """The last good record: as doctor read it under the host lock in this run, else read now."""
     snapshot = ctx.memory.snapshot
     if snapshot is not None:
@@ -193,10 +197,9 @@ def run(ctx: StepContext) -> StepOutcome:
         return StepOutcome("skipped", "no deployment recorded in this run")
     previous = last_good(ctx)
     metrics = measurements(ctx)
-    fingerprint = deployment.get("drafter_fingerprint")
-    previous_metrics = previous.get("metrics") if previous is not None and isinstance(previous.get("metrics"), dict) \
-        else None
-    inconclusive = (ctx.memory.gate or {}).get("outcome") == "inconclusive"
+    fingerprint = deployment.drafter_fingerprint
+    previous_metrics = previous.metrics if previous is not None else None
+    inconclusive = ctx.memory.gate is not None and ctx.memory.gate.outcome == "inconclusive"
     if previous_metrics is not None and same_deployment(previous, deployment):
         metrics = keep_bar(previous_metrics, metrics, fingerprint=fingerprint)
     else:
@@ -206,21 +209,31 @@ def run(ctx: StepContext) -> StepOutcome:
     if drift is not None:
         # the host's speed moved since the bar's night: an unchanged deployment keeps its bar, a new one's rounds
         # tonight became it; either way the record says so
-        metrics["throughput_drift"] = drift
-    record = dict(deployment) | {"metrics": metrics,
-                                 "verified_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    if previous is not None and same_deployment(previous, deployment):
-        record["verified_at"] = previous.get("verified_at", record["verified_at"])
-    env_file = deployment.get("env_file")
+        metrics = metrics.but(throughput_drift=drift)
+    verified_at: str | None = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if previous is not None and same_deployment(previous, deployment) and "verified_at" in previous.model_fields_set:
+        verified_at = previous.verified_at
+    env_file = deployment.env_file
     target = last_good_env_path(ctx.paths.root)
     copy_from = env_file if env_file and env_file != target else None
-    record["env_file"] = target if env_file else None
+    record = LastGood.model_validate(deployment.model_dump(exclude_unset=True) | {
+        "metrics": metrics, "verified_at": verified_at, "env_file": target if env_file else None})
+
+    def without_pid(r: LastGood) -> dict:
+        return {k: v for k, v in r.document().items() if k != "pid"}
+
     if previous is not None and same_deployment(previous, deployment) and not copy_from and \
-            {k: v for k, v in previous.items() if k != "pid"} == {k: v for k, v in record.items() if k != "pid"}:
+            without_pid(previous) == without_pid(record):
         ctx.memory.last_good = previous
-        return StepOutcome("ok", f"already the last good deployment ({deployment.get('drafter_path')})",
-                           {"last_good": {k: previous.get(k) for k in ("drafter_fingerprint", "drafter_path", "metrics")}})
+        return StepOutcome("ok", f"already the last good deployment ({deployment.drafter_path})",
+                           {"last_good": shown(previous)})
     ctx.execute(write_action(ctx, record, copy_from))
     ctx.memory.last_good = record
-    return StepOutcome("ok", f"last good: {deployment.get('drafter_path')} (pid {deployment.get('pid')})",
-                       {"last_good": {k: record.get(k) for k in ("drafter_fingerprint", "drafter_path", "metrics")}})
+    return StepOutcome("ok", f"last good: {deployment.drafter_path} (pid {deployment.pid})",
+                       {"last_good": shown(record)})
+
+
+def shown(record: LastGood) -> dict:
+    """What the step's data says of the last good record."""
+    document = record.document()
+    return {k: document.get(k) for k in ("drafter_fingerprint", "drafter_path", "metrics")}

@@ -24,7 +24,8 @@ from pydantic import Field
 from deploy.base.errors import BenchmarkHarnessFailed, Regression
 from deploy.facts.server import last_good_path, parse_record, read_record_command, same_deployment
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
-from deploy.steps.record_good import measurements, rounds_of, throughput_baseline, throughput_baselines
+from deploy.host.records import ControlMeasurement, Metrics
+from deploy.steps.record_good import measurements, rounds_of, throughput_baseline, throughput_baselines, usable_rounds_of
 from deploy.local.throughput_gate import TooFewRounds
 from deploy.local.same_night import NightVerdict, judge
 
@@ -80,51 +81,50 @@ class Comparison:
         return self.throughput is not None or any(" vs last good " in line for line in self.lines)
 
 
-def _compare_accept(now: dict, good: dict, fraction: float, out: Comparison) -> None:
-    if now.get("accept_length") is None or good.get("accept_length") is None:
+def _compare_accept(now: Metrics, good: Metrics, fraction: float, out: Comparison) -> None:
+    if now.accept_length is None or good.accept_length is None:
         out.lines.append(f"accept length: not compared (not measured "
-                         f"{'now' if now.get('accept_length') is None else 'for the last good one'})")
+                         f"{'now' if now.accept_length is None else 'for the last good one'})")
         return
-    if now.get("verify_settings") != good.get("verify_settings"):
+    if now.verify_settings != good.verify_settings:
         out.lines.append(f"accept length: not compared (no comparable baseline: the last good one was measured on "
-                         f"{_load(good.get('verify_settings'))}; now {_load(now.get('verify_settings'))})")
+                         f"{_load(good.verify_settings)}; now {_load(now.verify_settings)})")
         return
-    ratio = now["accept_length"] / good["accept_length"] if good["accept_length"] else float("inf")
-    line = (f"accept length {now['accept_length']:.2f} vs last good {good['accept_length']:.2f} "
+    ratio = now.accept_length / good.accept_length if good.accept_length else float("inf")
+    line = (f"accept length {now.accept_length:.2f} vs last good {good.accept_length:.2f} "
             f"({ratio:.0%}, minimum {fraction:.0%})")
     out.lines.append(line)
     if ratio < fraction:
         out.regressions.append(line)
 
 
-def _control_rounds(control: dict | None, now: dict) -> list[float] | None:
+def _control_rounds(control: ControlMeasurement | None, now: Metrics) -> list[float] | None:
     """Tonight's rounds of the last good deployment, when measured at now's load (same-night-control)."""
-    if not isinstance(control, dict) or not control.get("measured", True):
+    if control is None or not control.measured or control.settings != now.bench_settings:
         return None
-    if control.get("settings") != now.get("bench_settings"):
-        return None
-    rounds = rounds_of(control)
+    rounds = usable_rounds_of(control.output_tok_s_rounds, None)
     return rounds or None
 
 
-def _compare_throughput(now: dict, good: dict, fraction: float, out: Comparison, control: dict | None = None,
+def _compare_throughput(now: Metrics, good: Metrics, fraction: float, out: Comparison,
+                        control: ControlMeasurement | None = None,
                         unchanged: bool = False) -> None:
-    if now.get("output_tok_s") is None or not throughput_baselines(good):
+    if now.output_tok_s is None or not throughput_baselines(good):
         out.lines.append(f"output tok/s: not compared (not measured "
-                         f"{'now' if now.get('output_tok_s') is None else 'for the last good one'})")
+                         f"{'now' if now.output_tok_s is None else 'for the last good one'})")
         return
-    baseline = throughput_baseline(good, now.get("bench_settings"))
+    baseline = throughput_baseline(good, now.bench_settings)
     if baseline is None:
         # a manual `deployctl bench --dataset mine.json` (64 prompts, concurrency 8) measured other baselines,
         # nightly measures the built-in set, 16 at 4: different prompts or loads, not a regression
-        known = "; ".join(_load(b.get("bench_settings")) for b in throughput_baselines(good))
+        known = "; ".join(_load(b.bench_settings) for b in throughput_baselines(good))
         out.lines.append(f"output tok/s: not compared (no comparable baseline: the last good one was measured on "
-                         f"{known}; now {_load(now.get('bench_settings'))})")
+                         f"{known}; now {_load(now.bench_settings)})")
         return
-    measured = now.get("output_tok_s_rounds")
+    measured = now.output_tok_s_rounds
     # as measured, failed rounds included: decide drops each on its own and refuses too few (TooFewRounds;
     # rounds_of would swap a list with one failed round for the single median figure: issue 38)
-    tonight = measured if isinstance(measured, list) and measured else [now.get("output_tok_s")]
+    tonight = measured if isinstance(measured, list) and measured else [now.output_tok_s]
     # issue 39: judged against the last good deployment measured tonight; the stored bar tells the host's drift
     verdict = judge(tonight, rounds_of(baseline), fraction, control=_control_rounds(control, now),
                     unchanged=unchanged)
@@ -135,8 +135,8 @@ def _compare_throughput(now: dict, good: dict, fraction: float, out: Comparison,
         out.regressions.append(line)
 
 
-def compare(now: dict, good: dict, accept_fraction: float, throughput_fraction: float, control: dict | None = None,
-            unchanged: bool = False) -> Comparison:
+def compare(now: Metrics, good: Metrics, accept_fraction: float, throughput_fraction: float,
+            control: ControlMeasurement | None = None, unchanged: bool = False) -> Comparison:
     """Every comparison of this run's measurements with the last good record's metrics; pure. ``control``: the
     last good deployment's rounds tonight (same-night-control); ``unchanged``: the drafter fingerprint is the
     last good one's (never a slowdown of the checkpoint)."""
@@ -154,28 +154,30 @@ def run(ctx: StepContext) -> StepOutcome:
         path = last_good_path(ctx.paths.root)
         good = parse_record(ctx.execute(read_action(ctx)).stdout, ctx.host.name, path)
     now = measurements(ctx)
-    if good is None or good.get("run") != ctx.run.name:
-        return StepOutcome("ok", "no last good record of this run yet: this deployment becomes the baseline", {"now": now})
-    metrics = good.get("metrics") or {}
-    if metrics.get("draft_tokens") != ctx.draft_tokens:
-        return StepOutcome("ok", f"last good record was measured at {metrics.get('draft_tokens')} draft tokens, "
-                                 f"not {ctx.draft_tokens}: not compared", {"now": now})
-    fingerprint = (ctx.memory.deployment or {}).get("drafter_fingerprint") or ctx.memory.drafter_fingerprint
-    unchanged = bool(fingerprint) and fingerprint == good.get("drafter_fingerprint")
+    if good is None or good.run != ctx.run.name:
+        return StepOutcome("ok", "no last good record of this run yet: this deployment becomes the baseline",
+                           {"now": now.document()})
+    metrics = good.metrics or Metrics()
+    if metrics.draft_tokens != ctx.draft_tokens:
+        return StepOutcome("ok", f"last good record was measured at {metrics.draft_tokens} draft tokens, "
+                                 f"not {ctx.draft_tokens}: not compared", {"now": now.document()})
+    deployment = ctx.memory.deployment
+    fingerprint = (deployment.drafter_fingerprint if deployment else None) or ctx.memory.drafter_fingerprint
+    unchanged = bool(fingerprint) and fingerprint == good.drafter_fingerprint
     try:
         found = compare(now, metrics, ctx.settings.min_accept_fraction, ctx.settings.min_throughput_fraction,
                         control=ctx.memory.control, unchanged=unchanged)
     except TooFewRounds as exc:
         raise BenchmarkHarnessFailed(f"{ctx.host.name}: throughput gate: {exc}") from None
-    data = {"now": now, "last_good": metrics, "comparisons": found.lines,
+    data = {"now": now.document(), "last_good": metrics.document(), "comparisons": found.lines,
             "same_as_last_good": same_deployment(good, ctx.memory.deployment)}
     if found.throughput is not None:
-        data["throughput_gate"] = found.throughput.to_dict()
         # record-good keeps the previous bar after an inconclusive verdict; history and the report show it
-        ctx.memory.gate = found.throughput.to_dict()
+        ctx.memory.gate = found.throughput.verdict()
+        data["throughput_gate"] = ctx.memory.gate.document()
     if found.regressions:
         raise Regression(f"{ctx.host.name}: regression against the last good deployment "
-                         f"({good.get('drafter_path')}): {'; '.join(found.regressions)}")
+                         f"({good.drafter_path}): {'; '.join(found.regressions)}")
     if not found.compared:
         return StepOutcome("ok", "no comparable baseline (nothing compared): " + "; ".join(found.lines), data)
     if found.inconclusive:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timezone
 
+from deploy.host.records import ControlMeasurement, Metrics
 from deploy.base.errors import BenchmarkHarnessFailed
 from deploy.facts.server import same_deployment
 from deploy.steps import benchmark
@@ -54,12 +55,12 @@ def not_applicable(ctx: StepContext) -> str | None:
     """Why there is nothing to control tonight, or None."""
     snapshot = ctx.memory.snapshot
     good = getattr(snapshot, "last_good", None)
-    if snapshot is None or good is None or good.get("run") != ctx.run.name:
+    if snapshot is None or good is None or good.run != ctx.run.name:
         return "no last good deployment of this run recorded: nothing to control"
-    metrics = good.get("metrics") if isinstance(good.get("metrics"), dict) else {}
-    if metrics.get("draft_tokens") != ctx.draft_tokens:
-        return f"the last good deployment was measured at {metrics.get('draft_tokens')} draft tokens, not {ctx.draft_tokens}"
-    if good.get("drafter_fingerprint") and good.get("drafter_fingerprint") == ctx.memory.drafter_fingerprint:
+    metrics = good.metrics or Metrics()
+    if metrics.draft_tokens != ctx.draft_tokens:
+        return f"the last good deployment was measured at {metrics.draft_tokens} draft tokens, not {ctx.draft_tokens}"
+    if good.drafter_fingerprint and good.drafter_fingerprint == ctx.memory.drafter_fingerprint:
         return "the drafter is the last good one's: the benchmark measures it itself"
     server = snapshot.server
     if not (server.alive and server.status == 200 and same_deployment(server.record, good)):
@@ -86,10 +87,11 @@ def run(ctx: StepContext) -> StepOutcome:
         # nothing is stopped yet; the gate says "no same-night control" and never calls a regression
         return StepOutcome("ok", f"NOT MEASURED (no same-night control tonight): {exc}", {"measured": False})
     good = ctx.memory.snapshot.last_good if ctx.memory.snapshot is not None else None
-    data = {"measured": True, "output_tok_s_rounds": rounds, "settings": benchmark.load(ctx, ds),
-            "drafter_fingerprint": (good or {}).get("drafter_fingerprint"),
-            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "results_file": benchmark.results_path(ctx)}
-    ctx.memory.control = data
+    control = ControlMeasurement(measured=True, output_tok_s_rounds=rounds, settings=benchmark.load(ctx, ds),
+                                 drafter_fingerprint=good.drafter_fingerprint if good is not None else None,
+                                 measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                 results_file=benchmark.results_path(ctx))
+    ctx.memory.control = control
+    data = control.document()
     return StepOutcome("ok", f"the last good deployment tonight: {min(rounds):.1f}-{max(rounds):.1f} output tok/s over "
                              f"{len(rounds)} round(s)", data)

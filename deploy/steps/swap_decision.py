@@ -41,6 +41,7 @@ from typing import Any, Literal
 from deploy.config.models import Run
 from deploy.facts.drafter_swap import SwapInspection
 from deploy.host.deployment import SWAP_SAME, DesiredDeployment, drafter_unknown
+from deploy.host.records import DeploymentRecord
 
 SWAP_SINCE = (0, 5, 21)
 ADMIN_FLAG = "--admin-api-key"
@@ -65,7 +66,7 @@ class SwapDecision:
 class RunningServer:
     """What the host runs: its deployment record and whether that server serves."""
 
-    record: dict[str, Any] | None
+    record: DeploymentRecord | None
     alive: bool
     health: int | None
     pid: int | None
@@ -158,7 +159,7 @@ def swap_decision(run: Run, desired: DesiredDeployment, running: RunningServer |
     if record is None:
         return SwapDecision("reload", "no deployment is recorded on this host")
     if desired.differences(record, ("run",)):
-        return SwapDecision("reload", f"the host runs run {record.get('run')!r}'s deployment, not this run's")
+        return SwapDecision("reload", f"the host runs run {record.run!r}'s deployment, not this run's")
     if drafter_unknown(record):  # swap-failed, or swapping: a swap cut short (a signal, a crash)
         return SwapDecision("reload", "a swap failed on this server before: which drafter it holds is unknown")
     if not running.alive or running.health != 200:
@@ -174,17 +175,17 @@ def swap_decision(run: Run, desired: DesiredDeployment, running: RunningServer |
     if not desired.differences(record, ("drafter_fingerprint",)):
         return SwapDecision("reload", "the drafter did not change; something else did")
     # the desired deployment with the running drafter put back: anything it still differs in needs a launch
-    same = desired.with_drafter(record.get("drafter_path"), record.get("drafter_fingerprint"))
+    same = desired.with_drafter(record.drafter_path, record.drafter_fingerprint)
     changed = same.differences(record, SWAP_SAME)
     if changed:
-        have = list(record.get("argv") or [])
+        have = list(record.argv)
         detail = f" ({_argv_change(list(same.argv), have)})" if "argv" in changed else ""
         if "sglang version" in changed:
-            detail += f" (SGLang {record.get('sglang_version')} -> {version})"
+            detail += f" (SGLang {record.sglang_version} -> {version})"
         return SwapDecision("reload", f"changed besides the drafter: {', '.join(changed)}{detail}")
-    if has_admin_key(list(record.get("argv") or [])) is False:
+    if has_admin_key(list(record.argv)) is False:
         return SwapDecision("reload", f"the server was launched with {ADMIN_FLAG} but deployctl has no key for it")
-    cannot = unservable(list(record.get("argv") or []), run.env, parsed)
+    cannot = unservable(list(record.argv), run.env, parsed)
     if cannot is not None:
         return SwapDecision("reload", cannot)
     if inspection is None:
@@ -193,7 +194,7 @@ def swap_decision(run: Run, desired: DesiredDeployment, running: RunningServer |
     return _judge_drafters(run, desired, record, inspection)
 
 
-def _judge_drafters(run: Run, desired: DesiredDeployment, record: dict, seen: SwapInspection) -> SwapDecision:
+def _judge_drafters(run: Run, desired: DesiredDeployment, record: DeploymentRecord, seen: SwapInspection) -> SwapDecision:
     old, new = seen.running, seen.new
     for facts, which in ((old, "running"), (new, "new")):
         if facts.error is not None:
@@ -230,7 +231,7 @@ def _judge_drafters(run: Run, desired: DesiredDeployment, record: dict, seen: Sw
         return SwapDecision("reload", f"not enough free GPU memory for a copy of the drafter and the sender's CUDA "
                                       f"context on each GPU (GPU {g.index}: {g.free_mib} MiB free, {need_mib} MiB "
                                       f"needed: the drafter and {SENDER_CONTEXT_MIB} MiB of context)")
-    return SwapDecision("swap", f"only the drafter's tensors changed ({str(record.get('drafter_fingerprint'))[:12]} -> "
+    return SwapDecision("swap", f"only the drafter's tensors changed ({str(record.drafter_fingerprint)[:12]} -> "
                                 f"{str(desired.drafter_fingerprint)[:12]}; same config, shapes and vocabulary "
                                 f"map; {need_mib} MiB per GPU free)")
 

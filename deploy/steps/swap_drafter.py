@@ -28,6 +28,7 @@ from deploy.base.errors import ConnectionFailed, DeployError, Interrupted
 from deploy.facts.drafter_swap import (SENDER, SendSummary, SwapInspection, inspect_command, parse_inspection,
                                       parse_send, send_command)
 from deploy.facts.server import ServerState, deployment_path, parse_server_state, record_stdin
+from deploy.host.records import DeploymentRecord, DrafterUpdate
 from deploy.base.shell import quote_path
 from deploy.steps import converge, verify_acceptance
 from deploy.base.terminal import safe_line
@@ -107,14 +108,14 @@ def _record_command(ctx: StepContext, pid: int | None) -> str:
     return f"pid={pid if pid is not None else '<pid>'}; {_written(ctx, path, None, 'the deployment record')}"
 
 
-def _record_write(ctx: StepContext, record: dict | None, pid: int | None, **fields: Any) -> Command:
+def _record_write(ctx: StepContext, record: DeploymentRecord | None, pid: int | None, **fields: Any) -> Command:
     """The record on the command's stdin (launch.record_stdin: never on its command line, 1 MiB at most)."""
     data = record_stdin(record, ctx.host.name, "the deployment record") if record is not None else None
     return Command(command=_record_command(ctx, pid), stdin=data, stdin_shown="the deployment record (JSON)",
                    timeout_s=30, what="deployment record", **fields)
 
 
-def mark_action(ctx: StepContext, record: dict | None = None, pid: int | None = None) -> Command:
+def mark_action(ctx: StepContext, record: DeploymentRecord | None = None, pid: int | None = None) -> Command:
     """Before the first tensor leaves (issue 38): from here until a verified answer the server's
     drafter is unknown, whatever ends the swap (a signal, a crash of the sender or of deployctl)."""
     return _record_write(ctx, record, pid,
@@ -123,14 +124,14 @@ def mark_action(ctx: StepContext, record: dict | None = None, pid: int | None = 
                          when="the swap decision is swap, before the first tensor leaves")
 
 
-def restore_action(ctx: StepContext, record: dict | None = None, pid: int | None = None) -> Command:
+def restore_action(ctx: StepContext, record: DeploymentRecord | None = None, pid: int | None = None) -> Command:
     return _record_write(ctx, record, pid,
                          description="deployment record: put back as it was (the server refused the swap before any "
                                      "tensor was sent)",
                          when="the server refused the session before any tensor was sent")
 
 
-def record_action(ctx: StepContext, record: dict | None = None, pid: int | None = None) -> Command:
+def record_action(ctx: StepContext, record: DeploymentRecord | None = None, pid: int | None = None) -> Command:
     return _record_write(ctx, record, pid,
                          description="deployment record: swapped (the served drafter and what was verified) or "
                                      "swap-failed (no fingerprint: nothing converges on a server whose drafter is unknown)",
@@ -176,7 +177,7 @@ def run(ctx: StepContext) -> StepOutcome:
     if decision.path == "reload":
         return _reload(ctx, decision.reason)
     assert state.record is not None and state.pid is not None
-    seen = parse_inspection(ctx.execute(inspect_action(ctx, state.record.get("drafter_path") or "")).stdout,
+    seen = parse_inspection(ctx.execute(inspect_action(ctx, state.record.drafter_path or "")).stdout,
                             ctx.host.name)
     decision = decide(ctx, running, seen)
     if decision.path == "reload":
@@ -198,13 +199,14 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _marked(record: dict[str, Any], how: str, fingerprint: str | None, **more: Any) -> dict[str, Any]:
+def _marked(record: DeploymentRecord, how: Literal["swapping", "swap-failed"], fingerprint: str | None,
+            **more: Any) -> DeploymentRecord:
     """The running record with its drafter unknown (no fingerprint, ``drafter_update.how``: swapping or
     swap-failed; deploy/host/deployment.py UNKNOWN_DRAFTER): its argv, PID and launched_argv stay,
     which stop and the PID check compare."""
-    return record | {"drafter_fingerprint": None,
-                     "drafter_update": {"how": how, "at": _now(), "from": record.get("drafter_fingerprint"),
-                                        "to": fingerprint, **more}}
+    return record.but(drafter_fingerprint=None,
+                      drafter_update=DrafterUpdate.model_validate(
+                          {"how": how, "at": _now(), "from": record.drafter_fingerprint, "to": fingerprint, **more}))
 
 
 def _failed(ctx: StepContext, state: ServerState, fingerprint: str | None, why: str,
@@ -258,15 +260,13 @@ def _swap(ctx: StepContext, state: ServerState, decision: SwapDecision) -> StepO
         failures = [f"verifying the swap failed: {str(exc).splitlines()[0][:300]}"]
     if failures:
         return _failed(ctx, state, fingerprint, "; ".join(failures), verified)
-    previous = state.record.get("drafter_fingerprint")
-    update = {"how": "swapped", "at": _now(), "from": previous, "to": fingerprint,
-              "verified": verified}
-    record = wanted.record() | {"pid": state.pid, "log": state.record.get("log"), "launched_at": state.record.get("launched_at"),
-                        "launched_argv": state.record.get("launched_argv") or state.record.get("argv"),
-                        "drafter_update": update}
+    update = DrafterUpdate.model_validate({"how": "swapped", "at": _now(), "from": state.record.drafter_fingerprint,
+                                           "to": fingerprint, "verified": verified})
+    record = wanted.record().but(pid=state.pid, log=state.record.log, launched_at=state.record.launched_at,
+                                 launched_argv=state.record.launched_argv or state.record.argv, drafter_update=update)
     ctx.execute(record_action(ctx, record, state.pid))
     memory = ctx.memory
-    memory.swapped, memory.pid, memory.log, memory.deployment = True, state.pid, state.record.get("log"), record
+    memory.swapped, memory.pid, memory.log, memory.deployment = True, state.pid, state.record.log, record
     memory.drafter_update = {"how": "swapped", "verified": verified}
     return StepOutcome("ok", f"swapped into pid {state.pid} in {summary.seconds:.1f} s (new requests held up to "
                              f"{summary.held_s:.2f} s by SGLang's model-update lock): weight_version "

@@ -161,13 +161,13 @@ def configured(run: Run, host: Host, status: HostStatus) -> tuple[bool | None, l
         from deploy.fleet.nodes import dist_init_addr, node_run
 
         wanted = node_run(run, 0, len(run.nodes), dist_init_addr(run, host))
-    drafter = record.get("drafter_path") if isinstance(record.get("drafter_path"), str) else None
+    drafter = record.drafter_path
     desired = desired_deployment(wanted, host, run.draft_tokens, drafter_path=drafter,
                                  draft_quantization=recorded_draft_quantization(record, run))
     draft_tokens = status.draft_tokens or run.draft_tokens
     differences = []
-    if record.get("run") != run.name:
-        differences.append(f"deployed by run {str(record.get('run'))[:60]!r}")
+    if record.run != run.name:
+        differences.append(f"deployed by run {str(record.run)[:60]!r}")
     if desired.differences(record, ("argv",)):
         differences.append("argv" if draft_tokens == run.draft_tokens else
                            f"draft tokens {draft_tokens} (configured {run.draft_tokens})")

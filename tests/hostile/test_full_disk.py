@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.host.records import DeploymentRecord
 from deploy.config.models import Host, Run
 from deploy.facts.fixer import FixerFailure, parse_fixer_summary
 from deploy.remote import fixer as fix
@@ -88,7 +89,7 @@ def test_pid_file_on_a_full_disk(full_fs):
     (state / "logs").mkdir(parents=True)
     fill()
     ctx = ctx_for(launch, state)
-    result = subprocess.run(["sh", "-c", launch.command(ctx, ["true"], {"argv": ["true"]})], capture_output=True,
+    result = subprocess.run(["sh", "-c", launch.command(ctx, ["true"], DeploymentRecord(argv=["true"]))], capture_output=True,
                             text=True, timeout=30, input='{"argv": ["true"], "pid": "__PID__"}\n')  # the record: stdin
     assert result.returncode != 0 and "cannot write the PID file" in result.stderr
     assert not (state / "server.pid.tmp").exists() and not (state / "server.pid").exists()
@@ -98,7 +99,7 @@ def test_prepare_failure_is_reported_before_anything_starts(tmp_path):
     state = tmp_path / "state"
     state.write_text("a file where the state directory should be")
     ctx = ctx_for(launch, state)
-    started = subprocess.run(["sh", "-c", launch.command(ctx, ["sleep", "30"], {"argv": ["sleep", "30"]})],
+    started = subprocess.run(["sh", "-c", launch.command(ctx, ["sleep", "30"], DeploymentRecord(argv=["sleep", "30"]))],
                              capture_output=True, text=True, timeout=30, input='{"pid": "__PID__"}\n')
     # the log directory failed first: no PID printed, nothing started, the reason on stderr
     assert started.returncode != 0 and started.stdout == "" and "Not a directory" in started.stderr

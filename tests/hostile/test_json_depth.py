@@ -90,6 +90,11 @@ def _server_state(record: str) -> str:
             '"pid_note": null, "running": null, "record": ' + record + "}")
 
 
+def _swapped(depth: int) -> str:
+    """A deployment record whose drafter_update.verified nests the rest: ``depth`` levels below the record's own."""
+    return '{"argv": ["x"], "drafter_update": {"how": "swapped", "verified": ' + nest(depth - 1, "object") + "}}"
+
+
 def _status_document(server_info: str) -> str:
     answer = {"status": 200, "error": None, "body": server_info, "truncated": False}
     read = {"t": 1.0, "metrics": None, "server_info": answer,
@@ -101,9 +106,9 @@ def _status_document(server_info: str) -> str:
 
 #: a host answer or record, its text for a value of depth n (the wrapper's own levels subtracted)
 HOST_TEXTS = {
-    "server-state record": (lambda n: _server_state('{"argv": ["x"], "x": ' + nest(n - 2) + "}"),
-                            lambda text: parse_server_state(text, "gpu-a")),
-    "deployment.json": (lambda n: '{"argv": ["x"], "x": ' + nest(n - 1) + "}",
+    # a typed record nests only where a field takes any JSON: what a drafter swap verified (deploy/host/records.py)
+    "server-state record": (lambda n: _server_state(_swapped(n - 2)), lambda text: parse_server_state(text, "gpu-a")),
+    "deployment.json": (lambda n: _swapped(n - 1),
                         lambda text: parse_record(text, "gpu-a", "~/.deployctl/deployment.json")),
     "quarantine.json": (lambda n: '{"entries": {"fp": {"failed_at": "t", "x": ' + nest(n - 3) + "}}}",
                         lambda text: quarantine_facts.parse_quarantine(text, "gpu-a", "~/.deployctl/quarantine.json")),
@@ -114,11 +119,23 @@ HOST_TEXTS = {
 }
 
 
+#: the records whose every field is typed (issue 37): what their shape error says within the depth bound
+STRICT_RECORDS = {"quarantine.json": r"gpu-a: ~/.deployctl/quarantine.json is not a quarantine record "
+                                     r"\(entries.fp.x: Extra inputs are not permitted\)"}
+
+
 @pytest.mark.parametrize("depth,ok", [d for d in DEPTHS if d[0] != MAX_JSON_DEPTH - 1])
 @pytest.mark.parametrize("what", sorted(HOST_TEXTS))
 def test_a_deep_host_answer_or_record_is_exit_5_naming_the_host(what, depth, ok):
     build, parse = HOST_TEXTS[what]
     text = build(depth)
+    if ok and what in STRICT_RECORDS:
+        # a typed record (deploy/host/records.py) has no field this deep: within the bound the parse gets to
+        # the shape and refuses the unknown field by name (the depth bound did not fire)
+        with pytest.raises(RemoteOutputError, match=STRICT_RECORDS[what]) as caught:
+            parse(text)
+        assert "levels deep" not in str(caught.value)
+        return
     if ok:
         parse(text)
         return

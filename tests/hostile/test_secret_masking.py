@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deploy.host.records import DeploymentRecord, LastGood, Metrics
 from deploy.base.errors import DeployError, ExitCode
 from deploy.base.secrets import MASK, mask_argv, mask_secrets, mask_text
 from deploy.base.terminal import safe_line, safe_text
@@ -169,9 +170,9 @@ def test_the_reload_reason_that_drops_a_key_is_masked_everywhere(name, capsys, t
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     argv = ["python3", "-m", "sglang.launch_server", "--speculative-draft-model-path", "/store/a", "--admin-api-key",
             secret]
-    record = {"run": "r", "argv": argv, "drafter_fingerprint": "a" * 64, "drafter_path": "/store/a", "env_hash": None,
-              "sglang_version": "0.5.23", "draft_tokens": 4, "env_file": None}
-    want = DesiredDeployment.of_record(record | {"argv": argv[:-2]}).with_drafter("/store/b", "b" * 64)
+    record = DeploymentRecord(run="r", argv=argv, drafter_fingerprint="a" * 64, drafter_path="/store/a", env_hash=None,
+                              sglang_version="0.5.23", draft_tokens=4, env_file=None)
+    want = DesiredDeployment.of_record(record.but(argv=argv[:-2])).with_drafter("/store/b", "b" * 64)
     decision = swap_decision(_run([]), want, RunningServer(record, True, 200, 42))
     assert decision.path == "reload" and "drops --admin-api-key" in decision.reason and secret in decision.reason
     print_json({"reason": decision.reason, "steps": [{"detail": decision.reason, "data": {"argv": argv}}]})
@@ -192,11 +193,12 @@ def test_the_last_good_record_travels_on_stdin(name):
     secret = SECRETS[name]
     conn = RecordingTransport(HOST, [Reply("write-file")])
     ctx = _record_good_ctx(conn)
-    record = {"run": "r", "argv": ["python3", "--admin-api-key", secret], "metrics": {}, "env_file": None}
+    record = LastGood.model_validate({"run": "r", "argv": ["python3", "--admin-api-key", secret], "metrics": {},
+                                      "env_file": None})
     ctx.execute(record_good.write_action(ctx, record, None))
     [command], [stdin] = conn.commands, conn.stdins
     assert secret not in command and "printf" not in command
-    assert json.loads(stdin) == record
+    assert json.loads(stdin) == record.document()
 
 
 @pytest.mark.parametrize("baselines", [100, 1000, 10_000])
@@ -204,14 +206,14 @@ def test_ten_thousand_baselines_fit_stdin_and_are_trimmed_when_written(baselines
     entry = {"output_tok_s": 1000.0, "output_tok_s_rounds": [1000.0] * 12, "dataset": "builtin",
              "dataset_sha256": "b" * 64, "drafter_fingerprint": "c" * 64}
     previous = {"throughput_baselines": [entry | {"bench_settings": {"num_prompts": i}} for i in range(baselines)]}
-    merged = record_good.merge_baselines(previous, {"output_tok_s": None}, keep=True)
+    merged = record_good.merge_baselines(Metrics.model_validate(previous), Metrics(output_tok_s=None), keep=True)
     assert len(merged) == record_good.MAX_BASELINES
-    assert merged[-1]["bench_settings"] == {"num_prompts": baselines - 1}  # the newest kept
+    assert merged[-1].bench_settings == {"num_prompts": baselines - 1}  # the newest kept
     # the whole hostile record still goes over stdin (the command line stays small)
     conn = RecordingTransport(HOST, [Reply("write-file")])
     ctx = _record_good_ctx(conn)
-    record = {"run": "r", "argv": ["x"], "metrics": previous}
-    data = json.dumps(record, sort_keys=True).encode()
+    record = LastGood.model_validate({"run": "r", "argv": ["x"], "metrics": previous})
+    data = json.dumps(record.document(), sort_keys=True).encode()
     if len(data) + 1 > MAX_RECORD_BYTES:
         with pytest.raises(DeployError) as refused:
             record_good.write_action(ctx, record, None)

@@ -197,7 +197,7 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     ("reach", {
         "deploy.ssh": ("__init__", "agent", "bounded_channel", "config", "config_eval", "hop", "process_group", "transport",
                        "trust"),
-        "deploy.host": ("__init__", "deployment", "sglang_argv", "state_layout"),
+        "deploy.host": ("__init__", "deployment", "records", "sglang_argv", "state_layout"),
         "deploy.local": ("__init__", "canary_gate", "datasets", "history", "same_night", "state", "throughput_gate"),
     }),
     # command builders and strict parsers; the doctor"s judgements over them

@@ -16,8 +16,16 @@ from deploy.local import datasets
 from deploy.verbs.selection import with_dataset
 from deploy.base.errors import ConfigError, DeployError, ExitCode
 from deploy.engine.playbook import load_playbook
+from deploy.host.records import ControlMeasurement, Metrics
+from deploy.steps import regression_gate as _gate
 from deploy.steps.record_good import keep_bar
-from deploy.steps.regression_gate import compare
+
+
+def compare(now: dict, good: dict, *args, control: dict | None = None, **kwargs):
+    """The gate's comparison of two records' metrics (and tonight's control), given as the JSON the steps write
+    (deploy/host/records.py)."""
+    return _gate.compare(Metrics.model_validate(now), Metrics.model_validate(good), *args,
+                         control=None if control is None else ControlMeasurement.model_validate(control), **kwargs)
 
 
 def turn(who: str, text: str) -> dict:
@@ -210,16 +218,20 @@ def test_the_bar_is_kept_only_when_measured_alike():
     same = old | {"accept_length": 2.9, "output_tok_s": 850.0}
 
     def bar(metrics):
-        return {k: metrics.get(k) for k in ("accept_length", "output_tok_s", "bench_settings", "dataset_sha256")}
+        document = metrics.document() if isinstance(metrics, Metrics) else metrics
+        return {k: document.get(k) for k in ("accept_length", "output_tok_s", "bench_settings", "dataset_sha256")}
 
-    assert bar(keep_bar(old, same)) == bar(old)  # slow drift cannot lower the bar
+    def keep(previous: dict, now: dict) -> Metrics:
+        return keep_bar(Metrics.model_validate(previous), Metrics.model_validate(now))
+
+    assert bar(keep(old, same)) == bar(old)  # slow drift cannot lower the bar
     other = same | {"bench_settings": LOAD | {"dataset_sha256": "b" * 64}, "dataset_sha256": "b" * 64}
-    kept = keep_bar(old, other)
-    assert kept["accept_length"] == 3.0 and kept["output_tok_s"] == 850.0 and kept["dataset_sha256"] == "b" * 64
+    kept = keep(old, other)
+    assert kept.accept_length == 3.0 and kept.output_tok_s == 850.0 and kept.dataset_sha256 == "b" * 64
     # issue 28: the other dataset's bar is kept beside it, never replaced
-    assert [b["dataset_sha256"] for b in kept["throughput_baselines"]] == ["a" * 64, "b" * 64]
+    assert [b.dataset_sha256 for b in kept.throughput_baselines or []] == ["a" * 64, "b" * 64]
     legacy = {"draft_tokens": 16, "accept_length": 3.0, "output_tok_s": 900.0, "bench_settings": {"num_prompts": 16}}
-    assert bar(keep_bar(legacy, same)) == bar(same)  # recorded on random ids with the old prompts: not this load
+    assert bar(keep(legacy, same)) == bar(same)  # recorded on random ids with the old prompts: not this load
 
 
 # -- the sweep: a sweep value never becomes the last good one; the configured one is put back ----------

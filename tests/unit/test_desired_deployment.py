@@ -13,6 +13,7 @@ from deploy.config.models import Host, Run
 from deploy.facts import status as facts
 from deploy.facts.server import ServerState
 from deploy.host.deployment import DesiredDeployment, desired_deployment, recorded_draft_quantization
+from deploy.host.records import DeploymentRecord
 from deploy.steps import converge, launch
 from deploy.steps.base import StepContext
 from deploy.steps.memory import StepMemory
@@ -22,20 +23,20 @@ RUN = Run(name="r", hosts=["gpu-a"], base_model="/m/awq", drafter="/d", draft_to
 PACKAGE = Path(__file__).resolve().parents[2] / "deploy"
 
 
-def launched(run: Run = RUN, quantization: str | None = "unquant") -> dict:
+def launched(run: Run = RUN, quantization: str | None = "unquant") -> DeploymentRecord:
     """The deployment.json the launch step writes (its own record builder), with the PID and log."""
     ctx = StepContext(host=HOST, run=run, settings=launch.Settings(step="launch"), conn=None, launch_stamp="s",
                       memory=StepMemory(drafter_path="/var/lib/deployctl/drafters/ab", drafter_fingerprint="ab" * 32,
                                         sglang_version="0.5.23", draft_quantization=quantization))
-    return launch.launch_record(ctx, "2026-12-01T00:00:00+00:00") | {"pid": 4242}
+    return launch.launch_record(ctx, "2026-12-01T00:00:00+00:00").but(pid=4242)
 
 
-def reading(record: dict) -> facts.HostStatus:
+def reading(record: DeploymentRecord) -> facts.HostStatus:
     live = facts.Live(accept_length=3.0, accept_source="m", output_tok_s=None, throughput_source="m",
                       throughput_comparable=False, server_gen_tok_s=None, running=0, queued=0, traffic=False,
                       window_s=2.0, source="metrics")
     return facts.HostStatus(pid=4242, alive=True, health=200, health_error=None, uptime_s=1.0, deployment=record,
-                            drafter_fingerprint="ab" * 32, drafter_path=record.get("drafter_path"), draft_tokens=16,
+                            drafter_fingerprint="ab" * 32, drafter_path=record.drafter_path, draft_tokens=16,
                             sglang_version="0.5.23", live=live, last_good=None, probe=None, notes=[])
 
 
@@ -43,19 +44,19 @@ def test_status_of_a_quantized_target_deployment_says_configured():
     # issue 25: status rebuilt the argv without the doctor's --speculative-draft-model-quantization
     # decision: every quantized target showed "configured: no: argv" and `configured 0` in Prometheus
     record = launched()
-    assert "--speculative-draft-model-quantization" in record["argv"] and record["draft_quantization"] == "unquant"
+    assert "--speculative-draft-model-quantization" in record.argv and record.draft_quantization == "unquant"
     assert status.configured(RUN, HOST, reading(record)) == (True, [])
     text = status.prom_text(RUN, [status.HostReading(HOST, reading(record), configured=True)], now=1.0)
     assert 'deployctl_status_configured{host="gpu-a",run="r"} 1' in text
 
 
 def test_a_record_from_before_the_field_reads_the_decision_from_its_argv():
-    record = {k: v for k, v in launched().items() if k != "draft_quantization"}
+    record = launched().without("draft_quantization")
     assert recorded_draft_quantization(record, RUN) == "unquant"
     assert status.configured(RUN, HOST, reading(record)) == (True, [])
     # the user's own flag in extra_args is not a decision of the doctor's: passed as written
     own = RUN.model_copy(update={"extra_args": ["--speculative-draft-model-quantization", "unquant"]})
-    mine = {k: v for k, v in launched(own, None).items() if k != "draft_quantization"}
+    mine = launched(own, None).without("draft_quantization")
     assert recorded_draft_quantization(mine, own) is None and status.configured(own, HOST, reading(mine)) == (True, [])
 
 
@@ -74,8 +75,7 @@ def test_converge_and_the_probe_judge_with_the_launchs_own_record():
     record = launched()
     desired = desired_deployment(RUN, HOST, drafter_path="/var/lib/deployctl/drafters/ab", drafter_fingerprint="ab" * 32,
                                  sglang_version="0.5.23", draft_quantization="unquant")
-    assert desired.runs_in(record) and desired.record() == {k: v for k, v in record.items()
-                                                            if k not in ("pid", "log", "launched_at")}
+    assert desired.runs_in(record) and desired.record() == record.without("pid", "log", "launched_at")
     assert converge.would_converge(desired, ServerState(4242, True, 200, None, record)) == (True, "already running as desired")
     # the doctor's decision is part of the argv: dropping it is a change (the probe once forgot it)
     plain = desired_deployment(RUN, HOST, drafter_path="/var/lib/deployctl/drafters/ab", drafter_fingerprint="ab" * 32,
@@ -86,7 +86,7 @@ def test_converge_and_the_probe_judge_with_the_launchs_own_record():
 def test_a_rollback_relaunches_the_last_good_record_exactly():
     good = launched()
     again = DesiredDeployment.of_record(good)
-    assert again.record() == {k: v for k, v in good.items() if k not in ("pid", "log", "launched_at")}
+    assert again.record() == good.without("pid", "log", "launched_at")
 
 
 def test_status_of_a_node_group_compares_rank_0_with_its_multi_node_flags():

@@ -50,9 +50,9 @@ def argv_of(want: DesiredDeployment) -> list[str]:
 
 
 def running(**changes) -> RunningServer:
-    record = deployment("/s/drafters/OLD", "old" * 8).record() | {"pid": 42}
+    record = deployment("/s/drafters/OLD", "old" * 8).record().but(pid=42)
     alive, health = changes.pop("alive", True), changes.pop("health", 200)
-    return RunningServer(None if changes.pop("no_record", False) else record | changes, alive, health, 42)
+    return RunningServer(None if changes.pop("no_record", False) else record.but(**changes), alive, health, 42)
 
 
 def facts(**changes) -> DrafterFacts:

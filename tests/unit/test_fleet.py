@@ -15,6 +15,7 @@ from deploy.config import load_config
 from deploy.config.models import Host, Run
 from deploy.base.errors import ConfigError, ExitCode, RemoteOutputError
 from deploy.fleet.nodes import dist_init_addr, group_fields, matching_group, node_run
+from deploy.host.records import DeploymentRecord, LastGood
 from deploy.fleet.rollout import batches, check_serial, default_serial
 from deploy.fleet.router_package import RouterPackage
 from deploy.fleet.router import (FLEET_OPS, modern_api, parse_loads, parse_workers, router_argv, start_command,
@@ -261,14 +262,19 @@ def group_records(drafter_fp: str = "fp-old", addr: str = "10.0.0.1:30001", name
                 *node_run(run, rank, len(names), addr).extra_args]
         deployments.append({"argv": argv, "drafter_fingerprint": drafter_fp, "drafter_path": f"/store/{drafter_fp}",
                             "env_hash": "e", "sglang_version": "0.5.4", "pid": 100 + rank})
-    fields = group_fields(deployments, list(names), addr)
-    return [d | {"node_group": f, "metrics": {"accept_length": 3.0}} for d, f in zip(deployments, fields)]
+    fields = group_fields([DeploymentRecord.model_validate(d) for d in deployments], list(names), addr)
+    return [d | {"node_group": f.model_dump(), "metrics": {"accept_length": 3.0}} for d, f in zip(deployments, fields)]
+
+
+def read(records: list) -> list[LastGood | None]:
+    """The records as the nodes' last-good.json are read (deploy/host/records.py)."""
+    return [None if r is None else LastGood.model_validate(r) for r in records]
 
 
 def test_node_group_records_of_one_group_deployment_match():
     records = group_records()
-    found, why = matching_group(records, ["h0", "h1"])
-    assert found == records and why == ""
+    found, why = matching_group(read(records), ["h0", "h1"])
+    assert found == read(records) and why == ""
     assert records[0]["node_group"]["id"] == records[1]["node_group"]["id"]
     # another drafter is another group deployment
     assert group_records("fp-new")[0]["node_group"]["id"] != records[0]["node_group"]["id"]
@@ -276,7 +282,7 @@ def test_node_group_records_of_one_group_deployment_match():
     relaunched = copy.deepcopy(records)
     for r in relaunched:
         r["pid"] += 50
-    assert matching_group(relaunched, ["h0", "h1"])[0] == relaunched
+    assert matching_group(read(relaunched), ["h0", "h1"])[0] == read(relaunched)
 
 
 def _missing(records):
@@ -324,6 +330,6 @@ MISMATCHES = {f.__name__[1:]: f for f in (_missing, _single_host, _newer_group_o
 def test_node_group_records_that_are_not_one_group_deployment_are_refused(mutation):
     records = group_records()
     MISMATCHES[mutation](records)
-    found, why = matching_group(records, ["h0", "h1"])
+    found, why = matching_group(read(records), ["h0", "h1"])
     assert found is None, mutation
     assert why and ("h0" in why or "h1" in why or "group deployment" in why or "dist-init" in why), why

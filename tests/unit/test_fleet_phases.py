@@ -22,6 +22,7 @@ import pytest
 
 from deploy.base.errors import DeployError
 from deploy.config import load_config
+from deploy.host.records import LastGood
 from deploy.engine.playbook import load_playbook
 from deploy.engine.records import RunOptions
 from deploy.fleet.phases import HostPhase, RunState
@@ -249,7 +250,8 @@ def no_replica_is_reached(monkeypatch):
     monkeypatch.setattr("deploy.fleet.rolling._unchanged", lambda state, host: ("redeploy", "changed"))
     monkeypatch.setattr("deploy.ssh.transport.HostConnection", Quiet)
     monkeypatch.setattr("deploy.steps.doctor.diagnose", lambda *a, **k: ([], None))
-    monkeypatch.setattr("deploy.facts.server.parse_record", lambda *a, **k: {"drafter_path": "/d-last-good"})
+    monkeypatch.setattr("deploy.facts.server.parse_record",
+                        lambda *a, **k: LastGood(argv=["python3"], drafter_path="/d-last-good"))
 
 
 CASES = [  # (verb, the simulated router, what the run must end with)

@@ -23,6 +23,7 @@ from deploy.local.throughput_gate import MIN_ROUNDS, TooFewRounds, decide, round
 from deploy.steps import benchmark, regression_gate
 from deploy.steps.base import StepContext
 from deploy.steps.memory import StepMemory
+from deploy.host.records import BenchMeasurement, ControlMeasurement
 from tests.recording import RecordingTransport, Reply
 
 HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="/s")
@@ -89,12 +90,22 @@ def test_usable_rounds_says_which_round_failed_and_how(values, valid, failed):
 # --- the regression-gate step: a typed harness failure, exit 1, never inconclusive -------------------
 
 
+def measured(rounds: list, settings: dict, figure: object = None) -> BenchMeasurement:
+    """The benchmark step's measurement of these rounds; rounds the step never hands on (0, nan, "x": issue 38's
+    defence in depth of the gate) are built without validation."""
+    fields = {"successful_requests": 16, "duration_s": 20.0, "output_tokens": 4096,
+              "output_tok_s": rounds[0] if figure is None else figure, "output_tok_s_rounds": rounds, "settings": settings}
+    try:
+        return BenchMeasurement.model_validate(fields)
+    except ValueError:
+        return BenchMeasurement.model_construct(**fields)
+
+
 def _gate_ctx(bench_rounds: list, figure: object = None) -> StepContext:
     good = {"draft_tokens": 16, "output_tok_s": 1200.0, "output_tok_s_rounds": BAR, "bench_settings": NIGHTLY}
     record = {"run": "r", "drafter_path": "/s/d", "metrics": good, "argv": ["x"]}
     conn = RecordingTransport(HOST, [Reply("last-good.json", stdout=json.dumps(record))])
-    bench = {"output_tok_s": bench_rounds[0] if figure is None else figure, "output_tok_s_rounds": bench_rounds,
-             "settings": NIGHTLY}
+    bench = measured(bench_rounds, NIGHTLY, figure)
     return StepContext(host=HOST, run=RUN, settings=regression_gate.Settings(step="regression-gate"), conn=conn,
                        launch_stamp="x", memory=StepMemory(bench=bench))
 
@@ -113,7 +124,7 @@ def test_the_gate_step_fails_as_the_harness_never_passes_inconclusive(rounds):
 @pytest.mark.parametrize("figure", [0.0, 0, -1.0, math.nan])
 def test_no_rounds_recorded_and_a_zero_figure_is_a_harness_failure_not_an_internal_error(figure):
     ctx = _gate_ctx([figure], figure=figure)
-    ctx.memory.bench = {"output_tok_s": figure, "settings": NIGHTLY}  # an older bench: the figure alone
+    ctx.memory.bench = measured([], NIGHTLY, figure)  # no rounds: the figure alone
     with pytest.raises(BenchmarkHarnessFailed):
         regression_gate.run(ctx)
 
@@ -121,10 +132,10 @@ def test_no_rounds_recorded_and_a_zero_figure_is_a_harness_failure_not_an_intern
 def test_enough_good_rounds_around_a_failed_one_is_a_conclusive_regression():
     ctx = _gate_ctx([100.0, 0.0, 100.0, 100.0, 99.0, 101.0])
     # the last good deployment measured the same night at the bar's speed (issue 39: a regression needs it)
-    ctx.memory.control = {"settings": NIGHTLY, "output_tok_s": 1200.0, "output_tok_s_rounds": BAR}
+    ctx.memory.control = ControlMeasurement(settings=NIGHTLY, output_tok_s_rounds=BAR)
     with pytest.raises(Regression):
         regression_gate.run(ctx)
-    assert ctx.memory.gate["outcome"] == "regression" and len(ctx.memory.gate["now_rounds"]) == 5
+    assert ctx.memory.gate.outcome == "regression" and len(ctx.memory.gate.now_rounds) == 5
 
 
 # --- the benchmark step: a round with no output ------------------------------------------------------

@@ -13,6 +13,7 @@ from deploy.base.errors import (BenchmarkHarnessFailed, ConnectionFailed, ExitCo
                            RemoteOutputError, ServerDied, StepTimeout, VerificationFailed)
 from deploy.facts import quarantine as facts
 from deploy.facts.server import RunSnapshot, ServerState
+from deploy.host.records import LastGood
 from deploy.engine.playbook import load_playbook
 from deploy.steps import quarantine
 from deploy.steps.base import StepContext
@@ -35,7 +36,7 @@ def ctx(conn=None, memory=None, **settings) -> StepContext:
                        launch_stamp="20261129T000000Z", memory=StepMemory() if memory is None else memory)
 
 
-def snapshot(text: str | None, read: bool = True, good: dict | None = None) -> RunSnapshot:
+def snapshot(text: str | None, read: bool = True, good: LastGood | None = None) -> RunSnapshot:
     return RunSnapshot(time.monotonic(), "3.11.7", {}, ServerState(None, False, None, None, None), good,
                        quarantine=text, quarantine_read=read)
 
@@ -80,7 +81,7 @@ def test_a_record_of_another_shape_is_an_error_naming_the_file_never_nothing_qua
 
 @pytest.mark.parametrize("text", [None, "", "\n"])
 def test_no_record_quarantines_nothing(text):
-    assert facts.parse_quarantine(text, "h", "q") == {}
+    assert facts.parse_quarantine(text, "h", "q").entries == {}
 
 
 @pytest.mark.parametrize("step,error,converged,good_fp,recorded", [
@@ -104,13 +105,13 @@ def test_no_record_quarantines_nothing(text):
 ])
 def test_which_failures_quarantine_the_fingerprint(step, error, converged, good_fp, recorded):
     memory = StepMemory(drafter_fingerprint=FP, converged=converged, drafter_path="/s/d", launched=not converged,
-                        snapshot=snapshot(None, good={"drafter_fingerprint": good_fp} if good_fp else None))
+                        snapshot=snapshot(None, good=LastGood(argv=["x"], drafter_fingerprint=good_fp) if good_fp else None))
     found = quarantine.failure_entry("nightly", "r", step, error, memory, "T")
     assert (found is not None) == recorded
     assert failure_cause(step, error).checkpoints_fault == (recorded or converged or good_fp == FP)
     if found:
-        assert found[0] == FP and found[1]["exit_code"] == int(error.exit_code) and found[1]["reason"].startswith(step)
-        assert f"({failure_cause(step, error).value})" in found[1]["reason"]
+        assert found[0] == FP and found[1].exit_code == int(error.exit_code) and str(found[1].reason).startswith(step)
+        assert f"({failure_cause(step, error).value})" in str(found[1].reason)
 
 
 def test_nothing_launched_in_this_run_is_never_quarantined():
@@ -140,7 +141,7 @@ def test_the_host_helper_adds_and_removes_atomically_and_bounds_the_record(tmp_p
     for i in range(70):
         proc = _helper(tmp_path, "add", f"fp{i:02d}", json.dumps(dict(ENTRY, failed_at=f"2026-12-01T00:00:{i:02d}")))
         assert proc.returncode == 0 and facts.parse_update(proc.stdout, "h") == min(i + 1, 64)
-    entries = facts.parse_quarantine((tmp_path / "q.json").read_text(), "h", "q")
+    entries = facts.parse_quarantine((tmp_path / "q.json").read_text(), "h", "q").entries
     assert len(entries) == 64 and "fp69" in entries and "fp00" not in entries  # the newest kept
     assert facts.parse_update(_helper(tmp_path, "remove", "fp69").stdout, "h") == 63
     assert not list(tmp_path.glob("*.tmp"))
@@ -149,7 +150,7 @@ def test_the_host_helper_adds_and_removes_atomically_and_bounds_the_record(tmp_p
 def test_a_corrupt_record_is_replaced_by_the_new_failure(tmp_path):
     (tmp_path / "q.json").write_text("{not json")
     assert _helper(tmp_path, "add", FP, json.dumps(ENTRY)).returncode == 0
-    assert set(facts.parse_quarantine((tmp_path / "q.json").read_text(), "h", "q")) == {FP}
+    assert set(facts.parse_quarantine((tmp_path / "q.json").read_text(), "h", "q").entries) == {FP}
 
 
 @pytest.mark.parametrize("args", [[], ["add", FP], ["remove"], ["drop", FP], ["add", FP, "{}", "x"]])

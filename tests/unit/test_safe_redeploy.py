@@ -19,11 +19,20 @@ from deploy.facts.server import env_hash, parse_record, parse_server_state, same
 from deploy.engine.locks import HOST_LOCK_SOURCE, describe_owner, host_lock_program, local_lock, owner_info, parse_host_lock
 from deploy.remote import host_ops
 from deploy.host.deployment import DesiredDeployment
-from deploy.steps.regression_gate import compare
+from deploy.host.records import ControlMeasurement, LastGood, Metrics
+from deploy.steps import regression_gate as _gate
 from deploy.facts.host_helper import parse_probe
 from deploy.steps.wait_ready import classify
 from deploy.base.errors import RemoteOutputError
 from deploy.steps.memory import StepMemory
+
+
+def compare(now: dict, good: dict, *args, control: dict | None = None, **kwargs):
+    """The gate's comparison of two records' metrics (and tonight's control), given as the JSON the steps write
+    (deploy/host/records.py)."""
+    return _gate.compare(Metrics.model_validate(now), Metrics.model_validate(good), *args,
+                         control=None if control is None else ControlMeasurement.model_validate(control), **kwargs)
+
 
 # ---------------------------------------------------------------------------- wait-ready
 
@@ -162,7 +171,7 @@ def test_owner_description_says_who_and_since_when():
 def _record(**over):
     base = {"argv": ["python3", "-m", "sglang.launch_server"], "drafter_fingerprint": "a" * 64,
             "env_hash": env_hash({}), "sglang_version": "0.5.9", "pid": 10, "log": "x.log"}
-    return base | over
+    return LastGood.model_validate(base | over)
 
 
 @pytest.mark.parametrize("field, value", [("argv", ["python3"]), ("drafter_fingerprint", "b" * 64),
@@ -193,7 +202,8 @@ def test_server_state_is_parsed_strictly(output):
 
 def test_server_state_describes_what_is_left_running():
     state = parse_server_state(json.dumps({"pid": 5, "alive": True, "status": 200, "error": None,
-                                           "record": {"drafter_path": "/s/d", "log": "/s/l"}}), "h")
+                                           "record": {"argv": ["sglang"], "drafter_path": "/s/d", "log": "/s/l"}}),
+                               "h")
     assert "pid 5" in state.describe() and "/s/d" in state.describe()
     dead = parse_server_state(json.dumps({"pid": 5, "alive": False, "status": None, "record": None}), "h")
     assert dead.describe().startswith("nothing")
@@ -551,7 +561,7 @@ def test_a_connection_lost_mid_step_is_exit_4_whatever_the_rollback_could_not_do
     session = HostSession(config, HOST, RUN, jumps=None, options=RunOptions(), progress=lambda *a: None,
                           cancelled=threading.Event(), stamp="s")
     session.conn = DeadConnection()  # type: ignore[assignment]
-    good = {"drafter_path": "/s/drafters/good", "drafter_fingerprint": "cd" * 32}
+    good = LastGood(argv=["sglang"], drafter_path="/s/drafters/good", drafter_fingerprint="cd" * 32)
     session.memory = StepMemory(pid=5151, launched=True, host_lock=SimpleNamespace(running=False),
                                 snapshot=RunSnapshot(0.0, "3.11", {}, ServerState(None, False, None, None, None), good))
     session.report = HostReport(HOST, steps=records, error=lost)

@@ -40,7 +40,7 @@ def test_a_good_new_checkpoint_on_a_slower_night_is_drift_and_stays():
     verdict = judge(now, bar, 0.9, control=control)
     assert verdict.outcome == "drift", verdict.line()
     assert "both are slower than the stored bar" in verdict.why and "stays" in verdict.why
-    document = verdict.to_dict()
+    document = verdict.verdict().document()
     assert document["against_control"]["outcome"] == "pass" and document["against_bar"]["outcome"] == "regression"
 
 
@@ -67,7 +67,7 @@ def test_without_a_control_a_changed_checkpoint_below_the_bar_is_never_a_regress
 
 def test_the_verdicts_document_keeps_the_deciding_figures_for_history_and_reports():
     verdict = judge(rounds(0.85, 6), rounds(1.0, 1), 0.9, control=rounds(1.0, 5))
-    document = verdict.to_dict()
+    document = verdict.verdict().document()
     assert document["outcome"] == "regression" and document["ratio"] == document["against_control"]["ratio"]
     assert {"low", "high", "now_rounds", "baseline_rounds", "rule", "drift_ratio", "control_vs_bar"} <= set(document)
 
@@ -89,6 +89,7 @@ from deploy.facts.server import RunSnapshot, ServerState  # noqa: E402
 from deploy.steps import record_good, regression_gate, same_night_control  # noqa: E402
 from deploy.steps.base import StepContext  # noqa: E402
 from deploy.steps.memory import StepMemory  # noqa: E402
+from deploy.host.records import BenchMeasurement, ControlMeasurement, DeploymentRecord, LastGood, Metrics  # noqa: E402
 from tests.recording import RecordingTransport, Reply  # noqa: E402
 
 from tests.fixtures import GATE_HOST as HOST, GATE_RUN as RUN  # noqa: E402
@@ -115,8 +116,11 @@ def good_record(rounds: list[float]) -> dict:
 
 
 def snapshot(good: dict | None, serving_good: bool = True) -> RunSnapshot:
-    record = dict(good or {}) if serving_good else {"argv": ["other"]}
-    return RunSnapshot(0.0, "3.11", {}, ServerState(4242, True, 200, None, record), good)
+    """The doctor's read: ``good`` as last-good.json, the running server's deployment.json its deployment (or another)."""
+    record = {k: v for k, v in good.items() if k != "metrics"} if good is not None and serving_good else \
+        {"argv": ["other"]}
+    return RunSnapshot(0.0, "3.11", {}, ServerState(4242, True, 200, None, DeploymentRecord.model_validate(record)),
+                       None if good is None else LastGood.model_validate(good))
 
 
 def dataset_on_host() -> Reply:
@@ -153,8 +157,8 @@ def test_the_control_measures_the_running_last_good_deployment_into_its_own_file
     ctx = control_ctx(memory, [dataset_on_host(), Reply("bench_serving", stdout=BENCH_16)])
     outcome = same_night_control.run(ctx)
     assert outcome.status == "ok" and memory.control is not None
-    assert memory.control["output_tok_s_rounds"] == [BENCH["fact"]["output_tok_s"]] * 12
-    assert memory.control["settings"] == the_load() and memory.control["drafter_fingerprint"] == OLD
+    assert memory.control.output_tok_s_rounds == [BENCH["fact"]["output_tok_s"]] * 12
+    assert memory.control.settings == the_load() and memory.control.drafter_fingerprint == OLD
     assert all("/bench/control-20261204T031500Z" in c for c in ctx.conn.commands if "bench_serving" in c)
 
 
@@ -177,10 +181,22 @@ def test_a_harness_failure_of_the_control_fails_nothing_and_the_gate_then_blames
     assert outcome.status == "ok" and outcome.detail.startswith("NOT MEASURED") and memory.control is None
 
 
+def measured(rounds: list, settings: dict, figure: object = None) -> BenchMeasurement:
+    """The benchmark step's measurement of these rounds; rounds the step never hands on (0, nan, "x": issue 38's
+    defence in depth of the gate) are built without validation."""
+    fields = {"successful_requests": 16, "duration_s": 20.0, "output_tokens": 4096,
+              "output_tok_s": rounds[0] if figure is None else figure, "output_tok_s_rounds": rounds, "settings": settings}
+    try:
+        return BenchMeasurement.model_validate(fields)
+    except ValueError:
+        return BenchMeasurement.model_construct(**fields)
+
+
 def gate_ctx(now_rounds: list[float], good: dict, fingerprint: str, control: list[float] | None = None) -> StepContext:
-    memory = StepMemory(drafter_fingerprint=fingerprint, deployment={"drafter_fingerprint": fingerprint},
-                        bench={"output_tok_s": now_rounds[0], "output_tok_s_rounds": now_rounds, "settings": the_load()},
-                        control=None if control is None else {"output_tok_s_rounds": control, "settings": the_load()},
+    memory = StepMemory(drafter_fingerprint=fingerprint, deployment=DeploymentRecord(argv=["x"], drafter_fingerprint=fingerprint),
+                        bench=measured(now_rounds, the_load()),
+                        control=None if control is None else ControlMeasurement(output_tok_s_rounds=control,
+                                                                                settings=the_load()),
                         snapshot=snapshot(good))
     return StepContext(host=HOST, run=RUN, settings=nightly_step("regression-gate").settings, conn=None,
                        launch_stamp="x", memory=memory)
@@ -192,7 +208,7 @@ def test_an_unchanged_fingerprint_is_never_a_slowdown_of_the_checkpoint():
     ctx = gate_ctx(rounds(SLOW_NIGHT * 0.9, 2), good, OLD)
     outcome = regression_gate.run(ctx)
     assert outcome.status == "ok" and outcome.detail.startswith("HOST DRIFT, not the checkpoint")
-    assert ctx.memory.gate is not None and ctx.memory.gate["outcome"] == "drift" and ctx.memory.gate["unchanged"]
+    assert ctx.memory.gate is not None and ctx.memory.gate.outcome == "drift" and ctx.memory.gate.unchanged
 
 
 def test_a_good_checkpoint_on_a_slower_night_stays_and_the_bar_is_measured_again_annotated():
@@ -200,14 +216,15 @@ def test_a_good_checkpoint_on_a_slower_night_stays_and_the_bar_is_measured_again
     good = good_record(rounds(BAR_NIGHT, 1))
     ctx = gate_ctx(rounds(SLOW_NIGHT, 2), good, NEW, control=rounds(SLOW_NIGHT, 3))
     outcome = regression_gate.run(ctx)
-    assert outcome.detail.startswith("HOST DRIFT") and ctx.memory.gate["outcome"] == "drift"
+    assert outcome.detail.startswith("HOST DRIFT") and ctx.memory.gate.outcome == "drift"
     # record-good: tonight's rounds become the bar, with their time and load, and the record says the host drifted
     ctx.memory.launched = True
-    merged = record_good.with_baselines(record_good.measurements(ctx), good["metrics"], False, NEW)
+    merged = record_good.with_baselines(record_good.measurements(ctx), Metrics.model_validate(good["metrics"]), False,
+                                        NEW)
     [bar] = record_good.throughput_baselines(merged)
-    assert bar["drafter_fingerprint"] == NEW and bar["bench_settings"] == the_load() and bar["measured_at"]
+    assert bar.drafter_fingerprint == NEW and bar.bench_settings == the_load() and bar.measured_at
     note = record_good.drift_note(ctx.memory.gate)
-    assert note is not None and 0.8 < note["ratio"] < 0.9 and note["unchanged"] is False
+    assert note is not None and note.ratio is not None and 0.8 < note.ratio < 0.9 and note.unchanged is False
 
 
 def test_a_slower_checkpoint_is_a_regression_against_tonights_control():
@@ -218,13 +235,12 @@ def test_a_slower_checkpoint_is_a_regression_against_tonights_control():
 
 
 def test_the_plain_report_and_history_say_drift_and_against_what():
-    from deploy.engine.session import gate_summary
     from deploy.render.report import gate_text
 
-    unchanged = gate_summary(judge(rounds(0.85, 2), rounds(1.0, 1), 0.9, unchanged=True).to_dict())
+    unchanged = judge(rounds(0.85, 2), rounds(1.0, 1), 0.9, unchanged=True).verdict().summary()
     assert unchanged is not None and unchanged["outcome"] == "drift" and unchanged["against"] == "the stored bar"
     line = gate_text(unchanged)
     assert line.startswith("DRIFT: now/last good (the stored bar) 8") and "the host's speed 8" in line
-    controlled = gate_summary(judge(rounds(0.85, 2), rounds(1.0, 1), 0.9, control=rounds(1.0, 3)).to_dict())
+    controlled = judge(rounds(0.85, 2), rounds(1.0, 1), 0.9, control=rounds(1.0, 3)).verdict().summary()
     assert controlled is not None and gate_text(controlled).startswith("REGRESSION: now/last good (the last good "
                                                                        "deployment tonight) 8")

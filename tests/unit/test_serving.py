@@ -9,11 +9,16 @@ import pytest
 from deploy.doctor.checks import Check
 from deploy.facts.server import RunSnapshot, ServerState
 from deploy.engine.serving import decide
+from deploy.host.records import DeploymentRecord, LastGood
 from deploy.steps.doctor import checkpoint_invalid, left_as_it_was
 
-GOOD = {"argv": ["python3", "-m", "sglang.launch_server"], "drafter_fingerprint": "f1", "env_hash": "e",
-        "sglang_version": "0.5.11"}
-OTHER = dict(GOOD, drafter_fingerprint="f2")
+GOOD = LastGood(argv=["python3", "-m", "sglang.launch_server"], drafter_fingerprint="f1", env_hash="e",
+                sglang_version="0.5.11")
+OTHER = GOOD.but(drafter_fingerprint="f2")
+
+
+def restored(pid: int) -> DeploymentRecord:
+    return DeploymentRecord(argv=["python3", "-m", "sglang.launch_server"], pid=pid)
 
 
 def state(alive=True, pid=42, status=200, record=None, error=None):
@@ -94,7 +99,7 @@ def test_verified_pid_is_the_runs_own_or_the_rollbacks():
     assert verified_pid(verified, StepMemory(pid=7)) == 7
     unverified = HostReport(HOST, steps=[StepRecord("verify-acceptance", "failed")])
     assert verified_pid(unverified, StepMemory(pid=7)) is None
-    assert verified_pid(unverified, StepMemory(pid=7, restored={"pid": 9})) == 9
+    assert verified_pid(unverified, StepMemory(pid=7, restored=restored(9))) == 9
 
 
 def test_the_report_json_and_history_carry_the_same_answer():
@@ -140,9 +145,9 @@ RB_OK = _steps(("stop-stale", "ok"), ("launch", "ok"), ("wait-ready", "ok"), ("v
     (LAUNCHED, RB_NOT_READY, {"pid": 42, "launched": True, "rollback_pid": 43}, state(pid=43, status=503, record=GOOD),
      ("unverified", 43), "launched by this run, not verified"),
     # restored and verified by the rollback: serving, verified in this run
-    (LAUNCHED, RB_OK, {"pid": 42, "launched": True, "rollback_pid": 43, "restored": {"pid": 43}},
+    (LAUNCHED, RB_OK, {"pid": 42, "launched": True, "rollback_pid": 43, "restored": restored(43)},
      state(pid=43, record=GOOD), ("serving", 43), "verified in this run"),
-    (CONVERGED, RB_OK, {"pid": 42, "converged": True, "rollback_pid": 43, "restored": {"pid": 43}},
+    (CONVERGED, RB_OK, {"pid": 42, "converged": True, "rollback_pid": 43, "restored": restored(43)},
      state(pid=43, record=GOOD), ("serving", 43), "verified in this run"),
     # the server's state could not be read after the failure
     (CONVERGED, [], {"pid": 42, "converged": True}, None, ("unknown", None), "reading the server's state failed"),

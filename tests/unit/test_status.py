@@ -14,6 +14,7 @@ import pytest
 
 from deploy.config.models import Host, Run
 from deploy.base.errors import ExitCode, RemoteOutputError
+from deploy.host.records import DeploymentRecord
 from deploy.facts import status as facts
 from deploy.facts.server import env_hash
 from deploy.host.sglang_argv import sglang_argv
@@ -126,10 +127,10 @@ def test_exit_code_is_the_first_failing_host_in_config_order():
 
 def test_configured_compares_argv_with_its_store_drafter_and_the_environment():
     argv = sglang_argv(RUN, HOST, 16, "/s/f")
-    st = host_status().model_copy(update={"deployment": {"run": "r", "argv": argv, "drafter_path": "/s/f",
-                                                         "env_hash": env_hash({})}})
+    deployment = DeploymentRecord(run="r", argv=argv, drafter_path="/s/f", env_hash=env_hash({}))
+    st = host_status().model_copy(update={"deployment": deployment})
     assert status.configured(RUN, HOST, st) == (True, [])
-    other = st.model_copy(update={"deployment": st.deployment | {"env_hash": "x", "argv": argv[:-1]}})
+    other = st.model_copy(update={"deployment": deployment.but(env_hash="x", argv=argv[:-1])})
     assert status.configured(RUN, HOST, other) == (False, ["argv", "environment"])
     assert status.configured(RUN, HOST, host_status())[0] is None
 
@@ -347,6 +348,19 @@ def test_every_field_of_the_document_with_a_wrong_value_is_an_error_or_read_as_a
     else:
         assert (key, value) in {("pidfile", "x"), ("uptime_s", 1.5), ("uptime_s", None), ("probe", None), ("probe_skipped", True)}, \
             (key, value, fact)
+
+
+@pytest.mark.parametrize("key, field, value", [("record", "pid", "4242"), ("record", "drafter_update", {"how": "x"}),
+                                               ("last_good", "metrics", {"draft_tokens": "16"}),
+                                               ("last_good", "surprise", 1)])
+def test_a_record_field_of_another_shape_is_a_note_naming_the_file_and_field_and_status_reads_on(key, field, value):
+    """Issue 37: the records are typed (deploy/host/records.py); status reads on and says which field."""
+    original = _document("probe_at_the_benchmark_load")
+    fact = facts.parse_status(0, json.dumps(original | {key: original[key] | {field: value}}) + "\n", "", "gpu-a")
+    name = "deployment.json" if key == "record" else "last-good.json"
+    assert (fact.deployment if key == "record" else fact.last_good) is None
+    assert any(n.startswith(f"{name} is not a deployment record ({field}") for n in fact.notes), fact.notes
+    assert fact.live.accept_length is not None  # the server's own figures are still read
 
 
 INFO_BODIES = ["[]", "not json", '{"internal_states": "x"}', '{"internal_states": []}', '{"internal_states": [1]}',

@@ -11,6 +11,7 @@ from deploy.config.models import Host, Run
 from deploy.engine.records import HostReport
 from deploy.base.errors import ServerDied
 from deploy.facts.server import ServerState
+from deploy.host.records import LastGood
 from deploy.fleet import nodes
 from deploy.engine.playbook import load_playbook
 from deploy.steps.memory import StepMemory
@@ -70,8 +71,9 @@ def test_the_node_groups_rollback_memory_carries_gpu_baseline_mib_like_one_hosts
     # issue 25: fleet/nodes.py built each node's rollback memory by hand and dropped gpu_baseline_mib
     # (the memory the doctor found held before the stop): the rollback's wait-gpus-free waited for it
     sessions = [FakeNode(h, rank) for rank, h in enumerate(HOSTS)]
-    goods = [{"argv": ["python3", "--node-rank", str(r)], "env_file": None, "drafter_path": "/s/d",
-              "node_group": {"dist_init_addr": "10.0.0.1:30001"}} for r in range(2)]
+    goods = [LastGood.model_validate({"argv": ["python3", "--node-rank", str(r)], "env_file": None, "drafter_path": "/s/d",
+                                      "node_group": {"id": "g", "rank": r, "nnodes": 2, "hosts": [h.name for h in HOSTS],
+                                                     "dist_init_addr": "10.0.0.1:30001"}}) for r in range(2)]
     records = iter(goods)
     monkeypatch.setattr(nodes, "parse_record", lambda *a: next(records))
     monkeypatch.setattr(nodes, "matching_group", lambda found, names: (list(found), ""))

@@ -18,6 +18,7 @@ from deploy.base.errors import (BenchmarkHarnessFailed, ConnectionFailed, ExitCo
 from deploy.facts.fuser import NO_DEVICE_FILES
 from deploy.steps import (converge, ensure_helper, launch, free_gpus, record_good, regression_gate, stop_stale, verify_acceptance,
                           wait_gpus_free, wait_ready)
+from deploy.host.records import DeploymentRecord, LastGood
 from deploy.steps.base import StepContext
 from deploy.steps.launch import desired_record
 from deploy.ssh.transport import ExecTimedOut
@@ -270,6 +271,9 @@ def test_ensure_helper_uses_what_doctor_read_and_sends_nothing_when_current():
 
 
 def _state(**fields):
+    """server-state's answer; a record as the host reads deployment.json (its JSON document)."""
+    if isinstance(fields.get("record"), DeploymentRecord):
+        fields["record"] = fields["record"].document()
     return json.dumps({"pid": None, "alive": False, "cmdline": "", "record": None, "status": None,
                        "error": "refused"} | fields)
 
@@ -286,7 +290,7 @@ def test_converge_redeploys_when_nothing_is_recorded():
 
 def test_converge_leaves_a_server_running_as_desired_alone():
     probe = ctx(converge, None, run=LEGACY_RUN)
-    record = desired_record(probe) | {"log": "/l/sglang-x.log"}
+    record = desired_record(probe).but(log="/l/sglang-x.log")
     conn = RecordingTransport(HOST, [Reply(r" server-state ", stdout=_state(pid=4242, alive=True, status=200,
                                                                              error=None, record=record))])
     memory = StepMemory()
@@ -314,9 +318,9 @@ def test_a_replica_kept_in_the_router_must_still_converge_or_nothing_is_stopped(
     from deploy.steps.converge import would_converge
     from deploy.facts.server import ServerState
 
-    record = desired_record(ctx(converge, None, run=LEGACY_RUN)) | {"log": "/l/x.log"}
+    record = desired_record(ctx(converge, None, run=LEGACY_RUN)).but(log="/l/x.log")
     if state.pop("argv_changed", False):
-        record = record | {"argv": record["argv"] + ["--disable-cuda-graph"]}
+        record = record.but(argv=record.argv + ["--disable-cuda-graph"])
     fields = {"pid": 4242, "alive": True, "status": 200, "error": None, "record": record} | state
     conn = RecordingTransport(HOST, [Reply(r" server-state ", stdout=_state(**fields))])
     with pytest.raises(DeployError, match="since the check before the drain") as exc:
@@ -331,7 +335,7 @@ def test_a_replica_kept_in_the_router_that_converges_passes():
     from deploy.facts.server import ServerState
     from deploy.steps.converge import would_converge
 
-    record = desired_record(ctx(converge, None, run=LEGACY_RUN)) | {"log": "/l/x.log"}
+    record = desired_record(ctx(converge, None, run=LEGACY_RUN)).but(log="/l/x.log")
     conn = RecordingTransport(HOST, [Reply(r" server-state ", stdout=_state(pid=7, alive=True, status=200, error=None,
                                                                              record=record))])
     outcome = converge.run(ctx(converge, conn, run=LEGACY_RUN, memory=StepMemory(must_converge=True)))
@@ -351,8 +355,8 @@ def test_launch_is_one_command_and_records_the_pid_it_printed():
     c = ctx(launch, conn, run=run, memory=StepMemory(drafter_path="~/deployctl state/drafters/ab12", drafter_fingerprint="ab12",
                                             sglang_version="0.5.11"))
     outcome = launch.run(c)
-    assert outcome.data["pid"] == 4242 and c.memory.deployment["pid"] == 4242
-    assert c.memory.deployment["argv"][c.memory.deployment["argv"].index("--speculative-draft-model-path") + 1] \
+    assert outcome.data["pid"] == 4242 and c.memory.deployment is not None and c.memory.deployment.pid == 4242
+    assert c.memory.deployment.argv[c.memory.deployment.argv.index("--speculative-draft-model-path") + 1] \
         == "~/deployctl state/drafters/ab12"
     [command] = conn.commands  # log dir, link, launch, PID file, record, pruning: one exec channel
     assert "hf_s3cr3t" not in command and ". ~/'deployctl state/launch.env'" in command
@@ -382,13 +386,13 @@ def test_launch_refuses_anything_but_a_pid(stdout, exit_code, stderr, error, fra
 def test_a_rollback_launch_relaunches_the_recorded_argv_and_uploads_nothing():
     from deploy.steps import launch
 
-    record = {"argv": ["python3", "-m", "sglang.launch_server", "--port", "30000"], "drafter_path": "~/d/old",
-              "drafter_fingerprint": "old", "env_hash": "e", "sglang_version": "0.5.11", "draft_tokens": 16,
-              "run": "r", "env_file": "~/deployctl state/last-good.env"}
+    record = LastGood(argv=["python3", "-m", "sglang.launch_server", "--port", "30000"], drafter_path="~/d/old",
+                      drafter_fingerprint="old", env_hash="e", sglang_version="0.5.11", draft_tokens=16,
+                      run="r", env_file="~/deployctl state/last-good.env")
     run = RUN.model_copy(update={"env": {"HF_TOKEN": "new"}})
     conn = RecordingTransport(HOST, [Reply(r"setsid nohup", stdout="99\n")])
     c = ctx(launch, conn, run=run, memory=StepMemory(rollback_record=record))
-    assert launch.run(c).data["argv"] == record["argv"]
+    assert launch.run(c).data["argv"] == record.argv
     assert conn.uploads == [] and ". ~/'deployctl state/last-good.env'" in conn.commands[0]
 
 
@@ -437,7 +441,7 @@ def test_benchmark_is_one_command_and_checks_every_request_succeeded():
     outcome = benchmark.run(c)
     assert outcome.data["dataset"] == "random-ids" and outcome.data["dataset_sha256"] is None
     assert outcome.data["output_tok_s"] == pytest.approx(BENCH_CASE["fact"]["output_tok_s"])
-    assert c.memory.bench["draft_tokens"] == 16
+    assert c.memory.bench is not None and c.memory.bench.draft_tokens == 16
     [command] = conn.commands
     assert "--num-prompts 768" in command and "--output-file ~/'deployctl state/bench/bench-20261129T000000Z-t16.jsonl'" in command
     short = RecordingTransport(HOST, [Reply(r"sglang\.bench_serving", stdout=BENCH_OUTPUT)])

@@ -21,6 +21,7 @@ from deploy.config.models import Host, Run
 from deploy.engine.serving import decide
 from deploy.facts.server import ServerState, same_deployment
 from deploy.host.deployment import DesiredDeployment, UNKNOWN_DRAFTER_WORDS, drafter_unknown
+from deploy.host.records import DeploymentRecord, LastGood, record_of
 from deploy.ssh.transport import ExecCancelled, ExecTimedOut
 from deploy.steps import swap_drafter
 from deploy.steps.base import StepContext
@@ -35,11 +36,16 @@ OLD, NEW = "a" * 64, "b" * 64
 PID = 4242
 
 
-def _old_record() -> dict:
+def _old_record() -> DeploymentRecord:
     want = DesiredDeployment(run="r", argv=("python3", "-m", "sglang.launch_server", "--speculative-draft-model-path",
                                             "/store/old"), drafter_fingerprint=OLD, drafter_path="/store/old",
                              env_hash="e" * 64, sglang_version="0.5.23", draft_tokens=4, env_file=None)
-    return want.record() | {"pid": PID, "log": "/var/lib/deployctl/logs/s.log", "launched_at": "2026-12-01T00:00:00+00:00"}
+    return want.record().but(pid=PID, log="/var/lib/deployctl/logs/s.log", launched_at="2026-12-01T00:00:00+00:00")
+
+
+def _read(record: dict | DeploymentRecord) -> DeploymentRecord:
+    """A record as written to the host (JSON), read back as deployctl reads deployment.json."""
+    return record if isinstance(record, DeploymentRecord) else record_of(DeploymentRecord, record, "deployment.json")
 
 
 def _summary(**changes) -> str:
@@ -125,8 +131,8 @@ def _records(conn: RecordingTransport) -> list[dict]:
     return written
 
 
-def _state(record: dict | None) -> ServerState:
-    return ServerState(pid=PID, alive=True, status=200, error=None, record=record)
+def _state(record: dict | DeploymentRecord | None) -> ServerState:
+    return ServerState(pid=PID, alive=True, status=200, error=None, record=None if record is None else _read(record))
 
 
 def _swap(reply: Reply):
@@ -137,16 +143,17 @@ def _swap(reply: Reply):
     return conn, ctx, old, (lambda: swap_drafter._swap(ctx, _state(old), SwapDecision("swap", "only the tensors")))
 
 
-def _never_as_desired(record: dict, old: dict) -> None:
+def _never_as_desired(written: dict, old: DeploymentRecord) -> None:
     """Neither the old nor the new deployment is "already running as desired" on this record, it is
     not the last good deployment, a swap is not tried on it, and the report never says untouched."""
-    assert drafter_unknown(record) and record["drafter_fingerprint"] is None
+    record = _read(written)
+    assert drafter_unknown(record) and record.drafter_fingerprint is None
     for want in (DesiredDeployment.of_record(old), DesiredDeployment.of_record(old).with_drafter("/store/new", NEW),
                  DesiredDeployment.of_record(old).with_drafter("/store/old", None)):
         unchanged, why = would_converge(want, _state(record))
         assert not unchanged and UNKNOWN_DRAFTER_WORDS in why, why
     assert not same_deployment(record, old) and not same_deployment(record, record)
-    serving = decide(verified_pid=None, state=_state(record), last_good=old)
+    serving = decide(verified_pid=None, state=_state(record), last_good=LastGood.model_validate(old.document()))
     assert "untouched" not in serving.headline() and serving.state == "unverified"
     decision = swap_decision(RUN, DesiredDeployment.of_record(old).with_drafter("/store/new", NEW),
                              RunningServer(record, True, 200, PID))
@@ -166,7 +173,7 @@ def test_tensors_out_and_not_verified_is_swap_failed_and_a_reload(case):
     assert failed["drafter_update"]["from"] == OLD and failed["drafter_update"]["why"]
     for record in (marked, failed):  # the rest is the running server's record: stop and the PID check still match
         assert {k: v for k, v in record.items() if k not in ("drafter_fingerprint", "drafter_update")} == \
-            {k: v for k, v in old.items() if k != "drafter_fingerprint"}
+            {k: v for k, v in old.document().items() if k != "drafter_fingerprint"}
         _never_as_desired(record, old)
     assert outcome.status == "skipped" and outcome.data["path"] == "reload" and outcome.data["sent"] is True
     assert "the swap failed verification" in outcome.detail and "Traceback" not in outcome.detail
@@ -184,7 +191,7 @@ def test_refused_before_any_tensor_puts_the_record_back(case):
     outcome = run()
     marked, restored = _records(conn)
     assert marked["drafter_update"]["how"] == "swapping"
-    assert restored == old and not drafter_unknown(restored)
+    assert restored == old.document() and not drafter_unknown(_read(restored))
     assert outcome.status == "skipped" and outcome.data == {"path": "reload", "sent": False,
                                                             "reason": outcome.data["reason"]}
     assert would_converge(DesiredDeployment.of_record(old), _state(restored))[0]
@@ -215,18 +222,32 @@ def test_the_plan_lists_the_mark_before_the_send_and_the_put_back_after_it():
 def test_a_record_whose_drafter_is_unknown_never_matches_whatever_its_fingerprint(how, fingerprint):
     """A hand edit or an older deployctl may have left a fingerprint beside the mark: the mark wins."""
     old = _old_record()
-    record = old | {"drafter_fingerprint": fingerprint, "drafter_update": {"how": how}}
-    for want in (DesiredDeployment.of_record(old), DesiredDeployment.of_record(old | {"drafter_fingerprint": None})):
+    record = old.but(drafter_fingerprint=fingerprint, drafter_update={"how": how})
+    for want in (DesiredDeployment.of_record(old), DesiredDeployment.of_record(old.but(drafter_fingerprint=None))):
         assert not would_converge(want, _state(record))[0]
     assert not same_deployment(record, old) and not same_deployment(old, record)
 
 
-@pytest.mark.parametrize("update", [None, {}, {"how": "swapped"}, {"how": "reloaded"}, "swap-failed", ["swap-failed"]])
+@pytest.mark.parametrize("update", [None, {"how": "swapped"}, {"how": "reloaded"}])
 def test_other_records_are_compared_as_before(update):
     old = _old_record()
-    record = old | ({"drafter_update": update} if update is not None else {})
+    record = old.but(drafter_update=update) if update is not None else old
     assert would_converge(DesiredDeployment.of_record(old), _state(record))[0]
     assert same_deployment(record, old)
+
+
+@pytest.mark.parametrize("update", [{}, {"how": "guessed"}, "swap-failed", ["swap-failed"]])
+def test_a_drafter_update_of_another_shape_is_refused_naming_the_file_and_field(update):
+    """Issue 37: before the typed record, such a hand edit was compared as if it said nothing."""
+    from deploy.base.errors import ExitCode, RemoteOutputError
+    from deploy.facts.server import parse_server_state
+
+    answer = {"pid": PID, "alive": True, "status": 200, "error": None,
+              "record": _old_record().document() | {"drafter_update": update}}
+    with pytest.raises(RemoteOutputError) as refused:
+        parse_server_state(json.dumps(answer), "kimi-a")
+    assert refused.value.exit_code == ExitCode.REMOTE_OUTPUT
+    assert str(refused.value).startswith("kimi-a: deployment.json: not a deployment record: drafter_update")
 
 
 @pytest.mark.parametrize("reply, sent", [(UNKNOWN["update-failed"], True), (NOT_SENT["begin-401"], False)])
@@ -238,10 +259,11 @@ def test_the_reload_after_a_fallback_records_that_it_reloaded_and_why(reply, sen
     conn, ctx, old, run = _swap(reply)
     run()
     record = launch.desired_record(ctx)
-    update = record["drafter_update"]
-    assert update["how"] == "reloaded" and update["asked"] == "swap" and update["sent"] is sent and update["at"]
-    assert update["why"].startswith("the swap failed verification" if sent else "the server refused the swap at begin")
-    assert not drafter_unknown(record) and record["drafter_fingerprint"] == NEW
+    update = record.drafter_update
+    assert update is not None and update.how == "reloaded" and update.asked == "swap" and update.sent is sent
+    assert update.at and str(update.why).startswith("the swap failed verification" if sent else
+                                                     "the server refused the swap at begin")
+    assert not drafter_unknown(record) and record.drafter_fingerprint == NEW
     # a rollback relaunches the last good record as it was
-    ctx.memory.rollback_record = old
-    assert "drafter_update" not in launch.desired_record(ctx)
+    ctx.memory.rollback_record = LastGood.model_validate(old.document())
+    assert "drafter_update" not in launch.desired_record(ctx).document()

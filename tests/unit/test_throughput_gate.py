@@ -11,9 +11,18 @@ from deploy.base.errors import Regression
 from deploy.steps import record_good, regression_gate
 from deploy.steps.base import StepContext
 from deploy.steps.memory import StepMemory
-from deploy.steps.regression_gate import compare
 from deploy.local.throughput_gate import decide, moses_rank
+from deploy.host.records import Baseline, BenchMeasurement, ControlMeasurement, Metrics
+from deploy.steps import regression_gate as _gate
 from tests.recording import RecordingTransport, Reply
+
+
+def compare(now: dict, good: dict, *args, control: dict | None = None, **kwargs):
+    """The gate's comparison of two records' metrics (and tonight's control), given as the JSON the steps write
+    (deploy/host/records.py)."""
+    return _gate.compare(Metrics.model_validate(now), Metrics.model_validate(good), *args,
+                         control=None if control is None else ControlMeasurement.model_validate(control), **kwargs)
+
 
 from tests.fixtures import GATE_HOST as HOST, GATE_RUN as RUN  # noqa: E402
 BASE = [1000.0, 1012.0, 991.0, 1005.0, 998.0, 1020.0, 985.0, 1003.0, 996.0, 1009.0, 1001.0, 994.0]
@@ -77,8 +86,23 @@ def test_the_verdict_is_the_same_for_the_same_rounds():
 
 
 def metrics(rounds, settings=NIGHTLY, **extra):
+    """A record's metrics as JSON (the gate's tests); ``M`` reads them as record-good does."""
     return {"draft_tokens": 16, "output_tok_s": sorted(rounds)[len(rounds) // 2], "output_tok_s_rounds": rounds,
             "bench_settings": settings} | extra
+
+
+M = Metrics.model_validate
+
+
+def measured(rounds: list, settings: dict, figure: object = None) -> BenchMeasurement:
+    """The benchmark step's measurement of these rounds; rounds the step never hands on (0, nan, "x": issue 38's
+    defence in depth of the gate) are built without validation."""
+    fields = {"successful_requests": 16, "duration_s": 20.0, "output_tokens": 4096,
+              "output_tok_s": rounds[0] if figure is None else figure, "output_tok_s_rounds": rounds, "settings": settings}
+    try:
+        return BenchMeasurement.model_validate(fields)
+    except ValueError:
+        return BenchMeasurement.model_construct(**fields)
 
 
 def gate_ctx(bench_rounds, good_metrics, settings=NIGHTLY, control=None):
@@ -87,9 +111,9 @@ def gate_ctx(bench_rounds, good_metrics, settings=NIGHTLY, control=None):
 
     record = {"run": "r", "drafter_path": "/s/d", "metrics": good_metrics, "argv": ["x"]}
     conn = RecordingTransport(HOST, [Reply("last-good.json", stdout=json.dumps(record))])
-    memory = StepMemory(bench={"output_tok_s": bench_rounds[0], "output_tok_s_rounds": bench_rounds,
-                               "settings": settings},
-                        control=None if control is None else {"output_tok_s_rounds": control, "settings": settings})
+    memory = StepMemory(bench=measured(bench_rounds, settings),
+                        control=None if control is None else ControlMeasurement(output_tok_s_rounds=control,
+                                                                                settings=settings))
     return StepContext(host=HOST, run=RUN, settings=regression_gate.Settings(step="regression-gate"), conn=conn,
                        launch_stamp="x", memory=memory)
 
@@ -98,7 +122,7 @@ def test_the_step_passes_an_inconclusive_night_and_hands_the_verdict_on():
     ctx = gate_ctx([880.0], metrics(BASE))
     outcome = regression_gate.run(ctx)
     assert outcome.status == "ok" and outcome.detail.startswith("INCONCLUSIVE")
-    assert outcome.data["throughput_gate"]["outcome"] == "inconclusive" == ctx.memory.gate["outcome"]
+    assert outcome.data["throughput_gate"]["outcome"] == "inconclusive" == ctx.memory.gate.outcome
 
 
 def test_the_step_fails_a_conclusive_regression_with_the_figures_and_the_rule():
@@ -106,10 +130,10 @@ def test_the_step_fails_a_conclusive_regression_with_the_figures_and_the_rule():
     ctx = gate_ctx(scaled(BASE, 0.85), metrics(BASE), control=scaled(BASE, 1.0))
     with pytest.raises(Regression, match=r"REGRESSION: the last good deployment is clearly faster tonight") as regressed:
         regression_gate.run(ctx)
-    assert "12 rounds" in str(regressed.value) and ctx.memory.gate["outcome"] == "regression"
+    assert "12 rounds" in str(regressed.value) and ctx.memory.gate.outcome == "regression"
     # without tonight's control the same rounds cannot blame the checkpoint
     ctx = gate_ctx(scaled(BASE, 0.85), metrics(BASE))
-    assert regression_gate.run(ctx).detail.startswith("INCONCLUSIVE") and "no same-night control" in ctx.memory.gate["why"]
+    assert regression_gate.run(ctx).detail.startswith("INCONCLUSIVE") and "no same-night control" in ctx.memory.gate.why
 
 
 def test_a_bench_on_another_dataset_never_replaces_the_gates_baseline():
@@ -124,36 +148,36 @@ def test_a_bench_on_another_dataset_never_replaces_the_gates_baseline():
 
 
 def test_record_good_adds_a_datasets_baseline_beside_the_others():
-    nightly = metrics(BASE)
+    nightly = M(metrics(BASE))
     after_bench = record_good.keep_bar(record_good.with_baselines(nightly, None, False, "fp1"),
-                                       metrics([400.0] * 12, MINE), fingerprint="fp1")
+                                       M(metrics([400.0] * 12, MINE)), fingerprint="fp1")
     entries = record_good.throughput_baselines(after_bench)
-    assert [e["bench_settings"] for e in entries] == [NIGHTLY, MINE]
-    assert record_good.throughput_baseline(after_bench, NIGHTLY)["output_tok_s_rounds"] == BASE
-    assert entries[0]["drafter_fingerprint"] == "fp1"
+    assert [e.bench_settings for e in entries] == [NIGHTLY, MINE]
+    assert record_good.throughput_baseline(after_bench, NIGHTLY).output_tok_s_rounds == BASE
+    assert entries[0].drafter_fingerprint == "fp1"
 
 
 def test_same_deployment_keeps_its_bar_and_a_legacy_single_round_bar_is_filled_in():
-    kept = record_good.keep_bar(record_good.with_baselines(metrics(BASE), None, False), metrics(scaled(BASE, 0.93)))
-    assert record_good.throughput_baseline(kept, NIGHTLY)["output_tok_s_rounds"] == BASE
-    legacy = {"draft_tokens": 16, "output_tok_s": 1000.0, "bench_settings": NIGHTLY}
-    filled = record_good.keep_bar(legacy, metrics(scaled(BASE, 0.97)))
-    assert record_good.throughput_baseline(filled, NIGHTLY)["output_tok_s_rounds"] == scaled(BASE, 0.97)
+    kept = record_good.keep_bar(record_good.with_baselines(M(metrics(BASE)), None, False), M(metrics(scaled(BASE, 0.93))))
+    assert record_good.throughput_baseline(kept, NIGHTLY).output_tok_s_rounds == BASE
+    legacy = M({"draft_tokens": 16, "output_tok_s": 1000.0, "bench_settings": NIGHTLY})
+    filled = record_good.keep_bar(legacy, M(metrics(scaled(BASE, 0.97))))
+    assert record_good.throughput_baseline(filled, NIGHTLY).output_tok_s_rounds == scaled(BASE, 0.97)
 
 
 def test_an_inconclusive_new_deployment_keeps_the_previous_bar():
-    before = record_good.with_baselines(metrics(BASE), None, False, "old")
-    kept = record_good.with_baselines(metrics(scaled(BASE, 0.88)), before, True, "new")
-    assert record_good.throughput_baseline(kept, NIGHTLY)["drafter_fingerprint"] == "old"
-    replaced = record_good.with_baselines(metrics(scaled(BASE, 0.95)), before, False, "new")
-    assert record_good.throughput_baseline(replaced, NIGHTLY)["drafter_fingerprint"] == "new"
+    before = record_good.with_baselines(M(metrics(BASE)), None, False, "old")
+    kept = record_good.with_baselines(M(metrics(scaled(BASE, 0.88))), before, True, "new")
+    assert record_good.throughput_baseline(kept, NIGHTLY).drafter_fingerprint == "old"
+    replaced = record_good.with_baselines(M(metrics(scaled(BASE, 0.95))), before, False, "new")
+    assert record_good.throughput_baseline(replaced, NIGHTLY).drafter_fingerprint == "new"
 
 
 @pytest.mark.parametrize("entry", [{"output_tok_s": "fast"}, {"output_tok_s": 0}, {"output_tok_s_rounds": [1, "x"]},
                                    {"output_tok_s": True}, {"output_tok_s": float("nan")}])
 def test_a_hand_edited_baseline_is_not_trusted_into_the_statistics(entry):
-    assert record_good.rounds_of(entry) == []
-    assert record_good.throughput_baselines({"throughput_baselines": [entry]}) == []
+    assert record_good.rounds_of(Baseline.model_validate(entry)) == []
+    assert record_good.throughput_baselines(M({"throughput_baselines": [entry]})) == []
     assert compare({"output_tok_s": 900.0, "bench_settings": NIGHTLY}, {"throughput_baselines": [entry]}, 0.9,
                    0.9).throughput is None
 
@@ -163,14 +187,14 @@ def test_a_hand_edited_baseline_is_not_trusted_into_the_statistics(entry):
 
 def _gated_report():
     from deploy.engine.records import HostReport, StepRecord
-    from deploy.engine.session import gate_summary
+    from deploy.local.same_night import judge
 
-    verdict = decide([880.0] * 2, BASE, 0.9).to_dict()  # 2 rounds now: inconclusive, no interval
+    verdict = judge([880.0] * 2, BASE, 0.9).verdict()  # 2 rounds now: inconclusive, no interval
     report = HostReport(HOST, steps=[StepRecord("benchmark", "ok", data={"output_tok_s": 880.0,
                                                                         "output_tok_s_rounds": [880.0, 880.0]}),
                                      StepRecord("regression-gate", "ok", detail="INCONCLUSIVE ...",
-                                                data={"throughput_gate": verdict})])
-    report.facts = {"output_tok_s": 880.0, "throughput_gate": gate_summary(verdict)}
+                                                data={"throughput_gate": verdict.document()})])
+    report.facts = {"output_tok_s": 880.0, "throughput_gate": verdict.summary()}
     return report
 
 
@@ -180,7 +204,7 @@ def test_the_gates_verdict_goes_to_the_plain_report_json_and_history():
 
     report = _gated_report()
     [line] = [l for l in render.plain_report_lines("nightly", [report], "T") if "throughput gate" in l]
-    assert "INCONCLUSIVE: now/last good 88.0% [no interval], minimum 90.0% (2 vs 12 rounds" in line
+    assert "INCONCLUSIVE: now/last good (the stored bar) 88.0% [no interval], minimum 90.0% (2 vs 12 rounds" in line
     assert report.to_dict()["facts"]["throughput_gate"]["outcome"] == "inconclusive"
     [row] = history.records_for("nightly", "r", [report])
     assert row["throughput_gate"]["ratio"] == pytest.approx(0.88, abs=0.005) and row["throughput_gate"]["rounds"] == [2, 12]
