@@ -25,6 +25,7 @@ from deploy.steps.base import StepContext
 from deploy.steps.memory import StepMemory
 from deploy.host.records import BenchMeasurement, ControlMeasurement
 from tests.recording import RecordingTransport, Reply
+from tests.fixtures import measured  # noqa: E402
 
 HOST = Host(name="kimi-a", address="10.1.230.174", gpus=2, state_dir="/s")
 RUN = Run(name="r", hosts=["kimi-a"], base_model="/m", drafter="/d")
@@ -88,17 +89,6 @@ def test_usable_rounds_says_which_round_failed_and_how(values, valid, failed):
 
 
 # --- the regression-gate step: a typed harness failure, exit 1, never inconclusive -------------------
-
-
-def measured(rounds: list, settings: dict, figure: object = None) -> BenchMeasurement:
-    """The benchmark step's measurement of these rounds; rounds the step never hands on (0, nan, "x": issue 38's
-    defence in depth of the gate) are built without validation."""
-    fields = {"successful_requests": 16, "duration_s": 20.0, "output_tokens": 4096,
-              "output_tok_s": rounds[0] if figure is None else figure, "output_tok_s_rounds": rounds, "settings": settings}
-    try:
-        return BenchMeasurement.model_validate(fields)
-    except ValueError:
-        return BenchMeasurement.model_construct(**fields)
 
 
 def _gate_ctx(bench_rounds: list, figure: object = None) -> StepContext:

@@ -93,6 +93,7 @@ from deploy.host.records import BenchMeasurement, ControlMeasurement, Deployment
 from tests.recording import RecordingTransport, Reply  # noqa: E402
 
 from tests.fixtures import GATE_HOST as HOST, GATE_RUN as RUN  # noqa: E402
+from tests.fixtures import measured  # noqa: E402
 BENCH = json.loads((REPO / "tests/facts/bench_serving/kimi_k26_eagle3_padded_values.json").read_text())
 #: the captured block, as for nightly's 16 prompts
 BENCH_16 = __import__("re").sub(r"(Successful requests:\s+)768", r"\g<1>16", BENCH["stdout"])
@@ -179,17 +180,6 @@ def test_a_harness_failure_of_the_control_fails_nothing_and_the_gate_then_blames
     ctx = control_ctx(memory, [dataset_on_host(), Reply("bench_serving", exit_code=1, stderr="boom")])
     outcome = same_night_control.run(ctx)
     assert outcome.status == "ok" and outcome.detail.startswith("NOT MEASURED") and memory.control is None
-
-
-def measured(rounds: list, settings: dict, figure: object = None) -> BenchMeasurement:
-    """The benchmark step's measurement of these rounds; rounds the step never hands on (0, nan, "x": issue 38's
-    defence in depth of the gate) are built without validation."""
-    fields = {"successful_requests": 16, "duration_s": 20.0, "output_tokens": 4096,
-              "output_tok_s": rounds[0] if figure is None else figure, "output_tok_s_rounds": rounds, "settings": settings}
-    try:
-        return BenchMeasurement.model_validate(fields)
-    except ValueError:
-        return BenchMeasurement.model_construct(**fields)
 
 
 def gate_ctx(now_rounds: list[float], good: dict, fingerprint: str, control: list[float] | None = None) -> StepContext:

@@ -25,6 +25,7 @@ def compare(now: dict, good: dict, *args, control: dict | None = None, **kwargs)
 
 
 from tests.fixtures import GATE_HOST as HOST, GATE_RUN as RUN  # noqa: E402
+from tests.fixtures import measured  # noqa: E402
 BASE = [1000.0, 1012.0, 991.0, 1005.0, 998.0, 1020.0, 985.0, 1003.0, 996.0, 1009.0, 1001.0, 994.0]
 NIGHTLY = {"num_prompts": 16, "input_len": 512, "output_len": 256, "max_concurrency": 4, "dataset": "builtin",
            "dataset_sha256": "b" * 64}
@@ -92,17 +93,6 @@ def metrics(rounds, settings=NIGHTLY, **extra):
 
 
 M = Metrics.model_validate
-
-
-def measured(rounds: list, settings: dict, figure: object = None) -> BenchMeasurement:
-    """The benchmark step's measurement of these rounds; rounds the step never hands on (0, nan, "x": issue 38's
-    defence in depth of the gate) are built without validation."""
-    fields = {"successful_requests": 16, "duration_s": 20.0, "output_tokens": 4096,
-              "output_tok_s": rounds[0] if figure is None else figure, "output_tok_s_rounds": rounds, "settings": settings}
-    try:
-        return BenchMeasurement.model_validate(fields)
-    except ValueError:
-        return BenchMeasurement.model_construct(**fields)
 
 
 def gate_ctx(bench_rounds, good_metrics, settings=NIGHTLY, control=None):
