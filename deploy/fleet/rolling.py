@@ -102,12 +102,12 @@ def _unchanged(state: RunState, host: Host) -> tuple[str, str]:
                                      draft_quantization=draft_quantization_flag(
                                          DoctorInput(host, state.run, state.run.draft_tokens, facts, sglang)))
         unchanged, why = converge.would_converge(desired, server)
-        return probe_verdict(unchanged, why, None if unchanged else _swaps_in_place(state, desired, server))
+        return probe_verdict(unchanged, why, None if unchanged else _drafter_swap_reason(state, desired, server))
 
 
 def probe_verdict(unchanged: bool, why: str, swap: str | None) -> tuple[str, str]:
     """A replica stays in the router only when it is unchanged. One whose drafter would swap in place
-    is taken out and drained first like a redeployed one (issue 41; ``_swaps_in_place`` says why)."""
+    is taken out and drained first like a redeployed one (issue 41; ``_drafter_swap_reason`` says why)."""
     if unchanged:
         return "unchanged", why
     if swap is not None:
@@ -115,7 +115,7 @@ def probe_verdict(unchanged: bool, why: str, swap: str | None) -> tuple[str, str
     return "redeploy", why
 
 
-def _swaps_in_place(state: RunState, desired, server) -> str | None:
+def _drafter_swap_reason(state: RunState, desired, server) -> str | None:
     """Why ``swap_decision`` would swap this replica's drafter (so far: the host's drafters and GPU
     memory are judged by the step), or None. Such a replica is drained first like any other (issue 41):
     each of SGLang's begin, update and end waits for every in-flight request and holds new ones back
