@@ -125,14 +125,25 @@ class AcceptCheck(_Fact):
 
 
 def accept_check_command(python: str, helper: str, base_url: str, requests: int, max_new_tokens: int,
-                         prompts: list[str] | None = None, concurrency: int = 1) -> str:
+                         prompts: list[str] | None = None, concurrency: int = 1, key_from: str | None = None) -> str:
     """``prompts``: sent in turn (cycled), one JSON argument (a single line in the plan, newlines
-    escaped); ``concurrency``: at most this many requests in flight."""
+    escaped); ``concurrency``: at most this many requests in flight; ``key_from``: the deployment record
+    whose ``--api-key`` the requests carry (read on the host, host_ops.server_api_key: never on this line)."""
     argv = [helper_python(python), quote_path(helper), "accept-check", "--base", quote(base_url),
             "--requests", str(requests), "--max-new-tokens", str(max_new_tokens), "--concurrency", str(concurrency)]
     if prompts:
         argv += ["--prompts-json", quote(json.dumps(prompts, ensure_ascii=True))]
+    if key_from:
+        argv += ["--key-from", quote_path(key_from)]
     return " ".join(argv)
+
+
+def api_key_env(python: str, helper: str, record: str) -> str:
+    """A shell prefix that gives bench_serving the server's ``--api-key`` the way it reads one
+    (``OPENAI_API_KEY``, sglang/benchmark/serving.py ``get_auth_headers``, 0.5.21-0.5.23), read on the
+    host from the deployment record by the installed helper: the key never travels on the command line.
+    An empty value (no key) is what bench_serving treats as none."""
+    return f'OPENAI_API_KEY="$({helper_python(python)} {quote_path(helper)} api-key --record {quote_path(record)})"'
 
 
 def parse_accept_check(output: str, source: str) -> AcceptCheck:

@@ -38,12 +38,12 @@ import sys
 import time
 
 if __package__:  # imported locally, as deploy.remote.host_ops
-    from .state_files import (MAX_JSON_DEPTH, MAX_RECORD_BYTES, cmd_write_file, last_line, loads_json,
-                              not_started_by_us, read_regular, record_time, replace_file)
+    from .state_files import (MAX_JSON_DEPTH, MAX_RECORD_BYTES, cmd_api_key, cmd_write_file, last_line, loads_json,
+                              not_started_by_us, read_regular, record_time, replace_file, server_api_key)
 else:  # the installed helper and the inline programs carry state_files beside it (deploy/facts/helpers.py)
-    from state_files import (MAX_JSON_DEPTH, MAX_RECORD_BYTES, cmd_write_file, last_line,  # type: ignore[no-redef]
-                             loads_json, not_started_by_us, read_regular, record_time,
-                             replace_file)
+    from state_files import (MAX_JSON_DEPTH, MAX_RECORD_BYTES, cmd_api_key, cmd_write_file,  # type: ignore[no-redef]
+                             last_line, loads_json, not_started_by_us, read_regular, record_time,
+                             replace_file, server_api_key)
 
 PYTHON_EXE = re.compile(r"^python3(\.\d+)?$")
 
@@ -533,12 +533,13 @@ PROMPTS = (
 )
 
 
-def _post_json(url: str, payload: dict, timeout: float) -> dict:
+def _post_json(url: str, payload: dict, timeout: float, headers=None) -> dict:
     import urllib.error  # lazily: stop-processes and watch-gpus never load http.client
     import urllib.request
 
     request = urllib.request.Request(
-        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
+        url, data=json.dumps(payload).encode(), headers=dict({"Content-Type": "application/json"}, **(headers or {})),
+        method="POST"
     )
     with urllib.request.urlopen(request, timeout=timeout) as resp:
         # bounded in bytes and depth: a /generate reply is a few KB
@@ -563,13 +564,23 @@ def cmd_accept(args) -> dict:
         if not isinstance(given, list) or not given or not all(isinstance(p, str) for p in given):
             return {"ok": False, "error": "--prompts-json must be a non-empty JSON list of strings", "samples": []}
         prompts = given
+    auth = {}  # type: Dict[str, str]
+    if args.key_from:
+        key, problem = server_api_key(args.key_from)
+        if problem is not None:
+            return {"ok": False, "error": "the server's --api-key could not be read: %s" % problem, "samples": []}
+        if key:
+            auth = {"Authorization": "Bearer " + key}
 
     def one(i):
         # type: (int) -> Dict[str, Any]
         payload = {"text": prompts[i % len(prompts)],
                    "sampling_params": {"max_new_tokens": args.max_new_tokens, "temperature": 0}}
         try:
-            reply = _post_json(args.base + "/generate", payload, args.timeout)
+            reply = _post_json(args.base + "/generate", payload, args.timeout, auth)
+        except urllib.error.HTTPError as exc:
+            why = " (SGLang answers 401 without the server's --api-key)" if exc.code == 401 else ""
+            return {"error": "POST /generate answered %d %s%s" % (exc.code, exc.reason, why)}
         except (urllib.error.URLError, OSError, ValueError) as exc:
             return {"error": "POST /generate failed: %s" % (getattr(exc, "reason", exc),)}
         meta = reply.get("meta_info") if isinstance(reply, dict) else None
@@ -597,7 +608,8 @@ def cmd_accept(args) -> dict:
     server_avg = None
     for path in ("/server_info", "/get_server_info"):
         try:
-            with urllib.request.urlopen(args.base + path, timeout=args.timeout) as resp:
+            with urllib.request.urlopen(urllib.request.Request(args.base + path, headers=auth),
+                                        timeout=args.timeout) as resp:
                 info = loads_json(resp.read(MAX_RECORD_BYTES + 1).decode("utf-8"))
             states = info.get("internal_states") or [{}]
             server_avg = states[0].get("avg_spec_accept_length")
@@ -636,6 +648,11 @@ def main(argv=None) -> int:
     accept.add_argument("--timeout", type=float, default=300.0)
     accept.add_argument("--concurrency", type=int, default=1, help="requests in flight at most (1-64)")
     accept.add_argument("--prompts-json", default="", help="the prompts to send, a JSON list of strings (cycled)")
+    accept.add_argument("--key-from", default="", help="the deployment record whose argv's --api-key the requests "
+                        "carry (as Authorization: Bearer); none there: no header")
+    key = sub.add_parser("api-key", help="print the --api-key of the deployment record's argv (nothing without "
+                         "one), for bench_serving's OPENAI_API_KEY; a record that cannot be read: exit 1")
+    key.add_argument("--record", required=True)
     health = sub.add_parser("watch-health")
     health.add_argument("--url", required=True)
     health.add_argument("--pid", type=int, required=True)
@@ -663,6 +680,8 @@ def main(argv=None) -> int:
         return cmd_watch_health(args)
     if args.command == "watch-gpus":
         return cmd_watch_gpus(args)
+    if args.command == "api-key":
+        return cmd_api_key(args)
     if args.command == "accept-check":
         document = cmd_accept(args)
     elif args.command == "stop-processes":

@@ -33,14 +33,15 @@ STATUS_BODY_LIMIT = 512 * 1024
 STATUS_MAX_LINES = 4000
 
 
-def _status_get(url: str, timeout: float, limit: int = STATUS_BODY_LIMIT) -> dict:
-    """GET url: {"status", "error", "body", "truncated"}; at most ``limit`` bytes of the body are kept."""
+def _status_get(url: str, timeout: float, limit: int = STATUS_BODY_LIMIT, auth=None) -> dict:
+    """GET url: {"status", "error", "body", "truncated"}; at most ``limit`` bytes of the body are kept;
+    ``auth``: the server's --api-key header (/server_info and /v1/loads answer 401 without it)."""
     import urllib.error  # lazily: stop-processes and watch-gpus never load http.client
     import urllib.request
 
     result = {"status": None, "error": None, "body": "", "truncated": False}  # type: Dict[str, Any]
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=auth or {}), timeout=timeout) as resp:
             result["status"] = resp.status
             data = resp.read(limit + 1)
     except urllib.error.HTTPError as exc:
@@ -68,13 +69,13 @@ def _status_metrics(base: str, timeout: float) -> dict:
     return answer
 
 
-def _status_read(base: str, timeout: float, metrics: bool) -> dict:
+def _status_read(base: str, timeout: float, metrics: bool, auth=None) -> dict:
     read = {"t": time.monotonic()}  # type: Dict[str, Any]
     read["metrics"] = _status_metrics(base, timeout) if metrics else None
-    read["server_info"] = _status_get(base + "/server_info", timeout)
+    read["server_info"] = _status_get(base + "/server_info", timeout, auth=auth)
     if read["server_info"]["status"] == 404:  # SGLang before 0.4.7 has only the older name
-        read["server_info"] = _status_get(base + "/get_server_info", timeout)
-    read["loads"] = _status_get(base + "/v1/loads", timeout, 64 * 1024)
+        read["server_info"] = _status_get(base + "/get_server_info", timeout, auth=auth)
+    read["loads"] = _status_get(base + "/v1/loads", timeout, 64 * 1024, auth)
     return read
 
 
@@ -89,7 +90,8 @@ def _status_uptime(pid: int):
         return None
 
 
-def _status_probe(base: str, requests: int, concurrency: int, max_new_tokens: int, timeout: float) -> dict:
+def _status_probe(base: str, requests: int, concurrency: int, max_new_tokens: int, timeout: float,
+                  auth=None) -> dict:
     """``requests`` greedy /generate calls of the verify prompts, ``concurrency`` at a time."""
     import threading
     import urllib.error
@@ -101,7 +103,7 @@ def _status_probe(base: str, requests: int, concurrency: int, max_new_tokens: in
                    "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
         started = time.monotonic()
         try:
-            reply = host_ops._post_json(base + "/generate", payload, timeout)
+            reply = host_ops._post_json(base + "/generate", payload, timeout, auth)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             results[i] = {"error": "POST /generate failed: %s" % (getattr(exc, "reason", exc),)}
             return
@@ -160,10 +162,13 @@ def cmd_status(args) -> dict:
         return document
     health = _status_get(args.base + "/health", args.timeout, 0)
     document["health"] = {"status": health["status"], "error": health["error"]}
-    first = _status_read(args.base, args.timeout, True)
+    # a server launched with --api-key: its key, read from its record here (host_ops.server_api_key)
+    key, _ = host_ops.server_api_key(args.record)
+    auth = {"Authorization": "Bearer " + key} if key else None
+    first = _status_read(args.base, args.timeout, True, auth)
     metrics = first["metrics"]["status"] == 200
     time.sleep(args.window)
-    second = _status_read(args.base, args.timeout, metrics)
+    second = _status_read(args.base, args.timeout, metrics, auth)
     document["probe_skipped"] = bool(args.probe) and _status_traffic(first, second, metrics)
     if args.probe and not document["probe_skipped"]:
         # 0: the load of the last good benchmark (its concurrency and output length), so that the
@@ -174,7 +179,7 @@ def cmd_status(args) -> dict:
         concurrency = args.concurrency or _status_int(bench.get("max_concurrency"), 4, 64)
         max_new_tokens = args.max_new_tokens or _status_int(bench.get("output_len"), 256, 4096)
         document["probe"] = _status_probe(args.base, max(args.probe, concurrency), concurrency, max_new_tokens,
-                                          args.probe_timeout)
+                                          args.probe_timeout, auth)
     document["reads"] = [first, second]
     return document
 

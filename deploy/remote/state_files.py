@@ -214,3 +214,45 @@ def last_line(path: str, max_bytes: int = 8192) -> str:
     # progress bars rewrite the line with '\r'
     lines = [ln for ln in re.split(r"[\r\n]+", tail) if ln.strip()]
     return lines[-1].strip()[:300] if lines else ""
+
+
+def server_api_key(record_path: str):
+    """(key, problem): the ``--api-key`` the running server was launched with, read from its deployment
+    record on this host (its argv; the last one wins, as with argparse). (None, None) without one.
+
+    SGLang (srt/utils/auth.py, 0.5.x) refuses /generate and /server_info with 401 unless the request
+    carries ``Authorization: Bearer <--api-key>``; /health and /metrics are always open, so a server
+    with a key passed wait-ready and then failed every verify. The key is read here, on the host,
+    never sent on a command line or printed: deployctl's commands name the record, not the key.
+    ``--admin-api-key`` guards only the admin routes, which neither the check nor bench_serving uses.
+    """
+    text, problem = read_regular(record_path, MAX_RECORD_BYTES)
+    if problem is not None:
+        return None, problem
+    if text is None:
+        return None, None
+    try:
+        record = loads_json(text)
+    except ValueError as exc:
+        return None, "%s: not JSON: %s" % (record_path, exc)
+    argv = record.get("argv") if isinstance(record, dict) else None
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        return None, "%s: no argv list of strings" % record_path
+    key = None
+    for i, arg in enumerate(argv):
+        if arg == "--api-key" and i + 1 < len(argv):
+            key = argv[i + 1]
+        elif arg.startswith("--api-key="):
+            key = arg[len("--api-key="):]
+    return key, None
+
+
+def cmd_api_key(args) -> int:
+    """``host_ops.py api-key --record PATH``: the key on stdout (nothing without one), for the shell that
+    starts bench_serving (``OPENAI_API_KEY="$(...)"``); a record it cannot read: exit 1, why on stderr."""
+    found, problem = server_api_key(args.record)
+    if problem is not None:
+        sys.stderr.write("host_ops api-key: %s\n" % problem)
+        return 1
+    sys.stdout.write(found or "")
+    return 0

@@ -28,6 +28,7 @@ from deploy.local.throughput_gate import rounds_needed, usable_rounds
 from deploy.base.errors import BenchmarkHarnessFailed, DeployError, ExitCode
 from deploy.facts.bench import parse_bench_result
 from deploy.facts.helpers import helper_state_command, parse_helper_state
+from deploy.facts.host_helper import api_key_env
 from deploy.host.records import BenchMeasurement
 from deploy.base.shell import path_join, quote, quote_path
 from deploy.steps.base import Action, Command, StepContext, StepOutcome, StepSettings, Upload, UploadFile
@@ -83,7 +84,10 @@ def command(ctx: StepContext, ds: datasets.Dataset | None = None) -> str:
                  "--random-range-ratio", "1.0"]
     argv += ["--max-concurrency", str(s.max_concurrency), "--flush-cache", "--disable-tqdm"]
     out = results_path(ctx)
-    return f"mkdir -p -m 700 -- {quote_path(out.rsplit('/', 1)[0])} && " + " ".join(argv) + \
+    # a server launched with --api-key refuses /generate without it (401): bench_serving reads it from
+    # OPENAI_API_KEY, which the host's helper fills in from the deployment record (never this line)
+    key = api_key_env(ctx.host.python, ctx.paths.helper("host_ops.py"), ctx.paths.deployment)
+    return f"mkdir -p -m 700 -- {quote_path(out.rsplit('/', 1)[0])} && {key} " + " ".join(argv) + \
         f" --output-file {quote_path(out)}"
 
 

@@ -26,10 +26,11 @@ Why each refusal (SGLang 0.5.21 - 0.5.23, read from the wheels; docs/drafter-swa
   ``SGLANG_OPT_BF16_FP32_GEMM_ALGO=hpc``) and raises under ``--weight-cache-mode`` other than off
   (``_assert_weight_cache_inactive``; 0.5.23 refuses that mode with speculative decoding at start-up
   anyway, ``srt/arg_groups/model_path_hook.py``);
-- ``--api-key``: the sender sends it on the NORMAL routes (/server_info, /model_info) and, without an
-  admin key, on the session routes (``decide_request_auth``, srt/utils/auth.py, 0.5.21 = 0.5.23), but
-  the acceptance check that verifies a swap (verify-acceptance's /generate) does not, so a swap on such
-  a server could never be verified: refused up front, naming the option.
+
+``--api-key`` is no refusal: the sender sends it on the NORMAL routes (/server_info, /model_info) and,
+without an admin key, on the session routes (``decide_request_auth``, srt/utils/auth.py, 0.5.21 =
+0.5.23), and verify-acceptance, which verifies the swap, sends it too (read on the host from the
+deployment record, host_ops.server_api_key). It was refused here while verify sent no key.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from deploy.host.records import DeploymentRecord
 
 SWAP_SINCE = (0, 5, 21)
 ADMIN_FLAG = "--admin-api-key"
-API_KEY_FLAG = "--api-key"
 #: SGLang's aliases of --dp-size (srt/server_args.py, 0.5.21 - 0.5.23)
 DP_FLAGS = ("--dp-size", "--data-parallel-size", "--dp")
 #: what the sender's own CUDA context takes on each GPU it copies the drafter to (torch's context,
@@ -125,9 +125,6 @@ def unservable(argv: list[str], env: dict[str, str], version: tuple[int, ...]) -
     if env.get("SGLANG_OPT_BF16_FP32_GEMM_ALGO") == "hpc":
         return ("SGLANG_OPT_BF16_FP32_GEMM_ALGO=hpc in the run's env: SGLang refuses online weight updates while "
                 "the HPC-Ops bf16xfp32 GEMM caches weight splits (0.5.21 - 0.5.23)")
-    if flag_value(argv, (API_KEY_FLAG,)) is not None:
-        return (f"the server was launched with {API_KEY_FLAG}: the sender would send it, but verify-acceptance's "
-                "/generate does not, so the swap could not be verified")
     return None
 
 

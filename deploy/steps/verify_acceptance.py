@@ -41,7 +41,8 @@ def base_url(ctx: StepContext) -> str:
 def command(ctx: StepContext) -> str:
     s = ctx.settings
     return accept_check_command(ctx.host.python, ctx.paths.helper("host_ops.py"), base_url(ctx), s.requests,
-                                s.max_new_tokens, datasets.verify_prompts(s.requests), concurrency(ctx))
+                                s.max_new_tokens, datasets.verify_prompts(s.requests), concurrency(ctx),
+                                key_from=ctx.paths.deployment)
 
 
 def concurrency(ctx: StepContext) -> int:

@@ -193,10 +193,23 @@ def test_a_swap_that_fails_verification_reloads_then_rolls_back(clean_sandbox, t
 
 def test_nightly_swaps_a_new_checkpoint_and_gates_it_like_a_launch(clean_sandbox, tmp_path, capsys):
     """The nightly benchmarks 4 rounds (helpers.nightly_with), not the shipped 12: the gate it must pass
-    is a baseline (the last good record comes from `up`); what is under test is the swap."""
-    path = config(clean_sandbox, tmp_path, drafter_update="swap")
+    is a baseline (the last good record comes from `up`); what is under test is the swap.
+
+    The server is launched with ``--api-key`` (the stand-in refuses /generate and /server_info without
+    it, as SGLang's decide_request_auth does): verify-acceptance, the swap and every bench_serving round
+    send it, and so do `status --probe`'s reads, read on the host from deployment.json; no command
+    deployctl sends or prints carries it.
+    Before, verify got 401 on such a server and swaps of it were refused."""
+    key = "sk-nightly-7f3a"
+    path = config(clean_sandbox, tmp_path, drafter_update="swap", extra_args=["--api-key", key])
     code, doc = cli_json(capsys, "--config", str(path), "up", "--json")
     assert code == 0, doc
+    assert steps_of(doc)["verify-acceptance"]["status"] == "ok" and key not in json.dumps(doc)
+    code, plan = cli_json(capsys, "--config", str(path), "plan", "nightly", "--json")
+    assert code == 0 and key not in json.dumps(plan) and "--key-from" in json.dumps(plan)
+    code, status = cli_json(capsys, "--config", str(path), "status", "--json", "--probe")  # /generate, /v1/loads
+    live = status["hosts"][0]["live"]
+    assert code == 0 and live["accept_source"].startswith("--probe") and live["accept_length"] > 2.0, status
     pid = steps_of(doc)["launch"]["data"]["pid"]
     new_checkpoint(clean_sandbox, "3")
     code, doc = cli_json(capsys, "--config", str(path), "nightly", "--json",
@@ -207,6 +220,7 @@ def test_nightly_swaps_a_new_checkpoint_and_gates_it_like_a_launch(clean_sandbox
     assert steps["launch"]["status"] == "skipped"
     assert steps["benchmark"]["status"] == "ok" and steps["regression-gate"]["status"] == "ok"
     assert record(clean_sandbox, "last-good.json")["drafter_update"]["how"] == "swapped"
+    assert key not in json.dumps(doc)
 
 
 def test_behind_a_router_a_swap_is_drained_first_and_swapped_in_place(clean_sandbox, tmp_path, capsys):

@@ -98,8 +98,6 @@ def seen(new: DrafterFacts | None = None, gpus=((0, 1000, 8000), (1, 1000, 8000)
     (a_run(), desired(argv=argv_of(desired()) + ["--weight-cache-mode", "shared"]),
      running(argv=ARGV + ["--weight-cache-mode", "shared"]), "--weight-cache-mode shared"),
     (a_run(env={"SGLANG_OPT_BF16_FP32_GEMM_ALGO": "hpc"}), desired(), running(), "SGLANG_OPT_BF16_FP32_GEMM_ALGO=hpc"),
-    (a_run(), desired(argv=argv_of(desired()) + ["--api-key", "k"]), running(argv=ARGV + ["--api-key", "k"]),
-     "launched with --api-key: the sender would send it, but verify-acceptance's /generate does not"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_refusals_before_the_host_is_inspected_reload_and_say_why(run, want, have, why):
     decision = swap_decision(run, want, have)
@@ -134,8 +132,9 @@ def test_refusals_after_the_inspection_reload_and_say_why(inspection, why):
 def test_only_the_tensors_changed_is_a_swap_on_the_servers_own_gpus():
     decision = swap_decision(a_run(), desired(), running(), seen())
     assert decision.path == "swap" and not decision.pending and "only the drafter's tensors changed" in decision.reason
-    # dp-size 1, an admin key alone (NORMAL routes stay open): still a swap
-    for flags in (["--dp-size", "1"], ["--admin-api-key", "adm"]):
+    # dp-size 1, an admin key alone (NORMAL routes stay open), an API key (the sender and verify-acceptance
+    # both send it; refused while verify sent none): still a swap
+    for flags in (["--dp-size", "1"], ["--admin-api-key", "adm"], ["--api-key", "k"], ["--api-key=k", "--admin-api-key", "m"]):
         assert swap_decision(a_run(), desired(argv=argv_of(desired()) + flags), running(argv=ARGV + flags),
                              seen()).path == "swap"
     # --base-gpu-id 2: GPUs 2 and 3 are the server's, 0 and 1 do not count

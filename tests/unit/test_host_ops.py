@@ -209,3 +209,123 @@ def test_watch_stops_at_once_when_its_stdin_ends(verb, args):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# --- a server launched with --api-key: the accept check and bench_serving authenticate ---------------
+
+def _sglang_auth():
+    """The sandbox stand-in's decide_request_auth (SGLang 0.5.21 = 0.5.23's srt/utils/auth.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "sandbox/sim_sglang/sglang/srt/utils/auth.py"
+    spec = importlib.util.spec_from_file_location("sim_sglang_auth", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.decide_request_auth
+
+
+def keyed_server(api_key, admin_api_key=None):
+    """A server that answers /generate and /server_info as SGLang does, behind SGLang's own auth rule;
+    ``seen``: each request's (path, Authorization header)."""
+    decide = _sglang_auth()
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _route(self, method):
+            path = self.path.split("?", 1)[0]
+            header = self.headers.get("Authorization")
+            seen.append((path, header))
+            if method == "POST":
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+            if not decide(method=method, path=path, authorization_header=header, api_key=api_key,
+                          admin_api_key=admin_api_key):
+                body, status = b'{"error": "Unauthorized"}', 401
+            elif path == "/generate":
+                body, status = json.dumps({"text": "x", "meta_info": {"completion_tokens": 30,
+                                                                      "spec_verify_ct": 10}}).encode(), 200
+            else:
+                body, status = json.dumps({"internal_states": [{"avg_spec_accept_length": 3.0}]}).encode(), 200
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self._route("GET")
+
+        def do_POST(self):
+            self._route("POST")
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def _record(tmp_path, argv) -> str:
+    path = tmp_path / "deployment.json"
+    path.write_text(json.dumps({"argv": ["python3", "-m", "sglang.launch_server", *argv], "pid": 1}))
+    return str(path)
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["--api-key", "K1"], "K1"),
+    (["--api-key=K 2"], "K 2"),                                   # the = form, a space inside
+    (["--api-key", "old", "--api-key", "new"], "new"),            # argparse keeps the last
+    (["--api-key", "K3", "--admin-api-key", "ADM"], "K3"),        # NORMAL routes take the API key, not the admin's
+    (["--admin-api-key", "ADM"], None),                           # admin only: /generate and /server_info are open
+    ([], None),
+])
+def test_the_accept_check_sends_the_servers_own_api_key_read_from_its_record(tmp_path, argv, key):
+    admin = next((a for i, a in enumerate(argv) if i and argv[i - 1] == "--admin-api-key"), None)
+    server, seen = keyed_server(key, admin)
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        doc = run_helper("accept-check", "--base", base, "--requests", "2", "--key-from", _record(tmp_path, argv))
+        assert doc["ok"] is True and doc["accept_length"] == 3.0 and doc["server_avg_spec_accept_length"] == 3.0, doc
+        assert {h for _, h in seen} == {None if key is None else f"Bearer {key}"}
+        assert {p for p, _ in seen} == {"/generate", "/server_info"}
+        # without the record (deployctl before the fix): a keyed server refuses /generate
+        seen.clear()
+        bare = run_helper("accept-check", "--base", base, "--requests", "1")
+        assert bare["ok"] is (key is None), bare
+        if key is not None:
+            assert "401" in bare["error"], bare
+        # the benchmark's key, for OPENAI_API_KEY: printed by the helper, nothing without one
+        out = subprocess.run([sys.executable, HELPER, "api-key", "--record", _record(tmp_path, argv)],
+                             capture_output=True, text=True, timeout=30)
+        assert (out.returncode, out.stdout) == (0, key or "")
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda p: p.write_text("not json"), "not JSON"),
+    (lambda p: p.write_text(json.dumps({"argv": "python3 --api-key K"})), "no argv list of strings"),
+    (lambda p: p.write_text(json.dumps({"argv": ["--api-key", 7]})), "no argv list of strings"),
+    (lambda p: p.write_text(json.dumps([1, 2])), "no argv list of strings"),
+    (lambda p: os.mkfifo(p), "not a regular file"),
+    (lambda p: p.mkdir(), "not a regular file"),
+])
+def test_a_record_the_key_cannot_be_read_from_is_an_error_naming_it_never_a_keyless_request(tmp_path, make, problem):
+    path = tmp_path / "deployment.json"
+    make(path)
+    server, seen = keyed_server("K")
+    try:
+        doc = run_helper("accept-check", "--base", f"http://127.0.0.1:{server.server_port}", "--requests", "1",
+                         "--key-from", str(path))
+        assert doc["ok"] is False and "could not be read" in doc["error"] and problem in doc["error"], doc
+        assert seen == []  # nothing sent
+        out = subprocess.run([sys.executable, HELPER, "api-key", "--record", str(path)], capture_output=True,
+                             text=True, timeout=30)
+        assert out.returncode == 1 and out.stdout == "" and problem in out.stderr
+    finally:
+        server.shutdown()
+
+
+def test_no_record_yet_means_no_key():
+    assert host_ops.server_api_key("/nonexistent/deployment.json") == (None, None)

@@ -215,8 +215,11 @@ def test_verify_acceptance_records_the_measured_accept_length():
     from deploy.local import datasets
 
     assert memory.verify["settings"]["prompts_sha256"] == datasets.builtin().sha256
-    sent = json.loads(shlex.split(conn.commands[-1])[-1])
+    argv = shlex.split(conn.commands[-1])
+    sent = json.loads(argv[argv.index("--prompts-json") + 1])
     assert sent == datasets.verify_prompts(4) and len({p.split()[0] for p in sent}) == 4
+    # a server with --api-key: the helper reads it from the deployment record on the host, never this line
+    assert argv[argv.index("--key-from") + 1].endswith("/deployment.json")
 
 
 def test_verify_acceptance_of_one_point_zero_fails_with_likely_causes():

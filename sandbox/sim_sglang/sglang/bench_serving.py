@@ -71,9 +71,22 @@ def _p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
 
 
+def get_auth_headers() -> dict:
+    """As sglang/benchmark/serving.py (0.5.21 - 0.5.23) reads a key: ``OPENAI_API_KEY`` as a bearer
+    token, else ``API_KEY`` as the whole header; a server launched with ``--api-key`` answers 401
+    without it."""
+    openai_api_key = os.environ.get("OPENAI_API_KEY")
+    if openai_api_key:
+        return {"Authorization": f"Bearer {openai_api_key}"}
+    api_key = os.environ.get("API_KEY")
+    if api_key:
+        return {"Authorization": f"{api_key}"}
+    return {}
+
+
 def _request(url: str, body: dict | None = None, timeout: float = 600) -> dict:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json", **get_auth_headers()})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         payload = resp.read()
     try:
