@@ -119,7 +119,7 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], playbook):
         router = ctx.router
         ours = {h.name for h in batch}
         canary_urls = [ctx.url(h) for h in batch]
-        healthy = {w["url"] for w in router.workers() if w["is_healthy"]}
+        healthy = {w.url for w in router.workers() if w.is_healthy}
         others = [h for h in ctx.config.hosts_of(ctx.run) if h.name not in ours and ctx.url(h) in healthy]
         other_urls = [ctx.url(h) for h in others]
         settings = Settings(tolerance=spec.tolerance, alpha=spec.alpha, min_requests=spec.min_requests,
@@ -339,9 +339,9 @@ def _go_back(ctx, batch: tuple[Host, ...], playbook, why: str, cause: str | None
     for _ in ctx.only_when(True, BACK):
         for host in batch:
             url = ctx.url(host)
-            listed = [w for w in router.workers() if w["url"] == url]
+            listed = [w for w in router.workers() if w.url == url]
             for w in listed:
-                rotation_of(ctx, host).out = router.remove(w["url"], settle=False)
+                rotation_of(ctx, host).out = router.remove(w.url, settle=False)
             if listed:
                 router.drain(url, ctx.run.router.drain_timeout_s)
             ctx.on_host(host, lambda h: _restore(ctx, h, playbook, why, cause),
@@ -350,7 +350,7 @@ def _go_back(ctx, batch: tuple[Host, ...], playbook, why: str, cause: str | None
             for _ in ctx.only_when(report is not None and report.outcome in ("rolled-back", "regression"),
                                    "it serves its last good one again"):
                 router.settled()
-                listed_now = {w["url"] for w in router.workers()}
+                listed_now = {w.url for w in router.workers()}
                 for _ in ctx.only_when(url not in listed_now, f"the router does not list {url}"):
                     router.add(url)
                 rotation_of(ctx, host).back = time.monotonic()

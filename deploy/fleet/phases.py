@@ -31,6 +31,7 @@ from deploy.engine.records import HostReport, Progress, RunOptions, StepRecord
 from deploy.engine.session import network_host, run_on_host
 from deploy.engine.playbook import Playbook
 from deploy.host.records import LastGood
+from deploy.facts.router import DownRouter, EndToEnd, RouterState
 from deploy.ssh.transport import HostConnection, JumpConnections
 
 #: host outcomes after which the host serves a verified deployment (the new one, the same one,
@@ -70,7 +71,7 @@ class FleetMemory:
     #: a phase saw that router die: the next phase that puts a batch back starts it again
     router_died: bool = False
     #: the end-to-end request's answer
-    end_to_end: dict[str, Any] | None = None
+    end_to_end: EndToEnd | None = None
     #: the canary's window: its figures against the others', the decision and why (fleet/canary.py)
     canary: dict[str, Any] | None = None
     #: host name -> the last good record the canary would go back to
@@ -313,7 +314,7 @@ class DownResult:
     """``down`` behind a router (fleet/rolling.py run_down): the hosts' reports, what became of the router."""
 
     reports: list[HostReport]
-    router: dict[str, Any]
+    router: DownRouter
     error: DeployError | None = None
 
     def exit_code(self) -> ExitCode:
@@ -483,7 +484,7 @@ class RunContext:
         router = self.router
         return router_checks(router.conn, router.host, self.run)
 
-    def watch(self, when: str) -> dict | None:
+    def watch(self, when: str) -> RouterState | None:
         from deploy.fleet.router_watch import watch
 
         return watch(self.state, self.router, when)
@@ -585,7 +586,7 @@ class PlanContext:
     def router_checks(self) -> list[Any]:
         return self.router.checks()
 
-    def watch(self, when: str) -> dict | None:
+    def watch(self, when: str) -> RouterState | None:
         return self.router.watch(when)
 
     def router_lost(self, when: str) -> str | None:

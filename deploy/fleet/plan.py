@@ -126,8 +126,11 @@ def plan_fleet(config, rollout, playbook=None, endpoints: dict | None = None) ->
             # the router's phases of the run_down (the same builders it walks)
             from deploy.fleet.rolling import down_remove, down_stop
 
-            document["phases"] = phase_plan([down_stop({})] if rollout.whole else [down_remove(hosts, {})], view,
-                                            None)
+            from deploy.facts.router import DownRouter
+
+            result = [DownRouter(host=run.router.host)]
+            document["phases"] = phase_plan([down_stop(result)] if rollout.whole else [down_remove(hosts, result)],
+                                            view, None)
     return document
 
 

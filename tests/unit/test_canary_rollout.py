@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from deploy.base.errors import RemoteOutputError, UsageError
 from deploy.config import load_config
 from deploy.config.models import CanarySpec, Host
+from deploy.facts.router import Worker
 from deploy.facts.canary import combined, interval, parse_instant, side
 from deploy.fleet.phases import HostPhase
 from deploy.fleet.rollout import Rollout
@@ -290,7 +291,7 @@ class FakeRouter:
         self.asked: list = []
 
     def workers(self):
-        return [{"url": f"http://{n}:1", "is_healthy": True} for n in ("a", "b", "c")]
+        return [Worker(id=n, url=f"http://{n}:1", is_healthy=True) for n in ("a", "b", "c")]
 
     def watch_metrics(self, urls, interval, window, observe):
         self.asked.append((urls, interval, window))
