@@ -35,6 +35,7 @@ from typing import Any
 from deploy.base.errors import DeployError, ExitCode, Regression
 from deploy.config.models import CanarySpec, Host
 from deploy.fleet.phases import RunPhase, rotation_of
+from deploy.host.records import CanaryMark
 
 
 class CanaryRefused(DeployError):
@@ -219,8 +220,8 @@ def _mark(ctx, batch: tuple[Host, ...], others: list[str], spec: CanarySpec) -> 
             text = conn.run(pid_read(host).command, timeout=30).stdout.strip()
             if not text.isdigit():
                 return  # no PID: no mark (status then shows no canary; the window goes on)
-            marks[host.name] = {"run": ctx.run.name, "since": now, "until": now + spec.window + 60,
-                                "pid": int(text), "others": others}
+            marks[host.name] = CanaryMark(run=ctx.run.name, since=now, until=now + spec.window + 60,
+                                          pid=int(text), others=others)
             _write_mark(conn, host, marks[host.name])
 
     for host in batch:
@@ -254,11 +255,11 @@ def mark_write(host: Host, figures: bool = False):
                    command=mark_command(host), stdin_shown="the canary mark (JSON)")
 
 
-def _write_mark(conn, host: Host, mark: dict) -> None:
+def _write_mark(conn, host: Host, mark: CanaryMark) -> None:
     from deploy.facts.server import record_stdin
 
     conn.check(mark_command(host), timeout=30, what="writing the canary mark",
-               stdin=record_stdin(mark, host.name, "the canary mark"))
+               stdin=record_stdin(mark.document(), host.name, "the canary mark"))
 
 
 def _update_marks(ctx, batch: tuple[Host, ...], decision) -> None:
@@ -269,9 +270,9 @@ def _update_marks(ctx, batch: tuple[Host, ...], decision) -> None:
         if mark is None:
             return
         ratios = {c.figure: c.ratio for c in decision.comparisons}
-        mark.update({"acceptance_ratio": ratios.get("acceptance"), "speed_ratio": ratios.get("speed"),
-                     "intervals": decision.intervals, "canary_requests": decision.canary_requests,
-                     "outcome": decision.outcome})
+        mark = ctx.memory.canary_marks[host.name] = mark.but(
+            acceptance_ratio=ratios.get("acceptance"), speed_ratio=ratios.get("speed"), intervals=decision.intervals,
+            canary_requests=float(decision.canary_requests), outcome=decision.outcome)
         try:
             with _connection(ctx, host) as conn:
                 _write_mark(conn, host, mark)

@@ -30,7 +30,7 @@ from deploy.engine.fanout import for_each_host
 from deploy.engine.records import HostReport, Progress, RunOptions, StepRecord
 from deploy.engine.session import network_host, run_on_host
 from deploy.engine.playbook import Playbook
-from deploy.host.records import LastGood
+from deploy.host.records import CanaryMark, LastGood
 from deploy.facts.router import DownRouter, EndToEnd, RouterState
 from deploy.ssh.transport import HostConnection, JumpConnections
 
@@ -77,7 +77,7 @@ class FleetMemory:
     #: host name -> the last good record the canary would go back to
     canary_last_good: dict[str, LastGood] = field(default_factory=dict)
     #: host name -> the canary mark written on it
-    canary_marks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    canary_marks: dict[str, CanaryMark] = field(default_factory=dict)
 
 
 @dataclass

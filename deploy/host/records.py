@@ -5,6 +5,7 @@
 | ``<state_dir>/deployment.json`` | ``DeploymentRecord`` | launch, swap-drafter (on the host: the launch script fills in the PID) | server-state, converge, status, the host's PID check |
 | ``<state_dir>/last-good.json`` | ``LastGood`` (+ ``Metrics``, ``Baseline``) | record-good | rollback, regression-gate, same-night-control, status, node groups |
 | ``<state_dir>/quarantine.json`` | ``QuarantineRecord`` (+ ``QuarantineEntry``) | ``deploy/remote/quarantine.py`` (stdlib, on the host) | the quarantine step, the session's outcome |
+| ``<state_dir>/canary.json`` | ``CanaryMark`` | the canary's window (fleet/canary.py) | ``status`` (facts/status.py) |
 | the benchmark measurement | ``BenchMeasurement`` | the benchmark step (``StepMemory.bench``) | record-good, regression-gate, the host's facts |
 | the same-night control | ``ControlMeasurement`` | same-night-control (``StepMemory.control``) | regression-gate |
 | the gate's verdict | ``GateVerdict`` | regression-gate (``StepMemory.gate``) | record-good, the host's facts (history, reports) |
@@ -188,6 +189,30 @@ class QuarantineRecord(Record):
     entries: dict[str, QuarantineEntry]
 
 
+# -- canary.json ----------------------------------------------------------------------------------------
+
+
+class CanaryMark(Record):
+    """``<state_dir>/canary.json``: the replica is in a canary window (fleet/canary.py writes it when the window
+    starts, with the window's figures so far every 10 intervals, and removes it at the end); ``status`` marks
+    the replica while ``pid`` is the running server and ``until`` (this machine's clock) has not passed."""
+
+    WHAT: ClassVar[str] = "canary mark"
+    run: str
+    #: the window's start and end, Unix time (the end: the window plus 60 s)
+    since: float
+    until: float
+    pid: int
+    #: the replicas the canary is judged against
+    others: list[str]
+    #: the window's figures so far (deploy/local/canary_gate.py Decision): absent before 10 intervals
+    acceptance_ratio: float | None = None
+    speed_ratio: float | None = None
+    intervals: int | None = None
+    canary_requests: float | None = None
+    outcome: str | None = None
+
+
 # -- step to step: the benchmark measurement and the gate's verdict -----------------------------------
 
 
@@ -301,7 +326,8 @@ def _unversioned(document: dict[str, Any]) -> dict[str, Any]:
 
 #: how a document without ``schema_version`` is read (the records deployctl wrote before it had one)
 MIGRATIONS = {DeploymentRecord: _unversioned, LastGood: _unversioned, QuarantineRecord: _from_schema_key,
-              BenchMeasurement: _unversioned, ControlMeasurement: _unversioned, GateVerdict: _unversioned}
+              BenchMeasurement: _unversioned, ControlMeasurement: _unversioned, GateVerdict: _unversioned,
+              CanaryMark: _unversioned}
 
 
 def shape_problem(error: ValidationError) -> str:

@@ -242,9 +242,13 @@ def test_status_shows_the_windows_figures_so_far():
     document = _document("metrics_with_traffic")
     mark = {"run": "r", "since": 10.0, "until": 1000.0, "pid": document["pid"], "others": ["b"],
             "acceptance_ratio": 0.912, "speed_ratio": 1.004, "intervals": 20, "canary_requests": 140.0,
-            "outcome": "watching", "speed": -1}
+            "outcome": "watching"}
     fact = facts.parse_status(0, json.dumps(document | {"canary": mark, "now": 100.0}) + "\n", "", "gpu-a")
-    assert fact.canary is not None and fact.canary["acceptance_ratio"] == 0.912 and "speed" not in fact.canary
+    assert fact.canary is not None and fact.canary.acceptance_ratio == 0.912
+    # status --json keeps the figures, never the PID or the outcome
+    assert fact.model_dump(mode="json")["canary"] == {"run": "r", "since": 10.0, "until": 1000.0, "others": ["b"],
+                                                      "acceptance_ratio": 0.912, "speed_ratio": 1.004,
+                                                      "intervals": 20, "canary_requests": 140.0}
     reading = status.HostReading(Host(name="a", address="10.0.0.1", gpus=8, state_dir="~/s"), fact, configured=True,
                                  verdict=status.Verdict("healthy"))
     assert cells(reading)["detail"].startswith("CANARY in its live window, against b: acceptance 91.2%, speed 100.4% "
@@ -253,6 +257,32 @@ def test_status_shows_the_windows_figures_so_far():
     assert values["deployctl_status_canary_acceptance_ratio"] == 0.912
     assert values["deployctl_status_canary_speed_ratio"] == 1.004
 
+
+
+@pytest.mark.parametrize("change,field", [({"speed": -1}, "speed"), ({"intervals": "20"}, "intervals"),
+                                          ({"acceptance_ratio": True}, "acceptance_ratio"), ({"run": None}, "run"),
+                                          ({"schema_version": 2}, "schema_version")])
+def test_a_canary_mark_of_another_shape_is_a_note_naming_the_field_and_status_reads_on(change, field):
+    from tests.unit.test_status import _document
+    from deploy.facts import status as facts
+
+    document = _document("metrics_with_traffic")
+    mark = {"run": "r", "since": 10.0, "until": 1000.0, "pid": document["pid"], "others": ["b"]} | change
+    fact = facts.parse_status(0, json.dumps(document | {"canary": mark, "now": 100.0}) + "\n", "", "gpu-a")
+    assert fact.canary is None and fact.alive
+    assert any(n.startswith("canary.json is not a canary mark of this deployctl's (") and field in n
+               for n in fact.notes), fact.notes
+
+
+def test_a_canary_marks_figure_that_is_not_finite_or_is_negative_is_not_shown():
+    from tests.unit.test_status import _document
+    from deploy.facts import status as facts
+
+    document = _document("metrics_with_traffic")
+    mark = {"run": "r", "since": 10.0, "until": 1000.0, "pid": document["pid"], "others": ["b"],
+            "acceptance_ratio": -0.5, "speed_ratio": 1.0}
+    fact = facts.parse_status(0, json.dumps(document | {"canary": mark, "now": 100.0}) + "\n", "", "gpu-a")
+    assert fact.canary is not None and fact.canary.acceptance_ratio is None and fact.canary.speed_ratio == 1.0
 
 
 def test_the_canary_page_charts_the_canary_against_the_others(tmp_path):
