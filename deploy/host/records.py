@@ -73,13 +73,17 @@ class Record(Strict):
 
 
 class DrafterUpdate(Strict):
-    """``drafter_update`` of a deployment record: how its drafter got there (swap-drafter, issue 29/38/41)."""
+    """``drafter_update`` of a deployment record: how its drafter got there (swap-drafter, issue 29/38/41).
+
+    Also swap-drafter's step memory (``StepMemory.drafter_update``): a reload and why (launch writes it into
+    the record it launches) or the swap and what was verified (the host's facts: history, ``--json``)."""
 
     how: Literal["swapped", "reloaded", "swapping", "swap-failed"]
-    at: str | None = None
+    #: the order swap-drafter's memory has always had in the report (how, why, asked, at, sent, verified)
     why: str | None = None
     #: reload or swap, as asked
     asked: str | None = None
+    at: str | None = None
     sent: bool | None = None
     #: the fingerprint before and after a swap
     from_: str | None = Field(default=None, alias="from")
@@ -187,6 +191,19 @@ class QuarantineRecord(Record):
 
     WHAT: ClassVar[str] = "quarantine record"
     entries: dict[str, QuarantineEntry]
+
+
+class AcceptMeasurement(Strict):
+    """What verify-acceptance measured (``StepMemory.verify``, its step data): the accept length over the
+    built-in prompt set; record-good keeps it (and the prompt set as ``verify_settings``), the host's facts
+    report it."""
+
+    accept_length: float
+    completion_tokens: int | None = None
+    spec_verify_ct: int | None = None
+    server_avg_spec_accept_length: float | None = None
+    #: the prompt set (verify_acceptance.prompt_set): only an accept length measured on the same one compares
+    settings: dict[str, Any]
 
 
 # -- canary.json ----------------------------------------------------------------------------------------
