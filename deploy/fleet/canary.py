@@ -35,7 +35,7 @@ from typing import Any
 from deploy.base.errors import DeployError, ExitCode, Regression
 from deploy.config.models import CanarySpec, Host
 from deploy.fleet.phases import RunPhase, rotation_of
-from deploy.host.records import CanaryMark
+from deploy.host.records import CanaryDecision, CanaryMark, CanaryWindow, IntervalFigures
 
 
 class CanaryRefused(DeployError):
@@ -114,8 +114,8 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], playbook):
         outcomes = {h.name: ctx.reports[h.name].outcome for h in batch if h.name in ctx.reports}
         if ctx.stops(len(outcomes) != len(batch) or any(o != "ok" for o in outcomes.values()),
                      "the canary batch did not deploy a new drafter (no window)"):
-            ctx.memory.canary = {"hosts": [h.name for h in batch], "outcome": "not-run",
-                                 "why": f"the canary batch did not deploy a new drafter ({outcomes})"}
+            ctx.memory.canary = CanaryWindow(hosts=[h.name for h in batch], outcome="not-run",
+                                             why=f"the canary batch did not deploy a new drafter ({outcomes})")
             return f"no window: the canary batch did not deploy a new drafter ({', '.join(f'{k} {v}' for k, v in outcomes.items())})"
         router = ctx.router
         ours = {h.name for h in batch}
@@ -146,8 +146,8 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], playbook):
             return False
 
         started = time.monotonic()
-        ctx.memory.canary = {"hosts": [h.name for h in batch], "others": [h.name for h in others],
-                             "outcome": "watching", "settings": spec.model_dump()}
+        ctx.memory.canary = CanaryWindow(hosts=[h.name for h in batch], others=[h.name for h in others],
+                                         outcome="watching", settings=CanarySpec.model_validate(spec.model_dump()))
         _mark(ctx, batch, [h.name for h in others], spec)
         try:
             if not other_urls:
@@ -176,16 +176,16 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], playbook):
         if decision is None:  # the loop ended without a decision: cancelled
             decision = decide(intervals, settings, final=True)
         _record(ctx, decision, intervals, started, None)
-        entry = ctx.memory.canary
         promoted = decision.outcome == "promote" or (decision.outcome == "inconclusive" and
                                                      spec.inconclusive == "promote")
         if ctx.stops(promoted, "the canary keeps up with the others (or is inconclusive with "
                                "rollout.canary.inconclusive: promote): promoted, the roll goes on"):
             how = "" if decision.outcome == "promote" else " (rollout.canary.inconclusive: promote)"
-            entry["action"] = "promoted"
+            ctx.memory.canary = ctx.memory.canary.but(action="promoted")
             return f"PROMOTED{how}: {decision.line()}"
         rolled_back = decision.outcome == "roll-back"
-        entry["action"] = "rolled back, quarantined" if rolled_back else "kept the last good drafter"
+        ctx.memory.canary = ctx.memory.canary.but(
+            action="rolled back, quarantined" if rolled_back else "kept the last good drafter")
         _go_back(ctx, batch, playbook, decision.line() if rolled_back else f"canary inconclusive: {decision.why}",
                  decision.cause if rolled_back else None)
         ctx.refuse(lambda: CanaryRolledBack(
@@ -307,24 +307,27 @@ def _record(ctx, decision, intervals: list, started: float, signal: str | None,
             outcome: str = "interrupted") -> None:
     entry = ctx.memory.canary
     assert entry is not None
-    entry["seconds"] = round(time.monotonic() - started, 3)
-    entry["intervals"] = [{"at": round(i.at, 3),
-                           "canary": {"accept": i.canary.accept, "requests": i.canary.requests,
-                                      "token_s": i.canary.token_s},
-                           "others": {"accept": i.others.accept, "requests": i.others.requests,
-                                      "token_s": i.others.token_s}} for i in intervals]
+    figures = [IntervalFigures.model_validate(
+        {"at": round(i.at, 3), "canary": {"accept": i.canary.accept, "requests": i.canary.requests,
+                                          "token_s": i.canary.token_s},
+         "others": {"accept": i.others.accept, "requests": i.others.requests, "token_s": i.others.token_s}})
+        for i in intervals]
+    entry = entry.but(seconds=round(time.monotonic() - started, 3), intervals=figures)
     if decision is not None:
-        entry |= {"outcome": decision.outcome, "decision": decision.to_dict(), "line": decision.line()}
+        entry = entry.but(outcome=decision.outcome, decision=CanaryDecision.model_validate(decision.to_dict()),
+                          line=decision.line())
     else:
-        entry |= {"outcome": outcome, "why": signal}
+        entry = entry.but(outcome=outcome, why=signal)
+    ctx.memory.canary = entry
     # each canary host's history row and plain report line carry the decision in short
-    ratios = {c["figure"]: c["ratio"] for c in (entry.get("decision") or {}).get("comparisons", [])}
-    short = {"outcome": entry["outcome"], "cause": (entry.get("decision") or {}).get("cause"),
+    decided = entry.decision
+    ratios = {c.figure: c.ratio for c in decided.comparisons} if decided is not None else {}
+    short = {"outcome": entry.outcome, "cause": decided.cause if decided else None,
              "acceptance_ratio": ratios.get("acceptance"), "speed_ratio": ratios.get("speed"),
-             "intervals": len(intervals), "seconds": entry["seconds"],
-             "canary_requests": (entry.get("decision") or {}).get("canary_requests"),
-             "others": entry.get("others", []), "why": (entry.get("decision") or {}).get("why") or signal}
-    for name in entry.get("hosts", []):
+             "intervals": len(intervals), "seconds": entry.seconds,
+             "canary_requests": decided.canary_requests if decided else None,
+             "others": entry.others or [], "why": (decided.why if decided else None) or signal}
+    for name in entry.hosts:
         report = ctx.reports.get(name)
         if report is not None:
             report.facts["canary"] = short

@@ -30,7 +30,7 @@ from deploy.engine.fanout import for_each_host
 from deploy.engine.records import HostReport, Progress, RunOptions, StepRecord
 from deploy.engine.session import network_host, run_on_host
 from deploy.engine.playbook import Playbook
-from deploy.host.records import CanaryMark, LastGood
+from deploy.host.records import CanaryMark, CanaryWindow, LastGood
 from deploy.facts.router import DownRouter, EndToEnd, RouterState
 from deploy.ssh.transport import HostConnection, JumpConnections
 
@@ -73,7 +73,7 @@ class FleetMemory:
     #: the end-to-end request's answer
     end_to_end: EndToEnd | None = None
     #: the canary's window: its figures against the others', the decision and why (fleet/canary.py)
-    canary: dict[str, Any] | None = None
+    canary: CanaryWindow | None = None
     #: host name -> the last good record the canary would go back to
     canary_last_good: dict[str, LastGood] = field(default_factory=dict)
     #: host name -> the canary mark written on it
@@ -148,7 +148,7 @@ class RunResult:
     error: DeployError | None = None
     rotation: dict[str, Rotation] = field(default_factory=dict)
     #: the canary's window (fleet/canary.py): its figures against the others', the decision and why
-    canary: dict[str, Any] | None = None
+    canary: CanaryWindow | None = None
 
     def exit_code(self) -> ExitCode:
         for report in self.reports:

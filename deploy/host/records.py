@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploy.base.errors import RemoteOutputError
+from deploy.config.models import CanarySpec
 
 #: a measurement's load (what the throughput depends on besides the deployment: prompts, lengths,
 #: concurrency, the dataset's name and sha256): compared only for equality
@@ -228,6 +229,83 @@ class CanaryMark(Record):
     intervals: int | None = None
     canary_requests: float | None = None
     outcome: str | None = None
+
+
+# -- the canary's window (fleet/canary.py): FleetMemory.canary, RunResult.canary, --json's fleet.canary ----
+
+
+class SideFigures(Strict):
+    """One side's figures over one interval (deploy/local/canary_gate.py ``Side``)."""
+
+    accept: float | None
+    requests: float
+    token_s: float | None
+
+
+class IntervalFigures(Strict):
+    """One paired interval: seconds into the window at its end, the canary's figures and the others'."""
+
+    at: float
+    canary: SideFigures
+    others: SideFigures
+
+
+class ComparisonFigures(Strict):
+    """One figure's comparison (canary_gate ``Comparison.to_dict``)."""
+
+    figure: str
+    pairs: int
+    ratio: float | None
+    low: float | None
+    high: float | None
+    canary_median: float | None
+    others_median: float | None
+
+
+class CanaryDecision(Strict):
+    """The window's decision (canary_gate ``Decision.to_dict``): its outcome, cause, figures and rule."""
+
+    outcome: str
+    figure: str | None
+    cause: str | None
+    why: str
+    intervals: int
+    canary_requests: float
+    others_requests: float
+    elapsed_s: float
+    comparisons: list[ComparisonFigures]
+    tolerance: float
+    alpha: float
+    rule: str
+
+
+class CanaryWindow(Strict):
+    """The canary's window as the run keeps it and ``--json`` prints it (``fleet.canary``): which hosts
+    against which, its settings, the intervals, the decision (or why none) and what was done.
+    The field order is the order the keys have always been printed in (``document()``: the set ones)."""
+
+    hosts: list[str]
+    others: list[str] | None = None
+    #: watching, promote, roll-back, inconclusive; not-run, interrupted, failed (no decision)
+    outcome: str
+    #: the run's rollout.canary, every field (given as ``CanarySpec.model_validate(spec.model_dump())``)
+    settings: CanarySpec | None = None
+    seconds: float | None = None
+    intervals: list[IntervalFigures] | None = None
+    decision: CanaryDecision | None = None
+    #: the decision in one line (``Decision.line``)
+    line: str | None = None
+    #: why no decision (not run, a signal, the reads failed)
+    why: str | None = None
+    #: promoted, rolled back and quarantined, or kept the last good drafter
+    action: str | None = None
+    #: the HTML page written for it (deploy/render/canary_report.py), once written
+    report_html: str | None = None
+
+    @property
+    def why_decided(self) -> str:
+        """The decision's why, else why there was none."""
+        return (self.decision.why if self.decision is not None else None) or self.why or ""
 
 
 # -- step to step: the benchmark measurement and the gate's verdict -----------------------------------

@@ -292,7 +292,7 @@ def test_a_canary_rolls_window_sends_only_what_its_plan_lists(tmp_path):
     found = walk(state, router, fleet_phases(rollout, playbook), planned)
     assert found.pop("raised", []) == [] and {p: c for p, c in found.items() if c} == {}
     window = next(p for p in found if p.startswith("canary window"))
-    assert state.memory.canary["action"] == "promoted" and window
+    assert state.memory.canary.action == "promoted" and window
     assert any(" metrics " in c for c in router.sent) and state.memory.end_to_end == EndToEnd(text="ok")
 
 
