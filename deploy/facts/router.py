@@ -19,6 +19,7 @@ deployctl reads are taken from each worker, each of its type, and the rest of th
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
@@ -137,7 +138,7 @@ def answer_of(model: type[A], document: Any, source: str, what: str) -> A:
         return model.model_validate(document)
     except ValidationError as exc:
         raise RemoteOutputError(f"{source}: fleet_ops.py {what} printed unexpected output: {shape_problem(exc)}: "
-                                f"{str(document)[:300]!r}") from None
+                                f"{json.dumps(document)[:300]}") from None
 
 
 def parse_workers(body: str, source: str) -> list[Worker]:

@@ -404,7 +404,7 @@ class RouterHost:
 
     def _answer(self, call: Command, model: type[A]) -> A:
         """``call``'s one JSON line as ``model`` (facts/router.py), strictly: the host and field named otherwise."""
-        return answer_of(model, self._do(call), self.host.name, call.what or "fleet_ops")
+        return answer_of(model, self._do(call), self.host.name, (call.what or "").removeprefix("fleet_ops ") or "?")
 
     def _http(self, call: Command) -> HttpAnswer:
         return self._answer(call, HttpAnswer)

@@ -118,7 +118,7 @@ def test_a_router_answer_of_another_shape_names_the_host_and_the_field(what, doc
     with pytest.raises(RemoteOutputError) as refused:
         read(router_over(document))
     message = str(refused.value)
-    assert message.startswith(f"{HOST}: fleet_ops.py ") and "unexpected output" in message, message
+    assert message.startswith(f"{HOST}: fleet_ops.py {what} printed unexpected output: "), message
     assert f"{field}:" in message or f".{field}:" in message, message
     assert refused.value.exit_code == ExitCode.REMOTE_OUTPUT
 
