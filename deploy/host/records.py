@@ -6,11 +6,15 @@
 | ``<state_dir>/last-good.json`` | ``LastGood`` (+ ``Metrics``, ``Baseline``) | record-good | rollback, regression-gate, same-night-control, status, node groups |
 | ``<state_dir>/quarantine.json`` | ``QuarantineRecord`` (+ ``QuarantineEntry``) | ``deploy/remote/quarantine.py`` (stdlib, on the host) | the quarantine step, the session's outcome |
 | ``<state_dir>/canary.json`` | ``CanaryMark`` | the canary's window (fleet/canary.py) | ``status`` (facts/status.py) |
+| the accept-length measurement | ``AcceptMeasurement`` | verify-acceptance (``StepMemory.verify``) | record-good, the host's facts |
+| swap-drafter's memory | ``DrafterUpdate`` | swap-drafter (``StepMemory.drafter_update``) | launch (a reload's record), the host's facts |
+| the canary's window | ``CanaryWindow`` (+ ``IntervalFigures``, ``CanaryDecision``) | fleet/canary.py (``FleetMemory.canary``) | the fleet report, ``--json``, the canary page |
 | the benchmark measurement | ``BenchMeasurement`` | the benchmark step (``StepMemory.bench``) | record-good, regression-gate, the host's facts |
 | the same-night control | ``ControlMeasurement`` | same-night-control (``StepMemory.control``) | regression-gate |
 | the gate's verdict | ``GateVerdict`` | regression-gate (``StepMemory.gate``) | record-good, the host's facts (history, reports) |
 
-Every model forbids fields it does not know and carries ``schema_version``. A reader of a file goes
+Every model forbids fields it does not know; a record (a file, or a measurement kept in history) carries
+``schema_version`` (the step memories and the canary window, never written as files, do not). A reader of a file goes
 through ``validated`` or ``record_of``: a document without ``schema_version`` is one written before it existed (this
 module's ``MIGRATIONS`` say how it is read: the layout is the same, so it is version 1; the quarantine
 record's ``schema`` key is its old spelling); a version this deployctl does not know, or a field of
