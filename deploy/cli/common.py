@@ -81,10 +81,10 @@ def render_result(result: DeployResult, as_json: bool, progress: Any = None) -> 
 
 def write_canary_report(result: Any, run_name: str, progress: Any = None) -> str | None:
     """A canary window ran: its HTML page (deploy/render/canary_report.py), its path kept in
-    ``result.canary["report_html"]``; None when no window ran. A failure to write it is a warning on
+    ``result.canary.report_html``; None when no window ran. A failure to write it is a warning on
     ``progress``: the page is a record, never a reason to fail the run."""
     canary = getattr(result, "canary", None)
-    if not canary or not canary.get("intervals") and canary.get("outcome") == "not-run":
+    if canary is None or not canary.intervals and canary.outcome == "not-run":
         return None
     from deploy.local.state import LocalStateError
     from deploy.render import canary_report
@@ -95,7 +95,7 @@ def write_canary_report(result: Any, run_name: str, progress: Any = None) -> str
         if progress is not None:
             progress("*", "canary", f"WARNING: the canary report was not written: {exc}")
         return None
-    canary["report_html"] = path
+    result.canary = canary.but(report_html=path)
     if progress is not None:
         progress("*", "canary", f"report: {path}")
     return path

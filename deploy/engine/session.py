@@ -283,7 +283,7 @@ def collect_facts(report: HostReport, memory: StepMemory, run: Run) -> None:
         "sglang_version": memory.sglang_version or (deployment.sglang_version if deployment else None),
         "drafter_fingerprint": memory.drafter_fingerprint or (deployment.drafter_fingerprint if deployment else None),
         "draft_tokens": run.draft_tokens,
-        "accept_length": (memory.verify or {}).get("accept_length"),
+        "accept_length": None if memory.verify is None else memory.verify.accept_length,
         "output_tok_s": None if bench is None else bench.output_tok_s,
         # which prompts the numbers were measured on (BENCH, issue 20): history rows name them
         "dataset": None if bench is None else bench.dataset,
@@ -292,7 +292,7 @@ def collect_facts(report: HostReport, memory: StepMemory, run: Run) -> None:
         # the throughput gate's verdict with its figures and rule (deploy/local/throughput_gate.py), when it judged
         "throughput_gate": None if memory.gate is None else memory.gate.summary(),
         # swapped into the running server or reloaded, and why / what was verified (swap-drafter)
-        "drafter_update": memory.drafter_update,
+        "drafter_update": None if memory.drafter_update is None else memory.drafter_update.document(),
     }
 
 

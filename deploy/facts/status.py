@@ -32,13 +32,13 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
 from deploy.base.limits import parse_json
 from deploy.base.errors import RemoteOutputError
 from deploy.facts.helpers import helper_python, host_ops_modules
 from deploy.facts.inline import inline_program
-from deploy.host.records import R, DeploymentRecord, LastGood, Metrics, RecordShapeError, validated
+from deploy.host.records import R, CanaryMark, DeploymentRecord, LastGood, Metrics, RecordShapeError, validated
 from deploy.host.state_layout import canary_path, deployment_path, last_good_path
 from deploy.base.shell import path_join, quote, quote_path
 
@@ -190,9 +190,17 @@ class HostStatus(_Strict):
     last_good: Optional[Baseline]
     probe: Optional[dict[str, Any]]
     notes: list[str]
-    #: in a canary window now (issue 43): {"run", "since", "until", "others"} and, after 10 intervals, the
-    #: window's "acceptance_ratio", "speed_ratio", "intervals", "canary_requests"; None: not a canary
-    canary: Optional[dict[str, Any]] = None
+    #: in a canary window now (issue 43): its mark (run, since, until, others and, after 10 intervals, the
+    #: window's acceptance_ratio, speed_ratio, intervals, canary_requests); None: not a canary
+    canary: Optional[CanaryMark] = None
+
+    @field_serializer("canary")
+    def _canary_json(self, mark: Optional[CanaryMark]) -> Optional[dict[str, Any]]:
+        """``status --json``'s ``canary``: run, since, until, others, and the figures it has (no PID, no outcome)."""
+        if mark is None:
+            return None
+        return {"run": mark.run, "since": mark.since, "until": mark.until, "others": mark.others} | {
+            key: getattr(mark, key) for key in CANARY_FIGURES if getattr(mark, key) is not None}
 
     @property
     def serving(self) -> bool:
@@ -519,21 +527,22 @@ def parse_status(exit_code: int, stdout: str, stderr: str, source: str) -> HostS
         canary=_canary(document, notes))
 
 
-def _canary(document: StatusDocument, notes: list[str]) -> dict[str, Any] | None:
-    """The canary mark, when it names the running server and its window has not passed (a mark left by a
-    deployctl killed mid-window names a server that is gone, or a time that passed)."""
-    mark = document.canary
-    if mark is None:
+#: the window's figures a canary mark may carry (status shows the finite, non-negative ones)
+CANARY_FIGURES = ("acceptance_ratio", "speed_ratio", "intervals", "canary_requests")
+
+
+def _canary(document: StatusDocument, notes: list[str]) -> CanaryMark | None:
+    """The canary mark (records.CanaryMark), when it names the running server and its window has not passed
+    (a mark left by a deployctl killed mid-window names a server that is gone, or a time that passed)."""
+    if document.canary is None:
         return None
-    since, until, pid = mark.get("since"), mark.get("until"), mark.get("pid")
-    others = mark.get("others")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (since, until, pid)) or \
-            not isinstance(others, list) or not all(isinstance(o, str) for o in others):
-        notes.append("canary.json is not a canary mark of this deployctl's: ignored")
+    try:
+        mark = validated(CanaryMark, document.canary)
+    except RecordShapeError as exc:
+        notes.append(f"canary.json is not a canary mark of this deployctl's ({str(exc)[:200]}): ignored")
         return None
-    if pid != document.pid or not document.alive or (document.now is not None and document.now > float(until or 0)):
+    if mark.pid != document.pid or not document.alive or (document.now is not None and document.now > mark.until):
         return None
-    figures = {key: mark.get(key) for key in ("acceptance_ratio", "speed_ratio", "intervals", "canary_requests")
-               if isinstance(mark.get(key), (int, float)) and not isinstance(mark.get(key), bool)
-               and math.isfinite(mark[key]) and mark[key] >= 0}
-    return {"run": str(mark.get("run", ""))[:200], "since": since, "until": until, "others": others[:64]} | figures
+    unusable = [key for key in CANARY_FIGURES if (value := getattr(mark, key)) is not None
+                and not (math.isfinite(value) and value >= 0)]
+    return mark.but(run=mark.run[:200], others=mark.others[:64]).without(*unusable)

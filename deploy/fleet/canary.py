@@ -35,6 +35,7 @@ from typing import Any
 from deploy.base.errors import DeployError, ExitCode, Regression
 from deploy.config.models import CanarySpec, Host
 from deploy.fleet.phases import RunPhase, rotation_of
+from deploy.host.records import CanaryDecision, CanaryMark, CanaryWindow, IntervalFigures
 
 
 class CanaryRefused(DeployError):
@@ -113,13 +114,13 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], playbook):
         outcomes = {h.name: ctx.reports[h.name].outcome for h in batch if h.name in ctx.reports}
         if ctx.stops(len(outcomes) != len(batch) or any(o != "ok" for o in outcomes.values()),
                      "the canary batch did not deploy a new drafter (no window)"):
-            ctx.memory.canary = {"hosts": [h.name for h in batch], "outcome": "not-run",
-                                 "why": f"the canary batch did not deploy a new drafter ({outcomes})"}
+            ctx.memory.canary = CanaryWindow(hosts=[h.name for h in batch], outcome="not-run",
+                                             why=f"the canary batch did not deploy a new drafter ({outcomes})")
             return f"no window: the canary batch did not deploy a new drafter ({', '.join(f'{k} {v}' for k, v in outcomes.items())})"
         router = ctx.router
         ours = {h.name for h in batch}
         canary_urls = [ctx.url(h) for h in batch]
-        healthy = {w["url"] for w in router.workers() if w["is_healthy"]}
+        healthy = {w.url for w in router.workers() if w.is_healthy}
         others = [h for h in ctx.config.hosts_of(ctx.run) if h.name not in ours and ctx.url(h) in healthy]
         other_urls = [ctx.url(h) for h in others]
         settings = Settings(tolerance=spec.tolerance, alpha=spec.alpha, min_requests=spec.min_requests,
@@ -145,8 +146,8 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], playbook):
             return False
 
         started = time.monotonic()
-        ctx.memory.canary = {"hosts": [h.name for h in batch], "others": [h.name for h in others],
-                             "outcome": "watching", "settings": spec.model_dump()}
+        ctx.memory.canary = CanaryWindow(hosts=[h.name for h in batch], others=[h.name for h in others],
+                                         outcome="watching", settings=CanarySpec.model_validate(spec.model_dump()))
         _mark(ctx, batch, [h.name for h in others], spec)
         try:
             if not other_urls:
@@ -175,16 +176,16 @@ def _window(spec: CanarySpec, batch: tuple[Host, ...], playbook):
         if decision is None:  # the loop ended without a decision: cancelled
             decision = decide(intervals, settings, final=True)
         _record(ctx, decision, intervals, started, None)
-        entry = ctx.memory.canary
         promoted = decision.outcome == "promote" or (decision.outcome == "inconclusive" and
                                                      spec.inconclusive == "promote")
         if ctx.stops(promoted, "the canary keeps up with the others (or is inconclusive with "
                                "rollout.canary.inconclusive: promote): promoted, the roll goes on"):
             how = "" if decision.outcome == "promote" else " (rollout.canary.inconclusive: promote)"
-            entry["action"] = "promoted"
+            ctx.memory.canary = ctx.memory.canary.but(action="promoted")
             return f"PROMOTED{how}: {decision.line()}"
         rolled_back = decision.outcome == "roll-back"
-        entry["action"] = "rolled back, quarantined" if rolled_back else "kept the last good drafter"
+        ctx.memory.canary = ctx.memory.canary.but(
+            action="rolled back, quarantined" if rolled_back else "kept the last good drafter")
         _go_back(ctx, batch, playbook, decision.line() if rolled_back else f"canary inconclusive: {decision.why}",
                  decision.cause if rolled_back else None)
         ctx.refuse(lambda: CanaryRolledBack(
@@ -219,8 +220,8 @@ def _mark(ctx, batch: tuple[Host, ...], others: list[str], spec: CanarySpec) -> 
             text = conn.run(pid_read(host).command, timeout=30).stdout.strip()
             if not text.isdigit():
                 return  # no PID: no mark (status then shows no canary; the window goes on)
-            marks[host.name] = {"run": ctx.run.name, "since": now, "until": now + spec.window + 60,
-                                "pid": int(text), "others": others}
+            marks[host.name] = CanaryMark(run=ctx.run.name, since=now, until=now + spec.window + 60,
+                                          pid=int(text), others=others)
             _write_mark(conn, host, marks[host.name])
 
     for host in batch:
@@ -254,11 +255,11 @@ def mark_write(host: Host, figures: bool = False):
                    command=mark_command(host), stdin_shown="the canary mark (JSON)")
 
 
-def _write_mark(conn, host: Host, mark: dict) -> None:
+def _write_mark(conn, host: Host, mark: CanaryMark) -> None:
     from deploy.facts.server import record_stdin
 
     conn.check(mark_command(host), timeout=30, what="writing the canary mark",
-               stdin=record_stdin(mark, host.name, "the canary mark"))
+               stdin=record_stdin(mark.document(), host.name, "the canary mark"))
 
 
 def _update_marks(ctx, batch: tuple[Host, ...], decision) -> None:
@@ -269,9 +270,9 @@ def _update_marks(ctx, batch: tuple[Host, ...], decision) -> None:
         if mark is None:
             return
         ratios = {c.figure: c.ratio for c in decision.comparisons}
-        mark.update({"acceptance_ratio": ratios.get("acceptance"), "speed_ratio": ratios.get("speed"),
-                     "intervals": decision.intervals, "canary_requests": decision.canary_requests,
-                     "outcome": decision.outcome})
+        mark = ctx.memory.canary_marks[host.name] = mark.but(
+            acceptance_ratio=ratios.get("acceptance"), speed_ratio=ratios.get("speed"), intervals=decision.intervals,
+            canary_requests=float(decision.canary_requests), outcome=decision.outcome)
         try:
             with _connection(ctx, host) as conn:
                 _write_mark(conn, host, mark)
@@ -306,24 +307,27 @@ def _record(ctx, decision, intervals: list, started: float, signal: str | None,
             outcome: str = "interrupted") -> None:
     entry = ctx.memory.canary
     assert entry is not None
-    entry["seconds"] = round(time.monotonic() - started, 3)
-    entry["intervals"] = [{"at": round(i.at, 3),
-                           "canary": {"accept": i.canary.accept, "requests": i.canary.requests,
-                                      "token_s": i.canary.token_s},
-                           "others": {"accept": i.others.accept, "requests": i.others.requests,
-                                      "token_s": i.others.token_s}} for i in intervals]
+    figures = [IntervalFigures.model_validate(
+        {"at": round(i.at, 3), "canary": {"accept": i.canary.accept, "requests": i.canary.requests,
+                                          "token_s": i.canary.token_s},
+         "others": {"accept": i.others.accept, "requests": i.others.requests, "token_s": i.others.token_s}})
+        for i in intervals]
+    entry = entry.but(seconds=round(time.monotonic() - started, 3), intervals=figures)
     if decision is not None:
-        entry |= {"outcome": decision.outcome, "decision": decision.to_dict(), "line": decision.line()}
+        entry = entry.but(outcome=decision.outcome, decision=CanaryDecision.model_validate(decision.to_dict()),
+                          line=decision.line())
     else:
-        entry |= {"outcome": outcome, "why": signal}
+        entry = entry.but(outcome=outcome, why=signal)
+    ctx.memory.canary = entry
     # each canary host's history row and plain report line carry the decision in short
-    ratios = {c["figure"]: c["ratio"] for c in (entry.get("decision") or {}).get("comparisons", [])}
-    short = {"outcome": entry["outcome"], "cause": (entry.get("decision") or {}).get("cause"),
+    decided = entry.decision
+    ratios = {c.figure: c.ratio for c in decided.comparisons} if decided is not None else {}
+    short = {"outcome": entry.outcome, "cause": decided.cause if decided else None,
              "acceptance_ratio": ratios.get("acceptance"), "speed_ratio": ratios.get("speed"),
-             "intervals": len(intervals), "seconds": entry["seconds"],
-             "canary_requests": (entry.get("decision") or {}).get("canary_requests"),
-             "others": entry.get("others", []), "why": (entry.get("decision") or {}).get("why") or signal}
-    for name in entry.get("hosts", []):
+             "intervals": len(intervals), "seconds": entry.seconds,
+             "canary_requests": decided.canary_requests if decided else None,
+             "others": entry.others or [], "why": (decided.why if decided else None) or signal}
+    for name in entry.hosts:
         report = ctx.reports.get(name)
         if report is not None:
             report.facts["canary"] = short
@@ -339,9 +343,9 @@ def _go_back(ctx, batch: tuple[Host, ...], playbook, why: str, cause: str | None
     for _ in ctx.only_when(True, BACK):
         for host in batch:
             url = ctx.url(host)
-            listed = [w for w in router.workers() if w["url"] == url]
+            listed = [w for w in router.workers() if w.url == url]
             for w in listed:
-                rotation_of(ctx, host).out = router.remove(w["url"], settle=False)
+                rotation_of(ctx, host).out = router.remove(w.url, settle=False)
             if listed:
                 router.drain(url, ctx.run.router.drain_timeout_s)
             ctx.on_host(host, lambda h: _restore(ctx, h, playbook, why, cause),
@@ -350,7 +354,7 @@ def _go_back(ctx, batch: tuple[Host, ...], playbook, why: str, cause: str | None
             for _ in ctx.only_when(report is not None and report.outcome in ("rolled-back", "regression"),
                                    "it serves its last good one again"):
                 router.settled()
-                listed_now = {w["url"] for w in router.workers()}
+                listed_now = {w.url for w in router.workers()}
                 for _ in ctx.only_when(url not in listed_now, f"the router does not list {url}"):
                     router.add(url)
                 rotation_of(ctx, host).back = time.monotonic()

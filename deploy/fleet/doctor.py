@@ -7,6 +7,7 @@ from __future__ import annotations
 from deploy.doctor.checks import Check
 from deploy.base.errors import DeployError, RemoteOutputError
 from deploy.engine.fanout import for_each_host
+from deploy.facts.router import parse_router_state
 from deploy.fleet.router import RouterCalls, parse_json_line, parse_router_packages
 from deploy.fleet.router_package import RouterPackage, choose_package, package_text, policy_problem, running_package
 from deploy.fleet.router_ports import parse_ports, port_problems, router_binds
@@ -38,13 +39,14 @@ def router_checks(conn, host, run) -> list[Check]:
             checks.append(Check("router-package", "pass",
                                 f"{package.label} for {spec.python} (python -m {package.module}){settle}"))
     call = RouterCalls(spec, host).state()
-    state = parse_json_line(conn.check(call.command, timeout=call.timeout_s, what="router state").stdout.strip(),
-                            host.name, ("alive",))
-    if state["alive"]:
-        running = running_package(str(state.get("cmdline") or ""))
+    state = parse_router_state(parse_json_line(conn.check(call.command, timeout=call.timeout_s,
+                                                          what="router state").stdout.strip(), host.name, ()),
+                               host.name)
+    if state.alive:
+        running = running_package(state.cmdline)
         differs = running is not None and package is not None and running != package.name
         checks.append(Check("router-running", "warn" if differs else "pass",
-                            f"router pid {state.get('pid')} runs {package_text(running, package)}",
+                            f"router pid {state.pid} runs {package_text(running, package)}",
                             "deployctl restart --force restarts it on the installed package" if differs else ""))
     binds = router_binds(spec, host, package.name if package is not None else
                          (spec.package if spec.package != "auto" else None))

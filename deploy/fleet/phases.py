@@ -30,7 +30,8 @@ from deploy.engine.fanout import for_each_host
 from deploy.engine.records import HostReport, Progress, RunOptions, StepRecord
 from deploy.engine.session import network_host, run_on_host
 from deploy.engine.playbook import Playbook
-from deploy.host.records import LastGood
+from deploy.host.records import CanaryMark, CanaryWindow, LastGood
+from deploy.facts.router import DownRouter, EndToEnd, RouterState
 from deploy.ssh.transport import HostConnection, JumpConnections
 
 #: host outcomes after which the host serves a verified deployment (the new one, the same one,
@@ -70,13 +71,13 @@ class FleetMemory:
     #: a phase saw that router die: the next phase that puts a batch back starts it again
     router_died: bool = False
     #: the end-to-end request's answer
-    end_to_end: dict[str, Any] | None = None
+    end_to_end: EndToEnd | None = None
     #: the canary's window: its figures against the others', the decision and why (fleet/canary.py)
-    canary: dict[str, Any] | None = None
+    canary: CanaryWindow | None = None
     #: host name -> the last good record the canary would go back to
     canary_last_good: dict[str, LastGood] = field(default_factory=dict)
     #: host name -> the canary mark written on it
-    canary_marks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    canary_marks: dict[str, CanaryMark] = field(default_factory=dict)
 
 
 @dataclass
@@ -147,7 +148,7 @@ class RunResult:
     error: DeployError | None = None
     rotation: dict[str, Rotation] = field(default_factory=dict)
     #: the canary's window (fleet/canary.py): its figures against the others', the decision and why
-    canary: dict[str, Any] | None = None
+    canary: CanaryWindow | None = None
 
     def exit_code(self) -> ExitCode:
         for report in self.reports:
@@ -313,7 +314,7 @@ class DownResult:
     """``down`` behind a router (fleet/rolling.py run_down): the hosts' reports, what became of the router."""
 
     reports: list[HostReport]
-    router: dict[str, Any]
+    router: DownRouter
     error: DeployError | None = None
 
     def exit_code(self) -> ExitCode:
@@ -483,7 +484,7 @@ class RunContext:
         router = self.router
         return router_checks(router.conn, router.host, self.run)
 
-    def watch(self, when: str) -> dict | None:
+    def watch(self, when: str) -> RouterState | None:
         from deploy.fleet.router_watch import watch
 
         return watch(self.state, self.router, when)
@@ -585,7 +586,7 @@ class PlanContext:
     def router_checks(self) -> list[Any]:
         return self.router.checks()
 
-    def watch(self, when: str) -> dict | None:
+    def watch(self, when: str) -> RouterState | None:
         return self.router.watch(when)
 
     def router_lost(self, when: str) -> str | None:

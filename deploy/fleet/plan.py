@@ -126,8 +126,11 @@ def plan_fleet(config, rollout, playbook=None, endpoints: dict | None = None) ->
             # the router's phases of the run_down (the same builders it walks)
             from deploy.fleet.rolling import down_remove, down_stop
 
-            document["phases"] = phase_plan([down_stop({})] if rollout.whole else [down_remove(hosts, {})], view,
-                                            None)
+            from deploy.facts.router import DownRouter
+
+            result = [DownRouter(host=run.router.host)]
+            document["phases"] = phase_plan([down_stop(result)] if rollout.whole else [down_remove(hosts, result)],
+                                            view, None)
     return document
 
 
@@ -188,7 +191,7 @@ def fleet_report(result) -> dict[str, Any]:
         rotation[host] = entry
     document: dict[str, Any] = {"phases": [p.to_dict() for p in result.phases], "rotation": rotation}
     if getattr(result, "canary", None) is not None:
-        document["canary"] = result.canary
+        document["canary"] = result.canary.document()
     if result.error is not None:
         document["error"] = str(result.error)
         document["exit_code"] = int(result.error.exit_code)
@@ -206,10 +209,10 @@ def print_fleet_report(result) -> None:
                    f"  {host}: {safe_line(entry.get('note'))}")
     canary = getattr(result, "canary", None)
     if canary is not None:
-        click.echo(safe_line(f"  canary {', '.join(canary.get('hosts', []))} against "
-                             f"{', '.join(canary.get('others', [])) or '-'}: "
-                             f"{canary.get('line') or canary.get('why') or canary.get('outcome')}"
-                             + (f" -> {canary['action']}" if canary.get("action") else ""))[:600])
+        click.echo(safe_line(f"  canary {', '.join(canary.hosts)} against "
+                             f"{', '.join(canary.others or []) or '-'}: "
+                             f"{canary.line or canary.why or canary.outcome}"
+                             + (f" -> {canary.action}" if canary.action else ""))[:600])
     if result.error is not None:
         click.echo(f"error: {safe_text(result.error)}", err=True)
 

@@ -20,6 +20,7 @@ from typing import Any
 from deploy.config.models import Host
 from deploy.base.errors import DeployError, ExitCode
 from deploy.fleet.phases import HostPhase, Phase, RunPhase, RunState, left_at, rotation_of
+from deploy.facts.router import DownRouter, StopAnswer, Worker
 from deploy.fleet.router import empties_the_router, loopback_problem
 from deploy.fleet.router_plan import RUNNING
 from deploy.fleet.router_watch import RouterLost
@@ -137,16 +138,16 @@ def _drafter_swap_reason(state: RunState, desired, server) -> str | None:
 NOT_RUNNING = "the router is not running yet (it starts with the hosts that serve)"
 
 
-def last_healthy_worker(batch: Sequence[Host], members: list[dict], leaving: Sequence[str],
+def last_healthy_worker(batch: Sequence[Host], members: list[Worker], leaving: Sequence[str],
                         allow_downtime: bool) -> LastHealthyWorker | None:
     """The batch's refusal on the router's own list: taking ``leaving`` out would leave no healthy
     worker (the rule itself: router.empties_the_router, which the Rollout asks of a typed --serial)."""
-    others = [w for w in members if w["url"] not in leaving and w["is_healthy"]]
-    if not empties_the_router(len([w for w in members if w["url"] in leaving]), len(others), allow_downtime):
+    others = [w for w in members if w.url not in leaving and w.is_healthy]
+    if not empties_the_router(len([w for w in members if w.url in leaving]), len(others), allow_downtime):
         return None
     return LastHealthyWorker(
         f"taking {', '.join(h.name for h in batch)} out of the router would leave it no healthy worker "
-        f"(members: {', '.join(w['url'] + (' healthy' if w['is_healthy'] else ' unhealthy') for w in members)}); "
+        f"(members: {', '.join(w.url + (' healthy' if w.is_healthy else ' unhealthy') for w in members)}); "
         "nothing was changed; --allow-downtime to do it anyway")
 
 
@@ -185,13 +186,13 @@ def _remove(batch: tuple[Host, ...], allow_downtime: bool):
         ctx.refuse(lambda: last_healthy_worker(batch, members, list(urls), allow_downtime),
                    "taking the batch out would leave the router no healthy worker and --allow-downtime is not "
                    "given (exit 2, nothing changed)")
-        leaving = [w for w in members if w["url"] in urls]
+        leaving = [w for w in members if w.url in urls]
         for w in leaving:
-            for _ in ctx.only_when(True, f"the router lists {urls[w['url']].name} and the probe did not keep it"):
+            for _ in ctx.only_when(True, f"the router lists {urls[w.url].name} and the probe did not keep it"):
                 # out of rotation from when the router stopped sending it new requests, not when it left
                 # the list (smg lists it, unhealthy, for its 5 s drain settle)
-                rotation_of(ctx, urls[w["url"]]).out = ctx.router.remove(w["url"], settle=False)
-        return f"removed {len(leaving)} worker(s): {', '.join(w['url'] for w in leaving) or '-'}"
+                rotation_of(ctx, urls[w.url]).out = ctx.router.remove(w.url, settle=False)
+        return f"removed {len(leaving)} worker(s): {', '.join(w.url for w in leaving) or '-'}"
     return body
 
 
@@ -221,7 +222,7 @@ def _join(ctx, urls: list[str]) -> str:
         done = "started the router with " + ", ".join(urls)
     for _ in ctx.only_when(not first, RUNNING):
         ctx.router.settled()  # the batch's removed workers have left the list (smg's drain settle)
-        listed = {w["url"] for w in ctx.router.workers()}  # a host kept in the router is listed already
+        listed = {w.url for w in ctx.router.workers()}  # a host kept in the router is listed already
         for url in urls:
             for _ in ctx.only_when(url not in listed, f"it does not list {url}"):
                 ctx.router.add(url)
@@ -428,55 +429,55 @@ def run_down(config, playbook, rollout, progress, options):
     with JumpConnections() as jumps, hold_host_locks(config, rollout.hosts if options.lock else (),
                                                      options.owner or {}, progress, jumps) as taken:
         options = dataclasses.replace(options, held_locks=taken)
-        router: dict[str, Any] = {"host": run.router.host}
+        router = DownRouter(host=run.router.host)
         if not rollout.whole:
-            router |= remove_from_router(config, run, list(rollout.hosts), progress)
+            router = remove_from_router(config, run, list(rollout.hosts), progress, router)
         reports = run_playbook(config, playbook, run, list(rollout.hosts), progress, options)
         error = None
         if rollout.whole:
             try:
-                router |= stop_router(config, run, progress)
+                router = stop_router(config, run, progress, router)
             except DeployError as exc:
                 progress(run.router.host, "router", f"FAILED: {exc}")
-                router |= {"error": str(exc), "exit_code": int(exc.exit_code)}
+                router = router.but(error=str(exc), exit_code=int(exc.exit_code))
                 error = exc
     return DownResult(reports, router, error)
 
 
-def down_remove(hosts: Sequence[Host], result: dict[str, Any]) -> RunPhase:
+def down_remove(hosts: Sequence[Host], result: list[DownRouter]) -> RunPhase:
     """``down --host``: the router keeps serving the run's other replicas, so the downed ones leave
     it first (a stopped worker would still get requests until the router's health checks caught
-    up). The router itself stops only when the whole run is brought down."""
+    up). The router itself stops only when the whole run is brought down. ``result``: the one
+    ``DownRouter`` it replaces with what it did."""
     def body(ctx) -> str:
         at = ctx.run.router.host
         if ctx.stops(not ctx.router.running(), "the router is not running: no worker to remove", RUNNING):
             ctx.say(at, "router", "not running: no worker to remove")
-            result.update(stopped=False, removed=[], note="the router is not running")
+            result[0] = result[0].but(stopped=False, removed=[], note="the router is not running")
             return "the router is not running"
-        listed = {w["url"] for w in ctx.router.workers()}
+        listed = {w.url for w in ctx.router.workers()}
         removed = [u for u in (ctx.url(h) for h in hosts) if u in listed]
         for url in removed:
             for _ in ctx.only_when(True, f"the router lists {url}"):
                 ctx.router.remove(url)
                 ctx.say(at, "router", f"removed {url} (its server is being stopped)")
-        result.update(stopped=False, removed=removed,
-                      note="the router keeps serving the run's other replicas; stopped only by a down of the whole run")
+        result[0] = result[0].but(stopped=False, removed=removed, note="the router keeps serving the run's other "
+                                                                       "replicas; stopped only by a down of the whole run")
         return f"removed {', '.join(removed) or '-'}"
     return RunPhase("router-remove " + names(hosts), body)
 
 
-def down_stop(result: dict[str, Any]) -> RunPhase:
+def down_stop(result: list[DownRouter]) -> RunPhase:
     """``down`` of the whole run: stop its router (by its PID file) before its servers."""
     def body(ctx) -> str:
         at = ctx.run.router.host
-        got = ctx.router.stop()
-        result.update(got)
-        ctx.say(at, "router", f"stopped pid {got['pid']} (SIG{got['signal']})" if got.get("stopped")
-                else got.get("note") or "not stopped")
-        ctx.refuse(lambda: DeployError(f"{at}: the router (pid {got['pid']}) survived SIGKILL", exit_code=ExitCode.FAILED)
-                   if not got.get("stopped") and got.get("signal") else None,
+        got: StopAnswer = ctx.router.stop()
+        result[0] = result[0].but(**got.model_dump())
+        ctx.say(at, "router", f"stopped pid {got.pid} (SIG{got.signal})" if got.stopped else got.note or "not stopped")
+        ctx.refuse(lambda: DeployError(f"{at}: the router (pid {got.pid}) survived SIGKILL", exit_code=ExitCode.FAILED)
+                   if not got.stopped and got.signal else None,
                    "the router survives SIGKILL (exit 1)")
-        return "stopped" if got.get("stopped") else got.get("note") or "not stopped"
+        return "stopped" if got.stopped else got.note or "not stopped"
     return RunPhase("router stop", body)
 
 
@@ -493,13 +494,13 @@ def _down_phase(config, run, progress, phase: RunPhase) -> None:
             close_router(state)
 
 
-def stop_router(config, run, progress) -> dict:
-    result: dict[str, Any] = {}
+def stop_router(config, run, progress, router: DownRouter) -> DownRouter:
+    result = [router]
     _down_phase(config, run, progress, down_stop(result))
-    return result
+    return result[0]
 
 
-def remove_from_router(config, run, hosts, progress) -> dict:
-    result: dict[str, Any] = {}
+def remove_from_router(config, run, hosts, progress, router: DownRouter) -> DownRouter:
+    result = [router]
     _down_phase(config, run, progress, down_remove(hosts, result))
-    return result
+    return result[0]

@@ -27,12 +27,14 @@ from deploy.base.shell import quote, quote_path, path_join
 from deploy.host.sglang_argv import WILDCARD_BINDS, serve_address
 from deploy.host.state_layout import RouterPaths, router_log_name
 from deploy.base.terminal import strip_escapes
+from deploy.facts.router import (A, EndToEnd, HttpAnswer, MembersLine, RouterProcess, RouterState, StopAnswer, Worker,
+                                 answer_of, parse_loads, parse_router_state, parse_workers)
 from deploy.steps.base import Command
 
 FLEET_OPS = Path(__file__).resolve().parents[1] / "remote" / "fleet_ops.py"
 #: stop-stale --scope user leaves ROUTER_CMDLINE_MARKS alone: a router on a replica host keeps
 #: routing to the other replicas while that host is redeployed
-__all__ = ["ROUTER_CMDLINE_MARKS"]
+__all__ = ["ROUTER_CMDLINE_MARKS", "parse_loads", "parse_workers"]
 
 
 class RouterError(DeployError):
@@ -266,38 +268,11 @@ def parse_json_line(output: str, source: str, keys: tuple[str, ...]) -> dict:
     return document
 
 
-def parse_workers(body: str, source: str) -> list[dict]:
-    """GET /workers (0.3.x) -> [{"id", "url", "is_healthy"}]; legacy /list_workers -> {"urls": [...]}."""
-    try:
-        document = parse_json(body)
-        if "workers" in document:
-            workers = [{"id": str(w["id"]), "url": str(w["url"]), "is_healthy": bool(w["is_healthy"]),
-                        "load": w.get("load")} for w in document["workers"]]
-        else:
-            workers = [{"id": str(u), "url": str(u), "is_healthy": True, "load": None} for u in document["urls"]]
-    except (ValueError, KeyError, TypeError, RecursionError):
-        raise RemoteOutputError(f"{source}: the router's worker list is not what sglang-router sends: {body[:300]!r}") from None
-    return workers
-
-
-def parse_loads(body: str, source: str) -> int:
-    """SGLang GET /v1/loads -> requests running or waiting over every DP rank."""
-    try:
-        loads = parse_json(body)["loads"]
-        if not isinstance(loads, list) or not loads:
-            raise ValueError("no loads")
-        return sum(int(entry["num_running_reqs"]) + int(entry.get("num_waiting_reqs", 0)) for entry in loads)
-    except (ValueError, KeyError, TypeError, RecursionError):
-        raise RemoteOutputError(f"{source}: /v1/loads answered {body[:300]!r}; expected SGLang's "
-                                '{"loads": [{"num_running_reqs": N, ...}]}') from None
-
-
-def workers_answer(got: dict, path: str, source: str) -> list[dict]:
+def workers_answer(got: HttpAnswer, path: str, source: str) -> list[Worker]:
     """fleet_ops.py's GET of the worker list -> the workers; a non-200 answer is a RouterError."""
-    if got.get("status") != 200:
-        raise RouterError(f"{source}: router GET {path} answered {got.get('status')} "
-                          f"{got.get('error') or str(got.get('body', ''))[:200]}")
-    return parse_workers(str(got.get("body", "")), source)
+    if got.status != 200:
+        raise RouterError(f"{source}: router GET {path} answered {got.status} {got.why()}")
+    return parse_workers(got.body, source)
 
 
 class MembershipWait:
@@ -320,22 +295,22 @@ class MembershipWait:
         self.done_at: float | None = None
         self.died: str | None = None
 
-    def observe(self, state: dict, workers: dict, polled: float) -> bool:
+    def observe(self, state: RouterProcess, workers: HttpAnswer, polled: float) -> bool:
         """True: decided (``done_at`` or ``died`` set); raises StepTimeout past the deadline."""
-        if self.pid is not None and not state.get("alive"):
+        if self.pid is not None and not state.alive:
             self.died = "launched"
             return True
         try:
-            listed = {w["url"]: w for w in workers_answer(workers, self.path, self.source)}
+            listed = {w.url: w for w in workers_answer(workers, self.path, self.source)}
         except RouterError as exc:
             self.last = str(exc)
-            if self.pid is None and not state.get("alive"):
+            if self.pid is None and not state.alive:
                 self.died = "membership"
                 return True
         else:
-            missing = [u for u in self.expected if not (u in listed and listed[u]["is_healthy"])]
+            missing = [u for u in self.expected if not (u in listed and listed[u].is_healthy)]
             still = [u for u in self.absent if u in listed]
-            if self.out_since is None and not [u for u in still if listed[u]["is_healthy"]]:
+            if self.out_since is None and not [u for u in still if listed[u].is_healthy]:
                 self.out_since = polled
             if not missing and (not still or (self.out_only and self.out_since is not None)):
                 self.done_at = self.out_since if self.out_since is not None else polled
@@ -359,8 +334,8 @@ class DrainWait:
         self.idle_since: float | None = None
         self.seconds: float | None = None
 
-    def observe(self, got: dict, polled: float) -> bool:
-        left = parse_loads(str(got.get("body", "")), self.url) if got.get("status") == 200 else None
+    def observe(self, got: HttpAnswer, polled: float) -> bool:
+        left = parse_loads(got.body, self.url) if got.status == 200 else None
         if left is None or left == 0:
             if left is None or (self.idle_since is not None and polled - self.idle_since >= 0.25):
                 self.seconds = polled - self.started
@@ -427,6 +402,13 @@ class RouterHost:
         result = self.conn.check(call.command, timeout=call.timeout_s, what=call.what or "fleet_ops")
         return parse_json_line(result.stdout.strip(), self.host.name, ())
 
+    def _answer(self, call: Command, model: type[A]) -> A:
+        """``call``'s one JSON line as ``model`` (facts/router.py), strictly: the host and field named otherwise."""
+        return answer_of(model, self._do(call), self.host.name, (call.what or "").removeprefix("fleet_ops ") or "?")
+
+    def _http(self, call: Command) -> HttpAnswer:
+        return self._answer(call, HttpAnswer)
+
     def package(self) -> RouterPackage:
         if self._package is None:
             call = self.calls.packages()
@@ -441,14 +423,11 @@ class RouterHost:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def state(self) -> dict:
-        got = self._do(self.calls.state())
-        if got.get("alive") and got.get("status") == 200:
-            got["workers"] = parse_workers(got.get("body") or "", self.host.name)
-        return got
+    def state(self) -> RouterState:
+        return parse_router_state(self._do(self.calls.state()), self.host.name)
 
     def running(self) -> bool:
-        return bool(self.state().get("alive"))
+        return self.state().alive
 
     def start(self, workers: list[str], stamp: str) -> int:
         package = self.package()
@@ -463,8 +442,8 @@ class RouterHost:
         self.wait_members(set(workers), pid=pid)
         return pid
 
-    def stop(self, grace: float = 15) -> dict:
-        return self._do(self.calls.stop(grace))
+    def stop(self, grace: float = 15) -> StopAnswer:
+        return self._answer(self.calls.stop(grace), StopAnswer)
 
     def log_tail(self, lines: int = 30) -> str:
         """The router's last log lines as words: smg 1.13 writes ANSI colours into its log file."""
@@ -472,9 +451,9 @@ class RouterHost:
 
     # -- membership ---------------------------------------------------------------------------
 
-    def workers(self) -> list[dict]:
+    def workers(self) -> list[Worker]:
         modern = self.package().workers_api
-        return workers_answer(self._do(self.calls.workers(modern)), "/workers" if modern else "/list_workers",
+        return workers_answer(self._http(self.calls.workers(modern)), "/workers" if modern else "/list_workers",
                               self.host.name)
 
     def _poll(self, call: Command, observe: Callable[[dict, float], bool]) -> None:
@@ -509,11 +488,8 @@ class RouterHost:
                               pid, time.monotonic() + self.spec.startup_timeout_s, self.spec.startup_timeout_s)
 
         def observe(line: dict, arrived: float) -> bool:
-            state, workers = line.get("state"), line.get("workers")
-            if not isinstance(state, dict) or not isinstance(workers, dict):
-                raise RemoteOutputError(f"{self.host.name}: fleet_ops.py poll members printed unexpected output: "
-                                        f"{str(line)[:300]!r}")
-            return wait.observe(state, workers, arrived)
+            got = answer_of(MembersLine, line, self.host.name, "poll members")
+            return wait.observe(got.state, got.workers, arrived)
 
         self._poll(self.calls.watch_members(modern), observe)
         if wait.died == "launched":
@@ -528,10 +504,9 @@ class RouterHost:
         return wait.done_at
 
     def add(self, url: str) -> None:
-        got = self._do(self.calls.add(url, self.package().workers_api))
-        if got.get("status") not in (200, 201, 202):
-            raise RouterError(f"{self.host.name}: router refused to add {url}: {got.get('status')} "
-                              f"{got.get('error') or got.get('body', '')[:200]}")
+        got = self._http(self.calls.add(url, self.package().workers_api))
+        if got.status not in (200, 201, 202):
+            raise RouterError(f"{self.host.name}: router refused to add {url}: {got.status} {got.why()}")
         self.wait_members({url})
 
     def remove(self, url: str, settle: bool = True) -> float:
@@ -542,15 +517,14 @@ class RouterHost:
         for its 5 s drain settle (smg 1.13.0), and those seconds can pass while the replica drains and
         redeploys instead of before (``add`` of a URL still listed would be refused as a duplicate)."""
         if self.package().workers_api:
-            ids = [w["id"] for w in self.workers() if w["url"] == url]
+            ids = [w.id for w in self.workers() if w.url == url]
             if not ids:
                 return time.monotonic()
-            got = self._do(self.calls.remove(url, ids[0], True))
+            got = self._http(self.calls.remove(url, ids[0], True))
         else:
-            got = self._do(self.calls.remove(url, "", False))
-        if got.get("status") not in (200, 202, 204):
-            raise RouterError(f"{self.host.name}: router refused to remove {url}: {got.get('status')} "
-                              f"{got.get('error') or got.get('body', '')[:200]}")
+            got = self._http(self.calls.remove(url, "", False))
+        if got.status not in (200, 202, 204):
+            raise RouterError(f"{self.host.name}: router refused to remove {url}: {got.status} {got.why()}")
         if settle:
             return self.wait_members(set(), absent=frozenset({url}))
         self.leaving.add(url)
@@ -564,25 +538,27 @@ class RouterHost:
 
     def healthy(self, url: str) -> bool:
         """Does the worker answer GET /health 200 from the router host (where the router reaches it)?"""
-        return self._do(self.calls.health(url)).get("status") == 200
+        return self._http(self.calls.health(url)).status == 200
 
     def drain(self, url: str, timeout: float) -> float:
         """Wait (DrainWait) until the removed worker has nothing in flight; returns the seconds it took."""
         wait = DrainWait(url, timeout, time.monotonic())
-        self._poll(self.calls.watch_loads(url), wait.observe)
+        self._poll(self.calls.watch_loads(url),
+                   lambda line, arrived: wait.observe(answer_of(HttpAnswer, line, self.host.name, "poll request"),
+                                                      arrived))
         assert wait.seconds is not None
         return wait.seconds
 
-    def end_to_end(self) -> dict:
+    def end_to_end(self) -> EndToEnd:
         """One /generate through the router; the run is up only when it answers."""
-        got = self._do(self.calls.end_to_end())
-        if got.get("status") != 200:
+        got = self._http(self.calls.end_to_end())
+        if got.status != 200:
             raise RouterError(f"{self.host.name}: a request through the router ({self.url}/generate) failed: "
-                              f"{got.get('status')} {got.get('error') or got.get('body', '')[:300]}")
+                              f"{got.status} {got.why(300)}")
         try:
-            answer = parse_json(got["body"])
+            answer = parse_json(got.body)
             text = answer["text"]
         except (ValueError, KeyError, TypeError):
             raise RemoteOutputError(f"{self.host.name}: the router's /generate answer has no text: "
-                                    f"{got['body'][:200]!r}") from None
-        return {"text": str(text)[:80]}
+                                    f"{got.body[:200]!r}") from None
+        return EndToEnd(text=str(text)[:80])

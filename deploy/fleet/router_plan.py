@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from deploy.facts.router import EndToEnd, RouterState, StopAnswer, Worker
 from deploy.fleet.router_ports import router_binds
 from deploy.host.state_layout import router_log_name
 
@@ -52,20 +53,20 @@ class PlannedRouter:
 
     # -- RouterHost's methods -----------------------------------------------------------------
 
-    def state(self) -> dict:
+    def state(self) -> RouterState:
         self._send(self.calls.state())
-        return {"alive": True, "pid": 0, "status": 200}
+        return RouterState(alive=True, pid=0, status=200)
 
     def running(self) -> bool:
-        return bool(self.state()["alive"])
+        return self.state().alive
 
-    def workers(self) -> list[dict]:
+    def workers(self) -> list[Worker]:
         self._package()
         self._send(self.calls.workers(True))
         self._send(self.calls.workers(False), OLDER)
         out = {h.name for h in self.ctx.config.hosts_of(self.ctx.run)
                if (marks := self.ctx.rotation.get(h.name)) is not None and marks.still_out()}
-        return [{"id": "<worker id>", "url": self.ctx.url(h), "is_healthy": True, "load": None}
+        return [Worker(id="<worker id>", url=self.ctx.url(h), is_healthy=True)
                 for h in self.ctx.config.hosts_of(self.ctx.run) if h.name not in out]
 
     def unreachable(self, urls: list[str], timeout: float = 3) -> list[str]:
@@ -87,9 +88,9 @@ class PlannedRouter:
         self._send(self.calls.log_tail(), "the router died while starting")
         return 0
 
-    def stop(self, grace: float = 15) -> dict:
+    def stop(self, grace: float = 15) -> StopAnswer:
         self._send(self.calls.stop(grace))
-        return {"stopped": True, "pid": "<pid>", "signal": "TERM"}
+        return StopAnswer(pid=None, stopped=True, signal="TERM", note="")
 
     def log_tail(self, lines: int = 30) -> str:
         self._send(self.calls.log_tail(lines))
@@ -133,13 +134,13 @@ class PlannedRouter:
                       observe: Callable[[dict, float], bool]) -> None:
         self._send(self.calls.watch_metrics(urls, interval_s, window_s))
 
-    def end_to_end(self) -> dict:
+    def end_to_end(self) -> EndToEnd:
         self._send(self.calls.end_to_end())
-        return {"text": ""}
+        return EndToEnd(text="")
 
     # -- router_watch.py's, over this router ------------------------------------------------------
 
-    def watch(self, when: str) -> dict | None:
+    def watch(self, when: str) -> RouterState | None:
         """router_watch.watch: the router's state; its log tail when the router this run saw died."""
         got = self.state()
         self._send(self.calls.log_tail(), f"{DIED}, {when}")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 from deploy.config.models import Host
 from deploy.base.errors import DeployError, ExitCode
+from deploy.facts.router import RouterState
 
 
 class RouterLost(DeployError):
@@ -29,19 +30,19 @@ class RouterLost(DeployError):
 UNTOUCHED = "every replica the roll had not touched keeps serving"
 
 
-def watch(state, router, when: str) -> dict | None:
+def watch(state, router, when: str) -> RouterState | None:
     """The router's state (``fleet_ops.py router-state``); raises RouterLost when the router this run
     has seen is gone or not answering. None: no router was ever seen in this run (not running yet)."""
     got = router.state()
     seen = state.memory.router_pid
-    alive, pid, status = bool(got.get("alive")), got.get("pid"), got.get("status")
+    alive, pid, status = got.alive, got.pid, got.status
     if seen is None:
         if alive and status == 200:
             state.memory.router_pid = pid
             return got
         if alive:  # running before this run, but its management API does not answer
             raise RouterLost(f"{router.host.name}: the router (pid {pid}) does not answer its management API "
-                             f"(GET {router.url}/workers: {status or got.get('error') or 'no answer'}) {when}; "
+                             f"(GET {router.url}/workers: {status or 'no answer'}) {when}; "
                              f"nothing was taken out; {UNTOUCHED}")
         return None
     if not alive or pid != seen:

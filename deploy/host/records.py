@@ -5,11 +5,16 @@
 | ``<state_dir>/deployment.json`` | ``DeploymentRecord`` | launch, swap-drafter (on the host: the launch script fills in the PID) | server-state, converge, status, the host's PID check |
 | ``<state_dir>/last-good.json`` | ``LastGood`` (+ ``Metrics``, ``Baseline``) | record-good | rollback, regression-gate, same-night-control, status, node groups |
 | ``<state_dir>/quarantine.json`` | ``QuarantineRecord`` (+ ``QuarantineEntry``) | ``deploy/remote/quarantine.py`` (stdlib, on the host) | the quarantine step, the session's outcome |
+| ``<state_dir>/canary.json`` | ``CanaryMark`` | the canary's window (fleet/canary.py) | ``status`` (facts/status.py) |
+| the accept-length measurement | ``AcceptMeasurement`` | verify-acceptance (``StepMemory.verify``) | record-good, the host's facts |
+| swap-drafter's memory | ``DrafterUpdate`` | swap-drafter (``StepMemory.drafter_update``) | launch (a reload's record), the host's facts |
+| the canary's window | ``CanaryWindow`` (+ ``IntervalFigures``, ``CanaryDecision``) | fleet/canary.py (``FleetMemory.canary``) | the fleet report, ``--json``, the canary page |
 | the benchmark measurement | ``BenchMeasurement`` | the benchmark step (``StepMemory.bench``) | record-good, regression-gate, the host's facts |
 | the same-night control | ``ControlMeasurement`` | same-night-control (``StepMemory.control``) | regression-gate |
 | the gate's verdict | ``GateVerdict`` | regression-gate (``StepMemory.gate``) | record-good, the host's facts (history, reports) |
 
-Every model forbids fields it does not know and carries ``schema_version``. A reader of a file goes
+Every model forbids fields it does not know; a record (a file, or a measurement kept in history) carries
+``schema_version`` (the step memories and the canary window, never written as files, do not). A reader of a file goes
 through ``validated`` or ``record_of``: a document without ``schema_version`` is one written before it existed (this
 module's ``MIGRATIONS`` say how it is read: the layout is the same, so it is version 1; the quarantine
 record's ``schema`` key is its old spelling); a version this deployctl does not know, or a field of
@@ -25,6 +30,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploy.base.errors import RemoteOutputError
+from deploy.config.models import CanarySpec
 
 #: a measurement's load (what the throughput depends on besides the deployment: prompts, lengths,
 #: concurrency, the dataset's name and sha256): compared only for equality
@@ -72,13 +78,17 @@ class Record(Strict):
 
 
 class DrafterUpdate(Strict):
-    """``drafter_update`` of a deployment record: how its drafter got there (swap-drafter, issue 29/38/41)."""
+    """``drafter_update`` of a deployment record: how its drafter got there (swap-drafter, issue 29/38/41).
+
+    Also swap-drafter's step memory (``StepMemory.drafter_update``): a reload and why (launch writes it into
+    the record it launches) or the swap and what was verified (the host's facts: history, ``--json``)."""
 
     how: Literal["swapped", "reloaded", "swapping", "swap-failed"]
-    at: str | None = None
+    #: the order swap-drafter's memory has always had in the report (how, why, asked, at, sent, verified)
     why: str | None = None
     #: reload or swap, as asked
     asked: str | None = None
+    at: str | None = None
     sent: bool | None = None
     #: the fingerprint before and after a swap
     from_: str | None = Field(default=None, alias="from")
@@ -186,6 +196,120 @@ class QuarantineRecord(Record):
 
     WHAT: ClassVar[str] = "quarantine record"
     entries: dict[str, QuarantineEntry]
+
+
+class AcceptMeasurement(Strict):
+    """What verify-acceptance measured (``StepMemory.verify``, its step data): the accept length over the
+    built-in prompt set; record-good keeps it (and the prompt set as ``verify_settings``), the host's facts
+    report it."""
+
+    accept_length: float
+    completion_tokens: int | None = None
+    spec_verify_ct: int | None = None
+    server_avg_spec_accept_length: float | None = None
+    #: the prompt set (verify_acceptance.prompt_set): only an accept length measured on the same one compares
+    settings: dict[str, Any]
+
+
+# -- canary.json ----------------------------------------------------------------------------------------
+
+
+class CanaryMark(Record):
+    """``<state_dir>/canary.json``: the replica is in a canary window (fleet/canary.py writes it when the window
+    starts, with the window's figures so far every 10 intervals, and removes it at the end); ``status`` marks
+    the replica while ``pid`` is the running server and ``until`` (this machine's clock) has not passed."""
+
+    WHAT: ClassVar[str] = "canary mark"
+    run: str
+    #: the window's start and end, Unix time (the end: the window plus 60 s)
+    since: float
+    until: float
+    pid: int
+    #: the replicas the canary is judged against
+    others: list[str]
+    #: the window's figures so far (deploy/local/canary_gate.py Decision): absent before 10 intervals
+    acceptance_ratio: float | None = None
+    speed_ratio: float | None = None
+    intervals: int | None = None
+    canary_requests: float | None = None
+    outcome: str | None = None
+
+
+# -- the canary's window (fleet/canary.py): FleetMemory.canary, RunResult.canary, --json's fleet.canary ----
+
+
+class SideFigures(Strict):
+    """One side's figures over one interval (deploy/local/canary_gate.py ``Side``)."""
+
+    accept: float | None
+    requests: float
+    token_s: float | None
+
+
+class IntervalFigures(Strict):
+    """One paired interval: seconds into the window at its end, the canary's figures and the others'."""
+
+    at: float
+    canary: SideFigures
+    others: SideFigures
+
+
+class ComparisonFigures(Strict):
+    """One figure's comparison (canary_gate ``Comparison.to_dict``)."""
+
+    figure: str
+    pairs: int
+    ratio: float | None
+    low: float | None
+    high: float | None
+    canary_median: float | None
+    others_median: float | None
+
+
+class CanaryDecision(Strict):
+    """The window's decision (canary_gate ``Decision.to_dict``): its outcome, cause, figures and rule."""
+
+    outcome: str
+    figure: str | None
+    cause: str | None
+    why: str
+    intervals: int
+    canary_requests: float
+    others_requests: float
+    elapsed_s: float
+    comparisons: list[ComparisonFigures]
+    tolerance: float
+    alpha: float
+    rule: str
+
+
+class CanaryWindow(Strict):
+    """The canary's window as the run keeps it and ``--json`` prints it (``fleet.canary``): which hosts
+    against which, its settings, the intervals, the decision (or why none) and what was done.
+    The field order is the order the keys have always been printed in (``document()``: the set ones)."""
+
+    hosts: list[str]
+    others: list[str] | None = None
+    #: watching, promote, roll-back, inconclusive; not-run, interrupted, failed (no decision)
+    outcome: str
+    #: the run's rollout.canary, every field (given as ``CanarySpec.model_validate(spec.model_dump())``)
+    settings: CanarySpec | None = None
+    seconds: float | None = None
+    intervals: list[IntervalFigures] | None = None
+    decision: CanaryDecision | None = None
+    #: the decision in one line (``Decision.line``)
+    line: str | None = None
+    #: why no decision (not run, a signal, the reads failed)
+    why: str | None = None
+    #: promoted, rolled back and quarantined, or kept the last good drafter
+    action: str | None = None
+    #: the HTML page written for it (deploy/render/canary_report.py), once written
+    report_html: str | None = None
+
+    @property
+    def why_decided(self) -> str:
+        """The decision's why, else why there was none."""
+        return (self.decision.why if self.decision is not None else None) or self.why or ""
 
 
 # -- step to step: the benchmark measurement and the gate's verdict -----------------------------------
@@ -301,7 +425,8 @@ def _unversioned(document: dict[str, Any]) -> dict[str, Any]:
 
 #: how a document without ``schema_version`` is read (the records deployctl wrote before it had one)
 MIGRATIONS = {DeploymentRecord: _unversioned, LastGood: _unversioned, QuarantineRecord: _from_schema_key,
-              BenchMeasurement: _unversioned, ControlMeasurement: _unversioned, GateVerdict: _unversioned}
+              BenchMeasurement: _unversioned, ControlMeasurement: _unversioned, GateVerdict: _unversioned,
+              CanaryMark: _unversioned}
 
 
 def shape_problem(error: ValidationError) -> str:

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from deploy.host.records import CanaryWindow, SideFigures
 from deploy.local.state import ensure_directory, replace_file, state_home
 from deploy.render.bench_report import COLOURS, _ticks, axes
 
@@ -18,19 +19,19 @@ from deploy.render.bench_report import COLOURS, _ticks, axes
 FIGURES = (("accept", "accept length", ".2f"), ("token_s", "output tokens/s per request (1 / per-token latency)", ".1f"))
 
 
-def _value(side: dict[str, Any], key: str) -> float | None:
-    value = side.get(key)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+def _value(side: SideFigures, key: str) -> float | None:
+    value = getattr(side, key)
+    if value is None or value <= 0:
         return None
     return 1.0 / value if key == "token_s" else float(value)
 
 
-def chart_svg(canary: dict[str, Any], key: str, label: str, width: int = 620, height: int = 300) -> str:
+def chart_svg(canary: CanaryWindow, key: str, label: str, width: int = 620, height: int = 300) -> str:
     """One chart: the canary's and the others' ``key`` at each interval's end (seconds into the window)."""
-    intervals = [i for i in canary.get("intervals") or [] if isinstance(i, dict)]
-    lines = {"canary " + ", ".join(canary.get("hosts") or []): [(i["at"], _value(i.get("canary") or {}, key))
+    intervals = canary.intervals or []
+    lines = {"canary " + ", ".join(canary.hosts): [(i.at, _value(i.canary, key))
                                                                 for i in intervals],
-             "others " + ", ".join(canary.get("others") or []): [(i["at"], _value(i.get("others") or {}, key))
+             "others " + ", ".join(canary.others or []): [(i.at, _value(i.others, key))
                                                                  for i in intervals]}
     points = {name: [(x, y) for x, y in values if y is not None] for name, values in lines.items()}
     left, right, top, bottom = 64, 16, 34, 64
@@ -78,13 +79,13 @@ def chart_svg(canary: dict[str, Any], key: str, label: str, width: int = 620, he
     return "".join(parts)
 
 
-def render_html(canary: dict[str, Any], run_name: str, created: str) -> str:
-    decision = canary.get("decision") or {}
+def render_html(canary: CanaryWindow, run_name: str, created: str) -> str:
+    decision = canary.decision
     title = f"deployctl canary: run {run_name}, {created}"
     rows = "".join(
-        f"<tr><td>{html.escape(str(c.get('figure')))}</td><td class='num'>{_pct(c.get('ratio'))}</td>"
-        f"<td class='num'>[{_pct(c.get('low'))}, {_pct(c.get('high'))}]</td><td class='num'>{c.get('pairs')}</td></tr>"
-        for c in decision.get("comparisons") or [] if isinstance(c, dict))
+        f"<tr><td>{html.escape(c.figure)}</td><td class='num'>{_pct(c.ratio)}</td>"
+        f"<td class='num'>[{_pct(c.low)}, {_pct(c.high)}]</td><td class='num'>{c.pairs}</td></tr>"
+        for c in (decision.comparisons if decision is not None else []))
     charts = "".join(chart_svg(canary, key, label) for key, label, _ in FIGURES)
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title><style>"
@@ -93,16 +94,16 @@ def render_html(canary: dict[str, Any], run_name: str, created: str) -> str:
             ".charts{display:flex;flex-wrap:wrap;gap:12px}svg.chart{border:1px solid #ddd}"
             "</style></head><body>"
             f"<h1>{html.escape(title)}</h1>"
-            f"<p><b>{html.escape(str(canary.get('outcome', '?')).upper())}</b>"
-            f"{' (' + html.escape(str(canary['action'])) + ')' if canary.get('action') else ''}: "
-            f"{html.escape(str(decision.get('why') or canary.get('why') or ''))}</p>"
-            f"<p>Canary {html.escape(', '.join(canary.get('hosts') or []))} against "
-            f"{html.escape(', '.join(canary.get('others') or []) or '-')}, "
-            f"{len(canary.get('intervals') or [])} interval(s), {canary.get('seconds', 0):g} s.</p>"
+            f"<p><b>{html.escape(canary.outcome.upper())}</b>"
+            f"{' (' + html.escape(canary.action) + ')' if canary.action else ''}: "
+            f"{html.escape(canary.why_decided)}</p>"
+            f"<p>Canary {html.escape(', '.join(canary.hosts))} against "
+            f"{html.escape(', '.join(canary.others or []) or '-')}, "
+            f"{len(canary.intervals or [])} interval(s), {canary.seconds or 0:g} s.</p>"
             f"<div class='charts'>{charts}</div>"
             "<table><thead><tr><th>figure</th><th>canary / others</th><th>interval</th><th>paired intervals</th>"
             f"</tr></thead><tbody>{rows}</tbody></table>"
-            f"<p>Rule: {html.escape(str(decision.get('rule') or '-'))}</p>"
+            f"<p>Rule: {html.escape(decision.rule if decision is not None else '-')}</p>"
             "</body></html>\n")
 
 
@@ -110,7 +111,7 @@ def _pct(value: Any) -> str:
     return f"{value:.1%}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
 
-def write(canary: dict[str, Any], run_name: str, directory: Path | None = None) -> Path:
+def write(canary: CanaryWindow, run_name: str, directory: Path | None = None) -> Path:
     """The page's path under ``$XDG_STATE_HOME/deployctl/canary/``; LocalStateError on failure."""
     directory = ensure_directory(directory or state_home() / "canary", "deployctl's canary report folder")
     now = datetime.now(timezone.utc)

@@ -69,10 +69,10 @@ def cells(r: HostReading) -> dict[str, str]:
     }
     if s.canary is not None:
         # a replica in its canary window serves a new drafter beside the others (fleet/canary.py)
-        figures = ", ".join(f"{name} {s.canary[key]:.1%}" for key, name in (("acceptance_ratio", "acceptance"),
-                                                                             ("speed_ratio", "speed"))
-                            if isinstance(s.canary.get(key), (int, float)))
-        row["detail"] = clean(f"CANARY in its live window, against {', '.join(s.canary['others']) or '-'}"
+        figures = ", ".join(f"{name} {ratio:.1%}" for ratio, name in ((s.canary.acceptance_ratio, "acceptance"),
+                                                                       (s.canary.speed_ratio, "speed"))
+                            if ratio is not None)
+        row["detail"] = clean(f"CANARY in its live window, against {', '.join(s.canary.others) or '-'}"
                               + (f": {figures} of theirs" if figures else "")
                               + (f"; {row['detail']}" if row["detail"] else ""), 160)
     return row

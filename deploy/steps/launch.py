@@ -82,9 +82,8 @@ def desired_record(ctx: StepContext) -> DeploymentRecord:
     fallback from a swap; a rollback relaunches the last good record as it was."""
     record = desired(ctx).record()
     update = ctx.memory.drafter_update
-    if ctx.memory.rollback_record is None and isinstance(update, dict) and update.get("how") == "reloaded":
-        return record.but(drafter_update=DrafterUpdate.model_validate(
-            {k: update[k] for k in ("how", "why", "asked", "sent", "at") if k in update}))
+    if ctx.memory.rollback_record is None and update is not None and update.how == "reloaded":
+        return record.but(drafter_update=update.without("verified"))
     return record
 
 

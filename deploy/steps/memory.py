@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from deploy.facts.server import RunSnapshot
-    from deploy.host.records import BenchMeasurement, ControlMeasurement, DeploymentRecord, GateVerdict, LastGood, QuarantineRecord
+    from deploy.host.records import (AcceptMeasurement, BenchMeasurement, ControlMeasurement, DeploymentRecord,
+                                     DrafterUpdate, GateVerdict, LastGood, QuarantineRecord)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -63,10 +64,10 @@ class StepMemory:
     #: the new drafter was swapped into the running server and verified: stop/free/launch/wait are skipped
     swapped: bool = False
     #: how the drafter was updated on this host ("swapped" and what was verified, or "reloaded" and why)
-    drafter_update: dict[str, Any] | None = None
+    drafter_update: DrafterUpdate | None = None
 
     # -- verification, benchmark, record-good ---------------------------------------------------------
-    verify: dict[str, Any] | None = None
+    verify: AcceptMeasurement | None = None
     bench: BenchMeasurement | None = None
     #: same-night-control (issue 39): the last good deployment's rounds measured tonight, before the stop
     control: ControlMeasurement | None = None

@@ -36,12 +36,12 @@ class Settings(StepSettings):
 def measurements(ctx: StepContext) -> Metrics:
     """This run's numbers, as the last good record keeps them."""
     found: dict[str, Any] = {"draft_tokens": ctx.draft_tokens}
-    verify = ctx.memory.verify or {}
+    verify = ctx.memory.verify
     bench = ctx.memory.bench
-    if verify.get("accept_length") is not None:
-        found["accept_length"] = verify["accept_length"]
+    if verify is not None:
+        found["accept_length"] = verify.accept_length
         # acceptance depends on the prompts: only one measured on the same prompt set compares
-        found["verify_settings"] = verify.get("settings")
+        found["verify_settings"] = verify.settings
     if bench is not None:
         # throughput depends on the dataset (its sha256), lengths and concurrency: only the same load compares;
         # the record has always named the measurement's settings bench_settings

@@ -163,7 +163,8 @@ def _state(ctx: StepContext) -> ServerState:
 def _reload(ctx: StepContext, reason: str, extra: dict | None = None) -> StepOutcome:
     asked, _ = requested_mode(ctx.run, _override(ctx))
     # the launch writes this into deployment.json (launch.desired_record): a fallback says it reloaded, and why
-    ctx.memory.drafter_update = {"how": "reloaded", "why": reason, "asked": asked, "at": _now()} | (extra or {})
+    ctx.memory.drafter_update = DrafterUpdate.model_validate(
+        {"how": "reloaded", "why": reason, "asked": asked, "at": _now()} | (extra or {}))
     return StepOutcome("skipped", f"reload: {reason}", {"path": "reload", "reason": reason} | (extra or {}))
 
 
@@ -267,7 +268,7 @@ def _swap(ctx: StepContext, state: ServerState, decision: SwapDecision) -> StepO
     ctx.execute(record_action(ctx, record, state.pid))
     memory = ctx.memory
     memory.swapped, memory.pid, memory.log, memory.deployment = True, state.pid, state.record.log, record
-    memory.drafter_update = {"how": "swapped", "verified": verified}
+    memory.drafter_update = DrafterUpdate(how="swapped", verified=verified)
     return StepOutcome("ok", f"swapped into pid {state.pid} in {summary.seconds:.1f} s (new requests held up to "
                              f"{summary.held_s:.2f} s by SGLang's model-update lock): weight_version "
                              f"{str(fingerprint)[:12]}, accept length {verified.get('accept_length')}, no restart",

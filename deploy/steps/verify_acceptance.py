@@ -20,6 +20,7 @@ from deploy.base.errors import VerificationFailed
 from deploy.facts.host_helper import accept_check_command, parse_accept_check
 from deploy.steps.base import Command, StepContext, StepOutcome, StepSettings
 from deploy.host.sglang_argv import probe_address
+from deploy.host.records import AcceptMeasurement
 
 NAME = "verify-acceptance"
 
@@ -71,9 +72,11 @@ def run(ctx: StepContext) -> StepOutcome:
     if not document["ok"]:
         raise VerificationFailed(f"{ctx.host.name}: could not measure acceptance: {document.get('error')}")
     length = float(document["accept_length"])
-    data = {k: document.get(k) for k in ("accept_length", "completion_tokens", "spec_verify_ct", "server_avg_spec_accept_length")}
-    data["settings"] = prompt_set(ctx)
-    ctx.memory.verify = data
+    measured = AcceptMeasurement.model_validate(
+        {k: document.get(k) for k in ("accept_length", "completion_tokens", "spec_verify_ct",
+                                      "server_avg_spec_accept_length")} | {"settings": prompt_set(ctx)})
+    data = measured.model_dump()
+    ctx.memory.verify = measured
     simulated = simulated_acceptance(ctx.memory.doctor_checks)
     if simulated:  # the doctor ran (--ignore-doctor too) and found the knob: no number proves anything
         raise VerificationFailed(f"{ctx.host.name}: accept length {length:.2f} is simulated, not measured: {simulated}")

@@ -123,9 +123,11 @@ class DeployResult:
 
     @property
     def router(self) -> dict[str, Any] | None:
-        """``down`` behind a router: what became of the router (fleet.phases.DownResult), else None."""
+        """``down`` behind a router: what became of the router (fleet.phases.DownResult's DownRouter) as
+        ``--json`` prints it, else None."""
         phased = self.ran.phased if self.ran is not None else None
-        return getattr(phased, "router", None)
+        router = getattr(phased, "router", None)
+        return router.document() if router is not None else None
 
 
 def prepare(request: DeployRequest, config: Config) -> Prepared:

@@ -143,15 +143,15 @@ def read_router(config: Config, run: Run, jumps: JumpConnections) -> dict[str, A
                 row["package"] = {"name": installed.name, "version": installed.version}
             except DeployError as exc:
                 row["package"] = {"error": str(exc)}
-            if state.get("alive"):  # the running router's package, from its command line
-                running = running_package(str(state.get("cmdline") or ""))
+            if state.alive:  # the running router's package, from its command line
+                running = running_package(state.cmdline)
                 row["running_package"] = running
                 row["package_text"] = package_text(running, installed)
-            row.update(url=router.url, pid=state.get("pid"), alive=bool(state.get("alive")),
-                       answering=bool(state.get("alive")) and state.get("status") == 200,
-                       workers=[{"url": w["url"], "healthy": w["is_healthy"]} for w in state.get("workers", [])])
-            if state.get("note"):
-                row["note"] = str(state["note"])
+            row.update(url=router.url, pid=state.pid, alive=state.alive,
+                       answering=state.alive and state.status == 200,
+                       workers=[{"url": w.url, "healthy": w.is_healthy} for w in state.workers or []])
+            if state.note:
+                row["note"] = state.note
     except DeployError as exc:
         row["error"] = str(exc)
         row["exit_code"] = int(exc.exit_code)

@@ -407,8 +407,8 @@ def _prom_values(r: HostReading, now: float) -> dict[str, float | None]:
             "deployctl_status_queued_requests": None if s.live.queued is None else float(s.live.queued),
             "deployctl_status_uptime_seconds": s.uptime_s,
             "deployctl_status_canary": float(s.canary is not None),
-            "deployctl_status_canary_acceptance_ratio": (s.canary or {}).get("acceptance_ratio"),
-            "deployctl_status_canary_speed_ratio": (s.canary or {}).get("speed_ratio"),
+            "deployctl_status_canary_acceptance_ratio": s.canary.acceptance_ratio if s.canary else None,
+            "deployctl_status_canary_speed_ratio": s.canary.speed_ratio if s.canary else None,
         }
     return values
 

@@ -203,7 +203,7 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     # command builders and strict parsers; the doctor"s judgements over them
     ("facts", {
         "deploy.facts": ("__init__", "bench", "canary", "doctor", "drafter_swap", "fixer", "fuser", "gpus", "helpers",
-                         "host_helper", "inline", "quarantine", "server", "status"),
+                         "host_helper", "inline", "quarantine", "router", "server", "status"),
         "deploy.doctor": ("__init__", "before_stop", "checks", "sglang_options", "speculation", "suspects",
                           "verdict"),
     }),

@@ -13,6 +13,8 @@ from pydantic import ValidationError
 from deploy.base.errors import RemoteOutputError, UsageError
 from deploy.config import load_config
 from deploy.config.models import CanarySpec, Host
+from deploy.facts.router import Worker
+from deploy.host.records import CanaryWindow
 from deploy.facts.canary import combined, interval, parse_instant, side
 from deploy.fleet.phases import HostPhase
 from deploy.fleet.rollout import Rollout
@@ -241,9 +243,13 @@ def test_status_shows_the_windows_figures_so_far():
     document = _document("metrics_with_traffic")
     mark = {"run": "r", "since": 10.0, "until": 1000.0, "pid": document["pid"], "others": ["b"],
             "acceptance_ratio": 0.912, "speed_ratio": 1.004, "intervals": 20, "canary_requests": 140.0,
-            "outcome": "watching", "speed": -1}
+            "outcome": "watching"}
     fact = facts.parse_status(0, json.dumps(document | {"canary": mark, "now": 100.0}) + "\n", "", "gpu-a")
-    assert fact.canary is not None and fact.canary["acceptance_ratio"] == 0.912 and "speed" not in fact.canary
+    assert fact.canary is not None and fact.canary.acceptance_ratio == 0.912
+    # status --json keeps the figures, never the PID or the outcome
+    assert fact.model_dump(mode="json")["canary"] == {"run": "r", "since": 10.0, "until": 1000.0, "others": ["b"],
+                                                      "acceptance_ratio": 0.912, "speed_ratio": 1.004,
+                                                      "intervals": 20, "canary_requests": 140.0}
     reading = status.HostReading(Host(name="a", address="10.0.0.1", gpus=8, state_dir="~/s"), fact, configured=True,
                                  verdict=status.Verdict("healthy"))
     assert cells(reading)["detail"].startswith("CANARY in its live window, against b: acceptance 91.2%, speed 100.4% "
@@ -254,7 +260,33 @@ def test_status_shows_the_windows_figures_so_far():
 
 
 
-def test_the_canary_page_charts_the_canary_against_the_others(tmp_path):
+@pytest.mark.parametrize("change,field", [({"speed": -1}, "speed"), ({"intervals": "20"}, "intervals"),
+                                          ({"acceptance_ratio": True}, "acceptance_ratio"), ({"run": None}, "run"),
+                                          ({"schema_version": 2}, "schema_version")])
+def test_a_canary_mark_of_another_shape_is_a_note_naming_the_field_and_status_reads_on(change, field):
+    from tests.unit.test_status import _document
+    from deploy.facts import status as facts
+
+    document = _document("metrics_with_traffic")
+    mark = {"run": "r", "since": 10.0, "until": 1000.0, "pid": document["pid"], "others": ["b"]} | change
+    fact = facts.parse_status(0, json.dumps(document | {"canary": mark, "now": 100.0}) + "\n", "", "gpu-a")
+    assert fact.canary is None and fact.alive
+    assert any(n.startswith("canary.json is not a canary mark of this deployctl's (") and field in n
+               for n in fact.notes), fact.notes
+
+
+def test_a_canary_marks_figure_that_is_not_finite_or_is_negative_is_not_shown():
+    from tests.unit.test_status import _document
+    from deploy.facts import status as facts
+
+    document = _document("metrics_with_traffic")
+    mark = {"run": "r", "since": 10.0, "until": 1000.0, "pid": document["pid"], "others": ["b"],
+            "acceptance_ratio": -0.5, "speed_ratio": 1.0}
+    fact = facts.parse_status(0, json.dumps(document | {"canary": mark, "now": 100.0}) + "\n", "", "gpu-a")
+    assert fact.canary is not None and fact.canary.acceptance_ratio is None and fact.canary.speed_ratio == 1.0
+
+
+def test_the_canary_page_charts_the_canary_against_the_others(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from deploy.cli.common import write_canary_report
@@ -263,12 +295,13 @@ def test_the_canary_page_charts_the_canary_against_the_others(tmp_path):
 
     intervals = window(40, 0.8, 1, speed_ratio=1.0)
     decision = decide(intervals, Settings(min_requests=100, looks=40))
-    canary = {"hosts": ["a"], "others": ["b", "c"], "outcome": decision.outcome, "action": "rolled back, quarantined",
+    canary = CanaryWindow.model_validate({
+              "hosts": ["a"], "others": ["b", "c"], "outcome": decision.outcome, "action": "rolled back, quarantined",
               "seconds": 41.0, "decision": decision.to_dict(),
               "intervals": [{"at": i.at, "canary": {"accept": i.canary.accept, "requests": i.canary.requests,
                                                     "token_s": i.canary.token_s},
                              "others": {"accept": i.others.accept, "requests": i.others.requests,
-                                        "token_s": i.others.token_s}} for i in intervals]}
+                                        "token_s": i.others.token_s}} for i in intervals]})
     from deploy.render.canary_report import render_html, write
 
     page = render_html(canary, "r<x>", "2026-12-04T15:00:00+00:00")
@@ -277,8 +310,12 @@ def test_the_canary_page_charts_the_canary_against_the_others(tmp_path):
     assert "Hodges-Lehmann" in page
     path = write(canary, "r", tmp_path)
     assert path.parent == tmp_path and path.name.startswith("report-") and path.read_text().count("<svg") == 2
-    result = SimpleNamespace(canary={"outcome": "not-run", "intervals": []})
+    result = SimpleNamespace(canary=CanaryWindow(hosts=["a"], outcome="not-run", intervals=[]))
     assert write_canary_report(result, "r") is None
+    ran = SimpleNamespace(canary=canary)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    written = write_canary_report(ran, "r")
+    assert written is not None and ran.canary.report_html == written and canary.report_html is None
 
 
 class FakeRouter:
@@ -290,7 +327,7 @@ class FakeRouter:
         self.asked: list = []
 
     def workers(self):
-        return [{"url": f"http://{n}:1", "is_healthy": True} for n in ("a", "b", "c")]
+        return [Worker(id=n, url=f"http://{n}:1", is_healthy=True) for n in ("a", "b", "c")]
 
     def watch_metrics(self, urls, interval, window, observe):
         self.asked.append((urls, interval, window))
@@ -342,7 +379,7 @@ def test_the_window_promotes_a_canary_that_keeps_up(monkeypatch):
     assert action(state).startswith("PROMOTED: acceptance")
     assert went_back == [] and marks == ["mark", "unmark"]
     assert router.asked == [(["http://a:1", "http://b:1", "http://c:1"], 1.0, 30.0)]
-    assert state.memory.canary["outcome"] == "promote" and state.memory.canary["action"] == "promoted"
+    assert state.memory.canary.outcome == "promote" and state.memory.canary.action == "promoted"
     assert state.reports["a"].facts["canary"]["outcome"] == "promote"
     assert updates and all(n % 10 == 0 for n in updates)  # the mark's figures, every 10 intervals while watching
 
@@ -355,7 +392,7 @@ def test_the_window_rolls_back_a_canary_that_accepts_less(monkeypatch):
         action(state)
     assert exc.value.exit_code == 12 and "canary: live acceptance" in str(exc.value)
     assert [cause for _, cause in went_back] == ["canary: live acceptance"]
-    assert state.memory.canary["action"] == "rolled back, quarantined"
+    assert state.memory.canary.action == "rolled back, quarantined"
 
 
 @pytest.mark.parametrize("inconclusive", ["keep", "promote"])
@@ -378,7 +415,7 @@ def test_a_signal_in_the_window_goes_back_to_the_last_good_and_is_raised_again(m
     with pytest.raises(KeyboardInterrupt):
         action(state)
     assert went_back == [("a signal came during the canary window", None)] and marks == ["mark", "unmark"]
-    assert state.memory.canary["outcome"] == "interrupted"
+    assert state.memory.canary.outcome == "interrupted"
 
 
 def test_no_window_when_the_canary_batch_deployed_nothing_new(monkeypatch):
@@ -402,17 +439,20 @@ def test_a_read_of_another_shape_ends_the_window_on_the_last_good_drafter(monkey
         action(state)
     assert went_back and went_back[0][0].startswith("the window's reads failed: a: canary read: no read of")
     assert went_back[0][1] is None and marks == ["mark", "unmark"]
-    assert state.memory.canary["outcome"] == "failed"
+    assert state.memory.canary.outcome == "failed"
 
 
 def test_the_plain_fleet_report_says_the_canary_decision(capsys):
     from deploy.fleet.phases import PhaseRecord, RunResult
     from deploy.fleet.plan import fleet_report, print_fleet_report
 
-    canary = {"hosts": ["a"], "others": ["b", "c"], "outcome": "roll-back", "action": "rolled back, quarantined",
-              "line": "acceptance 80.0% [75.0%, 85.0%] over 24 interval(s), 212 canary requests: ROLL-BACK: ..."}
+    canary = CanaryWindow(hosts=["a"], others=["b", "c"], outcome="roll-back", action="rolled back, quarantined",
+                          line="acceptance 80.0% [75.0%, 85.0%] over 24 interval(s), 212 canary requests: ROLL-BACK: ...")
     result = RunResult([], [PhaseRecord("canary window a", "failed", "x", 1.0, 12)], canary=canary)
     print_fleet_report(result)
     out = capsys.readouterr().out
     assert "canary a against b, c: acceptance 80.0% [75.0%, 85.0%]" in out and "-> rolled back, quarantined" in out
-    assert fleet_report(result)["canary"] is canary
+    # --json prints the keys in the order the window has always had them
+    assert json.dumps(fleet_report(result)["canary"]) == (
+        '{"hosts": ["a"], "others": ["b", "c"], "outcome": "roll-back", "line": "acceptance 80.0% [75.0%, 85.0%] '
+        'over 24 interval(s), 212 canary requests: ROLL-BACK: ...", "action": "rolled back, quarantined"}')

@@ -16,6 +16,7 @@ from deploy.config.models import Host, Run
 from deploy.base.errors import ConfigError, ExitCode, RemoteOutputError
 from deploy.fleet.nodes import dist_init_addr, group_fields, matching_group, node_run
 from deploy.host.records import DeploymentRecord, LastGood
+from deploy.facts.router import Worker
 from deploy.fleet.rollout import batches, check_serial, default_serial
 from deploy.fleet.router_package import RouterPackage
 from deploy.fleet.router import (FLEET_OPS, modern_api, parse_loads, parse_workers, router_argv, start_command,
@@ -86,14 +87,15 @@ CAPTURED_WORKERS = (
 
 def test_parse_workers_captured_from_the_real_router():
     workers = parse_workers(CAPTURED_WORKERS, "a")
-    assert [(w["id"][:8], w["url"], w["is_healthy"]) for w in workers] == [
+    assert [(w.id[:8], w.url, w.is_healthy) for w in workers] == [
         ("019df326", "http://127.0.0.1:38001", True), ("eada6157", "http://127.0.0.1:38002", True)]
 
 
 def test_parse_workers_both_apis():
     assert parse_workers(json.dumps(WORKERS_03), "a") == [
-        {"id": "019d", "url": "http://10.0.0.1:30000", "is_healthy": True, "load": 0}]
-    assert parse_workers(json.dumps({"urls": ["http://x:1"]}), "a")[0]["url"] == "http://x:1"
+        Worker(id="019d", url="http://10.0.0.1:30000", is_healthy=True, load=0)]
+    assert parse_workers(json.dumps({"urls": ["http://x:1"]}), "a") == [
+        Worker(id="http://x:1", url="http://x:1", is_healthy=True)]
 
 
 @pytest.mark.parametrize("body", [

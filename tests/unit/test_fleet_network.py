@@ -10,6 +10,7 @@ import pytest
 from deploy.cli.main import main
 from deploy.config.models import Host, Run
 from deploy.fleet.router import loopback_problem, worker_url
+from deploy.facts.router import HttpAnswer, MembersLine, RouterState, Worker
 from deploy.host.sglang_argv import probe_address
 
 from tests.fixtures import fleet_config  # noqa: E402
@@ -191,7 +192,7 @@ class FakeRouter:
         self.host, self.url = SimpleNamespace(name="a"), "http://10.0.0.1:30080"
 
     def state(self):
-        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        return RouterState.model_validate(self.states.pop(0) if len(self.states) > 1 else self.states[0])
 
     def log_tail(self):
         return "\x1b[31mERROR\x1b[0m panicked"
@@ -216,7 +217,7 @@ ALIVE = {"pid": 10, "alive": True, "status": 200}
 def test_a_router_never_seen_is_not_running_yet_and_one_seen_then_gone_stops_the_roll():
     state = fake_state()
     assert watch(state, FakeRouter([{"pid": None, "alive": False}]), "x") is None
-    assert watch(state, FakeRouter([ALIVE]), "x") == ALIVE and state.memory.router_pid == 10
+    assert watch(state, FakeRouter([ALIVE]), "x") == RouterState(**ALIVE) and state.memory.router_pid == 10
     for gone, fragment in (({"pid": 10, "alive": False}, "died"), ({"pid": 11, "alive": True, "status": 200}, "replaced"),
                            ({"pid": 10, "alive": True, "status": None}, "stopped answering")):
         with pytest.raises(RouterLost) as lost:
@@ -304,6 +305,12 @@ def _members_line(workers: list[dict], alive: bool = True) -> dict:
     return {"state": {"alive": alive, "pid": 10}, "workers": {"status": 200, "body": json.dumps({"workers": workers})}}
 
 
+def _seen(line: dict) -> dict:
+    """A membership line as ``MembershipWait.observe`` gets it (parsed strictly, facts/router.py)."""
+    got = MembersLine.model_validate(line)
+    return {"state": got.state, "workers": got.workers}
+
+
 def test_out_of_rotation_starts_when_smg_lists_the_removed_worker_unhealthy_not_when_it_leaves():
     from deploy.fleet.router import MembershipWait
 
@@ -312,12 +319,12 @@ def test_out_of_rotation_starts_when_smg_lists_the_removed_worker_unhealthy_not_
     # drain settle (sent nothing new), then gone; one observation every 0.2 s from 100.0
     lists = [[{"url": url, "is_healthy": True}]] + [[{"url": url, "is_healthy": False}]] * 26 + [[]]
     wait = MembershipWait("a", "/workers", set(), frozenset({url}), False, None, 160.0, 60)
-    decided = [wait.observe(**_members_line([{"id": "1", **w} for w in workers]), polled=100.0 + 0.2 * i)
+    decided = [wait.observe(**_seen(_members_line([{"id": "1", **w} for w in workers])), polled=100.0 + 0.2 * i)
                for i, workers in enumerate(lists)]
     assert decided == [False] * 27 + [True]
     assert wait.done_at == pytest.approx(100.2)                       # 5.2 s earlier than "gone" (105.4)
     out_only = MembershipWait("a", "/workers", set(), frozenset({url}), True, None, 160.0, 60)
-    assert [out_only.observe(**_members_line([{"id": "1", **w} for w in workers]), polled=100.0 + 0.2 * i)
+    assert [out_only.observe(**_seen(_members_line([{"id": "1", **w} for w in workers])), polled=100.0 + 0.2 * i)
             for i, workers in enumerate(lists[:2])] == [False, True] and out_only.done_at == pytest.approx(100.2)
 
 
@@ -326,33 +333,33 @@ def test_a_membership_wait_names_a_dead_router_and_times_out_naming_what_it_wait
 
     url = "http://10.0.0.2:30000"
     started = MembershipWait("a", "/workers", {url}, frozenset(), False, 10, 160.0, 60)
-    assert started.observe(**_members_line([], alive=False), polled=100.0) and started.died == "launched"
+    assert started.observe(**_seen(_members_line([], alive=False)), polled=100.0) and started.died == "launched"
     gone = MembershipWait("a", "/workers", {url}, frozenset(), False, None, 160.0, 60)
-    refused = {"state": {"alive": False}, "workers": {"status": None, "error": "refused", "body": ""}}
-    assert gone.observe(**refused, polled=100.0) and gone.died == "membership"
+    refused = {"state": {"alive": False, "pid": None}, "workers": {"status": None, "error": "refused", "body": ""}}
+    assert gone.observe(**_seen(refused), polled=100.0) and gone.died == "membership"
     late = MembershipWait("a", "/workers", {url}, frozenset(), False, None, 160.0, 60)
-    assert not late.observe(**_members_line([{"id": "1", "url": url, "is_healthy": False}]), polled=159.9)
+    assert not late.observe(**_seen(_members_line([{"id": "1", "url": url, "is_healthy": False}])), polled=159.9)
     with pytest.raises(StepTimeout, match=r"after 60 s: waiting for \['http://10.0.0.2:30000'\]"):
-        late.observe(**_members_line([{"id": "1", "url": url, "is_healthy": False}]), polled=160.1)
+        late.observe(**_seen(_members_line([{"id": "1", "url": url, "is_healthy": False}])), polled=160.1)
 
 
 def test_a_drain_ends_at_zero_twice_a_quarter_second_apart_or_when_the_worker_does_not_answer():
     from deploy.fleet.router import DrainWait
 
     def loads(n):
-        return {"status": 200, "body": json.dumps({"loads": [{"num_running_reqs": n, "num_waiting_reqs": 0}]})}
+        return HttpAnswer(status=200, body=json.dumps({"loads": [{"num_running_reqs": n, "num_waiting_reqs": 0}]}))
 
     drain = DrainWait("http://w", 30, 100.0)
     answers = [loads(2), loads(0), loads(1), loads(0), loads(0), loads(0), loads(0)]
     decided = [drain.observe(got, 100.1 + 0.1 * i) for i, got in enumerate(answers)]
     assert decided == [False] * 6 + [True] and drain.seconds == pytest.approx(0.7)  # zero at 100.4, again 100.7
     silent = DrainWait("http://w", 30, 100.0)
-    assert silent.observe({"status": None, "error": "refused", "body": ""}, 100.1) and silent.seconds == pytest.approx(0.1)
+    assert silent.observe(HttpAnswer(status=None, error="refused", body=""), 100.1) and silent.seconds == pytest.approx(0.1)
     busy = DrainWait("http://w", 30, 100.0)
     with pytest.raises(StepTimeout, match="still 2 request"):
         busy.observe(loads(2), 130.1)
     with pytest.raises(RemoteOutputError, match="/v1/loads answered"):
-        DrainWait("http://w", 30, 100.0).observe({"status": 200, "body": "{}"}, 100.1)
+        DrainWait("http://w", 30, 100.0).observe(HttpAnswer(status=200, body="{}"), 100.1)
 
 
 def test_a_roll_removes_without_waiting_out_smgs_drain_settle_and_waits_for_it_before_the_add(monkeypatch):
@@ -370,8 +377,8 @@ def test_a_roll_removes_without_waiting_out_smgs_drain_settle_and_waits_for_it_b
     router = RouterHost(SimpleNamespace(), host, Run(name="r", hosts=["a"], base_model="/m", drafter="/d",
                                                      router=RouterSpec(host="a")))
     router.package = lambda: SimpleNamespace(workers_api=True)
-    router.workers = lambda: [{"id": "1", **w} for w in lists.pop(0)]
-    router._do = lambda call: sent.append(call) or {"status": 202}
+    router.workers = lambda: [Worker(id="1", **w) for w in lists.pop(0)]
+    router._do = lambda call: sent.append(call) or {"status": 202, "body": ""}
 
     def poll(call, observe):  # the host-side loop: one line every 0.2 s
         loops.append(call.command)

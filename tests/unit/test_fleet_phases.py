@@ -27,6 +27,7 @@ from deploy.engine.playbook import load_playbook
 from deploy.engine.records import RunOptions
 from deploy.fleet.phases import HostPhase, RunState
 from deploy.fleet.plan import plan_fleet
+from deploy.facts.router import DownRouter, EndToEnd, Worker
 from deploy.fleet.rolling import down_remove, down_stop, fleet_phases
 from deploy.fleet.rollout import Rollout
 from deploy.fleet.router import RouterCalls, RouterHost
@@ -139,7 +140,7 @@ class SimulatedRouter:
             return json.dumps({"reach": [{"url": u, "reachable": True} for u in args[:args.index("--timeout")]]})
         if op == "stop-router":
             self.alive = False
-            return json.dumps({"stopped": True, "pid": self.pid, "signal": "TERM"})
+            return json.dumps({"pid": self.pid, "stopped": True, "signal": "TERM", "note": ""})
         if op == "request":
             return json.dumps(self._request(args[0], args[1], args[2] if len(args) > 2 and args[2] != "--timeout"
                                             else None))
@@ -274,7 +275,7 @@ def test_every_router_command_a_fleet_run_sends_is_one_its_plan_lists_for_that_p
     assert {p: c for p, c in found.items() if c} == {}
     assert len(router.sent) > 10
     if raised is None:
-        assert raised_names == [] and state.memory.end_to_end == {"text": "ok"}
+        assert raised_names == [] and state.memory.end_to_end == EndToEnd(text="ok")
     else:
         assert any(raised in r for r in raised_names), raised_names
         assert router.alive  # the router that died was started again (router-add, after the failure too)
@@ -291,8 +292,8 @@ def test_a_canary_rolls_window_sends_only_what_its_plan_lists(tmp_path):
     found = walk(state, router, fleet_phases(rollout, playbook), planned)
     assert found.pop("raised", []) == [] and {p: c for p, c in found.items() if c} == {}
     window = next(p for p in found if p.startswith("canary window"))
-    assert state.memory.canary["action"] == "promoted" and window
-    assert any(" metrics " in c for c in router.sent) and state.memory.end_to_end == {"text": "ok"}
+    assert state.memory.canary.action == "promoted" and window
+    assert any(" metrics " in c for c in router.sent) and state.memory.end_to_end == EndToEnd(text="ok")
 
 
 @pytest.mark.parametrize("hosts", [("b",), ()], ids=["down --host b", "down"])
@@ -300,12 +301,12 @@ def test_downs_router_phases_send_only_what_the_plan_of_down_lists(tmp_path, hos
     router = SimulatedRouter()
     config, rollout, endpoints, state = setting(tmp_path, "down", router, hosts)
     planned = plan_fleet(config, rollout, None, endpoints)["phases"]
-    result: dict = {}
+    result = [DownRouter(host="a")]
     phase = down_remove(list(rollout.hosts), result) if hosts else down_stop(result)
     found = walk(state, router, [phase], planned)
     assert found == {phase.name: []} and router.sent
-    assert (result["removed"] == [URLS["b"]] and URLS["b"] not in router.workers) if hosts else \
-        (result["stopped"] and not router.alive)
+    assert (result[0].removed == [URLS["b"]] and URLS["b"] not in router.workers) if hosts else \
+        (result[0].stopped and not router.alive)
 
 
 def test_a_command_the_plan_does_not_list_is_found():
@@ -337,11 +338,11 @@ def test_the_last_healthy_worker_rule_is_one_function_both_refusals_ask():
     assert not empties_the_router(1, 1, False) and not empties_the_router(0, 0, False)
     config = load_config_text()
     run, hosts = config.runs[0], config.hosts_of(config.runs[0])
-    members = [{"url": URLS["a"], "is_healthy": True}, {"url": URLS["b"], "is_healthy": False}]
+    members = [Worker(id="1", url=URLS["a"], is_healthy=True), Worker(id="2", url=URLS["b"], is_healthy=False)]
     refused = last_healthy_worker(hosts[:1], members, [URLS["a"]], False)
     assert isinstance(refused, LastHealthyWorker) and "b" not in refused.args[0].split("members")[0]
     assert last_healthy_worker(hosts[:1], members, [URLS["a"]], True) is None
-    assert last_healthy_worker(hosts[:1], members + [{"url": URLS["c"], "is_healthy": True}], [URLS["a"]],
+    assert last_healthy_worker(hosts[:1], members + [Worker(id="3", url=URLS["c"], is_healthy=True)], [URLS["a"]],
                                False) is None
     with pytest.raises(UsageError, match="nothing would serve"):
         check_serial(3, hosts, run, False)

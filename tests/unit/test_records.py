@@ -14,12 +14,13 @@ import pytest
 
 from deploy.base.errors import RemoteOutputError
 from deploy.host import records
-from deploy.host.records import (BenchMeasurement, ControlMeasurement, DeploymentRecord, GateVerdict, LastGood,
-                                 QuarantineRecord, record_of)
+from deploy.host.records import (BenchMeasurement, CanaryMark, ControlMeasurement, DeploymentRecord, GateVerdict,
+                                 LastGood, QuarantineRecord, record_of)
 
 #: records as the main branch before issue 37 wrote them (no schema_version), one file each
 ON_DISK = Path(__file__).resolve().parents[1] / "records"
-MODEL_OF = {"deployment": DeploymentRecord, "last-good": LastGood, "quarantine": QuarantineRecord}
+MODEL_OF = {"deployment": DeploymentRecord, "last-good": LastGood, "quarantine": QuarantineRecord,
+            "canary": CanaryMark}
 
 
 def _valid() -> dict[type[records.Record], dict[str, Any]]:
@@ -30,7 +31,8 @@ def _valid() -> dict[type[records.Record], dict[str, Any]]:
              "output_tok_s_rounds": [560.0]}
     return {DeploymentRecord: {"argv": []}, LastGood: {"argv": []}, QuarantineRecord: {"entries": {}},
             BenchMeasurement: bench, ControlMeasurement: {"output_tok_s_rounds": rounds},
-            GateVerdict: judge(rounds, rounds, 0.9).verdict().document()}
+            GateVerdict: judge(rounds, rounds, 0.9).verdict().document(),
+            CanaryMark: {"run": "r", "since": 10.0, "until": 670.0, "pid": 4242, "others": ["b"]}}
 
 
 VALID = _valid()

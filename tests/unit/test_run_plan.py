@@ -78,7 +78,7 @@ class Recorded:
 
     ANSWER = {"status": 200, "body": json.dumps({"workers": [
         {"id": "w1", "url": "http://10.0.0.2:30000", "is_healthy": True}], "text": "ok",
-        "loads": [{"num_running_reqs": 0}]}), "version": "0.3.2"}
+        "loads": [{"num_running_reqs": 0}]})}
 
     def check(self, command, timeout=None, what=""):
         self.commands.append(command)
@@ -91,7 +91,7 @@ class Recorded:
         from types import SimpleNamespace
 
         self.commands.append(command)
-        line = json.dumps({"state": {"alive": True}, "workers": self.ANSWER} if " members " in command else self.ANSWER)
+        line = json.dumps({"state": {"alive": True, "pid": 1}, "workers": self.ANSWER} if " members " in command else self.ANSWER)
         for _ in range(20):
             if on_line(line):
                 return SimpleNamespace(exit_code=None, stderr="")

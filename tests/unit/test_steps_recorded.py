@@ -15,6 +15,7 @@ import pytest
 
 from deploy.base.errors import (BenchmarkHarnessFailed, ConnectionFailed, ExitCode, RemoteCommandFailed, RemoteOutputError,
                            StepTimeout, VerificationFailed)
+from deploy.host.records import AcceptMeasurement
 from deploy.facts.fuser import NO_DEVICE_FILES
 from deploy.steps import (converge, ensure_helper, launch, free_gpus, record_good, regression_gate, stop_stale, verify_acceptance,
                           wait_gpus_free, wait_ready)
@@ -166,7 +167,7 @@ def test_wait_gpus_free_unexpected_watch_output_is_never_free(line):
 
 def test_regression_gate_without_a_last_good_record_makes_this_the_baseline():
     conn = RecordingTransport(HOST, [Reply(r"last-good\.json", stdout="")])
-    outcome = regression_gate.run(ctx(regression_gate, conn, memory=StepMemory(verify={"accept_length": 3.1})))
+    outcome = regression_gate.run(ctx(regression_gate, conn, memory=StepMemory(verify=AcceptMeasurement(accept_length=3.1, settings={}))))
     assert "becomes the baseline" in outcome.detail and conn.commands[0].count("/home/deploy/") == 0
 
 
@@ -210,11 +211,11 @@ def test_verify_acceptance_records_the_measured_accept_length():
                                            stdout=_accept())])
     memory = StepMemory()
     outcome = verify_acceptance.run(ctx(verify_acceptance, conn, memory=memory))
-    assert outcome.status == "ok" and memory.verify["accept_length"] == 3.02
+    assert outcome.status == "ok" and memory.verify.accept_length == 3.02
     # measured on the built-in prompt set, named by its sha256 (the regression gate compares like with like)
     from deploy.local import datasets
 
-    assert memory.verify["settings"]["prompts_sha256"] == datasets.builtin().sha256
+    assert memory.verify.settings["prompts_sha256"] == datasets.builtin().sha256
     argv = shlex.split(conn.commands[-1])
     sent = json.loads(argv[argv.index("--prompts-json") + 1])
     assert sent == datasets.verify_prompts(4) and len({p.split()[0] for p in sent}) == 4

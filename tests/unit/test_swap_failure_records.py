@@ -182,7 +182,7 @@ def test_tensors_out_and_not_verified_is_swap_failed_and_a_reload(case):
         assert "exited with code 1; its last words: 'RecursionError: maximum recursion depth exceeded'" in outcome.detail
     if case in ("killed-exit-137", "oom-exit-9"):
         assert "killed: SIGKILL" in outcome.detail and "with no output" in outcome.detail
-    assert ctx.memory.drafter_update["how"] == "reloaded" and not ctx.memory.swapped
+    assert ctx.memory.drafter_update.how == "reloaded" and not ctx.memory.swapped
 
 
 @pytest.mark.parametrize("case", sorted(NOT_SENT))
