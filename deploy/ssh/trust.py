@@ -20,6 +20,7 @@ import fnmatch
 import os
 import stat
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,13 +72,49 @@ def host_matches(patterns: list[str], hostname: str) -> bool:
     return matched
 
 
+#: (path, device, inode, size, mtime) -> (plain entries, revoked, skipped) of that version of the file
+_parsed: dict[tuple, tuple[list, list, list[int]]] = {}
+_parsed_lock = threading.Lock()
+
+
 def load_known_hosts(path: Path) -> KnownHosts:
     """Read a known_hosts file the way OpenSSH does (see the module docstring).
 
     Raises ConnectionFailed (exit 4) when the file cannot be read or is not a known_hosts file
     by its size; a missing file is the caller's decision.
+
+    Each version of a file is parsed once per process (issue 37: every host of a 100-host run parsed
+    the same 100-line file, 10,000 key parses, a cost per host that grew with the fleet). The
+    version is the file's identity, size and mtime: a key that accept-new records, or an edit,
+    makes the next connection read the file again. Every caller gets its own entries: what
+    paramiko adds for one host never reaches another's.
     """
     import paramiko
+    from paramiko.hostkeys import HostKeyEntry
+
+    try:
+        st = os.stat(path)
+        version: tuple | None = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        version = None  # read_bounded below says why
+    with _parsed_lock:
+        parsed = _parsed.get(version) if version is not None else None
+    if parsed is None:
+        parsed = _parse_known_hosts(path)
+        if version is not None:
+            with _parsed_lock:
+                _parsed[version] = parsed
+    plain, revoked, skipped = parsed
+    known = KnownHosts(path=path, host_keys=paramiko.HostKeys(), revoked=list(revoked), skipped=list(skipped))
+    known.host_keys = _revocation_aware(known)
+    # the same bookkeeping as paramiko's HostKeys.load, for pre-parsed entries (fresh entry objects:
+    # paramiko's HostKeys.add replaces an entry's key in place)
+    known.host_keys._entries.extend(HostKeyEntry(list(e.hostnames), e.key) for e in plain)  # type: ignore[attr-defined]  # paramiko has no public API for it
+    return known
+
+
+def _parse_known_hosts(path: Path) -> tuple[list, list, list[int]]:
+    """(plain entries, (host patterns, key) of each @revoked line, skipped line numbers) of the file."""
     from paramiko.hostkeys import HostKeyEntry
 
     from deploy.base.limits import InputTooLarge, read_bounded
@@ -89,8 +126,9 @@ def load_known_hosts(path: Path) -> KnownHosts:
     except OSError as exc:
         raise ConnectionFailed(f"cannot read known_hosts file {path}: {exc.strerror or exc}") from None
     text = raw.decode("utf-8", errors="replace")
-    known = KnownHosts(path=path, host_keys=paramiko.HostKeys())
     plain: list = []
+    revoked: list = []
+    skipped: list[int] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -100,26 +138,23 @@ def load_known_hosts(path: Path) -> KnownHosts:
             marker, _, line = line.partition(" ")
             line = line.strip()
             if marker not in ("@revoked", "@cert-authority"):
-                known.skipped.append(lineno)  # OpenSSH skips a line with an unknown marker
+                skipped.append(lineno)  # OpenSSH skips a line with an unknown marker
                 continue
             if marker == "@cert-authority":
-                known.skipped.append(lineno)  # host certificates: not verified by paramiko
+                skipped.append(lineno)  # host certificates: not verified by paramiko
                 continue
         try:
             entry = HostKeyEntry.from_line(line, lineno)
         except Exception:  # malformed base64, a truncated key: OpenSSH skips the line too
             entry = None
         if entry is None or entry.key is None:
-            known.skipped.append(lineno)
+            skipped.append(lineno)
             continue
         if marker == "@revoked":
-            known.revoked.append((list(entry.hostnames), entry.key))
+            revoked.append((list(entry.hostnames), entry.key))
         else:
             plain.append(entry)
-    known.host_keys = _revocation_aware(known)
-    # the same bookkeeping as paramiko's HostKeys.load, for pre-parsed entries
-    known.host_keys._entries.extend(plain)  # type: ignore[attr-defined]  # paramiko has no public API for it
-    return known
+    return plain, revoked, skipped
 
 
 def load_known_hosts_files(paths: list[Path]) -> KnownHosts:

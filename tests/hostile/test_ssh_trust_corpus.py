@@ -140,6 +140,38 @@ def test_accept_new_never_records_a_revoked_key(tmp_path, keys):
     assert tree_state(tmp_path) == before
 
 
+def test_a_known_hosts_file_is_parsed_once_per_version(tmp_path, keys, monkeypatch):
+    """Issue 37: each host of a run parsed the whole file again (100 hosts, 100 lines: 10,000 key parses).
+    Parsed once per version of the file; a key that is replaced (same size, same mtime second) or
+    revoked after that is what the next connection sees."""
+    path = tmp_path / "known_hosts"
+    path.write_text(line(HOST, keys[0]) + line("other.example", keys[1]))
+    parses = []
+    real = ssh_trust._parse_known_hosts
+    monkeypatch.setattr(ssh_trust, "_parse_known_hosts", lambda p: parses.append(p) or real(p))
+    for _ in range(5):
+        assert found(ssh_trust.load_known_hosts(path), HOST, keys[0])
+    assert len(parses) == 1
+    stat = path.stat()
+    path.write_text(line(HOST, keys[2]) + line("other.example", keys[1]))  # the same length
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    known = ssh_trust.load_known_hosts(path)
+    assert found(known, HOST, keys[2]) and not found(known, HOST, keys[0])
+    path.write_text(path.read_text() + line(HOST, keys[2], "@revoked"))
+    assert not found(ssh_trust.load_known_hosts(path), HOST, keys[2])
+    assert len(parses) == 3
+
+
+def test_what_one_connection_adds_to_its_host_keys_never_reaches_another(tmp_path, keys):
+    path = tmp_path / "known_hosts"
+    path.write_text(line(HOST, keys[0]))
+    first = ssh_trust.load_known_hosts(path)
+    first.host_keys.add(HOST, keys[1].get_name(), keys[1])  # paramiko replaces the entry's key in place
+    first.host_keys.add("new.example", keys[2].get_name(), keys[2])
+    again = ssh_trust.load_known_hosts(path)
+    assert found(again, HOST, keys[0]) and not found(again, "new.example", keys[2])
+
+
 # -- private keys -------------------------------------------------------------------------------
 def write_config(tmp_path: Path, *, known_hosts: str | None = None, identity_file: str | None = None) -> Path:
     host = {"name": "gpu-a", "address": "127.0.0.1", "port": 9, "user": "deploy"}

@@ -27,11 +27,27 @@ from tests.fixtures import LOOPBACK_HOST as HOST  # noqa: E402
 pytestmark = pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")
 
 
+class StreamBuffer:
+    """paramiko's BufferedPipe as exec_bounded uses it: ``set_event`` names the event set when data arrives or
+    the stream closes."""
+
+    def __init__(self):
+        self.event: threading.Event | None = None
+
+    def set_event(self, event: threading.Event) -> None:
+        self.event = event
+
+    def fed(self) -> None:
+        if self.event is not None:
+            self.event.set()
+
+
 class LocalChannel:
     """The paramiko Channel surface HostConnection uses, over a local ``sh -c`` in a session of its own."""
 
     def __init__(self):
         self.status_event = threading.Event()
+        self.in_buffer, self.in_stderr_buffer = StreamBuffer(), StreamBuffer()
         self.closed = self.eof_received = False
         self.proc: subprocess.Popen | None = None
         self.out, self.err = bytearray(), bytearray()
@@ -43,20 +59,24 @@ class LocalChannel:
     def exec_command(self, command):
         self.proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
-        for stream, buf in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
-            threading.Thread(target=self._pump, args=(stream, buf), daemon=True).start()
+        for stream, buf, fed in ((self.proc.stdout, self.out, self.in_buffer),
+                                 (self.proc.stderr, self.err, self.in_stderr_buffer)):
+            threading.Thread(target=self._pump, args=(stream, buf, fed), daemon=True).start()
         threading.Thread(target=self._reap, daemon=True).start()
 
-    def _pump(self, stream, buf):
+    def _pump(self, stream, buf, fed):
         for chunk in iter(lambda: os.read(stream.fileno(), 65536), b""):
             with self.lock:
                 buf.extend(chunk)
+            fed.fed()
 
     def _reap(self):
         assert self.proc is not None
         self.proc.wait()
         time.sleep(0.05)  # the pumps drain what is left
         self.eof_received = True
+        self.in_buffer.fed()  # paramiko closes both buffers at the EOF, which sets their event
+        self.in_stderr_buffer.fed()
         self.status_event.set()
 
     def _take(self, buf, n):
