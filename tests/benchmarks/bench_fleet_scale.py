@@ -60,10 +60,14 @@ def config(n: int, fleet: bool) -> str:
             f"    base_model: /m\n    drafter: /d\n{router}")
 
 
+#: deployctl's local state (history, local locks) of the benchmark's runs: never the user's own history
+STATE_HOME = tempfile.mkdtemp(prefix="deployctl-bench-scale-state-")
+
+
 def cpu_of(argv: list[str], ok: tuple[int, ...] = (0,)) -> float:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          env=os.environ | {"COLUMNS": "120"})
+                          env=os.environ | {"COLUMNS": "120", "XDG_STATE_HOME": STATE_HOME})
     if done.returncode not in ok:
         raise SystemExit(f"{' '.join(argv[2:])}: exit {done.returncode}\n{done.stderr[-2000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
