@@ -147,12 +147,23 @@ def _interrupt_after(seconds: float):
     return timer
 
 
-def test_ctrl_c_ends_a_silent_remote_command_within_a_second():
+@pytest.fixture
+def sigint_raises():
+    """Ctrl-C raises KeyboardInterrupt in this process for the test, whatever it inherited: a pytest
+    started in the background by a non-interactive shell (`bash script &`) has SIGINT ignored, Python
+    keeps an inherited SIG_IGN, and these tests then waited out their commands' timeouts (610 s and
+    30 s in one fresh-clone run) instead of testing the interrupt."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_ends_a_silent_remote_command_within_a_second(sigint_raises):
     channel = FakeChannel("silence")
     timer = _interrupt_after(0.3)
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        _connection(channel).run("sleep 600", timeout=600)
+        _connection(channel).run("sleep 600", timeout=20)  # a missed interrupt fails in 30 s, not 610
     timer.cancel()
     assert time.monotonic() - started < 1.3 and channel.closed
 
@@ -365,7 +376,7 @@ def test_dangling_agent_socket_is_no_agent(tmp_path, monkeypatch):
     ssh_agent.check_agent_answers()  # no error: OpenSSH and paramiko treat it as no agent
 
 
-def test_ctrl_c_during_a_silent_agent_within_a_second(tmp_path, monkeypatch):
+def test_ctrl_c_during_a_silent_agent_within_a_second(tmp_path, monkeypatch, sigint_raises):
     from deploy.ssh import agent as ssh_agent
 
     path = tmp_path / "agent.sock"
