@@ -598,22 +598,9 @@ def _install_sglang_version(home: Path, version: str) -> None:
         _chown_tree(pylib, st.st_uid, st.st_gid)
 
 
-def _sshd_config(root: Path, host: dict, host_key: Path, authorized_keys: Path) -> str:
-    home = host["home"]
-    env = " ".join([
-        f"PATH={home}/bin:/usr/local/bin:/usr/bin:/bin",
-        f"PYTHONPATH={home}/pylib",
-        f"SGLANG_SIM_CONFIG={home}/.sim/config.json",
-        f"NVIDIA_SMI_SIM_CONFIG={home}/.sim/config.json",
-        *(f"{k}={v}" for k, v in _network_env(host["address"], _shim(root)).items()),
-    ])
-    return f"""# deployctl sandbox (SIMULATION) host {host['name']}
-ListenAddress {host['address']}:{host['port']}
-HostKey {host_key}
-PidFile {root}/sshd/{host['name']}/sshd.pid
-AuthorizedKeysFile {authorized_keys}
-AllowUsers {host['user']}
-PermitRootLogin no
+#: how every sandbox sshd authenticates and what it leaves out (the test hosts' and the fleet-scale
+#: benchmark's, tests/benchmarks/bench_fleet_scale.py): keys only, no PAM, no forwarding
+SSHD_HARDENING = """PermitRootLogin no
 PubkeyAuthentication yes
 PasswordAuthentication no
 KbdInteractiveAuthentication no
@@ -624,13 +611,35 @@ UseDNS no
 X11Forwarding no
 PrintMotd no
 PrintLastLog no
-LogLevel {host.get('log_level', 'INFO')}
+"""
+
+
+def login_env(home: Path | str, address: str, shim: Path) -> str:
+    """The one SetEnv line of a sandbox user's sessions: its stand-ins first on PATH and PYTHONPATH,
+    their config, the host's own network stack (sim_network.c)."""
+    return " ".join([
+        f"PATH={home}/bin:/usr/local/bin:/usr/bin:/bin",
+        f"PYTHONPATH={home}/pylib",
+        f"SGLANG_SIM_CONFIG={home}/.sim/config.json",
+        f"NVIDIA_SMI_SIM_CONFIG={home}/.sim/config.json",
+        *(f"{k}={v}" for k, v in _network_env(address, shim).items()),
+    ])
+
+
+def _sshd_config(root: Path, host: dict, host_key: Path, authorized_keys: Path) -> str:
+    return f"""# deployctl sandbox (SIMULATION) host {host['name']}
+ListenAddress {host['address']}:{host['port']}
+HostKey {host_key}
+PidFile {root}/sshd/{host['name']}/sshd.pid
+AuthorizedKeysFile {authorized_keys}
+AllowUsers {host['user']}
+{SSHD_HARDENING}LogLevel {host.get('log_level', 'INFO')}
 MaxStartups 64:30:128
 MaxSessions 64
 LoginGraceTime 30
 Subsystem sftp internal-sftp
 # sshd honours only the first SetEnv line: every variable goes on this one.
-SetEnv {env}
+SetEnv {login_env(host["home"], host["address"], _shim(root))}
 """
 
 

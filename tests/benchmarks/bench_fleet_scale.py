@@ -126,11 +126,7 @@ def start_scale_hosts(n: int) -> dict:
         hosts.append({"name": name, "address": address, "port": port, "user": user,
                       "gpu_count": 8, "gpu_glob": f"{home}/dev/nvidia*"})
         listen.append(f"ListenAddress {address}:{port}\n")
-        env = " ".join([f"PATH={home}/bin:/usr/local/bin:/usr/bin:/bin", f"PYTHONPATH={home}/pylib",
-                        f"SGLANG_SIM_CONFIG={home}/.sim/config.json",
-                        f"NVIDIA_SMI_SIM_CONFIG={home}/.sim/config.json",
-                        *(f"{k}={v}" for k, v in sb._network_env(address, shim).items())])
-        match.append(f"Match User {user}\n    SetEnv {env}\n")
+        match.append(f"Match User {user}\n    SetEnv {sb.login_env(home, address, shim)}\n")
     (SCALE_ROOT / "known_hosts").write_text(
         "".join(f"[{h['address']}]:{port} {key_type} {key_b64}\n" for h in hosts))
     (SCALE_ROOT / "known_hosts").chmod(0o644)
@@ -144,17 +140,7 @@ def start_scale_hosts(n: int) -> dict:
 PidFile {SCALE_ROOT}/{group}.sshd-pid
 AuthorizedKeysFile {authorized_keys}
 AllowUsers {SCALE_USER_PREFIX}*
-PermitRootLogin no
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-UseDNS no
-X11Forwarding no
-PrintMotd no
-PrintLastLog no
-LogLevel ERROR
+{sb.SSHD_HARDENING}LogLevel ERROR
 MaxStartups 256:30:512
 MaxSessions 64
 Subsystem sftp internal-sftp
