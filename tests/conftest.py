@@ -28,10 +28,35 @@ out smg's drain settle, a server its load), so four of them share two cores well
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+#: where the suite's processes cache bytecode when the environment says not to write it beside the
+#: sources (PYTHONDONTWRITEBYTECODE=1, common in containers and set on this project's machines)
+PYCACHE_PREFIX = Path(__file__).resolve().parents[1] / ".pycache"
+
+
+def _cache_bytecode_outside_the_sources() -> None:
+    """Under PYTHONDONTWRITEBYTECODE every process compiles every module it imports, every time: the
+    five xdist workers rewrite and compile all test modules (6.8 s each, 2.6 s from the cache), each
+    deployctl, sandbox or helper child compiles the deploy package again (70 ms per start). The user's
+    wish is kept where it matters, nothing is written beside the sources: the cache goes to one
+    ignored directory of the clone (PYTHONPYCACHEPREFIX, Python 3.8+; pytest's assertion rewriter
+    honours it too). The children inherit it: the xdist workers are started after this conftest is
+    imported. Measured: the unit and hostile tiers, 212 s of CPU without a cache, 170 s with it
+    (docs/testing.md)."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    os.environ.pop("PYTHONDONTWRITEBYTECODE")
+    os.environ["PYTHONPYCACHEPREFIX"] = str(PYCACHE_PREFIX)
+    sys.pycache_prefix = str(PYCACHE_PREFIX)
+    sys.dont_write_bytecode = False
+
+
+_cache_bytecode_outside_the_sources()
 
 SANDBOX_ROOT = Path(os.environ.get("DEPLOYCTL_TEST_SANDBOX_ROOT", "/var/tmp/deployctl-test-sandbox"))
 JUMP_SANDBOX_ROOT = Path(os.environ.get("DEPLOYCTL_TEST_JUMP_SANDBOX_ROOT", "/var/tmp/deployctl-test-sandbox-jump"))
