@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """Host-side operations for deployctl: standalone, Python 3.8+ standard library only.
 
-Uploaded by SFTP to the host's persistent state directory and run as
-``python3 host_ops.py <command> ...``; each command prints exactly one JSON document on stdout,
-which the orchestrator parses strictly. Importable locally for tests.
+Uploaded by SFTP to the host's persistent state directory and run as ``python3 host_ops.py <command>
+...``; each command prints one JSON document on stdout, parsed strictly. Importable locally for tests.
 
 Commands:
   stop-processes  SIGTERM, wait up to a grace period, SIGKILL: every python3 process of this user
@@ -24,18 +23,18 @@ and closes the channel once it has its answer (the next line then ends the loop 
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, List
 import json
 import os
 import re
 import select
-import shlex
 import signal
-import socket
 import stat as stat_module
-import subprocess
 import sys
 import time
+
+TYPE_CHECKING = False  # typing, subprocess, socket, shlex: imported where used (7 ms of each helper's start)
+if TYPE_CHECKING:
+    from typing import Any, Dict, List
 
 if __package__:  # imported locally, as deploy.remote.host_ops
     from .state_files import (MAX_JSON_DEPTH, MAX_RECORD_BYTES, cmd_api_key, cmd_write_file, last_line, loads_json,
@@ -361,9 +360,9 @@ def http_status(url: str, timeout: float) -> dict:
     only when uvicorn starts, after the weights are loaded) and ``timeout`` are "still loading";
     anything else (no route, reset, DNS) is an error the caller reports at once.
     """
-    import urllib.error  # lazily: stop-processes and watch-gpus never load http.client
+    import socket  # lazily, like urllib: stop-processes and watch-gpus never load http.client
+    import urllib.error
     import urllib.request
-
     result = {"status": None, "error": None, "error_kind": None, "body": ""}  # type: Dict[str, Any]
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -448,6 +447,7 @@ MAX_QUERY_BYTES = 4 << 20
 def run_bounded(argv: list, timeout_s: float, limit: int = MAX_QUERY_BYTES, env=None) -> dict:
     """Run ``argv``: {"exit_code", "stdout", "stderr"}; killed past ``timeout_s`` (exit 124) or once it
     prints more than ``limit`` bytes (exit 125, stderr says so), never read whole into memory."""
+    import subprocess
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     except OSError as exc:
@@ -488,6 +488,7 @@ def run_bounded(argv: list, timeout_s: float, limit: int = MAX_QUERY_BYTES, env=
 
 
 def _run_query(command: str) -> dict:
+    import shlex
     return run_bounded(shlex.split(command), 30.0)
 
 
@@ -669,8 +670,7 @@ def main(argv=None) -> int:
     gpus.add_argument("--every", type=float, default=1.0, help="heartbeat: emit at least this often")
     gpus.add_argument("--for", dest="timeout_total", type=float, required=True, help="the whole wait's deadline")
     gpus.add_argument("--until-stdin-eof", action="store_true", help="stop when stdin reaches EOF (the reader is done)")
-    write = sub.add_parser("write-file", help="stdin to FILE: exclusive temporary name, then renamed over a "
-                           "regular file (or none); anything else at FILE is refused")
+    write = sub.add_parser("write-file", help="stdin to FILE: a temporary name renamed over a regular file")
     write.add_argument("path")
     write.add_argument("--mode", default="600", help="octal")
     args = parser.parse_args(argv)
