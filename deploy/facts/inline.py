@@ -6,9 +6,10 @@ that has never seen deployctl. When that program needs code that also lives in a
 
 The program carries the sources zlib-compressed and base64-encoded (no quote characters, so the
 two layers of shell quoting, ``sh -c`` under coreutils ``timeout`` and sshd's login shell, do not
-grow it). It registers each module in ``sys.modules`` under its dotted name (parent packages are
-created empty, so a module's relative imports inside its package work), executes them in the
-given order and then runs the ``entry`` module as ``__main__``.
+grow it). It puts a finder first on ``sys.meta_path`` that knows each module by its dotted name
+(parent packages without a source are empty packages, so a module's relative imports inside its
+package work) and compiles a module only when it is first imported, then runs the ``entry``
+module as ``__main__``.
 
 Linux refuses any single argument over MAX_ARG_STRLEN (32 pages, 128 KiB) with E2BIG
 ("Argument list too long"); the whole remote command is one argument to the login shell, so
@@ -27,36 +28,37 @@ MAX_ARG_STRLEN = 128 * 1024
 #: the timeout wrapper) after two layers of quoting
 MAX_PROGRAM_CHARS = 96 * 1024
 
-# Python 3.8+, no single quotes (each costs 4 more characters per quoting layer).
+# Python 3.8+, no single quotes (each costs 4 more characters per quoting layer). Modules are
+# compiled when first imported (a meta path finder ahead of sys.path, so the program's modules win
+# as before), not all up front: the doctor's SGLang part compiled and imported host_ops and the
+# fixer's reader it never calls (about 25 ms on each of its two interpreters, every doctor run).
 _LOADER = """import base64, json, sys, types, zlib
-def _package(name):
-    if name in sys.modules:
-        return
-    parent, _, leaf = name.rpartition(".")
-    if parent:
-        _package(parent)
-    module = types.ModuleType(name)
-    module.__path__ = []
-    module.__package__ = name
-    sys.modules[name] = module
-    if parent:
-        setattr(sys.modules[parent], leaf, module)
-def _load(name, source, as_name):
-    parent, _, leaf = name.rpartition(".")
-    if parent:
-        _package(parent)
-    module = types.ModuleType(as_name)
-    module.__file__ = "<inline %s>" % name
-    module.__package__ = parent
-    sys.modules[as_name] = module
-    if parent and as_name == name:
-        setattr(sys.modules[parent], leaf, module)
-    exec(compile(source, module.__file__, "exec"), module.__dict__)
+from importlib.machinery import ModuleSpec
 _modules, _entry = json.loads(zlib.decompress(base64.b64decode("PAYLOAD")).decode("utf-8"))
-for _name, _source in _modules:
-    if _name != _entry:
-        _load(_name, _source, _name)
-_load(_entry, dict(_modules)[_entry], "__main__")
+_sources = dict(_modules)
+_packages = set(n.rsplit(".", i)[0] for n in _sources for i in range(1, n.count(".") + 1))
+class _Inline:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name in _packages or (name in _sources and name != _entry):
+            return ModuleSpec(name, cls, origin="<inline %s>" % name, is_package=name in _packages)
+        return None
+    @staticmethod
+    def create_module(spec):
+        return None
+    @staticmethod
+    def exec_module(module):
+        name = module.__spec__.name
+        if name not in _sources:
+            return
+        module.__file__ = "<inline %s>" % name
+        exec(compile(_sources[name], module.__file__, "exec"), module.__dict__)
+sys.meta_path.insert(0, _Inline)
+_main = types.ModuleType("__main__")
+_main.__file__ = "<inline %s>" % _entry
+_main.__package__ = _entry.rpartition(".")[0]
+sys.modules["__main__"] = _main
+exec(compile(_sources[_entry], _main.__file__, "exec"), _main.__dict__)
 """
 
 

@@ -18,25 +18,23 @@ Every fact that cannot be read is reported with the reason (``error``), never le
 checks treat "cannot tell" as a warning, not as a pass. Parsing and verdicts live in deployctl.
 """
 
-import glob
-import json
-import os
-import re
-import errno
-import shutil
+import errno, glob, json, os, re, sys  # noqa: E401
 import stat as stat_module
-import socket
-import subprocess
-import sys
 
 if __package__:  # imported locally, as deploy.remote.doctor_facts
+    import shutil, socket, subprocess  # noqa: E401
     from . import host_ops, sglang_cli
+    from .state_files import loads_json
     from .listeners import listeners, socket_owners
     from .fixer.errors import FixError
     from .fixer.header import read_header as read_safetensors_header
-else:  # sent inline: deploy/facts/inline.py embeds the fixer's modules as the package "fixer", and host_ops
-    import host_ops  # type: ignore[no-redef]
+elif sys.argv[1:2] == ["sglang"]:  # inline, each mode imports (so compiles: facts/inline.py) what it runs
     import sglang_cli  # type: ignore[no-redef]
+    from state_files import loads_json  # type: ignore[no-redef]
+else:  # host mode: the fixer's modules travel as the package "fixer", and host_ops
+    import shutil, socket, subprocess  # noqa: E401
+    import host_ops  # type: ignore[no-redef]
+    from state_files import loads_json  # type: ignore[no-redef]
     from listeners import listeners, socket_owners  # type: ignore[no-redef]
     from fixer.errors import FixError  # type: ignore[no-redef]
     from fixer.header import read_header as read_safetensors_header  # type: ignore[no-redef]
@@ -305,7 +303,7 @@ def read_json(path):
     if len(raw) > MAX_JSON_BYTES:
         return None, "larger than %d bytes" % MAX_JSON_BYTES
     try:
-        value = host_ops.loads_json(raw.decode("utf-8"))
+        value = loads_json(raw.decode("utf-8"))
     except (ValueError, UnicodeError) as exc:
         return None, "not valid JSON: %s" % exc
     if not isinstance(value, dict):

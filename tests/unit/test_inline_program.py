@@ -74,3 +74,22 @@ def test_the_doctor_program_runs_through_two_shells():
     assert done.returncode == 0, done.stderr
     facts = doctor.parse_sglang_facts(CommandResult("sglang", done.returncode, done.stdout, done.stderr, 0.0), "gpu-a")
     assert facts.mode == "sglang" and facts.imported_sglang is False
+
+
+def test_a_module_is_compiled_only_when_imported_and_the_bundles_copy_wins(tmp_path):
+    """The doctor's SGLang part never imports host_ops: the loader compiles a module on its first
+    import, so a module nobody imports costs nothing (here it is not even Python), while one that
+    is imported still fails loudly; and a module of the bundle wins over one of the same name on
+    the host's sys.path, as when every module was registered up front."""
+    unused = PACKAGE + [("unused", "def (:\n")]
+    done = run_through_two_shells(inline_program(unused, "tool"), "21")
+    assert done.returncode == 0 and done.stdout == "42\n", done.stderr
+    imported = [("unused", "def (:\n"), ("main", "import unused\n")]
+    done = run_through_two_shells(inline_program(imported, "main"))
+    assert done.returncode == 1 and "SyntaxError" in done.stderr
+    (tmp_path / "shadow.py").write_text("WHO = 'the host'\n")
+    bundle = [("shadow", "WHO = 'the bundle'\n"), ("main", "import shadow\nprint(shadow.WHO)\n")]
+    command = " ".join([f"PYTHONPATH={shlex.quote(str(tmp_path))}", shlex.quote(sys.executable), "-c",
+                        shlex.quote(inline_program(bundle, "main"))])
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "the bundle\n", done.stderr
