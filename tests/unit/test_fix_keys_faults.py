@@ -42,6 +42,7 @@ sys.path.insert(0, sys.argv[1])
 import fixer as f
 sys.stdout.write("ready\n"); sys.stdout.flush()
 sys.stdin.readline()
+sys.stdout.write("started\n"); sys.stdout.flush()
 start = time.perf_counter()
 with open(os.devnull, "w") as sink:
     code = f.main(sys.argv[2:], stdout=sink, stderr=sink)
@@ -253,6 +254,10 @@ def test_kill_at_random_instants(scenarios, tmp_path, name):
         delay = rng.uniform(0, duration * 1.3)
         proc.stdin.write(b"go\n")
         proc.stdin.flush()
+        # the delay counts from the run's start, not from "go": on a loaded machine the child read its
+        # stdin tens of ms later, and every kill of a 20 ms run landed before its first write
+        ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
+        assert ready and proc.stdout.readline() == b"started\n"
         time.sleep(delay)
         proc.kill()
         proc.wait(timeout=TIMEOUT)
