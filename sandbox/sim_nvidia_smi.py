@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""SIMULATED nvidia-smi: a TEST DOUBLE installed as ``~/bin/nvidia-smi`` on deployctl sandbox hosts.
+"""SIMULATED nvidia-smi: a TEST DOUBLE run as ``~/bin/nvidia-smi`` on deployctl sandbox hosts (this module
+is installed as ``~/.sim/lib/sim_nvidia_smi.py``, behind a launcher there that imports it: sandbox/hosts.py).
 
 There is no GPU. A sandbox host has files ``~/dev/nvidia0..N-1`` (and ``~/dev/nvidiactl``) standing
 in for ``/dev/nvidiaN``. The numbers this script prints come from REAL processes:

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Host-side operations for deployctl: standalone, Python 3.8+ standard library only.
 
-Uploaded by SFTP to the host's persistent state directory and run as ``python3 host_ops.py <command>
-...``; each command prints one JSON document on stdout, parsed strictly. Importable locally for tests.
+Uploaded by SFTP to the host's persistent state directory and run as
+``python3 host_ops.py <command> ...``; each command prints exactly one JSON document on stdout,
+which the orchestrator parses strictly. Importable locally for tests.
 
 Commands:
   stop-processes  SIGTERM, wait up to a grace period, SIGKILL: every python3 process of this user
@@ -660,17 +661,16 @@ def main(argv=None) -> int:
     health.add_argument("--log", default="")
     health.add_argument("--timeout", type=float, default=5.0, help="one GET's timeout")
     health.add_argument("--interval", type=float, default=0.2)
-    health.add_argument("--every", type=float, default=1.0, help="heartbeat: emit at least this often")
-    health.add_argument("--for", dest="timeout_total", type=float, required=True, help="the whole wait's deadline")
-    health.add_argument("--until-stdin-eof", action="store_true", help="stop when stdin reaches EOF (the reader is done)")
     gpus = sub.add_parser("watch-gpus")
     gpus.add_argument("--gpu-query", required=True, help="the nvidia-smi command line of the GPU rows")
     gpus.add_argument("--apps-query", required=True, help="the nvidia-smi command line of the holders")
     gpus.add_argument("--interval", type=float, default=0.1)
-    gpus.add_argument("--every", type=float, default=1.0, help="heartbeat: emit at least this often")
-    gpus.add_argument("--for", dest="timeout_total", type=float, required=True, help="the whole wait's deadline")
-    gpus.add_argument("--until-stdin-eof", action="store_true", help="stop when stdin reaches EOF (the reader is done)")
-    write = sub.add_parser("write-file", help="stdin to FILE: a temporary name renamed over a regular file")
+    for watch in (health, gpus):  # both watch loops end the same ways
+        watch.add_argument("--every", type=float, default=1.0, help="heartbeat: emit at least this often")
+        watch.add_argument("--for", dest="timeout_total", type=float, required=True, help="the whole wait's deadline")
+        watch.add_argument("--until-stdin-eof", action="store_true", help="stop when stdin reaches EOF (the reader is done)")
+    write = sub.add_parser("write-file", help="stdin to FILE: exclusive temporary name, then renamed over a "
+                           "regular file (or none); anything else at FILE is refused")
     write.add_argument("path")
     write.add_argument("--mode", default="600", help="octal")
     args = parser.parse_args(argv)
