@@ -5,8 +5,12 @@ old or the complete new version (names and bytes), config.json and the index are
 or new; re-running the fixer completes the job; --restore brings back the original bytes exactly.
 
 Named stages use the fixer's test hook DEPLOYCTL_FIX_KILL_AT (the process SIGKILLs itself there).
-Random instants: a driver process imports the fixer, reports ready, and runs it when told to; the
-test kills it after a seeded random delay spread over the measured run time.
+Random instants: a driver process imports the fixer, reports ready, and runs it when told to, under
+a CPU-time timer (ITIMER_PROF) set to a seeded random share of the measured run's CPU time. SIGPROF's
+default action ends the process as abruptly as SIGKILL (the kernel turns a fatal signal into a group
+kill), and the instant is a point in the run's own progress: a wall-clock sleep in the test was
+shifted by the machine's load, and on a busy CI host all 16 kills of a 20 ms run landed before its
+first write.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List
 
@@ -40,13 +43,16 @@ DRIVER = r"""
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
 import fixer as f
+import signal
 sys.stdout.write("ready\n"); sys.stdout.flush()
-sys.stdin.readline()
-sys.stdout.write("started\n"); sys.stdout.flush()
-start = time.perf_counter()
-with open(os.devnull, "w") as sink:
-    code = f.main(sys.argv[2:], stdout=sink, stderr=sink)
-sys.stdout.write("done %.6f\n" % (time.perf_counter() - start)); sys.stdout.flush()
+delay = float(sys.stdin.readline().split()[1])
+sink = open(os.devnull, "w")
+start = time.process_time()
+if delay > 0:
+    signal.setitimer(signal.ITIMER_PROF, delay)     # SIGPROF's default action: terminate
+code = f.main(sys.argv[2:], stdout=sink, stderr=sink)
+signal.setitimer(signal.ITIMER_PROF, 0)
+sys.stdout.write("done %.6f\n" % (time.process_time() - start)); sys.stdout.flush()
 sys.exit(code)
 """
 
@@ -234,7 +240,7 @@ def driver_process(directory: Path, scenario: Scenario) -> subprocess.Popen:
 
 def measured_run_time(tmp_path: Path, scenario: Scenario) -> float:
     proc = driver_process(scenario.fresh(tmp_path), scenario)
-    proc.stdin.write(b"go\n")
+    proc.stdin.write(b"go 0\n")
     proc.stdin.flush()
     out, _ = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 0
@@ -251,19 +257,15 @@ def test_kill_at_random_instants(scenarios, tmp_path, name):
     for _ in range(16):
         directory = scenario.fresh(tmp_path)
         proc = driver_process(directory, scenario)
-        delay = rng.uniform(0, duration * 1.3)
-        proc.stdin.write(b"go\n")
+        # a CPU-time delay (the timer ticks at the kernel's HZ, so a few ms apart)
+        delay = rng.uniform(1e-4, duration * 1.3)
+        proc.stdin.write(b"go %.6f\n" % delay)
         proc.stdin.flush()
-        # the delay counts from the run's start, not from "go": on a loaded machine the child read its
-        # stdin tens of ms later, and every kill of a 20 ms run landed before its first write
-        ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
-        assert ready and proc.stdout.readline() == b"started\n"
-        time.sleep(delay)
-        proc.kill()
         proc.wait(timeout=TIMEOUT)
         proc.stdout.close()
         proc.stdin.close()
-        outcomes["killed" if proc.returncode == -signal.SIGKILL else "finished"] += 1
+        assert proc.returncode in (0, -signal.SIGPROF), proc.returncode
+        outcomes["killed" if proc.returncode == -signal.SIGPROF else "finished"] += 1
         where = assert_old_or_new(directory, scenario)
         stopped_at[where] = stopped_at.get(where, 0) + 1
         finish_and_restore(directory, scenario)
