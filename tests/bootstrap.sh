@@ -22,20 +22,31 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 # the sglang-router venv below is made from the system python (the sandbox users must run it)
 /usr/bin/python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3 python3-venv)
 # headless Chromium renders the bench report in tests/unit/test_bench_report_browser.py (skipped without it);
-# only where the distribution has the package (Debian: chromium; `apt-cache policy chromium`)
-# (a fresh machine's package lists may be empty: read them first, or the package looks absent and the
-# browser tests are skipped without a word)
+# only where the distribution has the package (Debian: chromium; `apt-cache policy chromium`).
+# A fresh machine's package lists may be empty, and a first `apt-get update` may fail: the lists are read
+# (twice if need be) before a package or the candidate is looked for, or the package looks absent and the browser tests
+# are skipped without a word.
+want_chromium=0
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
-  if ! apt-cache policy chromium 2>/dev/null | grep -q 'Candidate: [0-9]'; then
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 || true
-  fi
-  if apt-cache policy chromium 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+  want_chromium=1
+fi
+if [ "${#missing[@]}" -gt 0 ] || [ "$want_chromium" = 1 ]; then
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 \
+    || as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+fi
+if [ "$want_chromium" = 1 ]; then
+  # not `apt-cache policy | grep -q`: grep stops at the first match, apt-cache dies of SIGPIPE and,
+  # under pipefail, the pipeline fails although the candidate is there (2026-12-05: a fresh machine got
+  # openssh-server and no chromium, and five browser tests were skipped)
+  chromium_policy=$(apt-cache policy chromium 2>/dev/null || true)
+  if [[ "$chromium_policy" =~ Candidate:\ [0-9] ]]; then
     missing+=(chromium)
+  else
+    echo "bootstrap: no chromium package here; the browser tests will be skipped" >&2
   fi
 fi
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "bootstrap: installing ${missing[*]}" >&2
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
