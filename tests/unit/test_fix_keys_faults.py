@@ -5,12 +5,13 @@ old or the complete new version (names and bytes), config.json and the index are
 or new; re-running the fixer completes the job; --restore brings back the original bytes exactly.
 
 Named stages use the fixer's test hook DEPLOYCTL_FIX_KILL_AT (the process SIGKILLs itself there).
-Random instants: a driver process imports the fixer, reports ready, and runs it when told to, under
-a CPU-time timer (ITIMER_PROF) set to a seeded random share of the measured run's CPU time. SIGPROF's
-default action ends the process as abruptly as SIGKILL (the kernel turns a fatal signal into a group
-kill), and the instant is a point in the run's own progress: a wall-clock sleep in the test was
-shifted by the machine's load, and on a busy CI host all 16 kills of a 20 ms run landed before its
-first write.
+Random instants: a driver process imports the fixer, reports ready, and runs it when told to, with a
+profile hook that counts the run's calls that change or settle what is on disk (os.* and file
+methods: write, pwrite, fsync, rename, replace, unlink, close...) and SIGKILLs the process itself at
+a seeded random one of them, before or after it. The instant is a point in the run's own progress,
+so the machine's load cannot move it: a wall-clock delay in the test (and, later, a CPU-time timer,
+which ticks only every few ms) let every kill of a 5-20 ms run land before its first write, or after
+its last, on a busy CI host.
 """
 
 from __future__ import annotations
@@ -40,19 +41,30 @@ TIMEOUT = 30
 CHUNK = "65536"          # DEPLOYCTL_FIX_COPY_CHUNK: many chunks, so kills land mid-copy
 
 DRIVER = r"""
-import os, sys, time
+import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 import fixer as f
-import signal
 sys.stdout.write("ready\n"); sys.stdout.flush()
-delay = float(sys.stdin.readline().split()[1])
+target = int(sys.stdin.readline().split()[1])     # 0: run to the end and count
 sink = open(os.devnull, "w")
-start = time.process_time()
-if delay > 0:
-    signal.setitimer(signal.ITIMER_PROF, delay)     # SIGPROF's default action: terminate
+seen = 0
+# the calls that change or settle what is on disk (reads are most of a run's calls and change nothing)
+CHANGES = {"write", "pwrite", "writelines", "flush", "fsync", "fdatasync", "truncate", "ftruncate",
+           "rename", "replace", "unlink", "remove", "link", "symlink", "mkdir", "rmdir", "close"}
+def on_call(frame, event, fn):
+    global seen
+    if event not in ("c_call", "c_return"):
+        return
+    owner = getattr(fn, "__module__", None) or type(getattr(fn, "__self__", None)).__module__
+    if (owner in ("posix", "_io", "io") and fn.__name__ in CHANGES
+            and getattr(fn, "__self__", None) is not sink):
+        seen += 1
+        if seen == target:
+            os.kill(os.getpid(), signal.SIGKILL)
+sys.setprofile(on_call)
 code = f.main(sys.argv[2:], stdout=sink, stderr=sink)
-signal.setitimer(signal.ITIMER_PROF, 0)
-sys.stdout.write("done %.6f\n" % (time.process_time() - start)); sys.stdout.flush()
+sys.setprofile(None)
+sys.stdout.write("done %d\n" % seen); sys.stdout.flush()
 sys.exit(code)
 """
 
@@ -238,41 +250,40 @@ def driver_process(directory: Path, scenario: Scenario) -> subprocess.Popen:
     return proc
 
 
-def measured_run_time(tmp_path: Path, scenario: Scenario) -> float:
+def counted_calls(tmp_path: Path, scenario: Scenario) -> int:
+    """How many changing OS and file calls (each counted at its call and its return) a whole run makes."""
     proc = driver_process(scenario.fresh(tmp_path), scenario)
     proc.stdin.write(b"go 0\n")
     proc.stdin.flush()
     out, _ = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 0
-    return float(out.split()[-1])
+    return int(out.split()[-1])
 
 
 @pytest.mark.parametrize("name", ["in_place", "fallback", "sharded"])
 def test_kill_at_random_instants(scenarios, tmp_path, name):
     scenario = scenarios[name]
     rng = random.Random("deployctl-%s" % name)
-    duration = measured_run_time(tmp_path, scenario)
+    calls = counted_calls(tmp_path, scenario)
     outcomes = {"killed": 0, "finished": 0}
     stopped_at = {}
     for _ in range(16):
         directory = scenario.fresh(tmp_path)
         proc = driver_process(directory, scenario)
-        # a CPU-time delay (the timer ticks at the kernel's HZ, so a few ms apart)
-        delay = rng.uniform(1e-4, duration * 1.3)
-        proc.stdin.write(b"go %.6f\n" % delay)
+        target = rng.randint(1, int(calls * 1.15))      # some past the end: the run finishes
+        proc.stdin.write(b"go %d\n" % target)
         proc.stdin.flush()
         proc.wait(timeout=TIMEOUT)
         proc.stdout.close()
         proc.stdin.close()
-        assert proc.returncode in (0, -signal.SIGPROF), proc.returncode
-        outcomes["killed" if proc.returncode == -signal.SIGPROF else "finished"] += 1
+        assert proc.returncode in (0, -signal.SIGKILL), proc.returncode
+        outcomes["killed" if proc.returncode == -signal.SIGKILL else "finished"] += 1
         where = assert_old_or_new(directory, scenario)
         stopped_at[where] = stopped_at.get(where, 0) + 1
         finish_and_restore(directory, scenario)
-    print("random kills %s: run %.1f ms, %s, stopped at %s" % (name, duration * 1000, outcomes,
-                                                              stopped_at))
+    print("random kills %s: %d calls, %s, stopped at %s" % (name, calls, outcomes, stopped_at))
     assert outcomes["killed"] >= 4, outcomes
-    assert len(stopped_at) >= 2, stopped_at         # the kills did not all land in one place
+    assert len(stopped_at) >= 3, stopped_at         # before, inside and after the writes
 
 
 def test_torn_multi_page_header_is_completed_by_the_next_run(tmp_path):
