@@ -168,9 +168,9 @@ def fixer_zipapp() -> bytes:
 
 
 def host_ops_modules() -> list[tuple[str, str]]:
-    """host_ops.py and the state_files.py it imports (bounded reads and JSON, the one safe write),
-    dependencies first: what every inline program and the installed helper carry."""
-    return [(name, (REMOTE_DIR / f"{name}.py").read_text()) for name in ("state_files", "host_ops")]
+    """host_ops.py and the state_files.py (bounded reads and JSON, the one safe write) and http_plain.py
+    (its HTTP calls) it imports, dependencies first: what every inline program and the installed helper carry."""
+    return [(name, (REMOTE_DIR / f"{name}.py").read_text()) for name in ("http_plain", "state_files", "host_ops")]
 
 
 @functools.lru_cache(maxsize=1)

@@ -136,10 +136,11 @@ def start_command(spec: RouterSpec, host: Host, workers: list[str], log_name: st
 
 @functools.lru_cache(maxsize=1)
 def fleet_ops_program() -> str:
-    """fleet_ops.py with the port listeners' reader it shares with the doctor and the host side's process
-start time (state_files.py), as one program."""
+    """fleet_ops.py with its HTTP client (http_plain.py), the port listeners' reader it shares with the
+    doctor and the host side's process start time (state_files.py), as one program."""
     remote = FLEET_OPS.parent
-    return inline_program([("listeners", (remote / "listeners.py").read_text()),
+    return inline_program([("http_plain", (remote / "http_plain.py").read_text()),
+                           ("listeners", (remote / "listeners.py").read_text()),
                            ("state_files", (remote / "state_files.py").read_text()),
                            ("fleet_ops", FLEET_OPS.read_text())], "fleet_ops")
 

@@ -48,6 +48,15 @@ else:  # the installed helper and the inline programs carry state_files beside i
 PYTHON_EXE = re.compile(r"^python3(\.\d+)?$")
 
 
+def _http():
+    """http_plain (not urllib.request: 29 ms of every helper's start), imported by the calls that use it."""
+    if __package__:
+        from . import http_plain
+    else:  # the helper and the inline programs carry it (deploy/facts/helpers.py host_ops_modules)
+        import http_plain  # type: ignore[no-redef]
+    return http_plain
+
+
 def _read(path: str) -> str | None:
     try:
         with open(path, "rb") as handle:
@@ -361,26 +370,16 @@ def http_status(url: str, timeout: float) -> dict:
     only when uvicorn starts, after the weights are loaded) and ``timeout`` are "still loading";
     anything else (no route, reset, DNS) is an error the caller reports at once.
     """
-    import socket  # lazily, like urllib: stop-processes and watch-gpus never load http.client
-    import urllib.error
-    import urllib.request
+    import socket  # lazily: stop-processes and watch-gpus never use the network
     result = {"status": None, "error": None, "error_kind": None, "body": ""}  # type: Dict[str, Any]
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            result["status"] = resp.status
-            result["body"] = resp.read(300).decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        result["status"] = exc.code
-        try:
-            result["body"] = exc.read(300).decode("utf-8", "replace")
-        except OSError:
-            pass
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        result["error"] = str(reason)[:200]
-        if isinstance(reason, ConnectionRefusedError):
+        result["status"], _, body = _http().fetch("GET", url, timeout=timeout, limit=300)
+        result["body"] = body.decode("utf-8", "replace")
+    except (OSError, ValueError) as exc:
+        result["error"] = str(exc)[:200]
+        if isinstance(exc, ConnectionRefusedError):
             result["error_kind"] = "refused"
-        elif isinstance(reason, (TimeoutError, socket.timeout)) or "timed out" in str(reason):
+        elif isinstance(exc, (TimeoutError, socket.timeout)) or "timed out" in str(exc):
             result["error_kind"] = "timeout"
         else:
             result["error_kind"] = "other"
@@ -536,16 +535,8 @@ PROMPTS = (
 
 
 def _post_json(url: str, payload: dict, timeout: float, headers=None) -> dict:
-    import urllib.error  # lazily: stop-processes and watch-gpus never load http.client
-    import urllib.request
-
-    request = urllib.request.Request(
-        url, data=json.dumps(payload).encode(), headers=dict({"Content-Type": "application/json"}, **(headers or {})),
-        method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=timeout) as resp:
-        # bounded in bytes and depth: a /generate reply is a few KB
-        return loads_json(resp.read(MAX_RECORD_BYTES + 1).decode("utf-8"))
+    # bounded in bytes and depth: a /generate reply is a few KB; a 4xx/5xx raises HTTPStatusError
+    return loads_json(_http().post_json(url, payload, timeout, headers, MAX_RECORD_BYTES + 1).decode("utf-8"))
 
 
 def cmd_accept(args) -> dict:
@@ -554,9 +545,6 @@ def cmd_accept(args) -> dict:
     1.00 means no draft token was ever accepted: the drafter's weights were dropped by the
     loader, or fc was bypassed (single hidden state). Both happened in real deployments.
     """
-    import urllib.error  # lazily: stop-processes and watch-gpus never load http.client
-    import urllib.request
-
     prompts = list(PROMPTS)
     if args.prompts_json:
         try:
@@ -580,11 +568,11 @@ def cmd_accept(args) -> dict:
                    "sampling_params": {"max_new_tokens": args.max_new_tokens, "temperature": 0}}
         try:
             reply = _post_json(args.base + "/generate", payload, args.timeout, auth)
-        except urllib.error.HTTPError as exc:
+        except _http().HTTPStatusError as exc:
             why = " (SGLang answers 401 without the server's --api-key)" if exc.code == 401 else ""
             return {"error": "POST /generate answered %d %s%s" % (exc.code, exc.reason, why)}
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            return {"error": "POST /generate failed: %s" % (getattr(exc, "reason", exc),)}
+        except (OSError, ValueError) as exc:
+            return {"error": "POST /generate failed: %s" % (exc,)}
         meta = reply.get("meta_info") if isinstance(reply, dict) else None
         if not isinstance(meta, dict):
             return {"error": "/generate reply has no meta_info: %r" % (str(reply)[:200],)}
@@ -610,13 +598,13 @@ def cmd_accept(args) -> dict:
     server_avg = None
     for path in ("/server_info", "/get_server_info"):
         try:
-            with urllib.request.urlopen(urllib.request.Request(args.base + path, headers=auth),
-                                        timeout=args.timeout) as resp:
-                info = loads_json(resp.read(MAX_RECORD_BYTES + 1).decode("utf-8"))
-            states = info.get("internal_states") or [{}]
+            status, _, body = _http().fetch("GET", args.base + path, None, auth, args.timeout, MAX_RECORD_BYTES + 1)
+            if status != 200:
+                continue
+            states = loads_json(body.decode("utf-8")).get("internal_states") or [{}]
             server_avg = states[0].get("avg_spec_accept_length")
             break
-        except (urllib.error.URLError, OSError, ValueError, AttributeError, IndexError):
+        except (OSError, ValueError, AttributeError, IndexError):
             continue
     return {"ok": True, "accept_length": total_tokens / total_verify, "completion_tokens": total_tokens,
             "spec_verify_ct": total_verify, "server_avg_spec_accept_length": server_avg, "samples": samples}

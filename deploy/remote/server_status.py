@@ -36,19 +36,13 @@ STATUS_MAX_LINES = 4000
 def _status_get(url: str, timeout: float, limit: int = STATUS_BODY_LIMIT, auth=None) -> dict:
     """GET url: {"status", "error", "body", "truncated"}; at most ``limit`` bytes of the body are kept;
     ``auth``: the server's --api-key header (/server_info and /v1/loads answer 401 without it)."""
-    import urllib.error  # lazily: stop-processes and watch-gpus never load http.client
-    import urllib.request
-
     result = {"status": None, "error": None, "body": "", "truncated": False}  # type: Dict[str, Any]
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=auth or {}), timeout=timeout) as resp:
-            result["status"] = resp.status
-            data = resp.read(limit + 1)
-    except urllib.error.HTTPError as exc:
-        result["status"] = exc.code
+        result["status"], _, data = host_ops._http().fetch("GET", url, None, auth, timeout, limit + 1)
+    except (OSError, ValueError) as exc:
+        result["error"] = str(exc)[:200]
         return result
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        result["error"] = str(getattr(exc, "reason", exc))[:200]
+    if result["status"] >= 400:  # as urlopen's HTTPError was: the status, no body
         return result
     result["truncated"] = len(data) > limit
     result["body"] = data[:limit].decode("utf-8", "replace")
@@ -94,7 +88,6 @@ def _status_probe(base: str, requests: int, concurrency: int, max_new_tokens: in
                   auth=None) -> dict:
     """``requests`` greedy /generate calls of the verify prompts, ``concurrency`` at a time."""
     import threading
-    import urllib.error
 
     results = [None] * requests  # type: List[Any]
 
@@ -104,8 +97,8 @@ def _status_probe(base: str, requests: int, concurrency: int, max_new_tokens: in
         started = time.monotonic()
         try:
             reply = host_ops._post_json(base + "/generate", payload, timeout, auth)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            results[i] = {"error": "POST /generate failed: %s" % (getattr(exc, "reason", exc),)}
+        except (OSError, ValueError) as exc:
+            results[i] = {"error": "POST /generate failed: %s" % (exc,)}
             return
         meta = reply.get("meta_info") if isinstance(reply, dict) else None
         keep = ("completion_tokens", "spec_verify_ct", "e2e_latency")
