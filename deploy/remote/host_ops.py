@@ -53,7 +53,7 @@ def _http():
     if __package__:
         from . import http_plain
     else:  # the helper and the inline programs carry it (deploy/facts/helpers.py host_ops_modules)
-        import http_plain  # type: ignore[no-redef]
+        import http_plain
     return http_plain
 
 
