@@ -65,11 +65,12 @@ def host_lock_path(host: Host) -> str:
 
 
 def host_lock_program() -> str:
-    """host_lock.py with host_ops beside it (its replace_file), one ``-c`` program."""
-    from deploy.facts.helpers import host_ops_modules
+    """host_lock.py with state_files beside it (its bounded reads and replace_file), one ``-c`` program."""
+    from deploy.facts.helpers import REMOTE_DIR
     from deploy.facts.inline import inline_program
 
-    return inline_program(host_ops_modules() + [("host_lock", HOST_LOCK_SOURCE.read_text())], "host_lock")
+    return inline_program([("state_files", (REMOTE_DIR / "state_files.py").read_text()),
+                           ("host_lock", HOST_LOCK_SOURCE.read_text())], "host_lock")
 
 
 def host_lock_command(host: Host, owner: dict | str, script: str | None = None) -> str:

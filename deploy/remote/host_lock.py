@@ -2,7 +2,7 @@
 """Hold the host's deployctl lock for as long as deployctl's SSH channel to this process is open.
 
 Standalone, Python 3.8+ standard library only. deployctl sends this file's source inline, with
-host_ops.py beside it for its one safe file write (``python3 -c PROGRAM deployctl-host-lock LOCK
+state_files.py beside it for its bounded reads and one safe file write (``python3 -c PROGRAM deployctl-host-lock LOCK
 OWNER_JSON [GPU_DEVICES]``, deploy/facts/inline.py) so the lock is taken before anything is uploaded or changed.
 
 Two kinds of flock, all or nothing: ``LOCK`` (in the state dir: the state files deployctl writes
@@ -38,10 +38,12 @@ import os
 import stat
 import sys
 
+# state_files, not host_ops: the lock's reads and its one write are there, and the lock
+# program (one per host and run) no longer compiles host_ops nor imports argparse (about 9 ms of its CPU)
 if __package__:  # imported locally, as deploy.remote.host_lock
-    from . import host_ops
-else:  # sent inline: deploy/engine/locks.py bundles host_ops beside it (deploy/facts/inline.py)
-    import host_ops  # type: ignore[no-redef]
+    from . import state_files
+else:  # sent inline: deploy/engine/locks.py bundles state_files beside it (deploy/facts/inline.py)
+    import state_files  # type: ignore[no-redef]
 
 #: where the per-GPU locks live: shared by every user of the host (FHS /run/lock first)
 SHARED_DIRS = ("/run/lock", "/var/lock", "/dev/shm", "/tmp")
@@ -50,13 +52,13 @@ MAX_DEVICES = 1024
 
 def _read_owner(path: str):
     # non-blocking, a regular file, 64 KiB, 64 levels deep: a FIFO there must not hold the lock helper
-    text, problem = host_ops.read_regular(path, 65536)
+    text, problem = state_files.read_regular(path, 65536)
     if problem is not None:
         return {"unreadable": problem[:200]}
     if text is None:
         return None
     try:
-        document = host_ops.loads_json(text)
+        document = state_files.loads_json(text)
     except ValueError as exc:
         return {"unreadable": str(exc)[:200]}
     return document if isinstance(document, dict) else {"unreadable": str(document)[:200]}
@@ -170,7 +172,7 @@ def _open_shared(path: str):
 
 def _read_fd(fd: int):
     try:
-        document = host_ops.loads_json(os.pread(fd, 65536, 0).decode("utf-8", "replace") or "null")
+        document = state_files.loads_json(os.pread(fd, 65536, 0).decode("utf-8", "replace") or "null")
     except (OSError, ValueError) as exc:
         return {"unreadable": str(exc)[:200]}
     return document if isinstance(document, dict) or document is None else {"unreadable": str(document)[:200]}
@@ -244,7 +246,7 @@ def _read_note(note: str):
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > 65536:
             return None
-        document = host_ops.loads_json(os.read(fd, 65537).decode("utf-8", "replace"))
+        document = state_files.loads_json(os.read(fd, 65537).decode("utf-8", "replace"))
     except (OSError, ValueError):
         return None
     finally:
@@ -346,7 +348,7 @@ def hold(lock_path: str, owner_json: str, stdin=None, stdout=None, gpu_devices=N
         _write_fd(gpu_fd, json.dumps(owner) + "\n")
     notes = [n for n in (_write_note(path, json.dumps(owner) + "\n") for path in theirs) if n is not None]
     # the one safe write (an exclusive temporary name; a link planted there is never written through)
-    host_ops.replace_file(owner_path, (json.dumps(owner) + "\n").encode("utf-8"), 0o644)
+    state_files.replace_file(owner_path, (json.dumps(owner) + "\n").encode("utf-8"), 0o644)
     stdout.write(json.dumps({"acquired": True, "previous": previous}) + "\n")
     stdout.flush()
     received = b""

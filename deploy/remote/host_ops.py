@@ -23,7 +23,6 @@ and closes the channel once it has its answer (the next line then ends the loop 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -611,57 +610,19 @@ def cmd_accept(args) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="host_ops.py")
-    sub = parser.add_subparsers(dest="command", required=True)
-    stop = sub.add_parser("stop-processes")
-    stop.add_argument("--scope", choices=("user", "pidfile"), required=True)
-    stop.add_argument("--pidfile", default="")
-    stop.add_argument("--expect", default="sglang", help="substring the PID file's process must have (no record)")
-    stop.add_argument("--record", default="", help="deployment.json: the PID's command line must be its argv")
-    stop.add_argument("--grace", type=float, default=30.0)
-    stop.add_argument("--exclude", action="append", default=[],
-                      help="scope user: leave processes whose command line contains this")
-    probe = sub.add_parser("probe")
-    probe.add_argument("--url", required=True)
-    probe.add_argument("--pid", type=int, required=True)
-    probe.add_argument("--log", default="")
-    probe.add_argument("--timeout", type=float, default=5.0)
-    state = sub.add_parser("server-state")
-    state.add_argument("--pidfile", required=True)
-    state.add_argument("--record", required=True)
-    state.add_argument("--url", required=True)
-    state.add_argument("--timeout", type=float, default=5.0)
-    accept = sub.add_parser("accept-check")
-    accept.add_argument("--base", required=True, help="http://HOST:PORT of the server")
-    accept.add_argument("--requests", type=int, default=4)
-    accept.add_argument("--max-new-tokens", type=int, default=256)
-    accept.add_argument("--timeout", type=float, default=300.0)
-    accept.add_argument("--concurrency", type=int, default=1, help="requests in flight at most (1-64)")
-    accept.add_argument("--prompts-json", default="", help="the prompts to send, a JSON list of strings (cycled)")
-    accept.add_argument("--key-from", default="", help="the deployment record whose argv's --api-key the requests "
-                        "carry (as Authorization: Bearer); none there: no header")
-    key = sub.add_parser("api-key", help="print the --api-key of the deployment record's argv (nothing without "
-                         "one), for bench_serving's OPENAI_API_KEY; a record that cannot be read: exit 1")
-    key.add_argument("--record", required=True)
-    health = sub.add_parser("watch-health")
-    health.add_argument("--url", required=True)
-    health.add_argument("--pid", type=int, required=True)
-    health.add_argument("--log", default="")
-    health.add_argument("--timeout", type=float, default=5.0, help="one GET's timeout")
-    health.add_argument("--interval", type=float, default=0.2)
-    gpus = sub.add_parser("watch-gpus")
-    gpus.add_argument("--gpu-query", required=True, help="the nvidia-smi command line of the GPU rows")
-    gpus.add_argument("--apps-query", required=True, help="the nvidia-smi command line of the holders")
-    gpus.add_argument("--interval", type=float, default=0.1)
-    for watch in (health, gpus):  # both watch loops end the same ways
-        watch.add_argument("--every", type=float, default=1.0, help="heartbeat: emit at least this often")
-        watch.add_argument("--for", dest="timeout_total", type=float, required=True, help="the whole wait's deadline")
-        watch.add_argument("--until-stdin-eof", action="store_true", help="stop when stdin reaches EOF (the reader is done)")
-    write = sub.add_parser("write-file", help="stdin to FILE: exclusive temporary name, then renamed over a "
-                           "regular file (or none); anything else at FILE is refused")
-    write.add_argument("path")
-    write.add_argument("--mode", default="600", help="octal")
-    args = parser.parse_args(argv)
+    if __package__:
+        from .host_ops_args import USAGE, UsageError, parse_args
+    else:  # the helper and the inline programs carry it (deploy/facts/helpers.py host_ops_modules)
+        from host_ops_args import USAGE, UsageError, parse_args  # type: ignore[no-redef]
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["-h"], ["--help"]) or "--help" in argv[1:2]:
+        sys.stdout.write(USAGE)
+        return 0
+    try:
+        args = parse_args(argv)
+    except UsageError as error:
+        sys.stderr.write(USAGE + f"host_ops.py: error: {error}\n")
+        return 2
     if args.command == "write-file":
         return cmd_write_file(args)
     if args.command == "watch-health":
@@ -673,8 +634,6 @@ def main(argv=None) -> int:
     if args.command == "accept-check":
         document = cmd_accept(args)
     elif args.command == "stop-processes":
-        if args.scope == "pidfile" and not args.pidfile:
-            parser.error("--scope pidfile needs --pidfile")
         document = cmd_stop(args)
     elif args.command == "server-state":
         document = cmd_server_state(args)

@@ -633,7 +633,15 @@ def test_ctrl_c_during_a_drain_puts_the_batch_back_into_the_router(clean_sandbox
             else:
                 raise AssertionError("the drain never started:\n" + "".join(seen[-20:]))
             proc.send_signal(signal.SIGINT)
-            assert proc.wait(timeout=60) == ExitCode.INTERRUPTED
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                reader.join(timeout=30)
+                raise AssertionError("no exit within 60 s of the Ctrl-C:\n" + "".join(seen[-10:]) +
+                                     "".join(lines.get_nowait() for _ in range(lines.qsize()))) from None
+            assert proc.returncode == ExitCode.INTERRUPTED
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -21,16 +21,19 @@ def test_payloads_are_host_ops_the_fixer_zipapp_and_the_drafter_sender():
     # host_ops with the state_files it imports, one file run as `python3 -I -S host_ops.py`
     from deploy.facts.inline import inline_program
 
-    assert payloads["host_ops.py"] == ("#!/usr/bin/env python3\n" + inline_program(helpers.host_ops_modules(),
-                                                                                  "host_ops")).encode()
+    assert payloads["host_ops.py"] == ("#!/usr/bin/env python3\n" + inline_program(
+        helpers.host_ops_modules(), "host_ops", cache_as="host_ops")).encode()
     archive = zipfile.ZipFile(BytesIO(payloads["fixer.pyz"]))
     names = archive.namelist()
-    package = sorted(p.name for p in helpers.FIXER_PACKAGE.glob("*.py"))
-    assert names == ["__main__.py"] + [f"fixer/{n}" for n in package]            # fixed order
+    assert names == ["__main__.py"] + [f"fixer/{p.name}" for p in sorted(helpers.FIXER_PACKAGE.glob("*.py"))]
+    for name in names[1:]:
+        assert archive.read(name) == (helpers.FIXER_PACKAGE / name[len("fixer/"):]).read_bytes()
     assert {i.date_time for i in archive.infolist()} == {helpers.ZIP_EPOCH}      # fixed timestamps
     assert {i.compress_type for i in archive.infolist()} == {zipfile.ZIP_STORED}
-    for name in package:
-        assert archive.read(f"fixer/{name}") == (helpers.FIXER_PACKAGE / name).read_bytes()
+    package = sorted(p for p in helpers.FIXER_PACKAGE.glob("*.py") if p.name != "__main__.py")
+    modules = [("fixer" if p.stem == "__init__" else f"fixer.{p.stem}", p.read_text()) for p in package]
+    assert archive.read("__main__.py").decode() == inline_program(
+        modules + [("fixer_main", helpers.FIXER_ENTRY.decode())], "fixer_main", cache_as="fixer")
 
 
 def test_the_zipapp_sha256_depends_only_on_the_sources(tmp_path, monkeypatch):
