@@ -14,6 +14,7 @@ import math
 import zlib
 import os
 import shutil
+import random
 import socket
 import struct
 import subprocess
@@ -164,9 +165,21 @@ _SITE = "\x00SITE\x00"
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on every address, below the kernel's ephemeral range: a port the kernel handed out
+    (bind to 0) is also what any test's outgoing connection may get next, and that connection's local
+    port made a later 0.0.0.0 bind fail on a loaded machine (a fresh-clone run, 2026-12-06)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+        ephemeral_low = int(handle.read().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, max(10001, min(ephemeral_low, 30000)))
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port in 10000-29999 after 200 tries")
 
 
 @pytest.fixture
