@@ -255,10 +255,14 @@ def _some(names: List[str]) -> str:
     return shown + (" and %d more" % more if more > 0 else "")
 
 
+#: a control character (C0 or DEL): one regex search per name, not a generator per character
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def name_problems(names: List[str]) -> List[str]:
     """Tensor names no loader can mean: empty, or holding NUL or another control character (torch
     and SGLang look tensors up by name; such a name is dropped or collides)."""
-    bad = [n for n in names if not n or any(ord(c) < 32 or ord(c) == 127 for c in n)]
+    bad = [n for n in names if not n or _CONTROL.search(n)]
     if not bad:
         return []
     return ["%d tensor name(s) are empty or hold a control character (NUL, newline, ...): %s"
