@@ -170,6 +170,38 @@ def auth_kwargs(hop: Endpoint, label: str) -> dict:
 _hop_class = None
 
 
+class OrderedChannel:
+    """The direct-tcpip channel a hop's SSH session rides on, with its CLOSE never ahead of its data.
+
+    paramiko (3.x-5.1) builds a channel's DATA message under the channel's lock but sends it after
+    releasing it (``Channel._send``), and so does ``Channel.close`` with CLOSE. The hop's transport
+    thread writes on this channel (the target's protocol: its reply to the target's channel CLOSE at
+    the end of a command, a window adjust) while the host's thread closes the hop: the CLOSE could leave
+    first, and OpenSSH's sshd on the jump host then dropped the WHOLE shared bastion connection ("data
+    packet referred to nonexistent channel 5", OpenSSH 9.2), failing every other host behind it with
+    EOFError (2026-12-06, tests/integration/test_proxyjump.py under load). One lock around each send
+    and the close keeps them in order; everything else is the channel's own."""
+
+    def __init__(self, channel):
+        self._channel = channel
+        self._order = threading.Lock()
+
+    def send(self, data):
+        with self._order:
+            return self._channel.send(data)
+
+    def sendall(self, data):
+        with self._order:
+            return self._channel.sendall(data)
+
+    def close(self):
+        with self._order:
+            self._channel.close()
+
+    def __getattr__(self, name):
+        return getattr(self._channel, name)
+
+
 def _hop_connection_class():
     """fabric.Connection whose gateway channel honours the connect timeout.
 
@@ -183,10 +215,10 @@ def _hop_connection_class():
         class HopConnection(fabric.Connection):
             def open_gateway(self):
                 self.gateway.open()
-                return self.gateway.transport.open_channel(
+                return OrderedChannel(self.gateway.transport.open_channel(
                     kind="direct-tcpip", dest_addr=(self.host, int(self.port)), src_addr=("", 0),
                     timeout=self.connect_timeout,
-                )
+                ))
 
         _hop_class = HopConnection
     return _hop_class
@@ -356,9 +388,14 @@ class JumpConnections:
             return conn
 
     def close(self) -> None:
+        import paramiko
+
         with self._lock:
             for key in reversed(self._order):  # innermost hops first
-                self._conns.pop(key).close()
+                try:
+                    self._conns.pop(key).close()
+                except (OSError, EOFError, paramiko.SSHException):
+                    pass  # a hop that died under it (its own jump host dropped it): nothing left to close
             self._order.clear()
 
     def __enter__(self) -> JumpConnections:

@@ -391,9 +391,16 @@ class HostConnection(Transport):
         return self._conn
 
     def close(self) -> None:
+        import paramiko
+
         if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+            conn, self._conn = self._conn, None
+            try:
+                conn.close()
+            except (OSError, EOFError, paramiko.SSHException):
+                # the connection died under it (its jump host dropped): what the host answered is
+                # already in hand, and a close has nothing left to report (was "internal error: EOFError")
+                pass
         if self._own_jumps:
             self._jumps.close()
 
