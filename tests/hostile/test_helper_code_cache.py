@@ -93,6 +93,40 @@ def test_a_new_helper_replaces_its_stale_caches_and_only_those(tmp_path):
     assert sorted(p.name for p in cache.iterdir()) == sorted([the_cache(path).name] + [p.name for p in kept])
 
 
+@pytest.mark.parametrize("how", ["link-to-a-user-file", "link-to-a-folder", "other-owner", "group-writable",
+                                 "directory"])
+def test_a_stale_name_that_is_not_its_own_file_is_never_removed_nor_followed(tmp_path, how):
+    """Only a regular file of the user's own, not writable by others, with a stale name of this helper is
+    removed: a link named so (to a user's checkpoint, to a folder) stays and so does what it points at."""
+    if how == "other-owner" and os.geteuid() != 0:
+        pytest.skip("planting another user's file needs root")
+    folder = tmp_path / "helpers"
+    path = install(folder)
+    cache = folder / "__pycache__"
+    cache.mkdir(mode=0o700)
+    victim = tmp_path / "checkpoint" / "model.safetensors"
+    victim.parent.mkdir()
+    victim.write_bytes(b"weights")
+    planted = cache / f"tool.{'0' * 16}.{TAG}.bin"
+    if how == "link-to-a-user-file":
+        planted.symlink_to(victim)
+    elif how == "link-to-a-folder":
+        planted.symlink_to(victim.parent, target_is_directory=True)
+    elif how == "directory":
+        planted.mkdir()
+        (planted / "inside").write_bytes(b"x")
+    else:
+        planted.write_bytes(b"x")
+        planted.chmod(0o620 if how == "group-writable" else 0o600)
+        if how == "other-owner":
+            os.chown(planted, 65534, 65534)
+    assert run(path).stdout == "42\n"
+    assert os.path.lexists(planted), how
+    assert victim.read_bytes() == b"weights" and sorted(p.name for p in victim.parent.iterdir()) == [victim.name]
+    if how == "directory":
+        assert (planted / "inside").read_bytes() == b"x"
+
+
 def broken(cache: Path, good: bytes, how: str) -> None:
     """Damage a valid cache ``good`` at ``cache`` one way."""
     head, body = good.split(b"\n", 1)
