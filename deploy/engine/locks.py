@@ -66,11 +66,10 @@ def host_lock_path(host: Host) -> str:
 
 def host_lock_program() -> str:
     """host_lock.py with state_files beside it (its bounded reads and replace_file), one ``-c`` program."""
-    from deploy.facts.helpers import REMOTE_DIR
+    from deploy.facts.helpers import remote_modules
     from deploy.facts.inline import inline_program
 
-    return inline_program([("state_files", (REMOTE_DIR / "state_files.py").read_text()),
-                           ("host_lock", HOST_LOCK_SOURCE.read_text())], "host_lock")
+    return inline_program(remote_modules("state_files") + [("host_lock", HOST_LOCK_SOURCE.read_text())], "host_lock")
 
 
 def host_lock_command(host: Host, owner: dict | str, script: str | None = None) -> str:

@@ -179,12 +179,16 @@ def fixer_zipapp() -> bytes:
     return buffer.getvalue()
 
 
+def remote_modules(*names: str) -> list[tuple[str, str]]:
+    """(name, source) of deploy/remote's ``names``, in the order given (dependencies first), for inline_program."""
+    return [(name, (REMOTE_DIR / f"{name}.py").read_text()) for name in names]
+
+
 def host_ops_modules() -> list[tuple[str, str]]:
     """host_ops.py and the state_files.py (bounded reads and JSON, the one safe write), http_plain.py
     (its HTTP calls) and host_ops_args.py (its command line) it imports, dependencies first: what every
     inline program and the installed helper carry."""
-    return [(name, (REMOTE_DIR / f"{name}.py").read_text()) for name in ("http_plain", "state_files", "host_ops_args",
-                                                                       "host_ops")]
+    return remote_modules("http_plain", "state_files", "host_ops_args", "host_ops")
 
 
 @functools.lru_cache(maxsize=1)
