@@ -49,3 +49,14 @@ def measured(rounds: list, settings: dict, figure: object = None) -> BenchMeasur
         return BenchMeasurement.model_validate(fields)
     except ValueError:
         return BenchMeasurement.model_construct(**fields)
+
+
+def default_signals() -> None:
+    """Popen(preexec_fn=...) for a deployctl child a test sends SIGINT or SIGHUP: a runner started in
+    the background by a non-interactive shell has SIGINT ignored, one started under ``nohup`` SIGHUP;
+    the child inherits that and deployctl keeps an inherited SIG_IGN on purpose (deploy/base/signals.py,
+    tested on its own), so the test would see no signal at all. The child starts as from a terminal."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)

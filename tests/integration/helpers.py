@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from deploy.cli.main import main
+from tests.fixtures import default_signals  # noqa: F401  (the sandbox tests' deployctl children)
 
 #: The stand-in SGLang's `import sglang` sleeps 2.5 s like a real install's (sandbox/sim_sglang),
 #: and every server a test launches pays it before it even starts loading: about a quarter of the
@@ -106,10 +107,3 @@ def gpu_used(sandbox, host: str) -> list[int]:
     return [int(x) for x in out.stdout.split()]
 
 
-def default_sigint() -> None:
-    """Popen(preexec_fn=...) for a deployctl child a test sends Ctrl-C (SIGINT): a runner started in
-    the background by a non-interactive shell has SIGINT ignored, the child inherits that, and Python
-    then never raises KeyboardInterrupt (deployctl keeps an inherited SIG_IGN, deploy/base/signals.py)."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_DFL)

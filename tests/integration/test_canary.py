@@ -16,7 +16,7 @@ import pytest
 
 from tests.integration.fleet_client import StreamingClient
 from deploy.base.errors import ExitCode
-from tests.integration.helpers import FAST, REPO, cli_json_err, default_sigint, write_config
+from tests.integration.helpers import FAST, REPO, cli_json_err, default_signals, write_config
 from tests.integration.test_fleet import (HOSTS, ROUTER_PORT, ROUTER_PYTHONS, new_checkpoint, router_workers,
                                           server_pid, summary, worker_url)
 
@@ -69,7 +69,7 @@ def interrupted_in_window(path, during) -> str:
 
     proc = subprocess.Popen([sys.executable, "-m", "deploy", "-c", str(path), "restart"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-                            preexec_fn=default_sigint)
+                            preexec_fn=default_signals)
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)
     reader.start()

@@ -16,7 +16,7 @@ import yaml
 from deploy.base.errors import ExitCode
 from tests.integration.fleet_client import StreamingClient, stream_once
 from deploy.cli.main import main
-from tests.integration.helpers import FAST, REPO, cli_json, default_sigint, nightly_with, wait_until, write_config
+from tests.integration.helpers import FAST, REPO, cli_json, default_signals, nightly_with, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
 #: each package in its own venv (tests/bootstrap.sh): "only smg installed" is a real situation
@@ -615,7 +615,7 @@ def test_ctrl_c_during_a_drain_puts_the_batch_back_into_the_router(clean_sandbox
     with StreamingClient(sb.host("sb1").address, ROUTER_PORT, concurrency=3, max_new_tokens=2048):
         proc = subprocess.Popen([sys.executable, "-m", "deploy", "-c", str(path), "restart", "--force"], cwd=REPO,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-                                preexec_fn=default_sigint)
+                                preexec_fn=default_signals)
         lines: queue.Queue = queue.Queue()
         reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)
         reader.start()

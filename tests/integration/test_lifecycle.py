@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from deploy.base.errors import ExitCode
-from tests.integration.helpers import cli_json, cli_json_err, default_sigint, gpu_used, hold_gpu_program, start_stray, wait_until, write_config
+from tests.integration.helpers import cli_json, cli_json_err, default_signals, gpu_used, hold_gpu_program, start_stray, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
 
@@ -267,7 +267,7 @@ def test_logs_follow_streams_and_stops_on_ctrl_c(clean_sandbox, tmp_path, capsys
     import threading
 
     proc = subprocess.Popen([sys.executable, "-m", "deploy", "-c", str(path), "logs", "-f", "-n", "5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
 

@@ -14,7 +14,7 @@ import pytest
 
 from deploy.local import history
 from deploy.base.errors import ExitCode
-from tests.integration.helpers import FAST, REPO, cli_json, cli_json_err, default_sigint, nightly_with, wait_until, write_config
+from tests.integration.helpers import FAST, REPO, cli_json, cli_json_err, default_signals, nightly_with, wait_until, write_config
 
 pytestmark = pytest.mark.sandbox
 
@@ -33,7 +33,7 @@ def steps_of(doc: dict) -> dict:
 
 def deployctl(*argv: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "deploy", *argv], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=os.environ.copy(), preexec_fn=default_sigint)
+                            stderr=subprocess.PIPE, text=True, env=os.environ.copy(), preexec_fn=default_signals)
 
 
 def read_until(proc: subprocess.Popen, fragment: str, timeout: float = 60) -> str:

@@ -11,6 +11,7 @@ import pytest
 from deploy.base.errors import ExitCode, Interrupted, VerificationFailed
 from deploy.engine.records import HostReport, StepRecord
 from deploy.engine.run import mark_interrupted
+from tests.fixtures import default_signals
 
 PROGRAM = """
 import os, signal, sys, time
@@ -32,7 +33,8 @@ sys.exit(code)
 
 @pytest.mark.parametrize("name,code", [("SIGTERM", 143), ("SIGHUP", 129)])
 def test_the_signal_becomes_a_keyboard_interrupt_with_its_exit_code(name, code):
-    proc = subprocess.run([sys.executable, "-c", PROGRAM.format(name=name)], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run([sys.executable, "-c", PROGRAM.format(name=name)], capture_output=True, text=True, timeout=30,
+                          preexec_fn=default_signals)
     assert proc.returncode == code, proc.stderr
     assert proc.stdout.strip() == "cleaned up"
 
