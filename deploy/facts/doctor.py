@@ -12,7 +12,6 @@ multi-node check of every node's GPUs).
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -23,7 +22,7 @@ from deploy.base.limits import parse_json
 from deploy.config.models import Host, Run
 from deploy.base.errors import RemoteOutputError
 from deploy.facts.helpers import host_ops_modules
-from deploy.facts.inline import inline_program
+from deploy.facts.inline import built_once, inline_program
 from deploy.base.shell import quote
 from deploy.host.state_layout import StatePaths
 from deploy.host.sglang_argv import serve_address
@@ -33,7 +32,7 @@ HELPER = Path(__file__).resolve().parents[1] / "remote" / "doctor_facts.py"
 FIXER_MODULES = ("errors", "header")
 
 
-@functools.lru_cache(maxsize=1)  # built once per process: every host of a run sends the same program
+@built_once  # every host of a run sends the same program
 def doctor_program() -> str:
     """doctor_facts.py with the fixer's header reader, as one ``python3 -c`` program."""
     fixer = HELPER.parent / "fixer"

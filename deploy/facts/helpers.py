@@ -3,7 +3,6 @@ installed helpers, and the helpers themselves (host_ops.py, and the key fixer pa
 
 from __future__ import annotations
 
-import functools
 import io
 import re
 import zipfile
@@ -13,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from deploy.base.errors import ExitCode, RemoteCommandFailed, RemoteOutputError
 from deploy.base.shell import quote, quote_path
+from deploy.facts.inline import built_once
 
 #: the host-side helpers are Python 3.8+ stdlib only
 MIN_PYTHON = (3, 8)
@@ -191,7 +191,7 @@ def host_ops_modules() -> list[tuple[str, str]]:
     return remote_modules("http_plain", "state_files", "host_ops_args", "host_ops")
 
 
-@functools.lru_cache(maxsize=1)
+@built_once
 def helper_payloads() -> dict[str, bytes]:
     """What ensure-helper installs in ``<state_dir>/helpers``: file name -> exact bytes. ``host_ops.py``
     is host_ops with state_files beside it, one file (deploy/facts/inline.py's loader): the helper

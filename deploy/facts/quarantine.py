@@ -16,7 +16,7 @@ from deploy.base.limits import parse_json
 from deploy.base.errors import RemoteOutputError
 from deploy.host.records import QuarantineEntry, QuarantineRecord, validated
 from deploy.facts.helpers import helper_python, host_ops_modules
-from deploy.facts.inline import inline_program
+from deploy.facts.inline import built_once, inline_program
 from deploy.base.shell import path_join, quote, quote_path
 
 SOURCE = Path(__file__).resolve().parents[1] / "remote" / "quarantine.py"
@@ -35,6 +35,7 @@ def read_command(state_dir: str) -> str:
             f"else head -c {MAX_BYTES + 1} -- {quoted} 2>/dev/null; fi; true")
 
 
+@built_once  # as the lock's and the doctor's programs
 def update_program() -> str:
     """quarantine.py with host_ops beside it (its bounded reads and replace_file), one ``-c`` program."""
     return inline_program(host_ops_modules() + [("quarantine", SOURCE.read_text())], "quarantine")

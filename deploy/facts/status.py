@@ -25,7 +25,6 @@ Where each live figure comes from (SGLang 0.5.23, srt/metrics/collector.py and s
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
@@ -37,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 from deploy.base.limits import parse_json
 from deploy.base.errors import RemoteOutputError
 from deploy.facts.helpers import helper_python, host_ops_modules
-from deploy.facts.inline import inline_program
+from deploy.facts.inline import built_once, inline_program
 from deploy.host.records import R, CanaryMark, DeploymentRecord, LastGood, Metrics, RecordShapeError, validated
 from deploy.host.state_layout import canary_path, deployment_path, last_good_path
 from deploy.base.shell import path_join, quote, quote_path
@@ -47,7 +46,7 @@ REMOTE = Path(__file__).resolve().parents[1] / "remote"
 UNSET_ACCEPT = 1.0
 
 
-@functools.lru_cache(maxsize=1)
+@built_once
 def status_program() -> str:
     """server_status.py with the host_ops.py it uses (its /proc readers, the verify prompts)."""
     return inline_program(host_ops_modules() + [("server_status", (REMOTE / "server_status.py").read_text())],

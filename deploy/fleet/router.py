@@ -8,7 +8,6 @@ router host's SSH connection. Every HTTP call (the router's management API, a wo
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import json
 import threading
@@ -19,7 +18,7 @@ from pathlib import Path
 from deploy.base.limits import parse_json
 from deploy.config.models import Host, Run, RouterSpec
 from deploy.facts.helpers import helper_python
-from deploy.facts.inline import inline_program
+from deploy.facts.inline import built_once, inline_program
 from deploy.base.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
 from deploy.fleet.router_package import (ROUTER_CMDLINE_MARKS, RouterPackage, choose_package, parse_release,
                                          policy_problem)
@@ -134,7 +133,7 @@ def start_command(spec: RouterSpec, host: Host, workers: list[str], log_name: st
             f"pid=$!; printf '%s\\n' \"$pid\" > {quote_path(paths.pidfile)} && echo \"$pid\"; }}")
 
 
-@functools.lru_cache(maxsize=1)
+@built_once
 def fleet_ops_program() -> str:
     """fleet_ops.py with its HTTP client (http_plain.py), the port listeners' reader it shares with the
     doctor and the host side's process start time (state_files.py), as one program."""

@@ -479,11 +479,14 @@ def test_the_inline_doctor_reports_a_bad_header_the_fixers_way(tmp_path):
 def test_a_wildcard_serve_host_still_clashes_with_a_listener_on_one_address(world):
     """Issue 27: the doctor asks the kernel (a bind of serve_host:port) before blaming a listener
     another address shows; on a real host a 0.0.0.0 bind beside 127.0.0.1:PORT fails, so it still
-    fails here, naming the holder."""
+    fails here, naming the holder. The free case is checked first, right after the port was found
+    free: checked last, a listener of a test beside this one took the port in between (a fresh-clone
+    run, 2026-12-06)."""
+    free = world.checks(run=world.run(serve_host="0.0.0.0"))["serve-port"]
+    assert free.status == "pass", free.reason
     with socket.socket() as listener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", world.port))
         listener.listen()
         check = world.checks(run=world.run(serve_host="0.0.0.0"))["serve-port"]
         assert check.status == "fail" and f"pid {os.getpid()}" in check.reason, check.reason
-    assert world.checks(run=world.run(serve_host="0.0.0.0"))["serve-port"].status == "pass"

@@ -93,3 +93,51 @@ def test_a_module_is_compiled_only_when_imported_and_the_bundles_copy_wins(tmp_p
                         shlex.quote(inline_program(bundle, "main"))])
     done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == "the bundle\n", done.stderr
+
+
+def test_a_program_is_built_once_however_many_host_workers_ask_at_once():
+    """Issue 37: every host worker of a run asks for the same program at its first step; with
+    ``functools.lru_cache`` alone each worker that asked before the first build ended built it again
+    (8 doctor programs for 12 hosts, a zlib compression of 150 kB each)."""
+    from concurrent.futures import ThreadPoolExecutor
+    import threading
+
+    from deploy.facts.inline import built_once
+
+    workers = 8
+    gate = threading.Barrier(workers)
+    builds: list[int] = []
+    others_arrived = threading.Event()
+
+    @built_once
+    def program() -> str:
+        builds.append(1)
+        # with a cache that does not serialise the first build, the others come in here meanwhile
+        others_arrived.wait(1.0)
+        return "the program"
+
+    def ask() -> str:
+        gate.wait(10)
+        return program()
+
+    with ThreadPoolExecutor(workers) as pool:
+        answers = [f.result(30) for f in [pool.submit(ask) for _ in range(workers)]]
+    assert answers == ["the program"] * workers
+    assert len(builds) == 1, f"built {len(builds)} times"
+    assert program() == "the program" and len(builds) == 1
+
+
+@pytest.mark.parametrize("builder", ["deploy.facts.doctor:doctor_program", "deploy.facts.status:status_program",
+                                     "deploy.fleet.router:fleet_ops_program", "deploy.engine.locks:host_lock_program",
+                                     "deploy.facts.quarantine:update_program", "deploy.facts.helpers:helper_payloads"])
+def test_every_program_a_run_sends_to_each_host_is_built_once_per_process(builder, monkeypatch):
+    import importlib
+
+    import deploy.facts.inline as inline
+
+    module, name = builder.split(":")
+    function = getattr(importlib.import_module(module), name)
+    first = function()
+    calls: list[str] = []
+    monkeypatch.setattr(inline, "inline_program", lambda *a, **k: calls.append(a[1]) or "")
+    assert function() is first and calls == []
