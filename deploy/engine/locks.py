@@ -30,7 +30,7 @@ from deploy.local.state import (LocalStateError, ensure_directory, read_regular,
                                  state_home, write_regular)
 from deploy.base.shell import path_join, quote, quote_path
 from deploy.facts.helpers import helper_python
-from deploy.facts.inline import built_once
+from deploy.base.once import built_once
 
 HOST_LOCK_SOURCE = Path(__file__).resolve().parents[1] / "remote" / "host_lock.py"
 #: an OSError the host printed that means "this file system refuses the write" (EACCES, EPERM,

@@ -22,7 +22,8 @@ from deploy.base.limits import parse_json
 from deploy.config.models import Host, Run
 from deploy.base.errors import RemoteOutputError
 from deploy.facts.helpers import host_ops_modules
-from deploy.facts.inline import built_once, inline_program
+from deploy.base.once import built_once
+from deploy.facts.inline import inline_program
 from deploy.base.shell import quote
 from deploy.host.state_layout import StatePaths
 from deploy.host.sglang_argv import serve_address

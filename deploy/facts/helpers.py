@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from deploy.base.errors import ExitCode, RemoteCommandFailed, RemoteOutputError
 from deploy.base.shell import quote, quote_path
-from deploy.facts.inline import built_once
+from deploy.base.once import built_once
 
 #: the host-side helpers are Python 3.8+ stdlib only
 MIN_PYTHON = (3, 8)

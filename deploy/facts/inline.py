@@ -19,15 +19,10 @@ Linux refuses any single argument over MAX_ARG_STRLEN (32 pages, 128 KiB) with E
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import json
 import re
-import threading
 import zlib
-from typing import Callable, TypeVar
-
-T = TypeVar("T")
 
 #: Linux's MAX_ARG_STRLEN (include/uapi/linux/binfmts.h: 32 * PAGE_SIZE)
 MAX_ARG_STRLEN = 128 * 1024
@@ -157,24 +152,6 @@ MAX_CACHE_BYTES = 4 << 20
 
 class InlineProgramTooLarge(ValueError):
     pass
-
-
-def built_once(build: Callable[[], T]) -> Callable[[], T]:
-    """``build()``'s value, built once per process however many threads ask at once.
-
-    The programs are the same text for every host of a run, and building one costs its zlib
-    compression (level 9: about 8 ms for the doctor's 150 kB of sources). ``functools.lru_cache`` alone
-    let every host worker that asked before the first build finished build it again: 8 doctor
-    programs for 12 hosts, one per worker (``max_parallel``), about 6 ms of `up`'s CPU per extra
-    host (issue 37's fleet-scale benchmark, 2026-12-06)."""
-    lock = threading.Lock()
-    cached = functools.lru_cache(maxsize=1)(build)
-
-    @functools.wraps(build)
-    def get() -> T:
-        with lock:
-            return cached()
-    return get
 
 
 def inline_program(modules: list[tuple[str, str]], entry: str, cache_as: str | None = None) -> str:

@@ -16,7 +16,8 @@ from deploy.base.limits import parse_json
 from deploy.base.errors import RemoteOutputError
 from deploy.host.records import QuarantineEntry, QuarantineRecord, validated
 from deploy.facts.helpers import helper_python, host_ops_modules
-from deploy.facts.inline import built_once, inline_program
+from deploy.base.once import built_once
+from deploy.facts.inline import inline_program
 from deploy.base.shell import path_join, quote, quote_path
 
 SOURCE = Path(__file__).resolve().parents[1] / "remote" / "quarantine.py"

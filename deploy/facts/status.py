@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 from deploy.base.limits import parse_json
 from deploy.base.errors import RemoteOutputError
 from deploy.facts.helpers import helper_python, host_ops_modules
-from deploy.facts.inline import built_once, inline_program
+from deploy.base.once import built_once
+from deploy.facts.inline import inline_program
 from deploy.host.records import R, CanaryMark, DeploymentRecord, LastGood, Metrics, RecordShapeError, validated
 from deploy.host.state_layout import canary_path, deployment_path, last_good_path
 from deploy.base.shell import path_join, quote, quote_path

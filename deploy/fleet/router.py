@@ -18,7 +18,8 @@ from pathlib import Path
 from deploy.base.limits import parse_json
 from deploy.config.models import Host, Run, RouterSpec
 from deploy.facts.helpers import helper_python
-from deploy.facts.inline import built_once, inline_program
+from deploy.base.once import built_once
+from deploy.facts.inline import inline_program
 from deploy.base.errors import DeployError, ExitCode, RemoteOutputError, StepTimeout
 from deploy.fleet.router_package import (ROUTER_CMDLINE_MARKS, RouterPackage, choose_package, parse_release,
                                          policy_problem)

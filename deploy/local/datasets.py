@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deploy.base.once import built_once
 from deploy.base.limits import MAX_JSON_DEPTH, JSONTooDeep, check_json_depth, parse_json
 from deploy.base.errors import ConfigError
 from deploy.base.shell import path_join
@@ -252,7 +253,7 @@ def load_file(path: str | Path) -> Dataset:
     return _load_file(os.path.abspath(text), info.st_size, info.st_mtime_ns)
 
 
-@functools.lru_cache(maxsize=1)
+@built_once  # every host's benchmark step asks for it at once
 def builtin() -> Dataset:
     data = (importlib.resources.files("deploy") / "data" / "prompts.json").read_bytes()
     return from_bytes(data, BUILTIN, "sharegpt", "deployctl's built-in prompt set (deploy/data/prompts.json)")

@@ -183,7 +183,7 @@ def test_no_product_file_over_700_lines():
 FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     # pure leaves and the host-side programs: import nothing above
     ("base", {
-        "deploy.base": ("__init__", "errors", "limits", "secrets", "shell", "signals", "terminal"),
+        "deploy.base": ("__init__", "errors", "limits", "once", "secrets", "shell", "signals", "terminal"),
         "deploy.remote": ("__init__", "doctor_facts", "drafter_swap", "fleet_ops", "host_lock", "host_ops",
                           "host_ops_args", "http_plain", "listeners", "quarantine", "server_status", "sglang_cli", "sglang_source",
                           "state_files"),

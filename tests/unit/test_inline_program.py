@@ -102,7 +102,7 @@ def test_a_program_is_built_once_however_many_host_workers_ask_at_once():
     from concurrent.futures import ThreadPoolExecutor
     import threading
 
-    from deploy.facts.inline import built_once
+    from deploy.base.once import built_once
 
     workers = 8
     gate = threading.Barrier(workers)
@@ -129,8 +129,10 @@ def test_a_program_is_built_once_however_many_host_workers_ask_at_once():
 
 @pytest.mark.parametrize("builder", ["deploy.facts.doctor:doctor_program", "deploy.facts.status:status_program",
                                      "deploy.fleet.router:fleet_ops_program", "deploy.engine.locks:host_lock_program",
-                                     "deploy.facts.quarantine:update_program", "deploy.facts.helpers:helper_payloads"])
+                                     "deploy.facts.quarantine:update_program", "deploy.facts.helpers:helper_payloads",
+                                     "deploy.local.datasets:builtin"])
 def test_every_program_a_run_sends_to_each_host_is_built_once_per_process(builder, monkeypatch):
+    """And the built-in prompt set every host's benchmark reads."""
     import importlib
 
     import deploy.facts.inline as inline
