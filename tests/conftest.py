@@ -88,13 +88,15 @@ SANDBOX_UNITS: tuple[tuple[str, ...], ...] = (
     ("test_fleet.py::test_up_with_router_reaches_every_replica_rolls_with_no_failed_request_and_down_stops_all"
      "[sglang-router]",
      "test_fleet.py::test_an_unchanged_replica_stays_in_the_router_and_nightly_rolls_one_at_a_time_and_converges",
-     "test_safe_redeploy.py", "test_lifecycle.py", "test_status.py", "test_gpu_status.py",
+     "test_safe_redeploy.py", "test_lifecycle.py", "test_status.py",
      "test_drafter_swap.py::test_behind_a_router_a_swap_is_drained_first_and_swapped_in_place"),
     ("test_fleet_network.py", "test_drafter_swap.py", "test_proxyjump.py",
-     "test_canary.py::test_a_canary_worse_on_live_traffic_is_rolled_back_and_a_better_one_promoted[smg]"),
+     "test_canary.py::test_a_canary_worse_on_live_traffic_is_rolled_back_and_a_better_one_promoted[smg]",
+     "test_safe_redeploy.py::test_bad_new_drafter_rolls_back_to_the_last_good_one"),
     ("test_canary.py::test_a_canary_worse_on_live_traffic_is_rolled_back_and_a_better_one_promoted[sglang-router]",
      "test_plan_is_run.py", "test_nightly_truth.py", "test_doctor.py", "test_doctor_silent.py",
-     "test_sandbox.py", "test_hostile_round3.py", "test_remote_fix.py", "test_ssh_trust.py"),
+     "test_sandbox.py", "test_hostile_round3.py", "test_remote_fix.py", "test_ssh_trust.py",
+     "test_fleet_shared_router_host.py", "test_gpu_status.py"),
 )
 
 

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.sandbox
 
 LIVE_MIX = ("Translate to German: the meeting moves to Thursday.", "Rewrite this email so it sounds friendlier.",
             "Draft a polite reply declining the invitation.", "Give three names for a bakery.")
-CANARY = {"replicas": 1, "window": "60s", "interval": 1, "min_requests": 40}
+CANARY = {"replicas": 1, "window": "40s", "interval": 0.5, "min_requests": 40}
 
 
 @pytest.fixture(autouse=True)
