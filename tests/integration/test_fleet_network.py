@@ -95,7 +95,8 @@ def test_a_router_killed_mid_roll_stops_it_exit_14_untouched_replicas_serve_and_
                 healthy = {w["url"] for w in router_workers(sb) if w["is_healthy"]}
             except OSError:
                 return False
-            return server_pid(sb, "sb1") != old["sb1"] and worker_url(sb, "sb2") not in healthy
+            # the router's answer first: it is one HTTP request, the PID file one ssh command (10 polls a second)
+            return worker_url(sb, "sb2") not in healthy and server_pid(sb, "sb1") != old["sb1"]
         try:
             wait_until(sb2_out, timeout=240, interval=0.1, what="batch 2 taken out of the router")
         except AssertionError as exc:
