@@ -13,11 +13,15 @@ would be, and runs, under the contract venv:
   does nothing (no GPU here), and the reductions are torch's own CPU ones (shared memory, file
   descriptors): SGLang's ``monkey_patch_torch_reductions`` rewrites ``reduce_tensor``'s CUDA arguments
   (device index -> UUID, argument 6) and fails on a CPU tensor (IndexError: the first test below
-  checks that fact, which is why the sender must copy the drafter to the GPUs);
+  checks that fact in the consumer, once it has deserialized, which is why the sender must copy the
+  drafter to the GPUs);
 - the consumer: another process (spawned by the producer, which keeps its tensors alive as the sender
   does) that runs the real ``monkey_patch_torch_reductions`` and ``MultiprocessingSerializer.deserialize``
   (base64 text, SafeUnpickler) on entry [rank] for each rank, and compares names, dtypes, shapes and
   values with the file.
+
+One run per wheel answers both tests (each starts two interpreters that import torch, about 2 s of
+CPU each here): the first test of a version runs it, the other reads its answer.
 
 What only a GPU shows: the CUDA IPC reductions (SGLang's patched ``reduce_tensor`` with device UUIDs,
 ``rebuild_cuda_tensor``) and the copy on each rank's own GPU: tests/device/swap_drafter_gpu.py.
@@ -55,7 +59,7 @@ def consume(path, entries, out):
         ranks.append({"names": sorted(n for n, _ in named),
                       "equal": all(t.dtype == want[n].dtype and list(t.shape) == list(want[n].shape)
                                    and torch.equal(t, want[n]) for n, t in named)})
-    out.put(ranks)
+    out.put({"ranks": ranks, "patched_cpu_tensor": patched_cpu_tensor()})
 
 def patched_cpu_tensor():
     """SGLang's patched reduce_tensor on a CPU tensor: what the real reductions allow."""
@@ -70,9 +74,6 @@ def patched_cpu_tensor():
 
 if __name__ == "__main__":
     drafter, sender_dir = sys.argv[1], sys.argv[2]
-    if sys.argv[3:] == ["patched"]:
-        print(json.dumps({"patched_cpu_tensor": patched_cpu_tensor()}))
-        sys.exit(0)
     # SGLang's monkey_patch_torch_reductions rewrites reduce_tensor's CUDA arguments (device -> UUID) and
     # fails on a CPU tensor: torch's own reductions here (the patch sees itself applied and returns)
     import torch.multiprocessing.reductions as reductions
@@ -90,10 +91,11 @@ if __name__ == "__main__":
     out = ctx.Queue()
     child = ctx.Process(target=consume, args=(drafter + "/model.safetensors", entries, out))
     child.start()
-    ranks = out.get(timeout=120)
+    consumed = out.get(timeout=120)
     child.join(60)
     print(json.dumps({"count": count, "entries": len(entries), "all_text": all(isinstance(e, str) for e in entries),
-                      "ranks": ranks, "exit": child.exitcode}))
+                      "ranks": consumed["ranks"], "patched_cpu_tensor": consumed["patched_cpu_tensor"],
+                      "exit": child.exitcode}))
 '''
 
 
@@ -146,15 +148,25 @@ def _prepare(version: str, tmp_path: Path):
     return run
 
 
+_RUNS: dict[str, dict] = {}
+
+
+def payload_run(version: str, tmp_path_factory) -> dict:
+    """The producer's and the consumer's answers for ``version``'s wheel, from one run."""
+    if version not in _RUNS:
+        _RUNS[version] = _prepare(version, tmp_path_factory.mktemp(f"payload-{version}"))()
+    return _RUNS[version]
+
+
 @pytest.mark.parametrize("version", VERSIONS)
-def test_sglangs_patched_reductions_take_cuda_tensors_only(version, tmp_path):
-    result = _prepare(version, tmp_path)("patched")
+def test_sglangs_patched_reductions_take_cuda_tensors_only(version, tmp_path_factory):
+    result = payload_run(version, tmp_path_factory)
     assert result["patched_cpu_tensor"] and result["patched_cpu_tensor"].startswith("IndexError"), result
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_sglang_payloads_deserialize_with_the_real_serializer_in_another_process(version, tmp_path):
-    result = _prepare(version, tmp_path)()
+def test_sglang_payloads_deserialize_with_the_real_serializer_in_another_process(version, tmp_path_factory):
+    result = payload_run(version, tmp_path_factory)
     assert result["count"] == 3 and result["entries"] == 2 and result["all_text"] and result["exit"] == 0, result
     for rank in result["ranks"]:
         assert rank == {"names": ["d2t", "fc.weight", "midlayer.self_attn.q_proj.weight"], "equal": True}, result
