@@ -316,6 +316,65 @@ def test_the_sandbox_nvidia_smi_reports_memory_no_listed_process_holds(tmp_path,
     assert apps.stdout == ""  # nobody holds it
 
 
+def _json_documents(seed: int, count: int) -> list[str]:
+    """Random JSON texts (nested objects and arrays, numbers, escapes, constants, whitespace)."""
+    import random
+
+    rng = random.Random(seed)
+
+    def value(depth: int):
+        kind = rng.randrange(8 if depth < 4 else 5)
+        if kind == 0:
+            return rng.randrange(-10**12, 10**12)
+        if kind == 1:
+            return rng.uniform(-1e6, 1e6)
+        if kind == 2:
+            return "".join(rng.choice('ab"\\/\u00e9\n\t\u2028 ') for _ in range(rng.randrange(6)))
+        if kind == 3:
+            return rng.choice([True, False, None])
+        if kind == 4:
+            return rng.choice([float("nan"), float("inf"), -float("inf"), 0.0, -0.0])
+        if kind in (5, 6):
+            return {str(rng.randrange(100)): value(depth + 1) for _ in range(rng.randrange(4))}
+        return [value(depth + 1) for _ in range(rng.randrange(4))]
+
+    return [rng.choice(["", " ", "\n", "\t\r\n "]) + json.dumps(value(0), indent=rng.choice([None, 2]))
+            + rng.choice(["", "\n", "  \n"]) for _ in range(count)]
+
+
+def test_the_sandbox_nvidia_smi_reads_json_as_the_json_module_does():
+    """load_json (json's C scanner, no ``import json``) against json.loads: the same value, or a
+    ValueError where json.loads raises one."""
+    import io
+    import math
+
+    from sandbox.sim_nvidia_smi import load_json
+
+    def same(a, b) -> bool:
+        if isinstance(a, float) and isinstance(b, float):
+            return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return type(a) is type(b) and a == b
+
+    documents = _json_documents(17, 300)
+    broken = [d[: len(d) // 2] for d in documents if len(d.strip()) > 2] + ["", " ", "{", "[1,]", "nul", "{} x",
+                                                                          '{"a" 1}', "[1] [2]", "\x00", "'a'",
+                                                                          "\x0c[1]", "[1]\x0b", "\u00a0{}"]
+    for text in documents:
+        assert same(load_json(io.StringIO(text)), json.loads(text)), text
+    for text in broken:
+        try:
+            json.loads(text)
+        except ValueError:
+            with pytest.raises(ValueError):
+                load_json(io.StringIO(text))
+        else:
+            assert same(load_json(io.StringIO(text)), json.loads(text)), text
+
+
 # --- issue 39: another user's GPU holder is never killed unasked, and the doctor names every one ----------
 
 import os  # noqa: E402
