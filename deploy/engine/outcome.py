@@ -113,7 +113,13 @@ def after_interruption(report: HostReport, memory: StepMemory, lost: bool = Fals
     stop = next((s for s in records if s.name == "stop-stale" and s.status == "ok"), None)
     stopped = [p.get("pid") for p in (stop.data.get("processes") or [])] if stop is not None else []
     if stopped:
-        listed = ", ".join(str(p) for p in stopped[:8])
+        # the server converge found first: stop-stale lists the processes in /proc's order, and once PIDs
+        # have wrapped around, the server's TP ranks (started after it) can come before it and push it out
+        # of the eight named (seen 2026-12-07: "pid 308, 309, ..., 318" for a server of pid 32745)
+        converge = next((s for s in records if s.name == "converge"), None)
+        recorded = converge.data.get("recorded_pid") if converge is not None else None
+        stopped.sort(key=lambda p: p != recorded)
+        listed = ", ".join(str(p) for p in stopped[:8]) + (f" and {len(stopped) - 8} more" if len(stopped) > 8 else "")
         return (f"nothing: this run stopped the server (pid {listed}) and launched nothing; {not_read}",
                 Serving("nothing", None, f"this run stopped the server and launched nothing; {cut}"))
     freed = next((s for s in records if s.name == "free-gpus" and s.status == "ok" and s.data.get("killed")), None)

@@ -54,6 +54,29 @@ def test_a_signal_after_each_step_says_what_the_run_left(signal_after, expected)
     assert expected in left[0] and "unknown" not in left[0] and "not read again" in left[0]
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_the_stopped_server_is_named_first_whatever_its_pids_order(seed):
+    """A signal after stop-stale named the first eight PIDs in /proc's order: after the PIDs wrapped around,
+    the server's TP ranks (started after it, smaller PIDs) pushed the server's own PID out of the line."""
+    import random
+
+    rng = random.Random(seed)
+    server = rng.randrange(300, 4_194_304)
+    ranks = [rng.randrange(300, 4_194_304) for _ in range(rng.randrange(0, 13))]
+    strays = [rng.randrange(300, 4_194_304) for _ in range(rng.randrange(0, 3))]
+    pids = sorted(set([server, *ranks, *strays]))  # /proc lists them in numeric order
+    data = {"stop-stale": {"processes": [{"pid": p, "signal": "TERM", "exited": True} for p in pids]},
+            "converge": {"recorded_pid": server, "converged": False}}
+    records = [StepRecord(n, "ok", data=dict(data.get(n, {}))) for n in UP[:UP.index("stop-stale") + 1]]
+    left = after_interruption(HostReport(HOST, steps=records), StepMemory())
+    assert left is not None
+    named = left[0].split("(pid ", 1)[1].split(")", 1)[0]
+    assert named.split(", ")[0] == str(server), left[0]
+    shown = named.split(" and ")[0].split(", ")
+    assert len(shown) == min(8, len(pids)) and set(shown) <= {str(p) for p in pids}, left[0]
+    assert (f" and {len(pids) - 8} more" in named) is (len(pids) > 8), left[0]
+
+
 def test_converged_and_untouched():
     records = [StepRecord(n, "skipped" if n in ("stop-stale", "free-gpus", "launch") else "ok") for n in UP[:8]]
     left = after_interruption(HostReport(HOST, steps=records), StepMemory(converged=True, pid=77))
