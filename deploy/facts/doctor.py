@@ -41,6 +41,7 @@ def doctor_program() -> str:
     modules += host_ops_modules()  # its server-state code
     modules.append(("sglang_source", (HELPER.parent / "sglang_source.py").read_text()))  # its static reader
     modules.append(("sglang_cli", (HELPER.parent / "sglang_cli.py").read_text()))  # SGLang's options
+    modules.append(("package_metadata", (HELPER.parent / "package_metadata.py").read_text()))  # its version, plugins
     modules.append(("listeners", (HELPER.parent / "listeners.py").read_text()))  # the port listeners' reader
     return inline_program(modules + [("doctor_facts", HELPER.read_text())], "doctor_facts")
 

@@ -23,12 +23,13 @@ import stat as stat_module
 
 if __package__:  # imported locally, as deploy.remote.doctor_facts
     import shutil, socket, subprocess  # noqa: E401
-    from . import host_ops, sglang_cli
+    from . import host_ops, package_metadata, sglang_cli
     from .state_files import loads_json
     from .listeners import listeners, socket_owners
     from .fixer.errors import FixError
     from .fixer.header import read_header as read_safetensors_header
 elif sys.argv[1:2] == ["sglang"]:  # inline, each mode imports (so compiles: facts/inline.py) what it runs
+    import package_metadata  # type: ignore[no-redef]
     import sglang_cli  # type: ignore[no-redef]
     from state_files import loads_json  # type: ignore[no-redef]
 else:  # host mode: the fixer's modules travel as the package "fixer", and host_ops
@@ -610,6 +611,8 @@ def config_file(path):
 def plugin_entry_points():
     """The entry points SGLang's load_plugins would find for this python (importlib.metadata, stdlib)."""
     facts = {"groups": list(PLUGIN_GROUPS), "found": [], "error": None}
+    if package_metadata.no_entry_points(PLUGIN_GROUPS):  # no entry_points.txt names a group
+        return facts
     try:
         import importlib.metadata as metadata
         everything = metadata.entry_points()
@@ -638,17 +641,9 @@ def sglang_facts(spec):
     if found is not None and found.submodule_search_locations:
         facts["found"] = True
         facts["package_dir"] = list(found.submodule_search_locations)[0]
-    try:
-        import importlib.metadata as metadata
-    except ImportError:  # Python 3.7 and older: importlib_metadata is not stdlib
-        metadata = None
-    if metadata is not None:
-        try:
-            facts["version"] = metadata.version("sglang")
-        except Exception as exc:  # PackageNotFoundError, or a broken dist-info
-            facts["version_error"] = _error(exc)
-    else:
-        facts["version_error"] = "importlib.metadata needs Python 3.8+"
+    # importlib.metadata's answer, from a plain look at sys.path where that can tell (package_metadata.py)
+    facts["version"], version_error = package_metadata.sglang_version()
+    facts["version_error"] = version_error or facts["version_error"]
     if facts["package_dir"]:
         models = os.path.join(facts["package_dir"], "srt", "models")
         if os.path.isdir(models):

@@ -185,8 +185,8 @@ FLOORS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     ("base", {
         "deploy.base": ("__init__", "errors", "limits", "once", "secrets", "shell", "signals", "terminal"),
         "deploy.remote": ("__init__", "doctor_facts", "drafter_swap", "fleet_ops", "host_lock", "host_ops",
-                          "host_ops_args", "http_plain", "listeners", "quarantine", "server_status", "sglang_cli", "sglang_source",
-                          "state_files"),
+                          "host_ops_args", "http_plain", "listeners", "package_metadata", "quarantine", "server_status",
+                          "sglang_cli", "sglang_source", "state_files"),
         "deploy.remote.fixer": ("__init__", "__main__", "checkpoint", "cli", "config", "conversion", "errors",
                                 "fileio", "header", "loader", "plan", "rename", "restoration", "sidecar", "store"),
     }),
