@@ -73,6 +73,10 @@ PYLIB_TEMPLATE = "pylib-template"
 HOST_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: the compiled sim_network.c, under the sandbox root (absent: no C compiler, hosts share one stack)
 NETWORK_SHIM = "sim_network.so"
+_SIM_NVIDIA_SMI_FAST = _PACKAGE_DIR / "sim_nvidia_smi_fast.c"
+#: the compiled sim_nvidia_smi_fast.c, under the sandbox root (absent: no C compiler, the Python stand-in
+#: answers every call)
+NVIDIA_SMI_FAST = "sim-nvidia-smi"
 #: the abridged upstream model sources the doctor's tests read (one copy: the sandbox installs them
 #: under a SIMULATED header instead of keeping its own copies, issue 37)
 _MODEL_SOURCES = _PACKAGE_DIR.parent / "tests" / "facts" / "doctor" / "models"
@@ -517,6 +521,23 @@ def _build_network_shim(root: Path) -> Path | None:
     return shim
 
 
+def _build_nvidia_smi_fast(root: Path) -> Path | None:
+    """Compile sim_nvidia_smi_fast.c (the two GPU queries deployctl sends, answered as the Python
+    stand-in answers them, in about 1 ms of CPU instead of 15; anything else it hands to the Python
+    stand-in); None without a C compiler (the Python stand-in then answers every call)."""
+    binary = root / NVIDIA_SMI_FAST
+    binary.unlink(missing_ok=True)
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    result = subprocess.run([compiler, "-O2", "-o", str(binary), str(_SIM_NVIDIA_SMI_FAST)],
+                            capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise SandboxError(f"compiling {_SIM_NVIDIA_SMI_FAST} failed: {result.stderr[-500:]}")
+    binary.chmod(0o755)
+    return binary
+
+
 def _network_env(address: str, shim: Path | None) -> dict[str, str]:
     return {"SANDBOX_OWN_ADDRESS": address, "LD_PRELOAD": str(shim)} if shim is not None else {}
 
@@ -580,11 +601,18 @@ def _build_home(name: str, home: Path, gpus: int, sglang_version: str, drafter_c
     # stand-in's 21 ms of CPU per call, and the suite's hosts call it some 2,500 times per run
     (sim_dir / "lib").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(_SIM_NVIDIA_SMI, sim_dir / "lib" / "sim_nvidia_smi.py")
+    launcher = ("#!/usr/bin/python3 -IS\n"
+                f"# SIMULATED nvidia-smi (deployctl sandbox test double): {sim_dir / 'lib' / 'sim_nvidia_smi.py'}\n"
+                f"import sys\nsys.path.insert(0, {str(sim_dir / 'lib')!r})\n"
+                "import sim_nvidia_smi\nsys.exit(sim_nvidia_smi.main())\n")
+    # the C fast path answers deployctl's two queries and execs this launcher for everything else
+    (sim_dir / "lib" / "sim_nvidia_smi_main.py").write_text(launcher)
     smi = home / "bin" / "nvidia-smi"
-    smi.write_text("#!/usr/bin/python3 -IS\n"
-                   f"# SIMULATED nvidia-smi (deployctl sandbox test double): {sim_dir / 'lib' / 'sim_nvidia_smi.py'}\n"
-                   f"import sys\nsys.path.insert(0, {str(sim_dir / 'lib')!r})\n"
-                   "import sim_nvidia_smi\nsys.exit(sim_nvidia_smi.main())\n")
+    fast = drafter_cache.parent / NVIDIA_SMI_FAST  # built by start_sandbox under the root, as the template
+    if fast.is_file():
+        shutil.copyfile(fast, smi)
+    else:
+        smi.write_text(launcher)
     smi.chmod(0o755)
     template = drafter_cache.parent / PYLIB_TEMPLATE  # both built by start_sandbox under the root
     for package in (_SIM_SGLANG, *_SIM_SIBLINGS):
@@ -801,6 +829,7 @@ def start_sandbox(
     known_hosts = root / "known_hosts"
     config_path = root / "deployctl.yaml"
     shim = _build_network_shim(root)
+    _build_nvidia_smi_fast(root)
     drafter_cache = root / "drafter-template"
     if drafter_cache.exists():
         shutil.rmtree(drafter_cache)

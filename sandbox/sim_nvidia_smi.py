@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """SIMULATED nvidia-smi: a TEST DOUBLE run as ``~/bin/nvidia-smi`` on deployctl sandbox hosts (this module
 is installed as ``~/.sim/lib/sim_nvidia_smi.py``, behind a launcher there that imports it: sandbox/hosts.py).
+It is the model: ``sim_nvidia_smi_fast.c`` (``~/bin/nvidia-smi`` where a C compiler is at hand) answers
+deployctl's two CSV queries as this module does and execs the launcher for everything else.
 
 There is no GPU. A sandbox host has files ``~/dev/nvidia0..N-1`` (and ``~/dev/nvidiactl``) standing
 in for ``/dev/nvidiaN``. The numbers this script prints come from REAL processes:
