@@ -26,9 +26,12 @@ def holder(device, user: int | None):
     proc = subprocess.Popen(["python3", "-c", program], **kwargs)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if any(os.path.realpath(f"/proc/{proc.pid}/fd/{fd}") == str(device)
-               for fd in os.listdir(f"/proc/{proc.pid}/fd")):
-            return proc
+        try:
+            if any(os.path.realpath(f"/proc/{proc.pid}/fd/{fd}") == str(device)
+                   for fd in os.listdir(f"/proc/{proc.pid}/fd")):
+                return proc
+        except OSError:  # a file the starting interpreter closed between the listing and realpath's readlink
+            pass
         time.sleep(0.02)
     raise AssertionError("the holder never opened the device")
 
