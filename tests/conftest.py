@@ -147,10 +147,11 @@ def pytest_xdist_auto_num_workers(config):
 
 def collection_roles(config) -> bool:
     """In the plain run (the README's command, CI: the testpaths, no selection), does each worker collect
-    only what it will run? The first len(SANDBOX_UNITS) workers take the sandbox units and collect
-    tests/integration alone; the others collect the rest. A worker collecting all 7,800 cases took
-    2.9 s of CPU, tests/integration alone 0.7 s (2026-12-07), and the units' four workers ran none
-    of the rest. Any selection (paths, -k, -m, --lf, --deselect) or fewer workers: every worker
+    only what it will run? Worker gwK runs sandbox unit K (K < len(SANDBOX_UNITS)) and collects
+    tests/integration alone, except gw0: unit 0 (the catch-all) ended first in the measured runs, and
+    its worker then takes pure modules off the queue, so it collects everything. The others collect
+    the rest. A worker collecting all 7,800 cases took about 2 s of CPU, tests/integration alone 0.55 s
+    (2026-12-07). Any selection (paths, -k, -m, --lf, --deselect) or fewer workers: every worker
     collects everything, as pytest-xdist expects."""
     option = config.option
     workers = getattr(option, "numprocesses", None)
@@ -165,12 +166,13 @@ def collection_roles(config) -> bool:
 def pytest_configure_node(node):
     if collection_roles(node.config):
         index = int(node.gateway.id.removeprefix("gw"))
-        node.workerinput["deployctl_collects"] = "sandbox" if index < len(SANDBOX_UNITS) else "rest"
+        node.workerinput["deployctl_collects"] = ("all" if index == 0 else "sandbox" if index < len(SANDBOX_UNITS)
+                                                  else "rest")
 
 
 def pytest_ignore_collect(collection_path, config):
     role = getattr(config, "workerinput", {}).get("deployctl_collects")
-    if role is None:
+    if role in (None, "all"):
         return None
     tests = Path(__file__).resolve().parent
     path = Path(collection_path).resolve()
@@ -228,9 +230,11 @@ def pytest_xdist_make_scheduler(config, log):
             self.collection = union
             for nodeid in union:
                 self.workqueue.setdefault(self._split_scope(nodeid), {})[nodeid] = False
-            for node in self.nodes:
+            # gwK takes unit K (the queue's order), whichever worker came up first
+            nodes = sorted(self.nodes, key=lambda node: int(node.gateway.id.removeprefix("gw")))
+            for node in nodes:
                 self._assign_work_unit(node)
-            for node in self.nodes:
+            for node in nodes:
                 self._reschedule(node)
 
         def _assign_work_unit(self, node) -> None:
