@@ -26,6 +26,7 @@ removed at the end (and at start, whatever an interrupted run left).
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import pwd
 import resource
@@ -62,6 +63,7 @@ def config(n: int, fleet: bool) -> str:
 
 #: deployctl's local state (history, local locks) of the benchmark's runs: never the user's own history
 STATE_HOME = tempfile.mkdtemp(prefix="deployctl-bench-scale-state-")
+atexit.register(shutil.rmtree, STATE_HOME, ignore_errors=True)  # every run left one behind in /tmp
 
 
 def child_env() -> dict[str, str]:
