@@ -201,6 +201,10 @@ def pytest_xdist_make_scheduler(config, log):
         """With collection roles (``collection_roles``) the workers' collections differ: the queue is
         their union, in each one's order, and a worker takes the first unit it collected."""
 
+        def __init__(self, config, log=None) -> None:
+            super().__init__(config, log)
+            self._indexes: dict = {}  # worker -> {node id: its index in that worker's collection}
+
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
 
@@ -209,12 +213,16 @@ def pytest_xdist_make_scheduler(config, log):
                 return super().add_node_collection(node, collection)
             assert node in self.assigned_work
             self.registered_collections[node] = list(collection)
+            # pytest-xdist has just set the session's count to this worker's: the progress ("[ 50%]") and the
+            # summary count the whole run's
+            session = self.config.pluginmanager.get_plugin("session")
+            if session is not None:
+                session.testscollected = len(set().union(*self.registered_collections.values()))
 
         def _index(self, node) -> dict[str, int]:
-            cache = self.__dict__.setdefault("_indexes", {})
-            if node not in cache:
-                cache[node] = {nodeid: i for i, nodeid in enumerate(self.registered_collections[node])}
-            return cache[node]
+            if node not in self._indexes:
+                self._indexes[node] = {nodeid: i for i, nodeid in enumerate(self.registered_collections[node])}
+            return self._indexes[node]
 
         def _takes(self, node) -> list[str]:
             """The queued scopes this worker collected, queue order."""
@@ -259,7 +267,7 @@ def pytest_xdist_make_scheduler(config, log):
             self._assign_work_unit(node)
 
         def remove_node(self, node):
-            self.__dict__.get("_indexes", {}).pop(node, None)
+            self._indexes.pop(node, None)
             return super().remove_node(node)
 
     return SandboxOnOneWorker(config, log)
