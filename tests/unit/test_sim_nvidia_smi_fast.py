@@ -20,6 +20,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -165,15 +166,13 @@ def _timeless(argv: list[str], answer: tuple[int, str]) -> tuple[int, str]:
 
 
 def _wait_ready(procs: list[subprocess.Popen]) -> None:
-    """Each holder has exec'd sleep with its files open (the shell's redirects come first)."""
+    """Each holder has exec'd sleep with its files open (the shell's redirects come first): the two
+    programs must read the same processes, not a shell that becomes sleep between them."""
+    deadline = time.monotonic() + 30
     for proc in procs:
-        for _ in range(2000):
-            try:
-                if Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(b"sleep"):
-                    break
-            except OSError:
-                break
-            os.sched_yield()
+        while not Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(b"sleep"):
+            assert proc.poll() is None and time.monotonic() < deadline, f"holder {proc.pid} never became sleep"
+            time.sleep(0.005)
 
 
 def test_the_c_program_answers_what_the_python_model_answers(binaries, tmp_path, monkeypatch):
