@@ -25,6 +25,11 @@ every version of it (3.8 to 3.13), or ``None``, and then the caller asks importl
 import os
 import sys
 
+if __package__:  # imported locally, as deploy.remote.package_metadata
+    from .state_files import read_regular
+else:  # inline, beside state_files (deploy/facts/doctor.py)
+    from state_files import read_regular  # type: ignore[no-redef]
+
 _INFO_SUFFIXES = (".dist-info", ".egg-info")
 #: a wheel's canonical metadata directory for SGLang (PEP 427/491: the normalised name, the version)
 _VERSION_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.+!_")
@@ -77,20 +82,14 @@ def metadata_dirs():
 
 
 def _read(path, limit):
-    """The text of a regular file, or None when there is none; Undecided for anything else."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(limit + 1)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError:
-        raise Undecided("cannot read %s" % path)
-    if len(data) > limit:
-        raise Undecided("%s is larger than %d bytes" % (path, limit))
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise Undecided("%s is not UTF-8" % path)
+    """The text of a file, or None when there is none; Undecided for anything but a regular UTF-8 file
+    within ``limit`` (state_files.read_regular: a FIFO planted there never blocks the look)."""
+    text, problem = read_regular(path, limit)
+    if problem is not None:
+        raise Undecided(problem)
+    if text is not None and "\ufffd" in text:  # read_regular decodes with "replace"; importlib.metadata strictly
+        raise Undecided("%s is not UTF-8 (or holds U+FFFD)" % path)
+    return text
 
 
 def no_entry_points(groups):

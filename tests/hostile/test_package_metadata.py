@@ -12,6 +12,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -245,3 +246,22 @@ def test_a_finder_that_lists_distributions_leaves_the_answer_to_importlib_metada
 
     monkeypatch.setattr("sys.meta_path", [Finder] + list(os.sys.meta_path))
     assert package_metadata.plain_sglang_version() is None and package_metadata.no_entry_points(GROUPS) is None
+
+
+@pytest.mark.parametrize("planted", ["METADATA", "entry_points.txt"])
+def test_a_fifo_planted_as_metadata_never_blocks_the_plain_look(tmp_path, planted):
+    """The plain look reads through state_files.read_regular (non-blocking, regular files only): a FIFO
+    leaves the answer to importlib.metadata instead of holding the doctor (a subprocess, so a hang fails)."""
+    site = tmp_path / "site-packages"
+    info = site / "sglang-0.5.23.dist-info"
+    _write(info / "METADATA", METADATA["plain"])
+    (info / planted).unlink(missing_ok=True)
+    os.mkfifo(info / planted)
+    probe = ("import json, sys; sys.path[:] = [sys.argv[2], sys.argv[3]] + sys.path; import package_metadata as p; "
+             "print(json.dumps([p.plain_sglang_version(), p.no_entry_points(('sglang.srt.plugins',))]))")
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, "-", str(REMOTE), str(site)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    version, no_plugins = json.loads(done.stdout)
+    expected = [None, True] if planted == "METADATA" else ["0.5.23", None]  # each look reads one of the two
+    assert [version, no_plugins] == expected, (version, no_plugins)
