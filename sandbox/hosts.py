@@ -505,39 +505,46 @@ def _shim(root: Path) -> Path | None:
     return shim if shim.is_file() else None
 
 
-def _build_network_shim(root: Path) -> Path | None:
-    """Compile sim_network.c (each host's own network stack) with the system C compiler; None
-    without one (tests that need a host's own stack, e.g. serve_host 0.0.0.0 on three hosts, skip)."""
-    shim = root / NETWORK_SHIM
-    shim.unlink(missing_ok=True)
+def _compile(source: Path, output: Path, *flags: str, libraries: tuple[str, ...] = ()) -> Path | None:
+    """``source`` compiled with the system C compiler into ``output`` (replaced), ``libraries`` linked
+    after it; None without a compiler."""
+    output.unlink(missing_ok=True)
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None
-    result = subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(shim), str(_SIM_NETWORK), "-ldl"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run([compiler, *flags, "-o", str(output), str(source), *libraries], capture_output=True,
+                            text=True, timeout=120)
     if result.returncode != 0:
-        raise SandboxError(f"compiling {_SIM_NETWORK} failed: {result.stderr[-500:]}")
-    shim.chmod(0o755)
-    return shim
+        raise SandboxError(f"compiling {source} failed: {result.stderr[-500:]}")
+    output.chmod(0o755)
+    return output
+
+
+def _build_network_shim(root: Path) -> Path | None:
+    """Compile sim_network.c (each host's own network stack); None without a C compiler (tests that
+    need a host's own stack, e.g. serve_host 0.0.0.0 on three hosts, skip)."""
+    return _compile(_SIM_NETWORK, root / NETWORK_SHIM, "-shared", "-fPIC", "-O2", libraries=("-ldl",))
+
+
+#: -O0: compiled at every sandbox start (eight in a suite run) in 0.09 s instead of -O2's 0.36 s, and a
+#: call takes as long either way (the exec and the /proc scan are the kernel's)
+NVIDIA_SMI_FAST_FLAGS = ("-O0",)
 
 
 def _build_nvidia_smi_fast(root: Path) -> Path | None:
     """Compile sim_nvidia_smi_fast.c (the two GPU queries deployctl sends, answered as the Python
-    stand-in answers them, in about 1 ms of CPU instead of 15; anything else it hands to the Python
+    stand-in answers them, 2.8 ms of CPU a call instead of 12.4; anything else it hands to the Python
     stand-in); None without a C compiler (the Python stand-in then answers every call)."""
-    binary = root / NVIDIA_SMI_FAST
-    binary.unlink(missing_ok=True)
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return None
-    # -O0: compiled at every sandbox start (eight in a suite run) in 0.09 s instead of -O2's 0.36 s, and a
-    # call takes as long either way (the exec and the /proc scan are the kernel's)
-    result = subprocess.run([compiler, "-O0", "-o", str(binary), str(_SIM_NVIDIA_SMI_FAST)],
-                            capture_output=True, text=True, timeout=120)
-    if result.returncode != 0:
-        raise SandboxError(f"compiling {_SIM_NVIDIA_SMI_FAST} failed: {result.stderr[-500:]}")
-    binary.chmod(0o755)
-    return binary
+    return _compile(_SIM_NVIDIA_SMI_FAST, root / NVIDIA_SMI_FAST, *NVIDIA_SMI_FAST_FLAGS)
+
+
+def nvidia_smi_launcher(lib: Path) -> str:
+    """The Python stand-in's launcher: ~/bin/nvidia-smi without a C compiler, else the script the C fast
+    path execs for every call it does not answer (``lib``: where sim_nvidia_smi.py lies)."""
+    return ("#!/usr/bin/python3 -IS\n"
+            f"# SIMULATED nvidia-smi (deployctl sandbox test double): {lib / 'sim_nvidia_smi.py'}\n"
+            f"import sys\nsys.path.insert(0, {str(lib)!r})\n"
+            "import sim_nvidia_smi\nsys.exit(sim_nvidia_smi.main())\n")
 
 
 def _network_env(address: str, shim: Path | None) -> dict[str, str]:
@@ -603,10 +610,7 @@ def _build_home(name: str, home: Path, gpus: int, sglang_version: str, drafter_c
     # stand-in's 21 ms of CPU per call, and the suite's hosts call it some 2,500 times per run
     (sim_dir / "lib").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(_SIM_NVIDIA_SMI, sim_dir / "lib" / "sim_nvidia_smi.py")
-    launcher = ("#!/usr/bin/python3 -IS\n"
-                f"# SIMULATED nvidia-smi (deployctl sandbox test double): {sim_dir / 'lib' / 'sim_nvidia_smi.py'}\n"
-                f"import sys\nsys.path.insert(0, {str(sim_dir / 'lib')!r})\n"
-                "import sim_nvidia_smi\nsys.exit(sim_nvidia_smi.main())\n")
+    launcher = nvidia_smi_launcher(sim_dir / "lib")
     # the C fast path answers deployctl's two queries and execs this launcher for everything else
     (sim_dir / "lib" / "sim_nvidia_smi_main.py").write_text(launcher)
     smi = home / "bin" / "nvidia-smi"

@@ -12,8 +12,8 @@
  * (tests/unit/test_sim_nvidia_smi_fast.py compares the two on generated states).
  *
  * Why: the suite's hosts call nvidia-smi about 1,500 times per run, and the Python stand-in took about
- * 15 ms of CPU per call (an interpreter start and a /proc scan); this takes about 1 ms. A real
- * nvidia-smi is a C program too, so no host-side check (deployctl's python3 process selection) sees a
+ * 12 ms of CPU per call (an interpreter start and a /proc scan); this takes about 3 ms, most of it the
+ * exec. A real nvidia-smi is a C program too, so no host-side check (deployctl's python3 process selection) sees a
  * python3 process for a GPU query any more.
  */
 #define _GNU_SOURCE
@@ -202,12 +202,9 @@ static int string_list(char **out, int *is_default) {
     }
 }
 
-static char *read_file(const char *path, size_t limit, int *missing) {
+static char *read_file(const char *path, size_t limit) {
     FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (missing && errno == ENOENT) { *missing = 1; return NULL; }
-        fallback();
-    }
+    if (!f) fallback();
     char *buf = malloc(limit + 1);
     if (!buf) fallback();
     size_t n = fread(buf, 1, limit + 1, f);
@@ -220,7 +217,7 @@ static char *read_file(const char *path, size_t limit, int *missing) {
 }
 
 static void load_config(const char *path, struct config *c) {
-    char *text = read_file(path, 1 << 20, NULL);
+    char *text = read_file(path, 1 << 20);
     for (const char *q = text; *q; q++)
         if ((unsigned char)*q >= 0x80) fallback();
     memset(c, 0, sizeof *c);
@@ -285,7 +282,7 @@ static int n_apps;
 static long used[MAX_GPUS], util[MAX_GPUS];
 
 static double boot_time(void) {
-    char *stat = read_file("/proc/stat", 1 << 20, NULL);
+    char *stat = read_file("/proc/stat", 1 << 20);
     char *line = strstr(stat, "\nbtime ");
     double boot = line ? strtod(line + 7, NULL) : 0.0;
     free(stat);
@@ -375,8 +372,10 @@ static int compare_apps(const void *a, const void *b) {
     return (x->mib > y->mib) - (x->mib < y->mib);
 }
 
-static int compare_longs(const void *a, const void *b) {
-    long x = *(const long *)a, y = *(const long *)b;
+struct holder { long pid; unsigned long long gpus; /* a bit per GPU file it holds open */ };
+
+static int compare_holders(const void *a, const void *b) {
+    long x = ((const struct holder *)a)->pid, y = ((const struct holder *)b)->pid;
     return (x > y) - (x < y);
 }
 
@@ -394,15 +393,12 @@ static void scan(const struct config *c) {
         if (realpath(wanted[n_wanted - 1], real)) {
             strcpy(wanted[n_wanted], real);
             wanted_gpu[n_wanted++] = i;
-        } else if (errno != ENOENT) {
-            fallback();
         } else {
-            fallback(); /* a missing device file: the stand-in's realpath still normalises the path */
+            fallback(); /* a missing device file: the stand-in's realpath still normalises its path */
         }
     }
-    static long pids[1 << 16];
-    static unsigned long long held[1 << 16]; /* bit per GPU */
-    int n_pids = 0;
+    static struct holder holders[1 << 16];
+    int n_holders = 0;
     pid_t me = getpid();
     DIR *proc = opendir("/proc");
     if (!proc) fallback();
@@ -434,21 +430,18 @@ static void scan(const struct config *c) {
         }
         closedir(fds);
         if (bits) {
-            if (n_pids >= (int)(sizeof pids / sizeof *pids)) fallback();
-            held[n_pids] = bits;
-            pids[n_pids++] = pid;
+            if (n_holders >= (int)(sizeof holders / sizeof *holders)) fallback();
+            holders[n_holders].pid = pid;
+            holders[n_holders++].gpus = bits;
         }
     }
     closedir(proc);
-    /* sorted by pid, as the stand-in walks them */
-    static long order[1 << 16];
-    for (int i = 0; i < n_pids; i++) order[i] = pids[i];
-    qsort(order, (size_t)n_pids, sizeof *order, compare_longs);
+    /* by pid, as the stand-in walks them */
+    qsort(holders, (size_t)n_holders, sizeof *holders, compare_holders);
     double boot = boot_time(), hz = (double)sysconf(_SC_CLK_TCK);
-    for (int k = 0; k < n_pids; k++) {
-        long pid = order[k];
-        unsigned long long bits = 0;
-        for (int i = 0; i < n_pids; i++) if (pids[i] == pid) bits = held[i];
+    for (int k = 0; k < n_holders; k++) {
+        long pid = holders[k].pid;
+        unsigned long long bits = holders[k].gpus;
         double start;
         if (!process_start(pid, boot, hz, &start)) continue;
         char name[256];

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "sandbox" / "sim_nvidia_smi_fast.c"
 sys.path.insert(0, str(REPO))
 from sandbox import sim_nvidia_smi  # noqa: E402
+from sandbox.hosts import NVIDIA_SMI_FAST_FLAGS, _compile, nvidia_smi_launcher  # noqa: E402
 
 COMPILER = shutil.which("cc") or shutil.which("gcc")
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C compiler (tests/bootstrap.sh installs gcc)")
@@ -53,12 +54,10 @@ NUMBERS = ["70000", " 1024\n", "", "-5", "+12", "0", "abc", "1_000", "9999999999
 
 
 def _build(tmp: Path, name: str, fallback: str | None = None) -> Path:
-    binary = tmp / name
-    argv = [COMPILER, "-O0", "-Wall", "-o", str(binary), str(SOURCE)]  # as sandbox/hosts.py builds it
-    if fallback:
-        argv.insert(1, f'-DFALLBACK_PYTHON="{fallback}"')
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    """Built as sandbox/hosts.py builds it (its flags), warnings on, the fallback's python optionally elsewhere."""
+    flags = [*NVIDIA_SMI_FAST_FLAGS, "-Wall"] + ([f'-DFALLBACK_PYTHON="{fallback}"'] if fallback else [])
+    binary = _compile(SOURCE, tmp / name, *flags)
+    assert binary is not None
     return binary
 
 
@@ -94,9 +93,7 @@ def _home(root: Path, rng: random.Random, index: int) -> tuple[Path, dict]:
         config["extra"] = {"nested": [1, 2.5, -3e2, None, True, False, "a\\\"b", "\u00e9"]}
     (sim / "config.json").write_text(json.dumps(config, indent=rng.choice([None, 2])))
     # the Python stand-in behind the C program, as sandbox/hosts.py installs it
-    (sim / "lib" / "sim_nvidia_smi_main.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(REPO / 'sandbox')!r})\nimport sim_nvidia_smi\n"
-        "sys.exit(sim_nvidia_smi.main())\n")
+    (sim / "lib" / "sim_nvidia_smi_main.py").write_text(nvidia_smi_launcher(REPO / "sandbox"))
     knob = rng.random()
     if knob < 0.06:
         (sim / "driver_failed").touch()
