@@ -162,10 +162,15 @@ def collection_roles(config) -> bool:
             and not getattr(option, "stepwise", False) and not getattr(option, "collectonly", False))
 
 
+def worker_index(node) -> int:
+    """K of pytest-xdist's worker gwK."""
+    return int(node.gateway.id.removeprefix("gw"))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     if collection_roles(node.config):
-        index = int(node.gateway.id.removeprefix("gw"))
+        index = worker_index(node)
         node.workerinput["deployctl_collects"] = ("all" if index == 0 else "sandbox" if index < len(SANDBOX_UNITS)
                                                   else "rest")
 
@@ -239,7 +244,7 @@ def pytest_xdist_make_scheduler(config, log):
             for nodeid in union:
                 self.workqueue.setdefault(self._split_scope(nodeid), {})[nodeid] = False
             # gwK takes unit K (the queue's order), whichever worker came up first
-            nodes = sorted(self.nodes, key=lambda node: int(node.gateway.id.removeprefix("gw")))
+            nodes = sorted(self.nodes, key=worker_index)
             for node in nodes:
                 self._assign_work_unit(node)
             for node in nodes:
