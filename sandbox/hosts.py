@@ -365,15 +365,22 @@ def _kill_user_processes(user: str) -> None:
         uid = pwd.getpwnam(user).pw_uid
     except KeyError:
         return
+    # By PID from our own /proc scan, not `pkill -u` (a second scan of /proc in a process of its own:
+    # about 10 ms of CPU per call, ~450 resets a suite run); a process forked between the scan and
+    # the kill is found by the next scan.
     deadline = time.monotonic() + PROCESS_EXIT_TIMEOUT_S
-    while True:
-        subprocess.run(["pkill", "-KILL", "-u", user], capture_output=True)
+    left = _live_pids_of_uid(uid)
+    while left:
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         left = _live_pids_of_uid(uid)
-        if not left:
-            return
-        if time.monotonic() > deadline:
+        if left and time.monotonic() > deadline:
             raise SandboxError(f"processes of sandbox user {user} survived SIGKILL: {left}")
-        time.sleep(0.05)
+        if left:
+            time.sleep(0.05)
 
 
 def _remove_user(user: str) -> None:
