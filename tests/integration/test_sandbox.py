@@ -403,6 +403,22 @@ def test_renamed_drafter_accepts_and_sigterm_frees_the_gpus(clean_sandbox):
 
 
 @pytest.mark.sandbox
+def test_ranks_die_with_a_sigkilled_server_as_sglangs_do(clean_sandbox):
+    # SGLang's ranks set PR_SET_PDEATHSIG (kill_itself_when_parent_died); the stand-in's lifeline pipe
+    # must end them the same way when nothing could run a handler in the parent
+    sb = clean_sandbox
+    h = sb.host("sb3")
+    args = LAUNCH.format(drafter="~/drafters/kimi-k25-eagle3", host=h.address, port=30000)
+    pid = launch_detached(sb, "sb3", args, "~/sglang.log", env="SGLANG_SIM_LOAD_SECONDS=0.5")
+    wait_until(lambda: health(h, 30000) == 200, 30, "/health 200")
+    ranks = {a[0] for a in compute_apps(sb, "sb3")}
+    assert len(ranks) == 8, ranks
+    sb.run("sb3", f"kill -KILL {pid}")
+    wait_until(lambda: not any(pid_alive(sb, "sb3", rank) for rank in ranks), 10, "every rank gone")
+    wait_until(lambda: gpu_used(sb, "sb3") == [0] * 8, 10, "GPUs freed")
+
+
+@pytest.mark.sandbox
 def test_sglang_flag_errors(clean_sandbox):
     sb = clean_sandbox
     h = sb.host("sb3")

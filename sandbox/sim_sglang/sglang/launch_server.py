@@ -17,8 +17,8 @@ Faithful (on purpose, because deployctl must cope with it):
   names matching no parameter are DROPPED WITHOUT A WORD (at --log-level debug we do say it,
   SGLang does not). A decoder layer left randomly initialised => ``accept len: 1.00``; so does
   ``--speculative-algorithm EAGLE`` with an EAGLE-3 drafter (one hidden state, PR #21272).
-- GPUs: one child process per TP rank, argv[0] ``sglang::scheduler_TP<i>``, PR_SET_PDEATHSIG like
-  SGLang's kill_itself_when_parent_died, holding the host's simulated ``~/dev/nvidia<i>`` open so
+- GPUs: one child process per TP rank, argv[0] ``sglang::scheduler_TP<i>``, SIGKILLed when its parent
+  dies however it died, as SGLang's kill_itself_when_parent_died (PR_SET_PDEATHSIG) has it, holding the host's simulated ``~/dev/nvidia<i>`` open so
   the simulated nvidia-smi and real ``fuser`` see them. A child killed from outside leaves the
   main process running but unhealthy (/health 503), as a dead scheduler does in SGLang.
 - Startup/decode log lines in SGLang's format, ``Uvicorn running on ...``, ``The server is fired
@@ -639,14 +639,15 @@ def gpu_usage_by_others(config: dict, exclude: set[int]) -> dict[int, int]:
 
 # The C module _signal, not signal: the signal module's IntEnum wrappers import enum, about a third
 # of each rank's 15 ms of CPU to start (Python 3.11, 2026-12-06), and every launch starts one per GPU.
+# Dying with the parent: SGLang's ranks set PR_SET_PDEATHSIG to SIGKILL (sglang/srt/utils
+# kill_itself_when_parent_died); prctl needs ctypes here, 2.8 of a rank's ~10 ms of CPU (2026-12-07,
+# about 1,500 ranks a suite run). The same outcome without it: the parent holds the only write end of
+# the LIFELINE pipe, so the rank's blocking read returns EOF the moment the parent is gone, however it
+# died (SIGKILL included), and the rank SIGKILLs itself; a parent gone before the read is EOF at once.
 CHILD_PROGRAM = r"""
-import ctypes, os, sys
+import os, sys
 import _signal as signal
-dev, ctl, alloc_dir, parent, gpu = sys.argv[1:6]
-try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-except Exception:
-    pass
+dev, ctl, alloc_dir, parent, gpu, lifeline = sys.argv[1:7]
 if os.getppid() != int(parent):
     os._exit(1)
 held = [open(dev, "rb"), open(ctl, "rb")]
@@ -661,9 +662,13 @@ signal.signal(signal.SIGTERM, _term)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 sys.stdout.write("ready\n")
 sys.stdout.flush()
-while True:
-    signal.pause()
+while os.read(int(lifeline), 1):
+    pass
+os.kill(os.getpid(), signal.SIGKILL)
 """
+
+#: the write ends of the ranks' lifelines, held open (never written) for this process's whole life
+_LIFELINES: list[int] = []
 
 
 @dataclass
@@ -699,14 +704,19 @@ def clear_alloc(config: dict, rank: Rank) -> None:
 def spawn_ranks(config: dict, gpus: list[int]) -> list[Rank]:
     ranks = []
     ctl = os.path.join(config["gpu_dir"], "nvidiactl")
-    for tp, gpu in enumerate(gpus):
-        dev = os.path.join(config["gpu_dir"], f"nvidia{gpu}")
-        proc = subprocess.Popen(
-            [f"sglang::scheduler_TP{tp}", "-I", "-S", "-c", CHILD_PROGRAM, dev, ctl,
-             config["alloc_dir"], str(os.getpid()), str(gpu)],
-            executable=sys.executable or "/usr/bin/python3", stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, text=True)
-        ranks.append(Rank(tp, gpu, proc))
+    lifeline, keep = os.pipe()  # both close-on-exec: only the ranks get the read end (pass_fds)
+    _LIFELINES.append(keep)
+    try:
+        for tp, gpu in enumerate(gpus):
+            dev = os.path.join(config["gpu_dir"], f"nvidia{gpu}")
+            proc = subprocess.Popen(
+                [f"sglang::scheduler_TP{tp}", "-I", "-S", "-c", CHILD_PROGRAM, dev, ctl,
+                 config["alloc_dir"], str(os.getpid()), str(gpu), str(lifeline)],
+                executable=sys.executable or "/usr/bin/python3", stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, text=True, pass_fds=(lifeline,))
+            ranks.append(Rank(tp, gpu, proc))
+    finally:
+        os.close(lifeline)
     for rank in ranks:
         line = rank.proc.stdout.readline() if rank.proc.stdout else ""
         if rank.proc.stdout:
