@@ -53,10 +53,22 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
+# Each pip call below is skipped when the venv already holds what it would install
+# (tests/bootstrap_satisfied.py: every requirement met, transitively): the README's test command runs
+# this script every time, and pip took about 7 s (all four calls) to find nothing to do (2026-12-07).
+satisfied() { "$1" tests/bootstrap_satisfied.py "${@:2}" >/dev/null 2>&1; }
 # editable_mode=compat: a .pth that puts the clone on sys.path. setuptools' default editable mode
 # installs an import finder that every start of .venv's python imports (pathlib, re, importlib.util:
 # 16 of its 25 ms here, 2026-12-06), and the suite starts the venv's python some 800 times.
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' --config-settings editable_mode=compat
+# The stamp: pyproject.toml and this install line as pip last installed them (a changed script, version
+# or dependency list there reinstalls even when the old requirements are still met).
+stamp="$(sha256sum pyproject.toml | cut -d' ' -f1) -e .[test] editable_mode=compat"
+if ! { [ "$(cat .venv/.bootstrap-stamp 2>/dev/null)" = "$stamp" ] && [ -x .venv/bin/deployctl ] \
+       && satisfied .venv/bin/python --editable "deployctl=$PWD" 'deployctl[test]'; }; then
+  rm -f .venv/.bootstrap-stamp
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' --config-settings editable_mode=compat
+  printf '%s\n' "$stamp" > .venv/.bootstrap-stamp
+fi
 
 # SGLang's router (a Rust binary in a wheel) for the fleet tests, under both of its names, each in
 # its own venv made from the system python, so the sandbox's Unix users can run it (.venv's
@@ -65,11 +77,13 @@ fi
 if [ ! -x .router-venv/bin/python ]; then
   /usr/bin/python3 -m venv .router-venv
 fi
-.router-venv/bin/python -m pip install -q --disable-pip-version-check 'sglang-router==0.3.2'
+satisfied .router-venv/bin/python 'sglang-router==0.3.2' \
+  || .router-venv/bin/python -m pip install -q --disable-pip-version-check 'sglang-router==0.3.2'
 if [ ! -x .smg-venv/bin/python ]; then
   /usr/bin/python3 -m venv .smg-venv
 fi
-.smg-venv/bin/python -m pip install -q --disable-pip-version-check 'smg==1.13.0'
+satisfied .smg-venv/bin/python 'smg==1.13.0' \
+  || .smg-venv/bin/python -m pip install -q --disable-pip-version-check 'smg==1.13.0'
 
 # The real SGLang wheels the drafter swap's contract tests read (tests/unit/test_sglang_wheel_contract.py,
 # issue 41): downloaded, never installed (--no-deps; the tests unzip the few files they need and run
@@ -90,7 +104,9 @@ if [ -x /usr/bin/python3.11 ]; then
   fi
   # the CPU build where a wheel of it is at hand (this machine's find-links), else PyPI's torch (it runs on
   # the CPU too, only larger)
-  .sglang-contract-venv/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0+cpu' safetensors \
+  # (either torch: the second line's is what a machine without the CPU build gets)
+  satisfied .sglang-contract-venv/bin/python torch safetensors pybase64 numpy msgspec \
+    || .sglang-contract-venv/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0+cpu' safetensors \
     pybase64 numpy msgspec \
     || .sglang-contract-venv/bin/python -m pip install -q --disable-pip-version-check torch safetensors \
       pybase64 numpy msgspec
