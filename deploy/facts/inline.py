@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import re
+import tokenize
 import zlib
 
 #: Linux's MAX_ARG_STRLEN (include/uapi/linux/binfmts.h: 32 * PAGE_SIZE)
@@ -154,6 +156,27 @@ class InlineProgramTooLarge(ValueError):
     pass
 
 
+def without_comments(source: str) -> str:
+    """``source`` without its comments, every line where it was and all code, strings and docstrings byte
+    for byte: the same code objects (tests/hostile/test_inline_comments.py compares them marshalled), so
+    a traceback from the host names the same lines. tokenize finds the comments (a ``#`` in a string is
+    not one). The remote modules explain themselves at length: the doctor's program was 64 KiB with its
+    comments (over the half of MAX_ARG_STRLEN this module keeps free), and the host compiles what it gets."""
+    if "\r" in source.replace("\r\n", ""):
+        return source  # a lone CR ends a line for compile(), not for the rows below: shipped as it is
+    lines = io.StringIO(source).readlines()  # the rows tokenize counts (str.splitlines also splits at \f)
+    try:
+        comments = [token.start for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                    if token.type == tokenize.COMMENT]
+    except (tokenize.TokenError, SyntaxError):
+        return source  # not Python: shipped as it is, and it fails on the host only if imported
+    for row, column in comments:
+        line = lines[row - 1]
+        ending = line[len(line.rstrip("\r\n")):]
+        lines[row - 1] = line[:column].rstrip() + ending
+    return "".join(lines)
+
+
 def inline_program(modules: list[tuple[str, str]], entry: str, cache_as: str | None = None) -> str:
     """A ``python3 -c`` program that defines ``modules`` (dotted name, source; dependencies first)
     and runs ``entry`` (one of them) as ``__main__``.
@@ -167,7 +190,8 @@ def inline_program(modules: list[tuple[str, str]], entry: str, cache_as: str | N
         raise ValueError(f"module names repeat: {names}")
     if cache_as is not None and not re.fullmatch(r"[A-Za-z0-9_]+", cache_as):
         raise ValueError(f"cache name {cache_as!r}: letters, digits and _ only")
-    packed = zlib.compress(json.dumps([list(modules), entry]).encode("utf-8"), 9)
+    shipped = [[name, without_comments(source)] for name, source in modules]
+    packed = zlib.compress(json.dumps([shipped, entry]).encode("utf-8"), 9)
     payload = base64.b64encode(packed).decode("ascii")
     cache = ""
     if cache_as is not None:

@@ -28,6 +28,7 @@ from deploy.doctor.checks import ONE_LAYER_LIMIT, DoctorInput, run_checks
 from deploy.doctor.suspects import likely_causes
 from deploy.base.errors import RemoteOutputError
 from deploy.facts.doctor import HELPER, base_architectures, doctor_program, HostFacts, SglangFacts, host_spec, parse_host_facts, parse_sglang_facts
+from deploy.facts.inline import without_comments
 from deploy.remote import doctor_facts
 from deploy.remote.fixer.header import DTYPE_BITS
 from sandbox.drafter import drafter_tensor_specs
@@ -458,7 +459,7 @@ def test_the_doctor_reads_headers_with_the_fixers_reader_and_has_no_copy_of_its_
     payload = program.split('b64decode("')[1].split('"')[0]
     modules, entry = json.loads(zlib.decompress(base64.b64decode(payload)))
     assert entry == "doctor_facts"
-    assert dict(modules)["fixer.header"] == (HELPER.parent / "fixer" / "header.py").read_text()
+    assert dict(modules)["fixer.header"] == without_comments((HELPER.parent / "fixer" / "header.py").read_text())
 
 
 def test_the_inline_doctor_reports_a_bad_header_the_fixers_way(tmp_path):
