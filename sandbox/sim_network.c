@@ -12,6 +12,8 @@
  *   open() of /proc/net/tcp and /proc/net/tcp6 lists only this host's sockets: those on its own
  *   address, plus wildcard ones (0.0.0.0, ::) of processes outside the sandbox, which a real
  *   host would share too. The other hosts' listeners on 127.0.0.x are not this host's.
+ *   recv()/recvfrom() on a NETLINK_SOCK_DIAG socket (the kernel's socket diagnostics, as `ss` and
+ *   deploy/remote/listeners.py read them) drop the other hosts' sockets by the same rule.
  *
  * A worker URL naming 127.0.0.1 in a router on host A therefore reaches A's replica only, as on a
  * real network. Without SANDBOX_OWN_ADDRESS (an IPv4 127.x address) nothing changes.
@@ -26,6 +28,9 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -177,3 +182,67 @@ OPEN_WRAPPER(open64, const char *path, int flags, ...)
 #define OPEN_CALL real(dirfd, path, flags, mode)
 OPEN_WRAPPER(openat, int dirfd, const char *path, int flags, ...)
 OPEN_WRAPPER(openat64, int dirfd, const char *path, int flags, ...)
+
+/* -- NETLINK_SOCK_DIAG answers: only this host's sockets, as /proc/net/tcp{,6} above ------------- */
+
+static int is_sock_diag(int fd) {
+    int value = 0;
+    socklen_t n = sizeof value;
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &value, &n) != 0 || value != AF_NETLINK)
+        return 0;
+    n = sizeof value;
+    return getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &value, &n) == 0 && value == NETLINK_SOCK_DIAG;
+}
+
+static int keep_socket(const struct inet_diag_msg *m) {
+    static const unsigned char zero[16];
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    const unsigned char *src = (const unsigned char *)m->id.idiag_src;
+    if (m->idiag_family == AF_INET)
+        return memcmp(src, &own, 4) == 0 || memcmp(src, zero, 4) == 0;
+    if (m->idiag_family == AF_INET6)
+        return memcmp(src, zero, 16) == 0 || (memcmp(src, mapped, 12) == 0 && memcmp(src + 12, &own, 4) == 0);
+    return 1;
+}
+
+/* buf[0..len) without the messages about other hosts' sockets; anything it cannot read stays */
+static ssize_t drop_other_hosts(char *buf, ssize_t len) {
+    ssize_t in = 0, out = 0;
+    while (len - in >= (ssize_t)sizeof(struct nlmsghdr)) {
+        struct nlmsghdr h;
+        ssize_t size;
+        memcpy(&h, buf + in, sizeof h);
+        if (h.nlmsg_len < sizeof h || (ssize_t)h.nlmsg_len > len - in)
+            break;
+        size = NLMSG_ALIGN(h.nlmsg_len) < (size_t)(len - in) ? (ssize_t)NLMSG_ALIGN(h.nlmsg_len) : len - in;
+        if (h.nlmsg_type != SOCK_DIAG_BY_FAMILY || h.nlmsg_len < NLMSG_LENGTH(sizeof(struct inet_diag_msg)) ||
+            keep_socket((const struct inet_diag_msg *)(buf + in + NLMSG_HDRLEN))) {
+            memmove(buf + out, buf + in, size);
+            out += size;
+        }
+        in += size;
+    }
+    memmove(buf + out, buf + in, len - in);
+    return out + (len - in);
+}
+
+/* A chunk that held only other hosts' sockets is not returned empty (an empty read ends a netlink
+ * reader): the next chunk is read instead; the dump always ends with NLMSG_DONE, which is kept. */
+#define RECV_WRAPPER(name, CALL, ...)                                                               \
+    ssize_t name(__VA_ARGS__) {                                                                     \
+        static ssize_t (*real)();                                                                   \
+        if (real == NULL)                                                                           \
+            real = (ssize_t (*)())dlsym(RTLD_NEXT, #name);                                          \
+        for (;;) {                                                                                  \
+            ssize_t n = CALL, kept;                                                                 \
+            if (n <= 0 || !ready() || !is_sock_diag(fd))                                            \
+                return n;                                                                           \
+            kept = drop_other_hosts(buf, n);                                                        \
+            if (kept > 0 || (flags & (MSG_PEEK | MSG_DONTWAIT)))                                    \
+                return kept;                                                                        \
+        }                                                                                           \
+    }
+
+RECV_WRAPPER(recv, real(fd, buf, len, flags), int fd, void *buf, size_t len, int flags)
+RECV_WRAPPER(recvfrom, real(fd, buf, len, flags, from, fromlen), int fd, void *buf, size_t len, int flags,
+             struct sockaddr *from, socklen_t *fromlen)
