@@ -159,7 +159,14 @@ def compose_yaml_bytes(raw: bytes, display: str) -> tuple[yaml.Node | None, Any]
         raise ConfigError(f"{display}: not UTF-8 text (byte {exc.start}): is this a YAML file?") from None
     if "\x00" in text:
         raise ConfigError(f"{display}: contains a NUL byte: is this a YAML file?")
-    loader = _StrictLoader(text)
+    try:
+        # PyYAML's Reader checks every character when it is made (a control character such as ESC
+        # raised ReaderError from here: "internal error", exit 1, before 2026-12-07)
+        loader = _StrictLoader(text)
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(f"{display}:{line}: not valid YAML: unacceptable character #x{exc.character:04x}: "
+                          f"{exc.reason}") from None
     try:
         root = loader.get_single_node()
         check_yaml_graph(root)

@@ -107,6 +107,15 @@ case("python-tag", "hosts: !!python/object/apply:os.system ['touch pwned']\n", "
 case("unknown-tag", "hosts: !foo bar\n", "not valid YAML")
 case("two-documents", dump(BASE).decode() + "---\nhosts: []\n", "not valid YAML")
 case("binary-tag", "hosts: !!binary aGVsbG8=\n", "hosts")
+# characters PyYAML's reader refuses before it parses anything (an "internal error", exit 1, before
+# 2026-12-07): each a clean refusal naming the file, the line and the character, wherever it stands
+for char in ("\x1b", "\x7f", "\x01", "\x0b", "\x0c", "\x9b", "\ufffe", "\uffff", "\x08"):
+    for place, text in (("comment", "ssh:\n  known_hosts: kh\n# x{c}x\nhosts: []\n"),
+                        ("value", "ssh:\n  known_hosts: kh\nhosts: [a{c}b]\n"),
+                        ("key", "ssh:\n  known_hosts: kh\nho{c}sts: []\n")):
+        line = 3
+        case(f"reader-{place}-{ord(char):#x}", text.format(c=char), f"deployctl.yaml:{line}: not valid YAML",
+             f"#x{ord(char):04x}")
 
 # -- paths and values ---------------------------------------------------------------------------
 STATE = ("hosts", 0, "state_dir")
