@@ -172,8 +172,9 @@ def without_comments(source: str) -> str:
     The remote modules explain themselves at length: the doctor's program was 64 KiB with its comments
     (over the half of MAX_ARG_STRLEN this module keeps free), and the host compiles what it gets.
 
-    One C-level regex pass (about 0.04 ms per kB here), not tokenize: tokenize took 130 ms of every
-    ``status`` run's CPU for the modules it ships (Python 3.11, 2026-12-07). The Python 3.8+ sources
+    One C-level regex pass (about 0.04 ms per kB here), not tokenize, which made every deployctl run
+    that builds a program pay for it: the doctor's build 64 ms instead of 17 (14 without stripping),
+    status' 24 instead of 6 (Python 3.11, 2026-12-07). The Python 3.8+ sources
     shipped to hosts cannot nest a string's own quote inside an f-string (PEP 701 is 3.12), so a
     string ends where this pattern ends it."""
     if "\r" in source.replace("\r\n", ""):
