@@ -85,6 +85,15 @@ def health(host, port: int) -> int | None:
         return None  # refused while loading, as with real SGLang
 
 
+def launch_healthy(sb, name: str, drafter: str, extra: str = "") -> int:
+    """The stand-in server on ``name``'s port 30000 with ``drafter``, quick to load, once /health says 200."""
+    h = sb.host(name)
+    args = LAUNCH.format(drafter=drafter, host=h.address, port=30000) + extra
+    pid = launch_detached(sb, name, args, "~/sglang.log", env="SGLANG_SIM_LOAD_SECONDS=0.5")
+    wait_until(lambda: health(h, 30000) == 200, 30, "/health 200")
+    return pid
+
+
 def launch_detached(sb, name: str, args: str, log: str, env: str = "") -> int:
     # Not "cd ~ && X &": that backgrounds a subshell which keeps ssh's stdout open (reference 7).
     cmd = f"cd ~ || exit 1; {FAST_IMPORT} {env} setsid nohup {args} > {log} 2>&1 < /dev/null & echo $!"
@@ -320,9 +329,7 @@ def test_driver_failure_knob(clean_sandbox):
 def test_unconverted_speculators_drafter_accepts_nothing(clean_sandbox):
     sb = clean_sandbox
     h = sb.host("sb1")
-    args = LAUNCH.format(drafter="~/drafters/kimi-k25-eagle3", host=h.address, port=30000)
-    pid = launch_detached(sb, "sb1", args, "~/sglang.log", env="SGLANG_SIM_LOAD_SECONDS=0.5")
-    wait_until(lambda: health(h, 30000) == 200, 30, "/health 200")
+    pid = launch_healthy(sb, "sb1", "~/drafters/kimi-k25-eagle3")
     used = gpu_used(sb, "sb1")
     assert all(u > 100_000 for u in used), used
     apps = compute_apps(sb, "sb1")
@@ -361,10 +368,7 @@ def test_renamed_drafter_accepts_and_sigterm_frees_the_gpus(clean_sandbox):
     h = sb.host("sb2")
     assert sb.run("sb2", "cp -r ~/drafters/kimi-k25-eagle3 ~/drafters/fixed").returncode == 0
     assert rename_header_prefix(h.home / "drafters/fixed/model.safetensors", "layers.0.", "midlayer.") == 10
-    args = LAUNCH.format(drafter="~/drafters/fixed", host=h.address, port=30000)
-    pid = launch_detached(sb, "sb2", args + " --decode-log-interval 10", "~/sglang.log",
-                          env="SGLANG_SIM_LOAD_SECONDS=0.5")
-    wait_until(lambda: health(h, 30000) == 200, 30, "/health 200")
+    pid = launch_healthy(sb, "sb2", "~/drafters/fixed", " --decode-log-interval 10")
     status, body = http(f"http://{h.address}:30000/generate",
                         {"text": "Explain speculative decoding.", "sampling_params": {"max_new_tokens": 256}})
     assert status == 200
@@ -407,10 +411,7 @@ def test_ranks_die_with_a_sigkilled_server_as_sglangs_do(clean_sandbox):
     # SGLang's ranks set PR_SET_PDEATHSIG (kill_itself_when_parent_died); the stand-in's lifeline pipe
     # must end them the same way when nothing could run a handler in the parent
     sb = clean_sandbox
-    h = sb.host("sb3")
-    args = LAUNCH.format(drafter="~/drafters/kimi-k25-eagle3", host=h.address, port=30000)
-    pid = launch_detached(sb, "sb3", args, "~/sglang.log", env="SGLANG_SIM_LOAD_SECONDS=0.5")
-    wait_until(lambda: health(h, 30000) == 200, 30, "/health 200")
+    pid = launch_healthy(sb, "sb3", "~/drafters/kimi-k25-eagle3")
     ranks = {a[0] for a in compute_apps(sb, "sb3")}
     assert len(ranks) == 8, ranks
     sb.run("sb3", f"kill -KILL {pid}")
