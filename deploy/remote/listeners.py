@@ -53,6 +53,13 @@ class _DiagUnusable(Exception):
     """Netlink did not answer as expected: read /proc/net/tcp{,6} instead."""
 
 
+def _dump_request(family, seq):
+    """The netlink message asking for every TCP_LISTEN socket of ``family``."""
+    request = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN, b"\0" * 48)
+    return _NLMSG_HEADER.pack(_NLMSG_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY,
+                              _NLM_F_REQUEST | _NLM_F_DUMP, seq, 0) + request
+
+
 def _diag_listeners(family, port):
     """LISTEN sockets of ``family`` on ``port`` from one NETLINK_SOCK_DIAG dump of TCP_LISTEN."""
     try:
@@ -64,10 +71,8 @@ def _diag_listeners(family, port):
     found = []
     try:
         deadline = time.monotonic() + _DIAG_TIMEOUT_S
-        request = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN, b"\0" * 48)
         sock.settimeout(_DIAG_TIMEOUT_S)
-        sock.sendto(_NLMSG_HEADER.pack(_NLMSG_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY,
-                                       _NLM_F_REQUEST | _NLM_F_DUMP, seq, 0) + request, (0, 0))
+        sock.sendto(_dump_request(family, seq), (0, 0))
         received = 0
         while True:
             sock.settimeout(max(0.001, deadline - time.monotonic()))

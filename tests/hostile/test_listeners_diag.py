@@ -117,9 +117,7 @@ class _Recorder:
 def real_dump(family: int) -> list[bytes]:
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, L._NETLINK_SOCK_DIAG)
     try:
-        request = L._REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << L._TCP_LISTEN, b"\0" * 48)
-        sock.sendto(L._NLMSG_HEADER.pack(L._NLMSG_HEADER.size + len(request), L._SOCK_DIAG_BY_FAMILY,
-                                         L._NLM_F_REQUEST | L._NLM_F_DUMP, 1, 0) + request, (0, 0))
+        sock.sendto(L._dump_request(family, 1), (0, 0))
         chunks = []
         while True:
             data = sock.recv(1 << 16)
