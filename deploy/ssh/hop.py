@@ -224,6 +224,45 @@ def _hop_connection_class():
     return _hop_class
 
 
+#: how often a connected transport's thread wakes with nothing to read (paramiko: 0.1 s). Each wake-up
+#: is ~0.1 ms of CPU (a socket.timeout raised and caught, paramiko 5.1), so every open connection
+#: cost 1 ms of CPU per second: `status` holds one per host through its 2 s window, `up` through the
+#: model load, a canary through its whole window. The wake-up only looks for a close() (woken at once
+#: instead: _hop_transport_class) and times paramiko's keepalive, which deployctl does not use; the
+#: banner and key exchange keep paramiko's 0.1 s (their timeouts are checked on it).
+SETTLED_WAKE_S = 1.0
+
+_transport_class = None
+
+
+def _hop_transport_class():
+    """paramiko's Transport, quiet once connected (SETTLED_WAKE_S) and woken at once by its close().
+
+    paramiko's ``close()`` closes the socket while its thread sits in ``poll()`` on it; Linux does not
+    wake that ``poll()``, so the thread would linger until its next wake-up. A shutdown first ends
+    the ``poll()`` with EOF: the thread finishes as it does when a server hangs up (a hop through a
+    jump host rides a channel, whose close already wakes the read)."""
+    global _transport_class
+    if _transport_class is None:
+        import paramiko
+
+        class HopTransport(paramiko.Transport):
+            def settle(self) -> None:
+                """After authentication: wake every SETTLED_WAKE_S instead of every 0.1 s."""
+                self.sock.settimeout(SETTLED_WAKE_S)
+
+            def close(self) -> None:
+                if self.active and isinstance(self.sock, socket.socket):
+                    try:
+                        self.sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:  # not connected any more: close() has nothing to wake
+                        pass
+                super().close()
+
+        _transport_class = HopTransport
+    return _transport_class
+
+
 def build_hop_connection(hop: Endpoint, gateway: fabric.Connection | None, label: str) -> fabric.Connection:
     """An unopened fabric Connection for one hop, through ``gateway`` (the previous hop) if any."""
     import fabric
@@ -233,6 +272,7 @@ def build_hop_connection(hop: Endpoint, gateway: fabric.Connection | None, label
         "banner_timeout": timeout,
         "auth_timeout": timeout,
         "channel_timeout": timeout,
+        "transport_factory": _hop_transport_class(),
         **auth_kwargs(hop, label),
     }
     # fabric's own ssh_config loading stays off: deployctl resolved the settings itself
@@ -309,6 +349,7 @@ def open_hop(hop: Endpoint, gateway: fabric.Connection | None, retries: int, lab
             conn.close()
             raise
         no_delay(conn)
+        conn.client.get_transport().settle()
         return conn
 
     try:

@@ -137,6 +137,42 @@ def test_the_ssh_socket_has_nagle_off_so_a_command_does_not_wait_for_a_delayed_a
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
 
 
+def test_an_idle_connection_wakes_about_once_a_second_and_ends_at_once_when_closed(sandbox, tmp_path):
+    """paramiko's transport thread woke every 0.1 s to see whether close() was called, ~1 ms of CPU per
+    second per open connection (`status` holds one per host through its window, issue 37). Connected,
+    it wakes every SETTLED_WAKE_S; close() shuts the socket down first, so the thread does not sit
+    out that wait: it ends as when a server hangs up."""
+    import threading
+    import time
+
+    from deploy.ssh.hop import SETTLED_WAKE_S
+
+    host, ssh = _host(sandbox, tmp_path)
+    conn = HostConnection(host, ssh)
+    assert conn.run("true").ok
+    transport = conn._live().client.get_transport()
+    wakes = 0
+    woke = threading.Event()
+    check = transport.packetizer._check_keepalive  # what paramiko calls on every wake-up with nothing read
+
+    def counted() -> None:
+        nonlocal wakes
+        wakes += 1
+        woke.set()
+        check()
+
+    transport.packetizer._check_keepalive = counted
+    time.sleep(2.0)
+    assert SETTLED_WAKE_S >= 1.0 and wakes <= 3, f"{wakes} wake-ups in 2 s of an idle connection"
+    woke.clear()
+    assert woke.wait(2 * SETTLED_WAKE_S), "no wake-up at all"
+    time.sleep(0.05)  # the thread is back in its poll, a whole SETTLED_WAKE_S from its next wake-up
+    closed = time.monotonic()
+    conn.close()
+    transport.join(SETTLED_WAKE_S / 2)
+    assert not transport.is_alive(), "the transport thread outlived close() by half a wake-up interval"
+    assert time.monotonic() - closed < SETTLED_WAKE_S / 2
+
 def test_changed_host_key_is_always_refused(sandbox, tmp_path):
     other_key = tmp_path / "other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
