@@ -252,7 +252,7 @@ def _hop_transport_class():
                 self.sock.settimeout(SETTLED_WAKE_S)
 
             def close(self) -> None:
-                if self.active and isinstance(self.sock, socket.socket):
+                if self.is_active() and isinstance(self.sock, socket.socket):
                     try:
                         self.sock.shutdown(socket.SHUT_RDWR)
                     except OSError:  # not connected any more: close() has nothing to wake
