@@ -249,7 +249,10 @@ def _hop_transport_class():
         class HopTransport(paramiko.Transport):
             def settle(self) -> None:
                 """After authentication: wake every SETTLED_WAKE_S instead of every 0.1 s."""
-                self.sock.settimeout(SETTLED_WAKE_S)
+                try:
+                    self.sock.settimeout(SETTLED_WAKE_S)
+                except OSError:  # the server hung up already: the next command finds the connection gone
+                    pass
 
             def close(self) -> None:
                 if self.is_active() and isinstance(self.sock, socket.socket):
